@@ -1,0 +1,207 @@
+"""``lance-cf``: build, verify, publish and evaluate LANCE counterfactual releases.
+
+Each subcommand lives in a module with ``register(subparsers)``; modules are imported when the parser is built, so
+their top-level imports stay light (heavy libraries are imported inside ``run``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from pathlib import Path
+
+# Modules that add subcommands, in the order `--help` lists them. A module that is not installed is skipped.
+SUBCOMMAND_MODULES = (
+    "builder.cli",  # build, verify, presets
+    "builder.cli_perturber",  # perturber
+    "evaluation.cli",  # eval, leaderboard
+    "builder.cli_publish",  # publish, publish-results
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``lance-cf build: error: ...`` and exit status 2."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _comma_list(value: str) -> list[str]:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError("expected a comma-separated list, e.g. original,counterfactual")
+    return items
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
+    return number
+
+
+def register(subparsers) -> None:
+    build = subparsers.add_parser(
+        "build",
+        help="build (or resume) a release from a source dataset",
+        description=(
+            "Build a versioned counterfactual release into --output. Re-running the same command resumes an "
+            "interrupted build without redoing finished samples; the result is byte-identical to an uninterrupted "
+            "build. Presets: demo (offline, bundled photos, tiny models), hardimagenet (needs --source "
+            "imagenet:/path/to/imagenet/val)."
+        ),
+    )
+    build.add_argument("config", metavar="PRESET_OR_CONFIG", help="a preset name (demo, hardimagenet) or a YAML file")
+    build.add_argument("--output", "-o", required=True, type=Path, help="release directory (created if missing)")
+    build.add_argument(
+        "--source",
+        metavar="SPEC",
+        help="imagefolder:PATH | imagenet:PATH | hf:NAME_OR_PATH[:SPLIT] | wds:PATTERN | demo (overrides the preset)",
+    )
+    build.add_argument(
+        "--configs",
+        type=_comma_list,
+        metavar="LIST",
+        help="comma-separated configs to build: original,reconstructed,counterfactual,lance_r (default: the preset's)",
+    )
+    build.add_argument("--limit", type=_positive_int, metavar="N", help="use only the first N source images (key order)")
+    build.add_argument(
+        "--classes", type=_comma_list, metavar="LIST", help="imagenet source: class subset (synsets, indices or names)"
+    )
+    build.add_argument("--name", help="release name (default: the preset's)")
+    build.add_argument("--version", dest="release_version", metavar="SEMVER", help="release version, e.g. 1.1.0")
+    build.add_argument("--seed", type=int, help="release seed; per-sample seeds derive from it and the sample key")
+    build.add_argument("--shard-size", type=_positive_int, metavar="N", help="maximum samples per shard")
+    build.add_argument("--batch-size", type=_positive_int, metavar="N", help="source images per stage batch")
+    build.add_argument("--device", default=None, help="torch device for the model stages (default: cuda if available)")
+    build.add_argument("--no-progress", action="store_true", help="no progress bar")
+    build.set_defaults(func=run_build)
+
+    verify = subparsers.add_parser(
+        "verify",
+        help="check a release's hashes, counts and metadata",
+        description="Recompute every hash and count of a release and validate every sample's metadata against the "
+        "schema. Exits 1 naming the first problem found.",
+    )
+    verify.add_argument("release", metavar="DIR", type=Path, help="release directory")
+    verify.add_argument("--skip-images", action="store_true", help="do not decode every image (faster)")
+    verify.set_defaults(func=run_verify)
+
+    presets = subparsers.add_parser("presets", help="list the build presets", description="List the build presets.")
+    presets.set_defaults(func=run_presets)
+
+
+def run_build(args: argparse.Namespace) -> int:
+    from builder.config import apply_overrides, load_config
+    from builder.engine import build
+
+    config = load_config(args.config)
+    source_options = dict(config.source_options)
+    if args.classes:
+        source_options["classes"] = args.classes
+    config = apply_overrides(
+        config,
+        source=args.source,
+        configs=args.configs,
+        limit=args.limit,
+        name=args.name,
+        version=args.release_version,
+        seed=args.seed,
+        shard_max_samples=args.shard_size,
+        batch_size=args.batch_size,
+        source_options=source_options,
+    )
+    device = args.device or _default_device()
+    manifest = build(config, args.output, device=device, progress=not args.no_progress)
+    counts = ", ".join(f"{c}: {manifest['counts'][c]['total']}" for c in manifest["configs"])
+    failures = len(manifest["failures"])
+    sys.stdout.write(f"built {args.output} ({counts}; {failures} failure(s))\n")
+    for failure in manifest["failures"][:10]:
+        sys.stdout.write(f"  failed {failure['source_key']} [{failure['stage']}]: {failure['reason']}\n")
+    if failures > 10:
+        sys.stdout.write(f"  ... and {failures - 10} more (see manifest.json)\n")
+    return 0
+
+
+def _default_device() -> str:
+    try:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        return "cpu"
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    from builder.verify import verify_release
+
+    if not args.release.is_dir():
+        raise ValueError(f"{args.release} is not a directory")
+    problems = verify_release(args.release, check_images=not args.skip_images)
+    if problems:
+        sys.stderr.write(f"verify: FAILED: {problems[0]}\n")
+        if len(problems) > 1:
+            sys.stderr.write(f"verify: {len(problems) - 1} more problem(s):\n")
+            for problem in problems[1:]:
+                sys.stderr.write(f"  {problem}\n")
+        return 1
+    sys.stdout.write(f"verify: OK {args.release}\n")
+    return 0
+
+
+def run_presets(args: argparse.Namespace) -> int:
+    from builder.config import list_presets, load_config
+
+    for name in list_presets():
+        config = load_config(name)
+        sys.stdout.write(f"{name}: {config.name} {config.version}, configs {','.join(config.configs)}\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="lance-cf",
+        description="Build, verify, publish and evaluate LANCE counterfactual stress-test datasets "
+        "(Prabhu et al., NeurIPS 2023) for image classifiers.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for module_name in SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if err.name and module_name.startswith(err.name):
+                continue  # that part of the tool is not there
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return int(args.func(args) or 0)
+    except ValueError as err:  # bad input: one line, no traceback
+        sys.stderr.write(f"lance-cf {args.command}: error: {err}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("lance-cf: interrupted; re-run the same command to resume\n")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,355 @@
+"""The local build engine: source → plan → stages per batch → ledger → shards → manifest → card.
+
+1. Plan: list the source (sorted keys, ``limit``), derive each sample's seed from (release seed, key), cut the plan
+   into fixed batches. The plan is stored in the ledger; a resumed build checks the source still gives the same plan.
+2. For each unfinished batch: decode images (the next batch decodes on a thread while this one computes), run each
+   active stage on the batch's live records (or replay its stored outputs), then write the batch's release samples.
+   Each of these steps is one ledger transaction, so ``kill -9`` at any moment loses at most the step in flight.
+3. Write shards from the ledger in key order, then ``_info.json``, ``manifest.json`` and the card.
+
+Per-sample problems (unreadable files, labels out of range, a stage failing on one sample) become recorded failures;
+the build goes on and every good sample is released.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from builder import images
+from builder.config import BuildConfig, StageConfig
+from builder.ledger import Ledger
+from builder.release_format import (
+    DATA_DIR,
+    WORK_DIR,
+    empty_metadata,
+    encode_metadata,
+    is_valid_key,
+)
+from builder.sources import Source, SourceSample, create_source
+
+logger = logging.getLogger(__name__)
+
+LEDGER_NAME = "ledger.sqlite"
+
+
+class BuildRefused(ValueError):
+    """The output directory cannot take this build (it holds something else)."""
+
+
+def derive_seed(release_seed: int, source_key: str) -> int:
+    """Per-sample seed from (release seed, source key): independent of order, batch, machine and time."""
+    digest = hashlib.sha256(f"lance-cf:{release_seed}:{source_key}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF  # fits every RNG's seed range (numpy needs < 2**32)
+
+
+@dataclass
+class _Batch:
+    index: int
+    samples: list[SourceSample]
+    seeds: dict[str, int]
+    decoded: dict[str, Any] = field(default_factory=dict)  # key -> PIL image
+    failures: dict[str, tuple[str, str]] = field(default_factory=dict)  # key -> (stage, reason)
+
+
+class _StageRunner:
+    """A configured stage, created lazily and loaded on first use (a fully resumed build loads no model)."""
+
+    def __init__(self, config: StageConfig, device: str, ledger: Ledger):
+        self.config = config
+        self.device = device
+        self.ledger = ledger
+        self._stage = None
+        self._loaded = False
+
+    @property
+    def stage(self):
+        if self._stage is None:
+            from builder.models import resolve_model_references
+            from builder.registry import STAGES
+
+            cls = STAGES.resolve(self.config.type)
+            options = resolve_model_references(self.config.options)
+            try:
+                self._stage = cls(**options)
+            except TypeError as err:
+                raise ValueError(f"stage {self.config.name!r} ({self.config.type}): bad options: {err}") from err
+        return self._stage
+
+    def ensure_loaded(self) -> None:
+        if not self._loaded:
+            logger.info("loading stage %s (%s) on %s", self.config.name, self.config.type, self.device)
+            self.stage.load(self.device)
+            self._loaded = True
+
+    def describe(self) -> dict[str, Any]:
+        stored = self.ledger.get_meta(f"describe:{self.config.name}")
+        if stored is not None:
+            return json.loads(stored)
+        return {"type": self.config.type, **self.stage.describe()}
+
+    def remember_description(self) -> None:
+        self.ledger.set_meta(
+            f"describe:{self.config.name}", json.dumps({"type": self.config.type, **self.stage.describe()})
+        )
+
+    def run(self, records: list[dict[str, Any]]) -> tuple[dict[str, dict], dict[str, str]]:
+        """Run the stage over records; a sample that makes it fail becomes a failure, not a crash."""
+        from lance_pipeline.stage import SampleFailure
+
+        self.ensure_loaded()
+        name = self.config.name
+        try:
+            results = self.stage.process(records)
+        except Exception as batch_error:  # isolate the sample(s) that break the batch
+            logger.warning("stage %s failed on a batch (%s); retrying its samples one by one", name, batch_error)
+            results = []
+            errors = []
+            for record in records:
+                try:
+                    results.extend(self.stage.process([record]))
+                except Exception as err:
+                    errors.append(err)
+                    results.append(SampleFailure(f"stage {name} error: {type(err).__name__}: {err}"))
+            if len(errors) == len(records):  # nothing works: an environment or programming error, not data
+                raise errors[0]
+        if len(results) != len(records):
+            raise RuntimeError(f"stage {name} returned {len(results)} results for {len(records)} records")
+        updates, failures = {}, {}
+        for record, result in zip(records, results, strict=True):
+            if isinstance(result, SampleFailure):
+                failures[record["key"]] = result.reason
+            elif isinstance(result, dict):
+                updates[record["key"]] = result
+            else:
+                raise TypeError(f"stage {name} returned {type(result).__name__}; expected dict or SampleFailure")
+        return updates, failures
+
+
+def _check_output_dir(output: Path, config_hash: str) -> None:
+    ledger_path = output / WORK_DIR / LEDGER_NAME
+    manifest_path = output / "manifest.json"
+    if ledger_path.exists():
+        ledger = Ledger(ledger_path)
+        try:
+            existing = ledger.get_meta("config_hash")
+        finally:
+            ledger.close()
+        if existing is not None and existing != config_hash:
+            raise BuildRefused(
+                f"{output} holds a build of a different config ({existing[:19]}…, this one is {config_hash[:19]}…); "
+                "use a new --output directory, or the original config to resume"
+            )
+    elif manifest_path.exists():
+        try:
+            existing = json.loads(manifest_path.read_text()).get("config_hash")
+        except (OSError, ValueError):
+            existing = None
+        if existing != config_hash:
+            raise BuildRefused(f"{output} holds a release of a different config; use a new --output directory")
+    elif output.exists() and any(output.iterdir()):
+        raise BuildRefused(f"{output} is not empty and holds no lance-cf build; choose an empty or new directory")
+
+
+def _plan(config: BuildConfig, source: Source) -> list[tuple[str, int, int, str, int]]:
+    samples = source.samples[: config.limit] if config.limit else source.samples
+    keys = [s.key for s in samples]
+    if len(set(keys)) != len(keys) or not all(is_valid_key(k) for k in keys):
+        raise RuntimeError(f"source {config.source!r} produced duplicate or invalid keys")  # a bug in the source
+    return [
+        (s.key, i // config.batch_size, s.label, s.origin, derive_seed(config.seed, s.key))
+        for i, s in enumerate(samples)
+    ]
+
+
+def _decode_batch(batch: _Batch, source: Source, config: BuildConfig, num_classes: int) -> _Batch:
+    for sample in batch.samples:
+        if not 0 <= sample.label < num_classes:
+            batch.failures[sample.key] = ("source", f"label {sample.label} out of range [0, {num_classes})")
+            continue
+        try:
+            data = source.read(sample)
+        except (OSError, ValueError) as err:
+            batch.failures[sample.key] = ("source", f"unreadable: {err}")
+            continue
+        try:
+            batch.decoded[sample.key] = images.decode_image(
+                data,
+                image_size=config.image_size,
+                min_side=config.min_image_side,
+                max_pixels=config.max_image_pixels,
+            )
+        except images.ImageDecodeError as err:
+            batch.failures[sample.key] = ("decode", str(err))
+    return batch
+
+
+def _emit(
+    config: BuildConfig, record: dict[str, Any], label_name: str
+) -> list[tuple[str, str, str, bytes, bytes]]:
+    """A finished record's release samples: (config, key, source_key, metadata, image bytes)."""
+    key, fmt = record["key"], config.image_format
+    rows = []
+
+    def row(config_name: str, sample_key: str, image: Any, meta: dict[str, Any]) -> None:
+        rows.append((config_name, sample_key, key, encode_metadata(meta), images.encode_image(image, fmt)))
+
+    base = empty_metadata(key, key, record["label"], label_name, record["seed"])
+    base["caption"] = record.get("caption")
+    if "original" in config.configs:
+        row("original", key, record["image"], base)
+    if "reconstructed" in config.configs and record.get("reconstruction") is not None:
+        row("reconstructed", f"{key}_rec", record["reconstruction"], {**base, "key": f"{key}_rec"})
+    for config_name, field_name, tag in (("counterfactual", "counterfactuals", "cf"), ("lance_r", "lance_r", "lr")):
+        if config_name not in config.configs:
+            continue
+        for i, edit in enumerate(record.get(field_name) or []):
+            sample_key = f"{key}_{tag}{i:03d}"
+            meta = {**base, "key": sample_key}
+            for name in ("edit_type", "edited_caption", "original_span", "edited_span", "self_replace"):
+                meta[name] = edit.get(name)
+            meta["scores"] = {**base["scores"], **(edit.get("scores") or {})}
+            row(config_name, sample_key, edit["image"], meta)
+    return rows
+
+
+def build(config: BuildConfig, output: Path, *, device: str = "cpu", progress: bool = True) -> dict[str, Any]:
+    """Build (or resume) a release into ``output``; returns the manifest."""
+    from builder.release import write_release
+
+    config.validate()
+    output = Path(output)
+    config_hash = config.config_hash()
+    _check_output_dir(output, config_hash)
+    source = create_source(config.source, config.source_options)
+    plan = _plan(config, source)
+    if not plan:
+        raise ValueError(f"source {config.source!r} has no images")
+
+    ledger = Ledger(output / WORK_DIR / LEDGER_NAME)
+    try:
+        if ledger.get_meta("config_hash") is None:
+            with ledger.transaction():
+                ledger.set_meta("config_hash", config_hash)
+                ledger.set_meta("config", json.dumps(config.to_dict(), sort_keys=True))
+            ledger.write_plan(plan)
+        elif ledger.plan() != sorted(plan, key=lambda r: (r[1], r[0])):
+            raise BuildRefused(
+                f"source {config.source!r} no longer gives the samples this build started with; "
+                "use a new --output directory"
+            )
+        runners = [_StageRunner(s, device, ledger) for s in config.active_stages()]
+        _run_batches(config, source, plan, ledger, runners, progress)
+        # Stage descriptions without loading models (a resumed build may have loaded none).
+        stage_info = {r.config.name: r.describe() for r in runners}
+        return write_release(output, config, config_hash, source, ledger, stage_info)
+    finally:
+        ledger.close()
+
+
+def _run_batches(
+    config: BuildConfig,
+    source: Source,
+    plan: list[tuple[str, int, int, str, int]],
+    ledger: Ledger,
+    runners: list[_StageRunner],
+    progress: bool,
+) -> None:
+    from tqdm.auto import tqdm
+
+    by_key = {s.key: s for s in source.samples}
+    batches: dict[int, list[tuple[str, int]]] = {}
+    for key, batch, _label, _origin, seed in plan:
+        batches.setdefault(batch, []).append((key, seed))
+    done = ledger.done_batches()
+    todo = [b for b in sorted(batches) if b not in done]
+    finished = sum(len(batches[b]) for b in done if b in batches)
+    num_classes = source.label_space.num_classes
+    label_names = source.label_space.names
+    failures = len(ledger.failures())
+    bar = tqdm(total=len(plan), initial=finished, unit="img", desc=f"build {config.name}", disable=not progress)
+    bar.set_postfix(failures=failures)
+
+    def make(index: int) -> _Batch:
+        entries = batches[index]
+        return _Batch(index, [by_key[k] for k, _ in entries], dict(entries))
+
+    # Decode the next batch on a worker thread while the stages compute on this one (I/O overlaps compute).
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode") as pool:
+        pending: Future | None = pool.submit(_decode_batch, make(todo[0]), source, config, num_classes) if todo else None
+        for position, index in enumerate(todo):
+            batch = pending.result()
+            pending = (
+                pool.submit(_decode_batch, make(todo[position + 1]), source, config, num_classes)
+                if position + 1 < len(todo)
+                else None
+            )
+            failures += _run_batch(config, batch, ledger, runners, label_names)
+            bar.update(len(batch.samples))
+            bar.set_postfix(failures=failures)
+    bar.close()
+
+
+def _run_batch(
+    config: BuildConfig, batch: _Batch, ledger: Ledger, runners: list[_StageRunner], label_names: list[str]
+) -> int:
+    keys = [s.key for s in batch.samples]
+    with ledger.transaction():
+        for key, (stage, reason) in batch.failures.items():
+            ledger.record_failure(key, stage, reason)
+    records = {
+        s.key: {
+            "key": s.key,
+            "image": batch.decoded[s.key],
+            "label": s.label,
+            "label_name": label_names[s.label],
+            "seed": batch.seeds[s.key],
+        }
+        for s in batch.samples
+        if s.key in batch.decoded
+    }
+    stage_failed: set[str] = set()
+    for runner in runners:
+        name = runner.config.name
+        live = [records[k] for k in keys if k in records and k not in stage_failed]
+        if ledger.stage_done(batch.index, name):
+            stored = ledger.stage_outputs(list(records), name)
+            for key, update in stored.items():
+                records[key].update(update)
+            stage_failed |= {k for k, (stage, _) in ledger.failed_keys(list(records)).items() if stage == name}
+            continue
+        updates, failures = runner.run(live) if live else ({}, {})
+        with ledger.transaction():
+            ledger.record_stage(batch.index, name, updates, failures)
+            if live:
+                runner.remember_description()
+        for key, update in updates.items():
+            records[key].update(update)
+        stage_failed |= set(failures)
+    rows = []
+    for key in keys:
+        if key in records:
+            record = records[key]
+            rows += _emit(config, record, label_names[record["label"]])
+    with ledger.transaction():
+        ledger.record_outputs(batch.index, rows)
+    return len(batch.failures) + len(stage_failed)
+
+
+def clean_stale_shards(output: Path, keep: set[str]) -> None:
+    """Remove shard files (and temporaries) that the current manifest does not list."""
+    data = output / DATA_DIR
+    if not data.exists():
+        return
+    for path in sorted(data.rglob("*")):
+        if path.is_file() and path.relative_to(output).as_posix() not in keep:
+            path.unlink()
+    for path in sorted(data.glob("*"), reverse=True):
+        if path.is_dir() and not any(path.iterdir()):
+            shutil.rmtree(path)

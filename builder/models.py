@@ -1,0 +1,62 @@
+"""Model references in stage options.
+
+A stage option that names a model is a Hub id (with its own ``revision`` option, pinned in the presets), a local
+directory, or ``demo:NAME``: a tiny random-weight component that the offline demo builds locally, once, into the
+cache directory (``$LANCE_CF_CACHE``, default ``~/.cache/lance-cf``), and that the stage then loads through the same
+``from_pretrained`` path as a real model.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+DEMO_PREFIX = "demo:"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("LANCE_CF_CACHE", Path.home() / ".cache" / "lance-cf")).expanduser()
+
+
+def materialize_demo_component(name: str) -> Path:
+    """Build the tiny component ``name`` into the cache (atomically: a killed build never leaves half a model)."""
+    from builder.registry import DEMO_COMPONENTS
+
+    create = DEMO_COMPONENTS.resolve(name)
+    target = cache_dir() / "demo-components" / name
+    if (target / ".complete").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    try:
+        logger.info("building demo component %s in %s", name, target)
+        create(tmp)
+        (tmp / ".complete").write_text("ok\n")
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def resolve_model_references(options: dict[str, Any]) -> dict[str, Any]:
+    """Replace ``demo:NAME`` strings (at any depth) by the local directory of that component."""
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, str) and value.startswith(DEMO_PREFIX):
+            return str(materialize_demo_component(value[len(DEMO_PREFIX) :]))
+        if isinstance(value, dict):
+            return {k: walk(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        return value
+
+    return walk(options)

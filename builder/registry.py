@@ -1,0 +1,78 @@
+"""Explicit registries of things chosen by name (sources, stages), with lazy ``"module:attr"`` targets.
+
+Registering a name never imports its target, so ``import builder`` and ``lance-cf --help`` stay fast and never pull
+in diffusers or transformers (the pattern of lm-evaluation-harness' registries). An unknown name fails with a
+"did you mean" hint.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from typing import Any
+
+
+class Registry:
+    def __init__(self, kind: str, entries: dict[str, str] | None = None):
+        self.kind = kind
+        self._targets: dict[str, str] = dict(entries or {})
+
+    def register(self, name: str, target: str) -> None:
+        if ":" not in target:
+            raise ValueError(f"{self.kind} {name!r}: target must look like 'package.module:attr', got {target!r}")
+        self._targets[name] = target
+
+    def names(self) -> list[str]:
+        return sorted(self._targets)
+
+    def target(self, name: str) -> str:
+        if name not in self._targets:
+            close = difflib.get_close_matches(name, self._targets, n=3)
+            hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+            raise ValueError(f"unknown {self.kind} {name!r} (known: {', '.join(self.names())}){hint}")
+        return self._targets[name]
+
+    def resolve(self, name: str) -> Any:
+        module_name, attr = self.target(name).split(":", 1)
+        module = importlib.import_module(module_name)
+        return getattr(module, attr)
+
+
+# Method stages: the ``type`` of a stage in a build config. Targets live in lance_pipeline/.
+STAGES = Registry(
+    "stage type",
+    {
+        "blip2_captioner": "lance_pipeline.captioning:CaptionStage",
+        "llm_perturber": "lance_pipeline.perturbation:PerturbStage",
+        "label_check": "lance_pipeline.label_checks:LabelCheckStage",
+        "random_word_edit": "lance_pipeline.random_edits:RandomEditStage",
+        "null_text_inversion": "lance_pipeline.image_editing:InversionStage",
+        "reconstruction": "lance_pipeline.image_editing:ReconstructionStage",
+        "prompt_to_prompt_edit": "lance_pipeline.image_editing:CounterfactualEditStage",
+        "lance_r_edit": "lance_pipeline.image_editing:LanceREditStage",
+    },
+)
+
+# Tiny random-weight components the offline ``demo`` preset materialises locally (model references ``demo:NAME``).
+DEMO_COMPONENTS = Registry(
+    "demo component",
+    {
+        "tiny-blip2": "lance_pipeline.tiny_text_components:create_tiny_blip2",
+        "tiny-causal-lm": "lance_pipeline.tiny_text_components:create_tiny_causal_lm",
+        "tiny-masked-lm": "lance_pipeline.tiny_text_components:create_tiny_masked_lm",
+        "tiny-stable-diffusion": "lance_pipeline.tiny_image_components:create_tiny_stable_diffusion",
+        "tiny-open-clip": "lance_pipeline.tiny_clip_components:create_tiny_open_clip",
+    },
+)
+
+# Sources: the scheme of ``--source SCHEME:ARG``.
+SOURCES = Registry(
+    "source",
+    {
+        "imagefolder": "builder.sources:ImageFolderSource",
+        "imagenet": "builder.sources:ImageNetSource",
+        "hf": "builder.sources:HFDatasetSource",
+        "wds": "builder.sources:WebDatasetSource",
+        "demo": "builder.sources:DemoSource",
+    },
+)
