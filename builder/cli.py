@@ -69,7 +69,9 @@ def register(subparsers) -> None:
         metavar="LIST",
         help="comma-separated configs to build: original,reconstructed,counterfactual,lance_r (default: the preset's)",
     )
-    build.add_argument("--limit", type=_positive_int, metavar="N", help="use only the first N source images (key order)")
+    build.add_argument(
+        "--limit", type=_positive_int, metavar="N", help="use only the first N source images (key order)"
+    )
     build.add_argument(
         "--classes", type=_comma_list, metavar="LIST", help="imagenet source: class subset (synsets, indices or names)"
     )

@@ -118,7 +118,7 @@ class _StageRunner:
                     errors.append(err)
                     results.append(SampleFailure(f"stage {name} error: {type(err).__name__}: {err}"))
             if len(errors) == len(records):  # nothing works: an environment or programming error, not data
-                raise errors[0]
+                raise errors[0] from batch_error
         if len(results) != len(records):
             raise RuntimeError(f"stage {name} returned {len(results)} results for {len(records)} records")
         updates, failures = {}, {}
@@ -190,9 +190,7 @@ def _decode_batch(batch: _Batch, source: Source, config: BuildConfig, num_classe
     return batch
 
 
-def _emit(
-    config: BuildConfig, record: dict[str, Any], label_name: str
-) -> list[tuple[str, str, str, bytes, bytes]]:
+def _emit(config: BuildConfig, record: dict[str, Any], label_name: str) -> list[tuple[str, str, str, bytes, bytes]]:
     """A finished record's release samples: (config, key, source_key, metadata, image bytes)."""
     key, fmt = record["key"], config.image_format
     rows = []
@@ -282,8 +280,10 @@ def _run_batches(
 
     # Decode the next batch on a worker thread while the stages compute on this one (I/O overlaps compute).
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode") as pool:
-        pending: Future | None = pool.submit(_decode_batch, make(todo[0]), source, config, num_classes) if todo else None
-        for position, index in enumerate(todo):
+        pending: Future | None = (
+            pool.submit(_decode_batch, make(todo[0]), source, config, num_classes) if todo else None
+        )
+        for position in range(len(todo)):
             batch = pending.result()
             pending = (
                 pool.submit(_decode_batch, make(todo[position + 1]), source, config, num_classes)

@@ -33,7 +33,9 @@ class Registry:
         return self._targets[name]
 
     def resolve(self, name: str) -> Any:
-        module_name, attr = self.target(name).split(":", 1)
+        """The registered object; a ``package.module:attr`` name is imported directly (custom stages, sources)."""
+        target = name if ":" in name else self.target(name)
+        module_name, attr = target.split(":", 1)
         module = importlib.import_module(module_name)
         return getattr(module, attr)
 

@@ -80,6 +80,30 @@ def _atomic_write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+class _Tally:
+    """Counts of one config's samples: total, by edit type (``none`` for unedited) and by class."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.by_edit_type: dict[str, int] = {}
+        self.by_class: dict[str, int] = {}
+
+    def add(self, sample: ShardSample, meta_bytes: bytes) -> ShardSample:
+        meta = json.loads(meta_bytes)
+        edit_type = meta["edit_type"] or "none"
+        self.by_edit_type[edit_type] = self.by_edit_type.get(edit_type, 0) + 1
+        self.by_class[str(meta["label"])] = self.by_class.get(str(meta["label"]), 0) + 1
+        self.total += 1
+        return sample
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "total": self.total,
+            "by_edit_type": dict(sorted(self.by_edit_type.items())),
+            "by_class": dict(sorted(self.by_class.items(), key=lambda kv: int(kv[0]))),
+        }
+
+
 def write_release(
     output: Path,
     config: BuildConfig,
@@ -93,28 +117,14 @@ def write_release(
     shards: list[dict[str, Any]] = []
     counts: dict[str, Any] = {}
     for config_name in config.configs:
-        by_edit_type: dict[str, int] = {}
-        by_class: dict[str, int] = {}
-        total = 0
-
-        def samples(config_name: str = config_name):
-            nonlocal total
-            for key, _source_key, meta_bytes, image in ledger.iter_outputs(config_name):
-                meta = json.loads(meta_bytes)
-                edit_type = meta["edit_type"] or "none"
-                by_edit_type[edit_type] = by_edit_type.get(edit_type, 0) + 1
-                by_class[str(meta["label"])] = by_class.get(str(meta["label"]), 0) + 1
-                total += 1
-                yield ShardSample(key, config.image_format, image, meta["label"], meta_bytes)
-
-        groups = group_into_shards(samples(), config.shard_max_samples, config.shard_max_bytes)
-        for index, group in enumerate(groups):
+        tally = _Tally()
+        samples = (
+            tally.add(ShardSample(key, config.image_format, image, json.loads(meta)["label"], meta), meta)
+            for key, _source_key, meta, image in ledger.iter_outputs(config_name)
+        )
+        for index, group in enumerate(group_into_shards(samples, config.shard_max_samples, config.shard_max_bytes)):
             shards.append(write_shard(output, config_name, index, group))
-        counts[config_name] = {
-            "total": total,
-            "by_edit_type": dict(sorted(by_edit_type.items())),
-            "by_class": dict(sorted(by_class.items(), key=lambda kv: int(kv[0]))),
-        }
+        counts[config_name] = tally.to_dict()
     clean_stale_shards(output, {s["path"] for s in shards})
 
     failures = [{"source_key": k, "stage": stage, "reason": reason} for k, stage, reason in ledger.failures()]

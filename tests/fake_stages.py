@@ -1,0 +1,98 @@
+"""Model-free stages for builder tests: deterministic, optionally slow, optionally failing on chosen samples."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from PIL import Image, ImageOps
+
+from lance_pipeline.stage import SampleFailure
+
+
+class FakeCaptionStage:
+    name = "caption"
+
+    def __init__(self, delay: float = 0.0, fail_keys: list[str] | None = None):
+        self.delay = delay
+        self.fail_keys = set(fail_keys or [])
+        self.calls = 0
+
+    def load(self, device: str) -> None:
+        self.device = device
+
+    def process(self, records):
+        time.sleep(self.delay)
+        out = []
+        for r in records:
+            if r["key"] in self.fail_keys:
+                raise RuntimeError(f"cannot caption {r['key']}")  # the engine must isolate this sample
+            out.append({"caption": f"a photo of a {r['label_name']} (seed {r['seed']})"})
+        return out
+
+    def describe(self):
+        return {"model": "fake-captioner", "revision": "0" * 40}
+
+
+class FakeEditStage:
+    """Returns a reconstruction (the image inverted) and two counterfactuals with scores of varied JSON types."""
+
+    name = "edit"
+
+    def __init__(self, delay: float = 0.0, refuse_keys: list[str] | None = None):
+        self.delay = delay
+        self.refuse_keys = set(refuse_keys or [])
+
+    def load(self, device: str) -> None:
+        pass
+
+    def process(self, records):
+        time.sleep(self.delay)
+        out = []
+        for i, r in enumerate(records):
+            if r["key"] in self.refuse_keys:
+                out.append(SampleFailure("no edit passed the gates"))
+                continue
+            rng = np.random.default_rng(r["seed"])
+            noise = rng.integers(0, 255, size=(*r["image"].size[::-1], 3), dtype=np.uint8)
+            first = i == 0
+            out.append(
+                {
+                    "reconstruction": ImageOps.invert(r["image"]),
+                    "counterfactuals": [
+                        {
+                            "image": Image.fromarray(noise),
+                            "edit_type": "background",
+                            "edited_caption": r["caption"] + " in the snow",
+                            "original_span": "",
+                            "edited_span": "in the snow",
+                            "self_replace": 1 if first else 0.6,  # an integral value must still load as float
+                            "scores": {"label_similarity": 0 if first else 0.25, "clip_image": None},
+                        },
+                        {
+                            "image": r["image"].rotate(90),
+                            "edit_type": "weather",
+                            "edited_caption": r["caption"] + " on a rainy day",
+                            "original_span": "",
+                            "edited_span": "on a rainy day",
+                            "self_replace": 0.8,
+                            "scores": {"clip_directional": None if first else 0.31},
+                        },
+                    ],
+                    "lance_r": [
+                        {
+                            "image": r["image"].transpose(Image.Transpose.FLIP_LEFT_RIGHT),
+                            "edit_type": None,
+                            "edited_caption": r["caption"].replace("photo", "picture"),
+                            "original_span": "photo",
+                            "edited_span": "picture",
+                            "self_replace": None,
+                            "scores": {},
+                        }
+                    ],
+                }
+            )
+        return out
+
+    def describe(self):
+        return {"model": "fake-editor"}
