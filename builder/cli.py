@@ -81,6 +81,15 @@ def register(subparsers) -> None:
     build.add_argument("--shard-size", type=_positive_int, metavar="N", help="maximum samples per shard")
     build.add_argument("--batch-size", type=_positive_int, metavar="N", help="source images per stage batch")
     build.add_argument("--device", default=None, help="torch device for the model stages (default: cuda if available)")
+    build.add_argument(
+        "--engine",
+        choices=("local", "ray"),
+        default="local",
+        help="local (default) or ray: run stages of several batches at once on Ray actors (extra: [ray])",
+    )
+    build.add_argument(
+        "--workers", type=_positive_int, default=1, metavar="N", help="Ray actors (one GPU each on cuda)"
+    )
     build.add_argument("--no-progress", action="store_true", help="no progress bar")
     build.set_defaults(func=run_build)
 
@@ -119,7 +128,9 @@ def run_build(args: argparse.Namespace) -> int:
         source_options=source_options,
     )
     device = args.device or _default_device()
-    manifest = build(config, args.output, device=device, progress=not args.no_progress)
+    manifest = build(
+        config, args.output, device=device, progress=not args.no_progress, engine=args.engine, workers=args.workers
+    )
     counts = ", ".join(f"{c}: {manifest['counts'][c]['total']}" for c in manifest["configs"])
     failures = len(manifest["failures"])
     sys.stdout.write(f"built {args.output} ({counts}; {failures} failure(s))\n")
@@ -198,6 +209,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except ValueError as err:  # bad input: one line, no traceback
+        sys.stderr.write(f"lance-cf {args.command}: error: {err}\n")
+        return 2
+    except ImportError as err:  # a missing optional extra: the message carries the install command
+        if "pip install" not in str(err):
+            raise
         sys.stderr.write(f"lance-cf {args.command}: error: {err}\n")
         return 2
     except KeyboardInterrupt:

@@ -217,8 +217,20 @@ def _emit(config: BuildConfig, record: dict[str, Any], label_name: str) -> list[
     return rows
 
 
-def build(config: BuildConfig, output: Path, *, device: str = "cpu", progress: bool = True) -> dict[str, Any]:
-    """Build (or resume) a release into ``output``; returns the manifest."""
+def build(
+    config: BuildConfig,
+    output: Path,
+    *,
+    device: str = "cpu",
+    progress: bool = True,
+    engine: str = "local",
+    workers: int = 1,
+) -> dict[str, Any]:
+    """Build (or resume) a release into ``output``; returns the manifest.
+
+    ``engine="ray"`` runs the stages of several batches at once on ``workers`` Ray actors (each loads the models
+    once, on one GPU when ``device`` is cuda); the ledger, the shards and so the bytes are the same as a local build.
+    """
     from builder.release import write_release
 
     config.validate()
@@ -243,7 +255,7 @@ def build(config: BuildConfig, output: Path, *, device: str = "cpu", progress: b
                 "use a new --output directory"
             )
         runners = [_StageRunner(s, device, ledger) for s in config.active_stages()]
-        _run_batches(config, source, plan, ledger, runners, progress)
+        _run_batches(config, source, plan, ledger, runners, progress, engine, workers)
         # Stage descriptions without loading models (a resumed build may have loaded none).
         stage_info = {r.config.name: r.describe() for r in runners}
         return write_release(output, config, config_hash, source, ledger, stage_info)
@@ -258,6 +270,8 @@ def _run_batches(
     ledger: Ledger,
     runners: list[_StageRunner],
     progress: bool,
+    engine: str = "local",
+    workers: int = 1,
 ) -> None:
     from tqdm.auto import tqdm
 
@@ -278,6 +292,23 @@ def _run_batches(
         entries = batches[index]
         return _Batch(index, [by_key[k] for k, _ in entries], dict(entries))
 
+    if engine == "ray":
+        from builder.ray_engine import run_batches_on_ray
+
+        def decode(index: int) -> _Batch:
+            return _decode_batch(make(index), source, config, num_classes)
+
+        def on_batch_done(batch: _Batch, failed: int) -> None:
+            nonlocal failures
+            failures += failed
+            bar.update(len(batch.samples))
+            bar.set_postfix(failures=failures)
+
+        run_batches_on_ray(config, todo, decode, ledger, runners, label_names, workers, on_batch_done)
+        bar.close()
+        return
+    if engine != "local":
+        raise ValueError(f"engine {engine!r}: expected local or ray")
     # Decode the next batch on a worker thread while the stages compute on this one (I/O overlaps compute).
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode") as pool:
         pending: Future | None = (
@@ -296,10 +327,14 @@ def _run_batches(
     bar.close()
 
 
-def _run_batch(
-    config: BuildConfig, batch: _Batch, ledger: Ledger, runners: list[_StageRunner], label_names: list[str]
-) -> int:
-    keys = [s.key for s in batch.samples]
+def _prepare_batch(
+    batch: _Batch, ledger: Ledger, runners: list[_StageRunner], label_names: list[str]
+) -> tuple[dict[str, dict[str, Any]], set[str], int]:
+    """Record the batch's decode failures, build its records and replay the stages already done for it.
+
+    Stages commit in order, so the finished ones form a prefix; returns (records, keys failed in a stage, index of
+    the first stage still to run).
+    """
     with ledger.transaction():
         for key, (stage, reason) in batch.failures.items():
             ledger.record_failure(key, stage, reason)
@@ -315,30 +350,77 @@ def _run_batch(
         if s.key in batch.decoded
     }
     stage_failed: set[str] = set()
+    start = 0
     for runner in runners:
         name = runner.config.name
+        if not ledger.stage_done(batch.index, name):
+            break
+        for key, update in ledger.stage_outputs(list(records), name).items():
+            records[key].update(update)
+        stage_failed |= {k for k, (stage, _) in ledger.failed_keys(list(records)).items() if stage == name}
+        start += 1
+    return records, stage_failed, start
+
+
+StageResult = tuple[str, dict[str, dict[str, Any]], dict[str, str], bool]  # name, updates, failures, ran
+
+
+def run_stages(
+    runners: list[_StageRunner],
+    records: dict[str, dict[str, Any]],
+    keys: list[str],
+    stage_failed: set[str],
+    on_stage_done=None,
+) -> list[StageResult]:
+    """Run stages in order over the live records, merging each stage's updates before the next one runs."""
+    results = []
+    for runner in runners:
         live = [records[k] for k in keys if k in records and k not in stage_failed]
-        if ledger.stage_done(batch.index, name):
-            stored = ledger.stage_outputs(list(records), name)
-            for key, update in stored.items():
-                records[key].update(update)
-            stage_failed |= {k for k, (stage, _) in ledger.failed_keys(list(records)).items() if stage == name}
-            continue
         updates, failures = runner.run(live) if live else ({}, {})
-        with ledger.transaction():
-            ledger.record_stage(batch.index, name, updates, failures)
-            if live:
-                runner.remember_description()
+        result = (runner.config.name, updates, failures, bool(live))
+        if on_stage_done is not None:
+            on_stage_done(result)
         for key, update in updates.items():
             records[key].update(update)
         stage_failed |= set(failures)
+        results.append(result)
+    return results
+
+
+def commit_stage(ledger: Ledger, batch_index: int, runner: _StageRunner, result: StageResult) -> None:
+    name, updates, failures, ran = result
+    with ledger.transaction():
+        ledger.record_stage(batch_index, name, updates, failures)
+        if ran:
+            runner.remember_description()
+
+
+def finish_batch(
+    config: BuildConfig, batch: _Batch, ledger: Ledger, records: dict[str, dict[str, Any]], label_names: list[str]
+) -> None:
+    """Write the batch's release samples and mark it done, in one transaction."""
     rows = []
-    for key in keys:
-        if key in records:
-            record = records[key]
+    for sample in batch.samples:
+        if sample.key in records:
+            record = records[sample.key]
             rows += _emit(config, record, label_names[record["label"]])
     with ledger.transaction():
         ledger.record_outputs(batch.index, rows)
+
+
+def _run_batch(
+    config: BuildConfig, batch: _Batch, ledger: Ledger, runners: list[_StageRunner], label_names: list[str]
+) -> int:
+    records, stage_failed, start = _prepare_batch(batch, ledger, runners, label_names)
+    by_name = {r.config.name: r for r in runners}
+    run_stages(
+        runners[start:],
+        records,
+        [s.key for s in batch.samples],
+        stage_failed,
+        on_stage_done=lambda result: commit_stage(ledger, batch.index, by_name[result[0]], result),
+    )
+    finish_batch(config, batch, ledger, records, label_names)
     return len(batch.failures) + len(stage_failed)
 
 
