@@ -62,6 +62,7 @@ DEMO_COMPONENTS = Registry(
         "tiny-blip2": "lance_pipeline.tiny_text_components:create_tiny_blip2",
         "tiny-causal-lm": "lance_pipeline.tiny_text_components:create_tiny_causal_lm",
         "tiny-masked-lm": "lance_pipeline.tiny_text_components:create_tiny_masked_lm",
+        "tiny-lora-adapter": "lance_pipeline.tiny_text_components:create_tiny_lora",
         "tiny-stable-diffusion": "lance_pipeline.tiny_image_components:create_tiny_stable_diffusion",
         "tiny-open-clip": "lance_pipeline.tiny_clip_components:create_tiny_open_clip",
     },

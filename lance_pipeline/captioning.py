@@ -1,0 +1,246 @@
+"""Label-conditioned image captioning with BLIP-2, the first step of LANCE.
+
+Prabhu et al., NeurIPS 2023, "Stress-testing Visual Models by Generating Language-guided Counterfactual
+Images" (arXiv 2305.19164), section 3.1 and Algorithm 1: each source image is captioned with BLIP-2
+(Li et al., 2023, arXiv 2301.12597) using beam search (5 beams), a minimum caption length of 20 and a
+maximum of 100 tokens; the caption starts with a domain phrase ("a photo of ...") so that a *domain* edit
+has words to change.
+
+How this implementation conditions on the label: the decoder is prompted with the domain phrase followed
+by the true class name, ``"a photo of a dog sled"``, and the caption is that prompt plus BLIP-2's
+continuation. The class name is therefore always in the caption, which is what the perturber must keep
+and the label-preservation check protects. With ``label_conditioned=False`` the prompt is only the domain
+phrase.
+
+Differences from the authors' code (``lance/generate_captions.py``), on purpose:
+
+* the authors' code runs BLIP-1 (LAVIS ``blip_caption`` / ``large_coco``, 3 beams) although the paper and
+  README say BLIP-2; we follow the paper (BLIP-2 through transformers, 5 beams);
+* LAVIS's ``min_length``/``max_length`` count the whole decoder sequence including its prompt; with a
+  per-sample label prompt and padding that would make the bound batch-dependent, so we bound the
+  *generated* tokens (``min_new_tokens``/``max_new_tokens``) instead;
+* the authors prepend ``"a photo of "`` after captioning; we make it the decoder prompt.
+
+Decoding is deterministic (beam search, no sampling), batched with left padding.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+from lance_pipeline.stage import Record, SampleFailure
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CAPTIONER = "Salesforce/blip2-opt-2.7b"
+# Commit of Salesforce/blip2-opt-2.7b pinned in several public projects (see docs/method.md); not re-checked
+# against the Hub from this offline environment.
+DEFAULT_CAPTIONER_REVISION = "51572668da0eb669e01a189dc22abe6088589a24"
+DOMAIN_PHRASE = "a photo of"
+# Paper section 3.1 (captioning): beam search with 5 beams, caption length 20-100.
+NUM_BEAMS = 5
+MIN_NEW_TOKENS = 20
+MAX_NEW_TOKENS = 100
+
+_DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1].lower() in "aeiou" else "a"
+
+
+def caption_prompt(label_name: str | None, domain_phrase: str = DOMAIN_PHRASE, label_conditioned: bool = True) -> str:
+    """The decoder prompt for one image: the domain phrase, then (if conditioned) the class name.
+
+    Args:
+        label_name: Human-readable class name, e.g. ``"dog sled"``.
+        domain_phrase: The phrase every caption starts with.
+        label_conditioned: Whether to put the class name into the prompt.
+
+    Returns:
+        E.g. ``"a photo of a dog sled"``.
+    """
+    if not label_conditioned or not label_name:
+        return domain_phrase
+    label = " ".join(str(label_name).split())
+    return f"{domain_phrase} {_article(label)} {label}"
+
+
+def join_caption(prompt: str, continuation: str) -> str:
+    """Join the prompt and the decoded continuation into one clean single-line caption."""
+    text = " ".join(continuation.split())
+    if not text:
+        return prompt
+    if text[0] in ",.;:!?":
+        return f"{prompt}{text}"
+    return f"{prompt} {text}"
+
+
+class LabelConditionedCaptioner:
+    """The ``caption`` stage: BLIP-2 (or any image-to-text checkpoint) prompted with the class name.
+
+    Args:
+        model: Hub id or local directory of an image-text-to-text checkpoint (BLIP-2 by default).
+        revision: Hub revision; a 40-hex commit for reproducible releases. Ignored for local directories.
+        batch_size: Images per forward pass.
+        num_beams: Beam width (paper: 5).
+        min_new_tokens: Minimum generated tokens after the prompt (paper's minimum caption length, 20).
+        max_new_tokens: Maximum generated tokens after the prompt (paper's maximum, 100).
+        repetition_penalty: Passed to ``generate`` (1.0 = none, the authors' value).
+        label_conditioned: Put the class name into the prompt (see the module docstring).
+        domain_phrase: The phrase every caption starts with.
+        dtype: ``"auto"`` (float16 on CUDA, float32 elsewhere) or a torch dtype name.
+    """
+
+    name = "caption"
+
+    def __init__(
+        self,
+        model: str = DEFAULT_CAPTIONER,
+        revision: str | None = DEFAULT_CAPTIONER_REVISION,
+        batch_size: int = 8,
+        num_beams: int = NUM_BEAMS,
+        min_new_tokens: int = MIN_NEW_TOKENS,
+        max_new_tokens: int = MAX_NEW_TOKENS,
+        repetition_penalty: float = 1.0,
+        label_conditioned: bool = True,
+        domain_phrase: str = DOMAIN_PHRASE,
+        dtype: str = "auto",
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if num_beams < 1:
+            raise ValueError(f"num_beams must be >= 1, got {num_beams}")
+        if not 0 <= min_new_tokens <= max_new_tokens:
+            raise ValueError(
+                f"need 0 <= min_new_tokens <= max_new_tokens, got min_new_tokens={min_new_tokens}, "
+                f"max_new_tokens={max_new_tokens}"
+            )
+        if repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {repetition_penalty}")
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
+        if not domain_phrase.strip():
+            raise ValueError("domain_phrase must be a non-empty phrase such as 'a photo of'")
+        self.model_id = str(model)
+        self.revision = revision
+        self.batch_size = batch_size
+        self.num_beams = num_beams
+        self.min_new_tokens = min_new_tokens
+        self.max_new_tokens = max_new_tokens
+        self.repetition_penalty = repetition_penalty
+        self.label_conditioned = label_conditioned
+        self.domain_phrase = " ".join(domain_phrase.split())
+        self.dtype = dtype
+        self.device: str | None = None
+        self._model = None
+        self._processor = None
+
+    # -- life cycle ---------------------------------------------------------------------------------
+    def load(self, device: str) -> None:
+        """Load the processor and model onto ``device``."""
+        import torch
+        from transformers import AutoModelForImageTextToText, AutoProcessor
+
+        dtype = self.dtype
+        if dtype == "auto":
+            dtype = "float16" if str(device).startswith("cuda") else "float32"
+        logger.info("loading captioner %s (revision %s) on %s", self.model_id, self.revision, device)
+        self._processor = AutoProcessor.from_pretrained(self.model_id, revision=self.revision)
+        self._processor.tokenizer.padding_side = "left"  # decoder-only LMs need left padding for batching
+        self._model = AutoModelForImageTextToText.from_pretrained(
+            self.model_id, revision=self.revision, dtype=getattr(torch, dtype), use_safetensors=True
+        )
+        self._model.to(device).eval()
+        self.device = str(device)
+
+    def describe(self) -> dict[str, Any]:
+        """Model id, revision and decoding constants for the manifest."""
+        return {
+            "model": self.model_id,
+            "revision": self.revision,
+            "num_beams": self.num_beams,
+            "min_new_tokens": self.min_new_tokens,
+            "max_new_tokens": self.max_new_tokens,
+            "repetition_penalty": self.repetition_penalty,
+            "do_sample": False,
+            "label_conditioned": self.label_conditioned,
+            "domain_phrase": self.domain_phrase,
+            "dtype": self.dtype,
+        }
+
+    # -- work ---------------------------------------------------------------------------------------
+    def caption(self, images: list, label_names: list[str | None]) -> list[str]:
+        """Caption a list of PIL images, batched.
+
+        Args:
+            images: PIL images (converted to RGB).
+            label_names: Class name per image (ignored when ``label_conditioned`` is off).
+
+        Returns:
+            One caption per image, each starting with the domain phrase.
+        """
+        if self._model is None:
+            raise RuntimeError("LabelConditionedCaptioner.load(device) must be called before caption()")
+        if len(images) != len(label_names):
+            raise ValueError(f"got {len(images)} images but {len(label_names)} label names")
+        captions: list[str] = []
+        for start in range(0, len(images), self.batch_size):
+            batch_images = [im.convert("RGB") for im in images[start : start + self.batch_size]]
+            prompts = [
+                caption_prompt(n, self.domain_phrase, self.label_conditioned)
+                for n in label_names[start : start + self.batch_size]
+            ]
+            captions.extend(self._caption_batch(batch_images, prompts))
+        return captions
+
+    def _caption_batch(self, images: list, prompts: list[str]) -> list[str]:
+        import torch
+
+        inputs = self._processor(images=images, text=prompts, return_tensors="pt", padding=True)
+        inputs = inputs.to(self.device)
+        if "pixel_values" in inputs:
+            inputs["pixel_values"] = inputs["pixel_values"].to(self._model.dtype)
+        with torch.inference_mode():
+            out = self._model.generate(
+                **inputs,
+                do_sample=False,
+                num_beams=self.num_beams,
+                min_new_tokens=self.min_new_tokens,
+                max_new_tokens=self.max_new_tokens,
+                repetition_penalty=self.repetition_penalty,
+            )
+        input_ids = inputs.get("input_ids")
+        # Decoder-only LMs return prompt + continuation; encoder-decoders only the continuation.
+        if (
+            input_ids is not None
+            and out.shape[1] >= input_ids.shape[1]
+            and torch.equal(out[:, : input_ids.shape[1]], input_ids)
+        ):
+            out = out[:, input_ids.shape[1] :]
+        texts = self._processor.batch_decode(out, skip_special_tokens=True)
+        return [join_caption(prompt, _drop_echo(prompt, text)) for prompt, text in zip(prompts, texts, strict=True)]
+
+    def process(self, records: list[Record]) -> list[Record | SampleFailure]:
+        """Caption each record's ``image`` conditioned on its ``label_name``; returns ``{"caption": str}``."""
+        results: list[Record | SampleFailure] = [SampleFailure("caption: record has no image")] * len(records)
+        todo = [i for i, r in enumerate(records) if r.get("image") is not None]
+        if todo:
+            captions = self.caption([records[i]["image"] for i in todo], [records[i].get("label_name") for i in todo])
+            for i, caption in zip(todo, captions, strict=True):
+                results[i] = {"caption": caption}
+        return results
+
+
+def _drop_echo(prompt: str, text: str) -> str:
+    """Remove the prompt if a model echoed it at the start of its continuation (some image-to-text heads do)."""
+    stripped = text.strip()
+    if re.match(re.escape(prompt) + r"\b", stripped, flags=re.IGNORECASE):
+        return stripped[len(prompt) :]
+    return stripped
+
+
+# The name the builder's stage registry uses.
+CaptionStage = LabelConditionedCaptioner

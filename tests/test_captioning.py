@@ -1,0 +1,107 @@
+"""Label-conditioned BLIP-2 captioner on a tiny random BLIP-2 loaded through the real from_pretrained path."""
+
+from __future__ import annotations
+
+import pytest
+from PIL import Image
+
+from lance_pipeline.captioning import LabelConditionedCaptioner, caption_prompt, join_caption
+from lance_pipeline.stage import SampleFailure, Stage
+from lance_pipeline.tiny_text_components import create_tiny_blip2
+
+COLOURS = [(220, 30, 30), (30, 30, 220), (30, 200, 30), (240, 240, 240)]
+LABELS = ["dog sled", "husky", "ice cream", "patio"]
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="module")
+def tiny_blip2(tmp_path_factory: pytest.TempPathFactory):
+    return create_tiny_blip2(tmp_path_factory.mktemp("tiny") / "tiny-blip2")
+
+
+@pytest.fixture(scope="module")
+def images():
+    return [Image.new("RGB", (48, 40), colour) for colour in COLOURS]
+
+
+def _captioner(path, **options) -> LabelConditionedCaptioner:
+    options = {"revision": None, "min_new_tokens": 3, "max_new_tokens": 12, **options}
+    captioner = LabelConditionedCaptioner(model=str(path), **options)
+    captioner.load("cpu")
+    return captioner
+
+
+def test_prompt_and_join() -> None:
+    assert caption_prompt("dog sled") == "a photo of a dog sled"
+    assert caption_prompt("ice  cream") == "a photo of an ice cream"
+    assert caption_prompt("dog sled", label_conditioned=False) == "a photo of"
+    assert join_caption("a photo of a dog", " , running\n fast ") == "a photo of a dog, running fast"
+    assert join_caption("a photo of a dog", "") == "a photo of a dog"
+
+
+def test_captions_are_label_conditioned_and_start_with_the_domain_phrase(tiny_blip2, images) -> None:
+    captioner = _captioner(tiny_blip2)
+    assert isinstance(captioner, Stage) and captioner.name == "caption"
+    captions = captioner.caption(images, LABELS)
+    for caption, label in zip(captions, LABELS, strict=True):
+        assert caption.startswith(caption_prompt(label) + " ")
+        assert "\n" not in caption
+    unconditioned = _captioner(tiny_blip2, label_conditioned=False).caption(images[:1], LABELS[:1])
+    assert unconditioned[0].startswith("a photo of ") and "sled" not in unconditioned[0]
+
+
+def test_the_image_reaches_the_decoder(tiny_blip2, images) -> None:
+    # Same prompt, different pixels: if pixel_values were ignored the captions would be equal.
+    captions = _captioner(tiny_blip2).caption(images, ["dog"] * len(images))
+    assert len(set(captions)) > 1
+
+
+def test_generated_length_bounds(tiny_blip2, images) -> None:
+    prompt = caption_prompt("dog")
+    captioner = _captioner(tiny_blip2, min_new_tokens=4, max_new_tokens=4)
+    for caption in captioner.caption(images, ["dog"] * len(images)):
+        # The tiny tokenizer is word level: one generated token is at most one word.
+        assert 1 <= len(caption[len(prompt) :].split()) <= 4
+
+
+def test_deterministic_and_independent_of_batch_neighbours(tiny_blip2, images) -> None:
+    batched = _captioner(tiny_blip2, batch_size=4).caption(images, LABELS)
+    again = _captioner(tiny_blip2, batch_size=4).caption(images, LABELS)
+    single = _captioner(tiny_blip2, batch_size=1)
+    assert batched == again
+    assert [single.caption([im], [label])[0] for im, label in zip(images, LABELS, strict=True)] == batched
+    # Reordered neighbours, including a different label (prompt length) per batch.
+    assert single.caption(images[::-1], LABELS[::-1])[::-1] == batched
+
+
+def test_process_and_describe(tiny_blip2, images) -> None:
+    captioner = _captioner(tiny_blip2)
+    records = [
+        {"key": "a", "image": images[0], "label": 0, "label_name": "dog sled", "seed": 1},
+        {"key": "b", "image": None, "label": 1, "label_name": "husky", "seed": 2},
+    ]
+    results = captioner.process(records)
+    assert set(results[0]) == {"caption"} and results[0]["caption"].startswith("a photo of a dog sled")
+    assert isinstance(results[1], SampleFailure) and "no image" in results[1].reason
+    description = LabelConditionedCaptioner().describe()
+    assert description["num_beams"] == 5
+    assert (description["min_new_tokens"], description["max_new_tokens"]) == (20, 100)
+    assert description["model"] == "Salesforce/blip2-opt-2.7b" and len(description["revision"]) == 40
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"batch_size": 0}, "batch_size"),
+        ({"num_beams": 0}, "num_beams"),
+        ({"min_new_tokens": 30, "max_new_tokens": 10}, "min_new_tokens"),
+        ({"dtype": "float8"}, "dtype"),
+    ],
+)
+def test_bad_options(options, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        LabelConditionedCaptioner(**options)
