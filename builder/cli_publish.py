@@ -1,0 +1,80 @@
+"""``lance-cf publish`` and ``lance-cf publish-results``: push a release (or evaluation results) to the Hub.
+
+Top-level imports stay light (argparse and stdlib): huggingface_hub is imported inside ``run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(subparsers) -> None:
+    """Add the ``publish`` and ``publish-results`` subcommands."""
+    publish = subparsers.add_parser(
+        "publish",
+        help="upload a release to the Hugging Face Hub and tag it v<version>",
+        description=(
+            "Verify a release directory, create the dataset repo if missing, upload the release as one commit "
+            "(large files through the Hub's large-file path) and tag it v<version>. A version whose tag exists is "
+            "refused; re-running after an interruption resumes without duplicating files or commits. The token "
+            "comes from HF_TOKEN or `hf auth login`; HF_ENDPOINT selects a self-hosted hub."
+        ),
+    )
+    publish.add_argument("release_dir", metavar="DIR", help="release directory (contains manifest.json)")
+    publish.add_argument("--repo-id", required=True, help="target dataset repo, ORG/NAME")
+    publish.add_argument("--private", action="store_true", help="create the repo private (ignored if it exists)")
+    publish.add_argument("--dry-run", action="store_true", help="print the plan (files, sizes, revision, tag) only")
+    publish.add_argument("--revision", default="main", help="branch to commit to (default: main)")
+    publish.set_defaults(func=run_publish)
+
+    results = subparsers.add_parser(
+        "publish-results",
+        help="add evaluation results and the leaderboard to a published release repo",
+        description=(
+            "Upload evaluation results JSONs under results/, write results/leaderboard.md and refresh the card's "
+            "leaderboard section, as one new commit. Existing version tags are not moved."
+        ),
+    )
+    results.add_argument("results_dir", metavar="RESULTS_DIR", help="directory of results JSONs (or one JSON file)")
+    results.add_argument("--repo-id", required=True, help="target dataset repo, ORG/NAME")
+    results.add_argument("--dry-run", action="store_true", help="print the files that would be added only")
+    results.add_argument("--revision", default="main", help="branch to commit to (default: main)")
+    results.set_defaults(func=run_publish_results)
+
+
+def run_publish(args: argparse.Namespace) -> int:
+    from builder.publish import PublishError, publish_release
+
+    try:
+        outcome = publish_release(
+            args.release_dir, args.repo_id, private=args.private, dry_run=args.dry_run, revision=args.revision
+        )
+    except PublishError as exc:
+        sys.stderr.write(f"lance-cf publish: {exc}\n")
+        return 1
+    if args.dry_run:
+        print("dry run: nothing was uploaded")
+        print(outcome.describe())
+    else:
+        print(f"published {outcome.repo_id} {outcome.tag} (commit {outcome.commit}, {outcome.files} files)")
+        print(f'load with: load_dataset("{outcome.repo_id}", "counterfactual", split="test", revision="{outcome.tag}")')
+    return 0
+
+
+def run_publish_results(args: argparse.Namespace) -> int:
+    from builder.publish import PublishError, publish_results
+
+    try:
+        outcome = publish_results(args.results_dir, args.repo_id, revision=args.revision, dry_run=args.dry_run)
+    except PublishError as exc:
+        sys.stderr.write(f"lance-cf publish-results: {exc}\n")
+        return 1
+    prefix = "dry run: would add" if args.dry_run else f"committed {outcome['commit']}:"
+    print(f"{prefix} {len(outcome['files'])} results files to {outcome['repo_id']}@{outcome['revision']}")
+    for path in outcome["files"]:
+        print(f"  {path}")
+    return 0
+
+
+run = run_publish

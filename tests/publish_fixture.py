@@ -1,0 +1,130 @@
+"""A small release directory in the v1 release format, written without the builder (for card and publish tests).
+
+``make_release(root, version, drop_classes=...)`` writes shards for ``original`` and ``counterfactual`` (and
+``lance_r``), ``manifest.json`` (canonical JSON with ``manifest_sha256``), ``_info.json`` and a ``.lance-cf/`` work
+directory that must never be published. Images are tiny PNGs with deterministic content; tars use a fixed mtime.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from builder import release_format as rf
+
+CLASS_NAMES = ["tench", "goldfish", "great white shark", "tiger shark", "hammerhead"]
+EDIT_CYCLE = ("subject", "background", "weather", "adjective", "domain", "object")
+
+
+def _png(seed: int) -> bytes:
+    img = Image.new("RGB", (24, 16), (seed * 37 % 256, seed * 91 % 256, seed * 53 % 256))
+    img.putpixel((seed % 24, seed % 16), (255, 255, 255))
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _write_shard(path: Path, samples: list[tuple[str, bytes, int, dict[str, Any]]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for key, png, label, meta in samples:
+            for ext, data in (("cls", str(label).encode()), ("json", rf.encode_metadata(meta)), ("png", png)):
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size, info.mtime, info.mode = len(data), 0, 0o444
+                tar.addfile(info, io.BytesIO(data))
+
+
+def canonical(manifest: dict[str, Any]) -> str:
+    return json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def make_release(
+    root: Path,
+    version: str = "1.0.0",
+    num_sources: int = 6,
+    drop_classes: tuple[int, ...] = (),
+    name: str = "lance-demo",
+    per_shard: int = 4,
+    imagenet_derived: bool = True,
+) -> tuple[Path, dict[str, Any]]:
+    """Write a release under ``root`` and return (release_dir, manifest)."""
+    release = Path(root)
+    release.mkdir(parents=True, exist_ok=True)
+    by_config: dict[str, list[tuple[str, bytes, int, dict[str, Any]]]] = {c: [] for c in ("original", "counterfactual")}
+    for i in range(num_sources):
+        label = i % len(CLASS_NAMES)
+        if label in drop_classes:
+            continue
+        key = f"src{i:03d}"
+        meta = rf.empty_metadata(key, key, label, CLASS_NAMES[label], seed=1000 + i)
+        meta["caption"] = f"a photo of a {CLASS_NAMES[label]} in a lake"
+        by_config["original"].append((key, _png(i), label, meta))
+        for j in range(2 if i % 2 == 0 else 1):
+            edit_type = EDIT_CYCLE[(i + j) % len(EDIT_CYCLE)]
+            cf = dict(meta, key=f"{key}-cf{j}", edit_type=edit_type, original_span="lake", edited_span="snowy field")
+            cf["edited_caption"] = f"a photo of a {CLASS_NAMES[label]} in a snowy field"
+            cf["self_replace"] = 0.4 + 0.1 * j
+            cf["scores"] = {n: 0.5 + 0.01 * i for n in rf.SCORE_NAMES}
+            cf["scores"]["clip_image"] = 1.0  # integral float: must stay a float after loading
+            by_config["counterfactual"].append((cf["key"], _png(100 + i * 3 + j), label, cf))
+    shards = []
+    counts: dict[str, Any] = {}
+    for config, samples in by_config.items():
+        for index in range(0, len(samples), per_shard):
+            path = rf.shard_path(config, index // per_shard)
+            _write_shard(release / path, samples[index : index + per_shard])
+            data = (release / path).read_bytes()
+            shards.append(
+                {
+                    "config": config,
+                    "path": path,
+                    "sha256": hashlib.sha256(data).hexdigest(),
+                    "bytes": len(data),
+                    "samples": len(samples[index : index + per_shard]),
+                }
+            )
+        by_edit: dict[str, int] = {}
+        by_class: dict[str, int] = {}
+        for _, _, label, meta in samples:
+            by_edit[meta["edit_type"] or "none"] = by_edit.get(meta["edit_type"] or "none", 0) + 1
+            by_class[str(label)] = by_class.get(str(label), 0) + 1
+        counts[config] = {"total": len(samples), "by_edit_type": by_edit, "by_class": by_class}
+    manifest: dict[str, Any] = {
+        "format_version": rf.FORMAT_VERSION,
+        "name": name,
+        "version": version,
+        "tool": {"name": "lance-counterfactuals", "version": "0.1.0"},
+        "image_format": "png",
+        "configs": list(by_config),
+        "config": {"seed": 0, "thresholds": {"label_similarity": 0.6}},
+        "config_hash": "sha256:" + hashlib.sha256(version.encode()).hexdigest(),
+        "seed": 0,
+        "source": {
+            "spec": "demo",
+            "kind": "demo",
+            "num_samples": num_sources,
+            "imagenet_derived": imagenet_derived,
+            "license": "ImageNet terms of access" if imagenet_derived else "cc-by-4.0",
+        },
+        "label_space": {"name": "custom", "num_classes": len(CLASS_NAMES), "names": CLASS_NAMES},
+        "stages": {
+            "caption": {"target": "lance_pipeline.caption:Captioner", "model": "tiny/blip", "revision": "abc123"},
+            "label_check": {"model": "all-MiniLM-L6-v2", "revision": "local", "threshold": 0.6},
+        },
+        "packages": {"python": "3.11", "datasets": "5.2.0"},
+        "counts": counts,
+        "failures": [{"source_key": "src999", "stage": "caption", "reason": "empty caption"}],
+        "shards": shards,
+    }
+    manifest["manifest_sha256"] = hashlib.sha256(canonical(manifest).encode()).hexdigest()
+    (release / rf.MANIFEST_NAME).write_text(canonical(manifest), encoding="utf-8")
+    (release / rf.TIMM_INFO_NAME).write_text(json.dumps(rf.timm_info(manifest), indent=2) + "\n", encoding="utf-8")
+    (release / rf.WORK_DIR).mkdir(exist_ok=True)
+    (release / rf.WORK_DIR / "ledger.sqlite").write_bytes(b"SQLite format 3\0 not for upload")
+    return release, manifest

@@ -1,0 +1,209 @@
+"""Tests of the dataset card renderer (dataset_cards/card.py) on a small release generated in tmp_path."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+
+import pytest
+from hub_double import HubDouble
+from PIL import Image
+from publish_fixture import make_release
+
+from builder import release_format as rf
+from dataset_cards import render_release_card
+from dataset_cards.card import read_shard_samples, replace_leaderboard_section, select_pairs
+
+HIGHLIGHT = (255, 221, 87)
+
+
+def _front_matter(text: str) -> dict:
+    import yaml
+
+    match = re.match(r"^---\n(.*?)\n---\n", text, re.DOTALL)
+    assert match, "card has no YAML front matter"
+    return yaml.safe_load(match.group(1))
+
+
+def _result(model: str, cf_acc1: float, by_edit: dict[str, float]) -> dict:
+    return {
+        "schema": "lance-cf/eval-results",
+        "model": {"name": model, "slug": model.replace("/", "_")},
+        "release": {"name": "lance-demo", "version": "1.0.0", "manifest_sha256": "0" * 64},
+        "metrics": {
+            "original": {"acc1": 90.0, "acc5": 99.0, "n": 6},
+            "counterfactual": {"acc1": cf_acc1, "acc5": 97.0, "n": 9, "delta_acc1": cf_acc1 - 90.0, "delta_acc5": -2.0},
+        },
+        "sensitivity": {
+            "by_edit_type": {t: {"n": 2, "acc1": 50.0, "paired_delta_acc1": v} for t, v in by_edit.items()}
+        },
+    }
+
+
+@pytest.fixture
+def release(tmp_path):
+    return make_release(tmp_path / "release")
+
+
+def test_card_yaml_declares_every_config_and_parses_with_hub_and_datasets(release):
+    from datasets.info import DatasetInfosDict
+    from datasets.utils.metadata import MetadataConfigs
+    from huggingface_hub import DatasetCard
+
+    release_dir, manifest = release
+    text = render_release_card(release_dir, manifest)
+    assert (release_dir / "README.md").read_text(encoding="utf-8") == text
+    meta = _front_matter(text)
+    assert meta["configs"] == rf.card_configs(manifest["configs"])
+    assert meta["dataset_info"] == rf.card_dataset_info(manifest)
+    assert "webdataset" in meta["tags"] and meta["task_categories"] == ["image-classification"]
+    assert meta["size_categories"] == ["n<1K"]
+    assert meta["pretty_name"]
+
+    card = DatasetCard.load(release_dir / "README.md")
+    configs = MetadataConfigs.from_dataset_card_data(card.data)
+    assert set(configs) == set(manifest["configs"])
+    assert configs["counterfactual"]["data_files"] == [{"split": "test", "path": rf.shard_glob("counterfactual")}]
+    infos = DatasetInfosDict.from_dataset_card_data(card.data)
+    for config in manifest["configs"]:
+        assert infos[config].splits["test"].num_examples == manifest["counts"][config]["total"]
+        assert "png" in infos[config].features and "json" in infos[config].features
+
+
+def test_licence_follows_source_terms(tmp_path):
+    imagenet_dir, imagenet = make_release(tmp_path / "imagenet", imagenet_derived=True)
+    meta = _front_matter(render_release_card(imagenet_dir, imagenet))
+    assert (meta["license"], meta["license_name"]) == ("other", "imagenet")
+    assert "ImageNet" in meta["extra_gated_prompt"] and meta["extra_gated_fields"]
+
+    open_dir, open_manifest = make_release(tmp_path / "open", imagenet_derived=False)
+    text = render_release_card(open_dir, open_manifest)
+    meta = _front_matter(text)
+    assert meta["license"] == "cc-by-4.0" and "extra_gated_prompt" not in meta and "license_name" not in meta
+
+
+def test_card_passes_hub_metadata_validation(release, tmp_path, monkeypatch):
+    """``DatasetCard.validate`` posts to ``/api/validate-yaml``: served by the double, which can also reject."""
+    from huggingface_hub import DatasetCard, constants
+
+    release_dir, manifest = release
+    text = render_release_card(release_dir, manifest)
+    hub = HubDouble(tmp_path / "hub").start()
+    try:
+        for key in [k for k in os.environ if k.lower().endswith("_proxy")]:
+            monkeypatch.delenv(key)
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+        monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        DatasetCard(text).validate(repo_type="dataset")
+        broken = text.replace("- n<1K", "- tiny", 1)
+        with pytest.raises(ValueError, match="size_categories"):
+            DatasetCard(broken).validate(repo_type="dataset")
+    finally:
+        hub.stop()
+    assert any(path == "/api/validate-yaml" for _, path, _ in hub.log)
+
+
+def test_card_links_resolve_and_gallery_pairs_are_joined_by_source_key(release):
+    release_dir, manifest = release
+    text = render_release_card(release_dir, manifest)
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    images = [link for link in links if link.startswith("assets/")]
+    assert images, "the card shows no gallery"
+    for link in links:
+        if not re.match(r"^https?://", link):
+            assert (release_dir / link).is_file(), f"broken link {link}"
+
+    originals = {}
+    for shard in manifest["shards"]:
+        if shard["config"] == "original":
+            originals.update(read_shard_samples(release_dir / shard["path"]))
+    counterfactuals = {}
+    for shard in manifest["shards"]:
+        if shard["config"] == "counterfactual":
+            counterfactuals.update(read_shard_samples(release_dir / shard["path"]))
+    pairs = select_pairs(originals, counterfactuals, limit=len(images))
+    assert len(pairs) == len(images) == min(6, len(counterfactuals))
+    # One of each edit type before any repeat.
+    edit_types = [meta["edit_type"] for meta, _, _ in pairs]
+    assert len(set(edit_types)) == len(edit_types)
+    for (meta, original, counterfactual), link in zip(pairs, images, strict=True):
+        assert original == originals[meta["source_key"]]["png"]
+        assert counterfactual == counterfactuals[meta["key"]]["png"]
+        picture = Image.open(release_dir / link).convert("RGB")
+        source = Image.open(io.BytesIO(original))
+        scaled_width = round(source.width * 224 / source.height)
+        # Left half: the original, scaled; the edited span is highlighted in the caption strip below.
+        assert picture.getpixel((scaled_width // 2, 112)) == Image.open(io.BytesIO(original)).convert("RGB").resize(
+            (scaled_width, 224), Image.Resampling.BICUBIC
+        ).getpixel((scaled_width // 2, 112))
+        strip = picture.crop((0, 224, picture.width, picture.height))
+        assert HIGHLIGHT in {c for _, c in strip.getcolors(maxcolors=1 << 16)}
+        assert f"**{meta['edited_span']}**" in text
+
+
+def test_counts_and_changelog_against_previous_release(tmp_path):
+    v1_dir, v1 = make_release(tmp_path / "v1")
+    v2_dir, v2 = make_release(tmp_path / "v2", version="2.0.0", num_sources=9, drop_classes=(1,))
+    text = render_release_card(v2_dir, v2, previous_manifest=v1)
+    changelog = text[text.index("## Changelog") :]
+    rows = re.findall(r"^\| `(\w+)` \| ([\w ]+) \| ([^|]+) \| (\d+) \| (\d+) \| ([+-]\d+) \|$", changelog, re.MULTILINE)
+    assert rows
+    expected = set()
+    for config in v2["configs"]:
+        old, new = v1["counts"][config], v2["counts"][config]
+        if old["total"] != new["total"]:
+            expected.add((config, "total", "all", old["total"], new["total"]))
+        for label in set(old["by_class"]) | set(new["by_class"]):
+            a, b = old["by_class"].get(label, 0), new["by_class"].get(label, 0)
+            if a != b:
+                expected.add((config, "class", f"{v2['label_space']['names'][int(label)]} ({label})", a, b))
+        for edit in set(old["by_edit_type"]) | set(new["by_edit_type"]):
+            a, b = old["by_edit_type"].get(edit, 0), new["by_edit_type"].get(edit, 0)
+            if a != b:
+                expected.add((config, "edit type", edit, a, b))
+    got = {(c, g, v.strip(), int(a), int(b)) for c, g, v, a, b, d in rows}
+    assert got == expected
+    assert all(int(d) == int(b) - int(a) for _, _, _, a, b, d in rows)
+    # Goldfish (class 1) was dropped: it is reported as lost, and absent from the per-class counts.
+    assert any(v.startswith("goldfish") and b == "0" for _, _, v, _, b, _ in rows)
+    counts_section = text[text.index("### Counts by class") : text.index("## Gallery")]
+    assert "goldfish" not in counts_section
+    first = render_release_card(v1_dir, v1)
+    assert "First release (v1.0.0)" in first
+
+
+def test_leaderboard_from_results_and_refresh(release):
+    release_dir, manifest = release
+    results = [
+        _result("resnet18", 55.0, {"subject": -30.0, "weather": -4.0}),
+        _result("convnext_atto", 72.5, {"background": -12.0, "domain": -20.0}),
+        {"status": "error", "model": {"name": "broken"}, "release": {"version": "1.0.0"}, "error": "OOM"},
+    ]
+    plain = render_release_card(release_dir, manifest)
+    assert "## Leaderboard" not in plain
+    text = render_release_card(release_dir, manifest, results=results)
+    board = text[text.index("## Leaderboard") : text.index("## How it was built")]
+    lines = [line for line in board.splitlines() if line.startswith("| `")]
+    assert [line.split("|")[1].strip() for line in lines] == ["`convnext_atto`", "`resnet18`"]  # failed run left out
+    assert "| 90.00 | 72.50 | -17.50 | -2.00 | domain (-20.00) |" in lines[0]
+    assert "subject (-30.00)" in lines[1]
+    # Refreshing a rendered card's leaderboard gives exactly the card rendered with those results.
+    assert replace_leaderboard_section(plain, results) == text
+    assert replace_leaderboard_section(text, []) == plain
+    assert json.loads((release_dir / rf.MANIFEST_NAME).read_text()) == manifest  # the manifest is never rewritten
+
+
+def test_render_rejects_a_non_manifest(tmp_path):
+    with pytest.raises(ValueError, match="manifest is missing 'version'"):
+        render_release_card(tmp_path, {"name": "x"})
+
+
+def test_rendering_is_reproducible(release):
+    release_dir, manifest = release
+    first = render_release_card(release_dir, manifest)
+    pngs = {p.name: p.read_bytes() for p in (release_dir / "assets").glob("*.png")}
+    assert render_release_card(release_dir, manifest) == first
+    assert {p.name: p.read_bytes() for p in (release_dir / "assets").glob("*.png")} == pngs

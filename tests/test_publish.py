@@ -1,0 +1,330 @@
+"""End-to-end tests of ``lance-cf publish`` / ``publish-results`` over real HTTP against the Hub double on 127.0.0.1.
+
+Publishing runs in this process against ``tests/hub_double.py`` (``HF_HUB_DISABLE_XET`` so that large files take the
+Git-LFS batch path the double implements). ``datasets.load_dataset("ORG/NAME", ...)`` runs in a subprocess, because
+``datasets`` and ``huggingface_hub`` read ``HF_ENDPOINT`` when first imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hub_double import HubDouble
+from publish_fixture import make_release
+
+from builder import release_format as rf
+from builder.publish import PublishError, plan_release, publish_release
+from dataset_cards import render_release_card
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKEN = "hf_double_secret_token_0123456789"
+REPO = "lance-org/lance-demo"
+
+LOAD_SCRIPT = r"""
+import json, sys
+import datasets
+from datasets import Features
+from builder.release_format import hf_features
+out = []
+for spec in sys.argv[1:]:
+    repo, config, revision = spec.split("@")
+    ds = datasets.load_dataset(repo, config, split="test", revision=revision)
+    keys = sorted(ds["__key__"])
+    out.append({
+        "spec": spec,
+        "num_rows": len(ds),
+        "features_declared": ds.features == Features._from_yaml_list(hf_features("png")),
+        "keys": keys,
+        "clip_image": [r["scores"]["clip_image"] for r in ds["json"]],
+        "image_size": list(ds[0]["png"].size),
+    })
+print("RESULT" + json.dumps(out))
+"""
+
+
+def _client_env(hub: HubDouble, tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy") and not k.startswith("HF_")}
+    env.update(
+        HF_ENDPOINT=hub.url,
+        HF_HOME=str(tmp_path / "hf_home"),
+        HF_HUB_OFFLINE="0",
+        HF_DATASETS_OFFLINE="0",
+        HF_UPDATE_DOWNLOAD_COUNTS="0",
+        HF_HUB_DISABLE_TELEMETRY="1",
+        HF_HUB_DISABLE_XET="1",
+        HF_HUB_DISABLE_PROGRESS_BARS="1",
+        NO_PROXY="127.0.0.1,localhost",
+        PYTHONPATH=str(ROOT),
+    )
+    return env
+
+
+def load_over_http(hub: HubDouble, tmp_path: Path, *specs: str) -> list[dict]:
+    proc = subprocess.run(
+        [sys.executable, "-c", LOAD_SCRIPT, *specs],
+        env=_client_env(hub, tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT"))
+    return json.loads(line[len("RESULT") :])
+
+
+@pytest.fixture
+def hub(tmp_path):
+    double = HubDouble(tmp_path / "hub", token=TOKEN).start()
+    yield double
+    double.stop()
+
+
+@pytest.fixture
+def hub_env(hub, monkeypatch, tmp_path):
+    """Point this process's huggingface_hub at the double (endpoint read at call time, LFS path, token from env)."""
+    from huggingface_hub import constants
+
+    for key in [k for k in os.environ if k.lower().endswith("_proxy")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home_publisher"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_PROGRESS_BARS", True)
+    return hub
+
+
+def release(tmp_path: Path, version: str = "1.0.0", **kwargs) -> tuple[Path, dict]:
+    release_dir, manifest = make_release(tmp_path / f"release-{version}", version=version, **kwargs)
+    render_release_card(release_dir, manifest, repo_id=REPO)
+    return release_dir, manifest
+
+
+def release_files(release_dir: Path) -> set[str]:
+    return {
+        p.relative_to(release_dir).as_posix()
+        for p in release_dir.rglob("*")
+        if p.is_file() and not p.relative_to(release_dir).as_posix().startswith(rf.WORK_DIR + "/")
+    }
+
+
+def count(hub: HubDouble, method: str, fragment: str, status: int | None = None) -> int:
+    return sum(1 for m, p, s in hub.log if m == method and fragment in p and (status is None or s == status))
+
+
+def test_dry_run_prints_plan_and_touches_no_network(hub_env, tmp_path, capsys):
+    from builder.cli_publish import register
+
+    release_dir, manifest = release(tmp_path)
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["publish", str(release_dir), "--repo-id", REPO, "--dry-run"])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert hub_env.log == []  # not a single request
+    plan = plan_release(release_dir, REPO)
+    assert {f.path_in_repo for f in plan.files} == release_files(release_dir)
+    assert not any(f.path_in_repo.startswith(rf.WORK_DIR) for f in plan.files)
+    assert "tag: v1.0.0" in out and "target revision: main" in out
+    for shard in manifest["shards"]:
+        assert shard["path"] in out
+    assert plan.total_bytes == sum(p.stat().st_size for p in release_dir.rglob("*") if p.is_file()) - sum(
+        p.stat().st_size for p in (release_dir / rf.WORK_DIR).rglob("*") if p.is_file()
+    )
+    with pytest.raises(ValueError, match="ORG/NAME"):
+        plan_release(release_dir, "not-a-repo-id")
+
+
+def test_publish_versions_over_http(hub_env, tmp_path, caplog, capsys):
+    caplog.set_level(logging.DEBUG)
+    hub = hub_env
+    v1_dir, v1 = release(tmp_path, "1.0.0")
+    # A transient 503 on one large-file upload and on the commit: both retried, the publish completes.
+    hub.faults.fail = {"lfs_put": [503], "commit": [503]}
+    result = publish_release(v1_dir, REPO)
+    assert result.tag == "v1.0.0"
+    assert count(hub, "PUT", "/lfs-upload/", 503) == 1 and count(hub, "POST", "/commit/main", 503) == 1
+    refs = hub.refs("datasets", REPO)
+    assert {t["name"]: t["targetCommit"] for t in refs["tags"]} == {"v1.0.0": result.commit}
+
+    # Stored in git: the release files plus the Hub's .gitattributes; shards and PNGs as LFS pointers.
+    entries = hub.entries("datasets", REPO, "v1.0.0")
+    assert set(entries) == release_files(v1_dir) | {".gitattributes"}
+    for shard in v1["shards"]:
+        assert entries[shard["path"]]["lfs"]["oid"] == shard["sha256"]
+    assert entries["README.md"]["lfs"] is None and entries["manifest.json"]["lfs"] is None
+
+    # Version 2 (a class dropped, more sources) replaces the files on main; v1 stays loadable by tag.
+    v2_dir, v2 = release(tmp_path, "2.0.0", num_sources=9, drop_classes=(1,))
+    render_release_card(v2_dir, v2, previous_manifest=v1, repo_id=REPO)
+    result2 = publish_release(v2_dir, REPO)
+    assert set(hub.entries("datasets", REPO, "main")) == release_files(v2_dir) | {".gitattributes"}
+    assert hub.resolve("datasets", REPO, "v1.0.0") == result.commit != result2.commit
+    assert len(hub.commits("datasets", REPO)) == 3  # initial + one commit per release, no more
+
+    loaded = load_over_http(
+        hub,
+        tmp_path,
+        f"{REPO}@counterfactual@v1.0.0",
+        f"{REPO}@original@v1.0.0",
+        f"{REPO}@counterfactual@v2.0.0",
+    )
+    for item, manifest, config in (
+        (loaded[0], v1, "counterfactual"),
+        (loaded[1], v1, "original"),
+        (loaded[2], v2, "counterfactual"),
+    ):
+        assert item["num_rows"] == manifest["counts"][config]["total"], item["spec"]
+        assert item["features_declared"], item["spec"]
+        assert item["image_size"] == [24, 16]
+    assert loaded[0]["num_rows"] != loaded[2]["num_rows"]
+    assert all(isinstance(v, float) and v == 1.0 for v in loaded[0]["clip_image"])  # declared float64, not inferred int
+
+    # Republishing an existing version is refused, and nothing is written.
+    commits_before = len(hub.commits("datasets", REPO))
+    with pytest.raises(PublishError, match="already has tag v1.0.0"):
+        publish_release(v1_dir, REPO)
+    assert len(hub.commits("datasets", REPO)) == commits_before
+
+    # The token was sent (the double requires it) but never logged, printed or written.
+    out = capsys.readouterr()
+    assert TOKEN not in caplog.text and TOKEN not in out.out and TOKEN not in out.err
+    for directory in (v1_dir, v2_dir):
+        for path in directory.rglob("*"):
+            assert not path.is_file() or TOKEN.encode() not in path.read_bytes(), path
+
+
+def test_interrupted_publish_resumes_without_duplicates(hub_env, tmp_path):
+    hub = hub_env
+    release_dir, manifest = release(tmp_path)
+    lfs_files = {hashlib.sha256(p.read_bytes()).hexdigest() for p in release_dir.rglob("*.png")}
+    lfs_files |= {s["sha256"] for s in manifest["shards"]}
+    # The server stops answering large-file uploads after two; the publishing process is then killed.
+    hub.faults.hold_lfs_after = 2
+    env = _client_env(hub, tmp_path)
+    env["HF_TOKEN"] = TOKEN
+    script = "import sys; from builder.publish import publish_release; publish_release(sys.argv[1], sys.argv[2])"
+    proc = subprocess.Popen([sys.executable, "-c", script, str(release_dir), REPO], env=env, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 90
+        while hub.faults.held == 0 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert hub.faults.held > 0, "the publish never reached the held upload"
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    uploaded_before = hub.lfs_puts_ok  # two, plus uploads that were already in flight on other threads
+    assert 2 <= uploaded_before < len(lfs_files)
+    assert hub.refs("datasets", REPO)["tags"] == []
+    assert len(hub.commits("datasets", REPO)) == 1  # only the repo's initial commit
+
+    hub.faults.hold_lfs_after = None
+    hub.faults.release.set()
+    result = publish_release(release_dir, REPO)
+    # Only the missing objects were uploaded again; one release commit; tagged.
+    assert hub.lfs_puts_ok == len(lfs_files)
+    assert len(hub.commits("datasets", REPO)) == 2
+    assert hub.resolve("datasets", REPO, "v1.0.0") == result.commit
+    entries = hub.entries("datasets", REPO, "v1.0.0")
+    assert set(entries) == release_files(release_dir) | {".gitattributes"}
+
+
+def test_publish_interrupted_before_tag_resumes_without_new_commit(hub_env, tmp_path):
+    hub = hub_env
+    release_dir, _ = release(tmp_path)
+    hub.faults.fail = {"tag": [403]}  # not transient: the publish stops after its commit
+    with pytest.raises(Exception, match="403"):
+        publish_release(release_dir, REPO)
+    head = hub.resolve("datasets", REPO, "main")
+    assert hub.refs("datasets", REPO)["tags"] == []
+    puts = hub.lfs_puts_ok
+    result = publish_release(release_dir, REPO)
+    assert result.commit == head
+    assert hub.lfs_puts_ok == puts  # nothing re-uploaded
+    assert len(hub.commits("datasets", REPO)) == 2
+    assert hub.resolve("datasets", REPO, "v1.0.0") == head
+
+
+def test_release_failing_verification_is_not_published(hub_env, tmp_path):
+    release_dir, manifest = release(tmp_path)
+    shard = release_dir / manifest["shards"][0]["path"]
+    data = bytearray(shard.read_bytes())
+    data[600] ^= 0xFF  # corrupt a byte inside the first member's content
+    shard.write_bytes(bytes(data))
+    with pytest.raises(PublishError, match="failed verification"):
+        publish_release(release_dir, REPO)
+    assert hub_env.log == []
+
+
+def test_publish_results_adds_leaderboard_without_moving_tags(hub_env, tmp_path, capsys):
+    from builder.cli_publish import register
+
+    hub = hub_env
+    release_dir, manifest = release(tmp_path)
+    publish_release(release_dir, REPO)
+    tags_before = hub.refs("datasets", REPO)["tags"]
+    # The layout `lance-cf eval --output OUT` writes: OUT/<model slug>/results.json, plus other files.
+    results_dir = tmp_path / "eval-out"
+    for model, cf_acc in (("resnet18", 61.5), ("hf-hub:org/vit_tiny", 70.25)):
+        slug = model.replace(":", "-").replace("/", "_")
+        result = {
+            "schema": "lance-cf/eval-results",
+            "model": {"name": model, "slug": slug},
+            "release": {"name": manifest["name"], "version": manifest["version"], "manifest_sha256": "abc"},
+            "metrics": {
+                "original": {"acc1": 80.0, "acc5": 95.0, "n": 6},
+                "counterfactual": {
+                    "acc1": cf_acc,
+                    "acc5": 90.0,
+                    "n": 9,
+                    "delta_acc1": cf_acc - 80.0,
+                    "delta_acc5": -5.0,
+                },
+            },
+            "sensitivity": {
+                "by_edit_type": {"subject": {"paired_delta_acc1": -30.0}, "weather": {"paired_delta_acc1": -2.0}}
+            },
+        }
+        (results_dir / slug).mkdir(parents=True)
+        (results_dir / slug / "results.json").write_text(json.dumps(result))
+    (results_dir / "run-config.json").write_text(json.dumps({"batch_size": 64}))  # not a results file: ignored
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["publish-results", str(results_dir), "--repo-id", REPO])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert "results/v1.0.0/resnet18.json" in out and "results/v1.0.0/hf-hub-org_vit_tiny.json" in out
+
+    assert hub.refs("datasets", REPO)["tags"] == tags_before
+    main = hub.entries("datasets", REPO, "main")
+    card = hub.read_file("datasets", REPO, main["README.md"]).decode()
+    table = hub.read_file("datasets", REPO, main["results/leaderboard.md"]).decode()
+    assert "## Leaderboard" in card and "| `hf-hub:org/vit_tiny` | v1.0.0 | 80.00 | 70.25 | -9.75" in card
+    assert card.index("hf-hub:org/vit_tiny") < card.index("`resnet18`")  # best counterfactual accuracy first
+    assert "`resnet18`" in table and "subject (-30.00)" in table
+    assert set(p for p in main if p.startswith("results/")) == {
+        "results/leaderboard.md",
+        "results/v1.0.0/resnet18.json",
+        "results/v1.0.0/hf-hub-org_vit_tiny.json",
+    }
+    tagged_card = hub.read_file("datasets", REPO, hub.entries("datasets", REPO, "v1.0.0")["README.md"]).decode()
+    assert "## Leaderboard" not in tagged_card
+    # The rest of the card is untouched.
+    assert card.replace(card[card.index("## Leaderboard") : card.index("## How it was built")], "") == tagged_card
+
+    # Re-running with the same results is a no-op: no new commit.
+    commits = len(hub.commits("datasets", REPO))
+    assert args.func(args) == 0
+    assert len(hub.commits("datasets", REPO)) == commits
