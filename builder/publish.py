@@ -217,6 +217,12 @@ def publish_release(
     newer = [t for t in tags if _version_key(t) is not None and _version_key(t) > _version_key(plan.tag)]
     if newer:
         logger.warning("publishing %s after newer tags %s: the branch will hold an older release", plan.tag, newer)
+    previous = _previous_version(tags, plan.tag)
+    if previous is not None:
+        # The card's changelog compares against the version published before this one (re-rendering is
+        # deterministic, so a resumed publish writes the same card).
+        _render_changelog(api, repo_id, release_dir, manifest, previous)
+        plan = plan_release(release_dir, repo_id, revision)
 
     # 2. One commit: every release file, minus files of the previous release that this one no longer has.
     remote = set(api.list_repo_files(repo_id, repo_type=REPO_TYPE, revision=head)) if head else set()
@@ -257,6 +263,25 @@ def publish_release(
     )
     logger.info("published %s at %s (commit %s)", plan.tag, repo_url, info.oid)
     return PublishResult(repo_id, plan.tag, info.oid, str(repo_url), len(plan.files))
+
+
+def _previous_version(tags: dict[str, str], tag: str) -> str | None:
+    """The highest version tag below ``tag``, or None."""
+    current = _version_key(tag)
+    older = [t for t in tags if _version_key(t) is not None and current is not None and _version_key(t) < current]
+    return max(older, key=_version_key) if older else None
+
+
+def _render_changelog(api: Any, repo_id: str, release_dir: Path, manifest: dict[str, Any], previous: str) -> None:
+    from dataset_cards import render_release_card
+
+    path = _retry(
+        "download previous manifest",
+        lambda: api.hf_hub_download(repo_id, rf.MANIFEST_NAME, repo_type=REPO_TYPE, revision=previous),
+    )
+    previous_manifest = json.loads(Path(path).read_text())
+    render_release_card(release_dir, manifest, previous_manifest=previous_manifest, repo_id=repo_id)
+    logger.info("card changelog against %s", previous)
 
 
 def _version_key(tag: str) -> tuple[int, int, int] | None:

@@ -168,8 +168,9 @@ def test_publish_versions_over_http(hub_env, tmp_path, caplog, capsys):
 
     # Version 2 (a class dropped, more sources) replaces the files on main; v1 stays loadable by tag.
     v2_dir, v2 = release(tmp_path, "2.0.0", num_sources=9, drop_classes=(1,))
-    render_release_card(v2_dir, v2, previous_manifest=v1, repo_id=REPO)
-    result2 = publish_release(v2_dir, REPO)
+    result2 = publish_release(v2_dir, REPO)  # renders the changelog against v1 fetched from the Hub
+    v2_card = hub.read_file("datasets", REPO, hub.entries("datasets", REPO, "v2.0.0")["README.md"]).decode()
+    assert "Changes from v1.0.0 to v2.0.0" in v2_card
     assert set(hub.entries("datasets", REPO, "main")) == release_files(v2_dir) | {".gitattributes"}
     assert hub.resolve("datasets", REPO, "v1.0.0") == result.commit != result2.commit
     assert len(hub.commits("datasets", REPO)) == 3  # initial + one commit per release, no more
