@@ -1,0 +1,267 @@
+"""DDIM inversion and null-text optimisation of a real image.
+
+Mokady, Hertz, Aberman, Pritch, Cohen-Or, "Null-text Inversion for Editing Real Images using Guided Diffusion
+Models", CVPR 2023 (arXiv 2211.09794), as used by LANCE (Prabhu et al., NeurIPS 2023, section 3.2).
+
+1. The image is encoded with the VAE (posterior mean times ``vae.config.scaling_factor``).
+2. DDIM inversion with the caption embedding only (guidance 1) gives the pivot trajectory ``z*_0 .. z*_T``
+   (diffusers' ``DDIMInverseScheduler``, configured like the sampling ``DDIMScheduler``).
+3. Null-text optimisation: for each sampling step ``i`` a fresh null (unconditional) embedding, initialised from
+   the previous step's result, is optimised with Adam (lr ``1e-2 * (1 - i/100)``) for up to ``num_inner_steps``
+   iterations so that one guided DDIM step (guidance 7.5) from the current latent lands on the pivot ``z*_{t-1}``;
+   it stops early once the loss is below ``early_stop_epsilon + i * 2e-5`` (the notebook's schedule). The current
+   latent then advances with the optimised embedding.
+
+Sampling from ``z*_T`` with the per-step null embeddings (``ddim_sample``) reconstructs the image; editing runs
+the same sampler with prompt-to-prompt attention control (``attention_control``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from PIL import Image
+
+from lance_pipeline.attention_control import PromptToPromptController, attention_control
+
+logger = logging.getLogger(__name__)
+
+# Schedule of the null-text notebook's early stop: the threshold grows by this much per step.
+EARLY_STOP_GROWTH_PER_STEP = 2e-5
+# Adam learning rate of step i is NULL_TEXT_LR * (1 - i / NULL_TEXT_LR_DECAY_STEPS) (Mokady et al. notebook).
+NULL_TEXT_LR = 1e-2
+NULL_TEXT_LR_DECAY_STEPS = 100.0
+
+
+@dataclass
+class InversionResult:
+    """What null-text inversion produces for one image.
+
+    Attributes:
+        latent: ``x_T``, ``[1, C, h, w]``.
+        null_embeddings: ``[steps, tokens, dim]``, one optimised null embedding per sampling step.
+        pivot_latents: The DDIM-inversion trajectory ``[z*_0, ..., z*_T]`` (``z*_0`` is the encoded image).
+        inner_steps: Adam iterations used at each step (the early stop's effect).
+    """
+
+    latent: torch.Tensor
+    null_embeddings: torch.Tensor
+    pivot_latents: list[torch.Tensor]
+    inner_steps: list[int]
+
+
+def encode_prompts(tokenizer, text_encoder, prompts: list[str]) -> torch.Tensor:
+    """Text embeddings ``[n, model_max_length, dim]`` (padded to ``model_max_length``, truncated beyond)."""
+    tokens = tokenizer(
+        prompts, padding="max_length", max_length=tokenizer.model_max_length, truncation=True, return_tensors="pt"
+    )
+    with torch.no_grad():
+        return text_encoder(tokens.input_ids.to(text_encoder.device))[0]
+
+
+def prompt_token_ids(tokenizer, prompt: str) -> list[int]:
+    """Token ids of ``prompt`` with BOS and EOS, no padding, truncated to ``model_max_length``."""
+    return tokenizer(prompt, truncation=True, max_length=tokenizer.model_max_length).input_ids
+
+
+def encode_image(vae, image: Image.Image, size: int) -> torch.Tensor:
+    """VAE latent of an RGB image (posterior mean, scaled by ``vae.config.scaling_factor``)."""
+    if image.size != (size, size):
+        image = image.convert("RGB").resize((size, size), Image.Resampling.BICUBIC)
+    array = np.asarray(image.convert("RGB"), dtype=np.float32) / 127.5 - 1.0
+    pixels = torch.from_numpy(array).permute(2, 0, 1)[None].to(vae.device, vae.dtype)
+    with torch.no_grad():
+        latent = vae.encode(pixels).latent_dist.mean
+    shift = getattr(vae.config, "shift_factor", None) or 0.0
+    return (latent - shift) * vae.config.scaling_factor
+
+
+def decode_latents(vae, latents: torch.Tensor) -> list[Image.Image]:
+    """Decode scaled latents to RGB images."""
+    shift = getattr(vae.config, "shift_factor", None) or 0.0
+    with torch.no_grad():
+        pixels = vae.decode(latents.to(vae.dtype) / vae.config.scaling_factor + shift).sample
+    arrays = ((pixels.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+    return [Image.fromarray(a) for a in arrays]
+
+
+def make_schedulers(scheduler_config: dict, num_inference_steps: int, device):
+    """Fresh sampling and inverse DDIM schedulers (never the shared component, whose state ``set_timesteps`` changes)."""
+    from diffusers import DDIMInverseScheduler, DDIMScheduler
+
+    sampler = DDIMScheduler.from_config(scheduler_config)
+    sampler.set_timesteps(num_inference_steps, device=device)
+    inverse = DDIMInverseScheduler.from_config(scheduler_config)
+    inverse.set_timesteps(num_inference_steps, device=device)
+    return sampler, inverse
+
+
+def ddim_inversion(
+    unet, scheduler_config: dict, latent: torch.Tensor, cond: torch.Tensor, num_steps: int
+) -> list[torch.Tensor]:
+    """DDIM inversion with the conditional embedding only; returns ``[z_0, z_1, ..., z_T]``."""
+    _, inverse = make_schedulers(scheduler_config, num_steps, latent.device)
+    latents = [latent]
+    current = latent
+    with torch.no_grad():
+        for t in inverse.timesteps:
+            noise = unet(current, t, encoder_hidden_states=cond).sample
+            current = inverse.step(noise, t, current).prev_sample
+            latents.append(current)
+    return latents
+
+
+def null_text_optimization(
+    unet,
+    scheduler_config: dict,
+    pivot_latents: list[torch.Tensor],
+    cond: torch.Tensor,
+    null_init: torch.Tensor,
+    guidance_scale: float,
+    num_inner_steps: int,
+    early_stop_epsilon: float,
+) -> tuple[torch.Tensor, list[int]]:
+    """Optimise one null embedding per step along the pivot trajectory (Mokady et al., Algorithm 1).
+
+    Args:
+        unet: The UNet (its parameters are not updated; gradients are taken w.r.t. the embedding only).
+        scheduler_config: The DDIM scheduler config.
+        pivot_latents: ``[z*_0, ..., z*_T]`` from ``ddim_inversion``.
+        cond: Caption embedding ``[1, tokens, dim]``.
+        null_init: Embedding of the empty prompt ``[1, tokens, dim]``.
+        guidance_scale: Classifier-free guidance scale (7.5).
+        num_inner_steps: Maximum Adam iterations per step (10).
+        early_stop_epsilon: Base early-stop threshold (1e-5).
+
+    Returns:
+        ``([steps, tokens, dim] null embeddings, inner steps used per step)``.
+    """
+    num_steps = len(pivot_latents) - 1
+    sampler, _ = make_schedulers(scheduler_config, num_steps, cond.device)
+    null = null_init.detach().clone()
+    current = pivot_latents[-1]
+    nulls, used = [], []
+    for i, t in enumerate(sampler.timesteps):
+        target = pivot_latents[num_steps - i - 1]
+        null = null.detach().clone().requires_grad_(True)
+        optimizer = torch.optim.Adam([null], lr=NULL_TEXT_LR * (1.0 - i / NULL_TEXT_LR_DECAY_STEPS))
+        with torch.no_grad():
+            noise_cond = unet(current, t, encoder_hidden_states=cond).sample
+        steps_here = 0
+        for _ in range(num_inner_steps):
+            noise_uncond = unet(current, t, encoder_hidden_states=null).sample
+            noise = noise_uncond + guidance_scale * (noise_cond - noise_uncond)
+            previous = sampler.step(noise, t, current).prev_sample
+            loss = torch.nn.functional.mse_loss(previous, target)
+            # autograd.grad instead of backward(): no gradient ever lands on the (shared) UNet's parameters.
+            (null.grad,) = torch.autograd.grad(loss, [null])
+            optimizer.step()
+            steps_here += 1
+            if loss.item() < early_stop_epsilon + i * EARLY_STOP_GROWTH_PER_STEP:
+                break
+        null = null.detach()
+        nulls.append(null[0])
+        used.append(steps_here)
+        with torch.no_grad():
+            batch = torch.cat([current, current])
+            noise_uncond, noise_cond = unet(batch, t, encoder_hidden_states=torch.cat([null, cond])).sample.chunk(2)
+            noise = noise_uncond + guidance_scale * (noise_cond - noise_uncond)
+            current = sampler.step(noise, t, current).prev_sample
+    return torch.stack(nulls), used
+
+
+def ddim_sample(
+    unet,
+    scheduler_config: dict,
+    latent: torch.Tensor,
+    cond: torch.Tensor,
+    null_embeddings: torch.Tensor,
+    guidance_scale: float,
+    controller: PromptToPromptController | None = None,
+) -> torch.Tensor:
+    """Guided DDIM sampling from ``x_T`` with per-step null embeddings, optionally under prompt-to-prompt control.
+
+    Args:
+        unet: The UNet.
+        scheduler_config: The DDIM scheduler config.
+        latent: ``x_T`` ``[1, C, h, w]``, shared by every prompt of the batch.
+        cond: Prompt embeddings ``[n, tokens, dim]`` (with a controller: source first, then the targets).
+        null_embeddings: ``[steps, tokens, dim]``; the number of steps is taken from here.
+        guidance_scale: Classifier-free guidance scale.
+        controller: Prompt-to-prompt controller, or None for plain sampling.
+
+    Returns:
+        Final latents ``[n, C, h, w]``.
+    """
+    num_steps = null_embeddings.shape[0]
+    sampler, _ = make_schedulers(scheduler_config, num_steps, latent.device)
+    n = cond.shape[0]
+    latents = latent.expand(n, *latent.shape[1:]).clone()
+    with torch.no_grad(), attention_control(unet, controller):
+        for i, t in enumerate(sampler.timesteps):
+            if controller is not None:
+                controller.cur_step = i
+            context = torch.cat([null_embeddings[i : i + 1].expand(n, -1, -1).to(cond.dtype), cond])
+            noise_uncond, noise_cond = unet(
+                torch.cat([latents, latents]), t, encoder_hidden_states=context
+            ).sample.chunk(2)
+            noise = noise_uncond + guidance_scale * (noise_cond - noise_uncond)
+            latents = sampler.step(noise, t, latents).prev_sample
+    return latents
+
+
+class NullTextInversion:
+    """Null-text inversion of real images with a set of Stable Diffusion components.
+
+    Args:
+        unet, vae, text_encoder, tokenizer: Loaded components (not modified).
+        scheduler_config: The DDIM scheduler config (betas etc. from the checkpoint).
+        num_inference_steps: DDIM steps (50).
+        guidance_scale: Classifier-free guidance (7.5).
+        num_inner_steps: Adam iterations per step (10).
+        early_stop_epsilon: Early-stop base threshold (1e-5).
+        image_size: Square input size in pixels (512).
+    """
+
+    def __init__(
+        self,
+        unet,
+        vae,
+        text_encoder,
+        tokenizer,
+        scheduler_config: dict,
+        num_inference_steps: int = 50,
+        guidance_scale: float = 7.5,
+        num_inner_steps: int = 10,
+        early_stop_epsilon: float = 1e-5,
+        image_size: int = 512,
+    ) -> None:
+        self.unet, self.vae, self.text_encoder, self.tokenizer = unet, vae, text_encoder, tokenizer
+        self.scheduler_config = dict(scheduler_config)
+        self.num_inference_steps = num_inference_steps
+        self.guidance_scale = guidance_scale
+        self.num_inner_steps = num_inner_steps
+        self.early_stop_epsilon = early_stop_epsilon
+        self.image_size = image_size
+
+    def invert(self, image: Image.Image, prompt: str) -> InversionResult:
+        """Invert ``image`` described by ``prompt``."""
+        latent = encode_image(self.vae, image, self.image_size).to(self.unet.dtype)
+        cond = encode_prompts(self.tokenizer, self.text_encoder, [prompt]).to(self.unet.dtype)
+        null_init = encode_prompts(self.tokenizer, self.text_encoder, [""]).to(self.unet.dtype)
+        pivots = ddim_inversion(self.unet, self.scheduler_config, latent, cond, self.num_inference_steps)
+        nulls, used = null_text_optimization(
+            self.unet,
+            self.scheduler_config,
+            pivots,
+            cond,
+            null_init,
+            self.guidance_scale,
+            self.num_inner_steps,
+            self.early_stop_epsilon,
+        )
+        logger.debug("null-text inversion: %d Adam steps over %d steps", sum(used), len(used))
+        return InversionResult(latent=pivots[-1], null_embeddings=nulls, pivot_latents=pivots, inner_steps=used)

@@ -1,0 +1,124 @@
+"""Null-text inversion (Mokady et al. 2023) on tiny real-class Stable Diffusion components."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from lance_pipeline.inversion import (  # noqa: E402
+    NullTextInversion,
+    ddim_inversion,
+    ddim_sample,
+    encode_image,
+    encode_prompts,
+)
+
+STEPS = 8
+SIZE = 32
+CAPTION = "a photo of a dog on the grass"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # Tiny models gain nothing from intra-op threads, and on a shared 2-core machine they oversubscribe badly.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny_sd(tmp_path_factory):
+    from lance_pipeline.image_editing import load_stable_diffusion_components
+    from lance_pipeline.tiny_image_components import create_tiny_stable_diffusion
+
+    path = create_tiny_stable_diffusion(tmp_path_factory.mktemp("tiny-sd"))
+    return load_stable_diffusion_components(str(path), dtype="float32", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def image():
+    rng = np.random.RandomState(0)
+    return Image.fromarray((rng.rand(SIZE, SIZE, 3) * 255).astype("uint8"))
+
+
+def _weights_digest(module) -> str:
+    digest = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def test_null_text_lowers_reconstruction_error_at_guidance_7_5(tiny_sd, image):
+    before = _weights_digest(tiny_sd.unet)
+    inverter = NullTextInversion(
+        tiny_sd.unet,
+        tiny_sd.vae,
+        tiny_sd.text_encoder,
+        tiny_sd.tokenizer,
+        tiny_sd.scheduler_config,
+        num_inference_steps=STEPS,
+        guidance_scale=7.5,
+        image_size=SIZE,
+    )
+    result = inverter.invert(image, CAPTION)
+    z0 = encode_image(tiny_sd.vae, image, SIZE)
+    assert torch.equal(result.pivot_latents[0], z0)
+    assert result.null_embeddings.shape == (STEPS, tiny_sd.tokenizer.model_max_length, 32)
+    assert len(result.inner_steps) == STEPS and all(1 <= k <= 10 for k in result.inner_steps)
+
+    cond = encode_prompts(tiny_sd.tokenizer, tiny_sd.text_encoder, [CAPTION])
+    empty = encode_prompts(tiny_sd.tokenizer, tiny_sd.text_encoder, [""]).expand(STEPS, -1, -1)
+    # Plain DDIM inversion: sample from the same x_T with the unoptimised null embedding at guidance 7.5.
+    plain = ddim_sample(tiny_sd.unet, tiny_sd.scheduler_config, result.latent, cond, empty, 7.5)
+    optimised = ddim_sample(tiny_sd.unet, tiny_sd.scheduler_config, result.latent, cond, result.null_embeddings, 7.5)
+    plain_error = torch.nn.functional.mse_loss(plain, z0).item()
+    optimised_error = torch.nn.functional.mse_loss(optimised, z0).item()
+    assert optimised_error < 0.8 * plain_error, (optimised_error, plain_error)
+    # The optimisation never touched the shared UNet.
+    assert _weights_digest(tiny_sd.unet) == before
+    assert all(p.grad is None for p in tiny_sd.unet.parameters())
+
+
+def test_early_stop_and_learning_schedule(tiny_sd, image):
+    common = dict(num_inference_steps=4, guidance_scale=7.5, image_size=SIZE)
+    args = (tiny_sd.unet, tiny_sd.vae, tiny_sd.text_encoder, tiny_sd.tokenizer, tiny_sd.scheduler_config)
+    loose = NullTextInversion(*args, early_stop_epsilon=1e3, **common).invert(image, CAPTION)
+    assert loose.inner_steps == [1, 1, 1, 1]
+    none = NullTextInversion(*args, num_inner_steps=0, **common).invert(image, CAPTION)
+    assert none.inner_steps == [0, 0, 0, 0]
+    # Without optimisation every null embedding stays the empty prompt's embedding.
+    empty = encode_prompts(tiny_sd.tokenizer, tiny_sd.text_encoder, [""])[0]
+    assert all(torch.equal(e, empty) for e in none.null_embeddings)
+    assert not torch.equal(loose.null_embeddings[0], empty)
+
+
+def test_ddim_inversion_follows_the_scheduler_config(tiny_sd, image):
+    """The first inversion step uses the checkpoint's alphas with set_alpha_to_one=False and steps_offset=1."""
+    z0 = encode_image(tiny_sd.vae, image, SIZE)
+    cond = encode_prompts(tiny_sd.tokenizer, tiny_sd.text_encoder, [CAPTION])
+    pivots = ddim_inversion(tiny_sd.unet, tiny_sd.scheduler_config, z0, cond, 2)
+    assert len(pivots) == 3
+    config = tiny_sd.scheduler_config
+    betas = torch.linspace(config["beta_start"] ** 0.5, config["beta_end"] ** 0.5, 1000, dtype=torch.float32) ** 2
+    alphas = torch.cumprod(1 - betas, 0)
+    first_t = 1  # steps_offset
+    with torch.no_grad():
+        eps = tiny_sd.unet(z0, first_t, encoder_hidden_states=cond).sample
+    a_from, a_to = alphas[0], alphas[first_t]  # from "t = -499" (alphas[0], not 1) to t = 1
+    x0_pred = (z0 - (1 - a_from).sqrt() * eps) / a_from.sqrt()
+    expected = a_to.sqrt() * x0_pred + (1 - a_to).sqrt() * eps
+    assert torch.allclose(pivots[1], expected, atol=1e-5)
+    # The latent is the posterior mean scaled by the VAE's configured factor.
+    pixels = torch.from_numpy(np.asarray(image, dtype=np.float32) / 127.5 - 1).permute(2, 0, 1)[None]
+    with torch.no_grad():
+        raw = tiny_sd.vae.encode(pixels).latent_dist.mean
+    assert torch.allclose(z0, raw * tiny_sd.vae.config.scaling_factor)
