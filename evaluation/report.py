@@ -1,0 +1,179 @@
+"""An HTML report per model: headline table, plots, gallery of the most damaging counterfactuals, insights.
+
+The page (``report.html``) and its pictures (``assets/``) are written beside the model's ``results.json``; images are
+linked by relative paths, so the folder can be moved or served as is. The page layout is ``report_template.html``.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+from pathlib import Path
+from string import Template
+from typing import Any
+
+from .release_reader import Release, read_samples
+
+logger = logging.getLogger(__name__)
+
+TEMPLATE_PATH = Path(__file__).with_name("report_template.html")
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return html.escape(str(value))
+
+
+def _ci(entry: dict[str, Any], name: str) -> str:
+    ci = entry.get(f"{name}_ci")
+    text = _fmt(entry.get(name))
+    return f"{text} <span class='meta'>[{ci[0]:.2f}, {ci[1]:.2f}]</span>" if ci else text
+
+
+def highlight(text: str | None, span: str | None) -> str:
+    """HTML-escape ``text`` and wrap the first occurrence of ``span`` in ``<mark>``."""
+    if not text:
+        return ""
+    escaped = html.escape(text)
+    if span:
+        span_escaped = html.escape(span)
+        if span_escaped in escaped:
+            return escaped.replace(span_escaped, f"<mark>{span_escaped}</mark>", 1)
+    return escaped
+
+
+def _headline_table(results: dict[str, Any]) -> str:
+    head = "<tr><th class='text'>config</th><th>n</th><th>acc@1</th><th>acc@5</th><th>Δ acc@1</th><th>Δ acc@5</th></tr>"
+    body = []
+    for config, entry in results["metrics"].items():
+        body.append(
+            f"<tr><td class='text'>{config}</td><td>{entry['n']}</td><td>{_ci(entry, 'acc1')}</td>"
+            f"<td>{_ci(entry, 'acc5')}</td><td>{_ci(entry, 'delta_acc1')}</td><td>{_ci(entry, 'delta_acc5')}</td></tr>"
+        )
+    return f"<table>{head}{''.join(body)}</table>"
+
+
+def _sensitivity_table(results: dict[str, Any]) -> str:
+    sections = [("counterfactual", results.get("sensitivity") or {})]
+    sections += list((results.get("sensitivity_by_config") or {}).items())
+    head = (
+        "<tr><th class='text'>config</th><th class='text'>group</th><th>n</th><th>mean Δp</th><th>mean |Δp|</th>"
+        "<th>flip rate</th><th>paired Δ acc@1</th></tr>"
+    )
+    body = []
+    for config, section in sections:
+        overall = section.get("overall")
+        if not overall:
+            continue
+        groups = [("all", overall)] + [(f"edit: {t}", s) for t, s in (section.get("by_edit_type") or {}).items()]
+        for name, stats in groups:
+            body.append(
+                f"<tr><td class='text'>{config}</td><td class='text'>{html.escape(name)}</td><td>{stats['n']}</td>"
+                f"<td>{_ci(stats, 'delta_p_gt_mean')}</td><td>{_ci(stats, 'delta_p_gt_abs_mean')}</td>"
+                f"<td>{_ci(stats, 'flip_rate')}</td><td>{_ci(stats, 'paired_delta_acc1')}</td></tr>"
+            )
+    return f"<table>{head}{''.join(body)}</table>" if body else "<p>No paired samples.</p>"
+
+
+def _top5_list(top: list[int], probs: list[float], label: int, release: Release) -> str:
+    items = []
+    for index, prob in zip(top, probs, strict=True):
+        cls = " class='gt'" if index == label else ""
+        items.append(f"<li{cls}>{html.escape(release.label_name(index).split(',')[0])} ({prob * 100:.1f}%)</li>")
+    return f"<ol class='top5'>{''.join(items)}</ol>"
+
+
+def _gallery(rows: list[dict[str, Any]], release: Release, assets: Path, size: int) -> str:
+    originals = {r["key"]: r for r in rows if r["config"] == "original"}
+    pairs = [
+        (r, originals[r["source_key"]])
+        for r in rows
+        if r["config"] == "counterfactual" and r["source_key"] in originals
+    ]
+    pairs.sort(key=lambda p: p[1]["p_gt"] - p[0]["p_gt"], reverse=True)
+    pairs = pairs[:size]
+    if not pairs:
+        return "<p>No counterfactuals with their original in this release.</p>"
+    cf_samples = read_samples(release, "counterfactual", {cf["key"] for cf, _ in pairs})
+    orig_samples = read_samples(release, "original", {orig["key"] for _, orig in pairs})
+    assets.mkdir(parents=True, exist_ok=True)
+    ext = release.image_ext
+    blocks = []
+    for cf, orig in pairs:
+        (assets / f"original-{orig['key']}.{ext}").write_bytes(orig_samples[orig["key"]][ext])
+        (assets / f"counterfactual-{cf['key']}.{ext}").write_bytes(cf_samples[cf["key"]][ext])
+        delta = (orig["p_gt"] - cf["p_gt"]) * 100.0
+        blocks.append(
+            f"<div class='pair'><figure><img src='assets/original-{orig['key']}.{ext}' alt='original {orig['key']}'>"
+            f"<figcaption>original · {highlight(cf['caption'], cf['original_span'])}"
+            f"{_top5_list(orig['top5'], orig['top5_prob'], orig['label'], release)}</figcaption></figure>"
+            f"<figure><img src='assets/counterfactual-{cf['key']}.{ext}' alt='counterfactual {cf['key']}'>"
+            f"<figcaption>{html.escape(cf['edit_type'] or 'edit')} · "
+            f"{highlight(cf['edited_caption'], cf['edited_span'])}"
+            f"{_top5_list(cf['top5'], cf['top5_prob'], cf['label'], release)}</figcaption></figure>"
+            f"<div class='meta'>class {html.escape(release.label_name(cf['label']))} ({cf['label']})<br>"
+            f"Δ p(y_GT) = {delta:.2f} points<br>key {html.escape(cf['key'])}</div></div>"
+        )
+    return "\n".join(blocks)
+
+
+def _insights(results: dict[str, Any]) -> str:
+    insights = results.get("insights")
+    if not insights:
+        return "<p>Insights were not computed for this run.</p>"
+    if insights.get("error"):
+        return f"<p>Insights failed: {html.escape(insights['error'])}</p>"
+    head = "<tr><th class='text'>class</th><th class='text'>cluster</th><th>size</th><th>mean Δp</th>" + (
+        "<th class='text'>example edits</th></tr>"
+    )
+    body = []
+    for label, entry in insights["by_class"].items():
+        for cluster in entry["top_clusters"]:
+            examples = "<br>".join(
+                f"{highlight(e['edited_caption'], e['edit'].split(' → ')[-1])} ({e['delta_p_gt']:.2f})"
+                for e in cluster["examples"]
+            )
+            body.append(
+                f"<tr><td class='text'>{html.escape(entry['label_name'] or label)} ({label})</td>"
+                f"<td class='text'>{html.escape(cluster['name'])}</td><td>{cluster['size']}</td>"
+                f"<td>{cluster['delta_p_gt_mean']:.2f}</td><td class='text'>{examples}</td></tr>"
+            )
+    return f"<table>{head}{''.join(body)}</table>" if body else "<p>No clustered edits.</p>"
+
+
+def write_model_report(
+    results: dict[str, Any], rows: list[dict[str, Any]], release: Release, out_dir: Path, gallery_size: int = 12
+) -> Path:
+    """Write ``out_dir/report.html`` and its ``assets/`` for one model's results and prediction rows."""
+    from .plots import plot_acc_scatter, plot_class_delta_acc, plot_edit_type_sensitivity
+
+    out_dir = Path(out_dir)
+    assets = out_dir / "assets"
+    plots = []
+    if results.get("sensitivity", {}).get("by_edit_type"):
+        plots.append(plot_edit_type_sensitivity([results], assets / "edit_type_sensitivity.png"))
+    if "counterfactual" in results["metrics"] and "original" in results["metrics"]:
+        plots.append(plot_class_delta_acc([results], assets / "class_delta_acc.png"))
+        plots.append(plot_acc_scatter([results], assets / "acc_original_vs_counterfactual.png"))
+    plot_html = "\n".join(f"<img src='assets/{p.name}' alt='{p.stem}'>" for p in plots)
+    page = Template(TEMPLATE_PATH.read_text(encoding="utf-8")).substitute(
+        title=html.escape(f"{results['model']['name']} on {release.name} {release.version}"),
+        release_name=html.escape(release.name),
+        release_version=html.escape(release.version),
+        manifest_sha256=html.escape(release.manifest_sha256[:16]),
+        weights=html.escape(results["model"]["weights"]["id"]),
+        timm_version=html.escape(results["packages"].get("timm", "?")),
+        created_at=html.escape(results.get("run", {}).get("created_at", "")),
+        headline_table=_headline_table(results),
+        sensitivity_table=_sensitivity_table(results),
+        plots=plot_html,
+        gallery=_gallery(rows, release, assets, gallery_size),
+        insights=_insights(results),
+    )
+    path = out_dir / "report.html"
+    path.write_text(page, encoding="utf-8")
+    logger.info("wrote report %s", path)
+    return path

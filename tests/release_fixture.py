@@ -1,0 +1,198 @@
+"""A small synthetic release in the exact release format, so that evaluation tests do not depend on the builder.
+
+Images are simple generated pictures (a class-coloured shape on noise); the metadata mimics what the builder writes:
+captions, edits of several types with their spans, LANCE-R edits, filter scores and seeds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from builder import release_format as rf
+
+_EDITS = {
+    "subject": ("dog", "cat"),
+    "object": ("ball", "stick"),
+    "background": ("grass", "snow"),
+    "weather": ("sunny day", "rainy day"),
+    "adjective": ("small", "large"),
+    "domain": ("photo", "painting"),
+}
+
+
+def _image(rng: np.random.Generator, label: int, variant: int, size: int) -> Image.Image:
+    pixels = rng.integers(0, 256, size=(size, size, 3), dtype=np.uint8)
+    image = Image.fromarray(pixels, "RGB")
+    draw = ImageDraw.Draw(image)
+    colour = tuple(int(c) for c in rng.integers(0, 256, size=3))
+    lo, hi = size // 6 + variant, size - size // 6 - variant
+    if label % 2:
+        draw.ellipse([lo, lo, hi, hi], fill=colour)
+    else:
+        draw.rectangle([lo, lo, hi, hi], fill=colour)
+    return image
+
+
+def _png(image: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _write_shard(path: Path, samples: list[tuple[str, bytes, int, dict[str, Any]]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for key, png, label, meta in samples:
+            for ext, data in (("png", png), ("cls", str(label).encode()), ("json", rf.encode_metadata(meta))):
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                info.mtime = 0
+                info.mode = 0o644
+                tar.addfile(info, io.BytesIO(data))
+
+
+def write_release(
+    root: Path,
+    *,
+    labels: tuple[int, ...] = (1, 207, 281),
+    label_names: list[str] | None = None,
+    originals_per_class: int = 2,
+    edits_per_original: int = 3,
+    image_size: int = 48,
+    shard_size: int = 8,
+    configs: tuple[str, ...] = rf.CONFIG_NAMES,
+    name: str = "lance-fixture",
+    version: str = "1.0.0",
+    seed: int = 0,
+) -> Path:
+    """Write a release under ``root`` and return ``root``.
+
+    Args:
+        labels: the label indices used by the samples.
+        label_names: the full label space; the ImageNet-1k names from timm when omitted.
+        originals_per_class: original images per label.
+        edits_per_original: counterfactuals per original; their edit types cycle through ``EDIT_TYPES``.
+        image_size: side of the square images.
+        shard_size: samples per shard (several shards per config once a config holds more).
+        configs: the configs to write.
+    """
+    if label_names is None:
+        from timm.data import ImageNetInfo
+
+        label_names = list(ImageNetInfo().label_descriptions())
+        space_name = "imagenet-1k"
+    else:
+        space_name = "custom"
+    rng = np.random.default_rng(seed)
+    rows: dict[str, list[tuple[str, bytes, int, dict[str, Any]]]] = {c: [] for c in configs}
+    edit_counter = 0
+    for label in labels:
+        label_name = label_names[label]
+        for i in range(originals_per_class):
+            source_key = f"src-{label:04d}-{i:02d}"
+            caption = f"a photo of a small dog with a ball on the grass on a sunny day, {label_name}"
+            item_seed = int(rng.integers(0, 2**31 - 1))
+            original = _image(rng, label, i, image_size)
+            meta = rf.empty_metadata(source_key, source_key, label, label_name, item_seed)
+            meta["caption"] = caption
+            if "original" in configs:
+                rows["original"].append((source_key, _png(original), label, meta))
+            if "reconstructed" in configs:
+                recon = np.asarray(original).astype(np.int16) + rng.integers(-12, 13, size=(image_size, image_size, 3))
+                image = Image.fromarray(np.clip(recon, 0, 255).astype(np.uint8), "RGB")
+                rec_meta = rf.empty_metadata(f"{source_key}-rec", source_key, label, label_name, item_seed)
+                rec_meta["caption"] = caption
+                rows["reconstructed"].append((f"{source_key}-rec", _png(image), label, rec_meta))
+            for j in range(edits_per_original):
+                edit_type = rf.EDIT_TYPES[edit_counter % len(rf.EDIT_TYPES)]
+                edit_counter += 1
+                span, new_span = _EDITS[edit_type]
+                for config, suffix in (("counterfactual", "cf"), ("lance_r", "lr")):
+                    if config not in configs or (config == "lance_r" and j > 0):
+                        continue
+                    key = f"{source_key}-{suffix}{j:02d}"
+                    image = _image(rng, label if rng.random() < 0.6 else label + 1, j + 3, image_size)
+                    m = rf.empty_metadata(key, source_key, label, label_name, item_seed)
+                    replacement = new_span if config == "counterfactual" else f"{new_span} {j}"
+                    m.update(
+                        caption=caption,
+                        edited_caption=caption.replace(span, replacement, 1),
+                        original_span=span,
+                        edited_span=replacement,
+                        edit_type=edit_type if config == "counterfactual" else None,
+                        self_replace=float(rng.choice([0.4, 0.6, 0.8])),
+                        scores={n: float(np.round(rng.random(), 4)) for n in rf.SCORE_NAMES},
+                    )
+                    rows[config].append((key, _png(image), label, m))
+    root.mkdir(parents=True, exist_ok=True)
+    shards, counts = [], {}
+    for config in configs:
+        samples = rows[config]
+        for index, start in enumerate(range(0, len(samples), shard_size)):
+            rel = rf.shard_path(config, index)
+            _write_shard(root / rel, samples[start : start + shard_size])
+            data = (root / rel).read_bytes()
+            shards.append(
+                {
+                    "config": config,
+                    "path": rel,
+                    "sha256": hashlib.sha256(data).hexdigest(),
+                    "bytes": len(data),
+                    "samples": len(samples[start : start + shard_size]),
+                }
+            )
+        by_edit: dict[str, int] = {}
+        by_class: dict[str, int] = {}
+        for _, _, label, meta in samples:
+            by_edit[meta["edit_type"] or "none"] = by_edit.get(meta["edit_type"] or "none", 0) + 1
+            by_class[str(label)] = by_class.get(str(label), 0) + 1
+        counts[config] = {"total": len(samples), "by_edit_type": by_edit, "by_class": by_class}
+    build_config = {"seed": seed, "source": "fixture", "edits_per_original": edits_per_original}
+    config_hash = "sha256:" + hashlib.sha256(json.dumps(build_config, sort_keys=True).encode()).hexdigest()
+    manifest: dict[str, Any] = {
+        "format_version": rf.FORMAT_VERSION,
+        "name": name,
+        "version": version,
+        "tool": {"name": "lance-counterfactuals", "version": "0.1.0"},
+        "image_format": "png",
+        "configs": list(configs),
+        "config": build_config,
+        "config_hash": config_hash,
+        "seed": seed,
+        "source": {
+            "spec": "fixture",
+            "kind": "demo",
+            "num_samples": len(labels) * originals_per_class,
+            "imagenet_derived": space_name == "imagenet-1k",
+            "license": "synthetic test data",
+        },
+        "label_space": {"name": space_name, "num_classes": len(label_names), "names": label_names},
+        "stages": {"caption": {"target": "fixture", "model": "none", "revision": "none"}},
+        "packages": {"python": "3.11"},
+        "counts": counts,
+        "failures": [],
+        "shards": shards,
+    }
+    canonical = json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    manifest["manifest_sha256"] = hashlib.sha256(canonical.encode()).hexdigest()
+    (root / rf.MANIFEST_NAME).write_text(
+        json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
+    (root / rf.TIMM_INFO_NAME).write_text(json.dumps(rf.timm_info(manifest), indent=2) + "\n", encoding="utf-8")
+    (root / rf.CARD_NAME).write_text(_card(manifest), encoding="utf-8")
+    return root
+
+
+def _card(manifest: dict[str, Any]) -> str:
+    import yaml
+
+    front = {"configs": rf.card_configs(manifest["configs"]), "dataset_info": rf.card_dataset_info(manifest)}
+    return f"---\n{yaml.safe_dump(front, sort_keys=False)}---\n\n# {manifest['name']}\n\nSynthetic fixture release.\n"

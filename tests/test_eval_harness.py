@@ -1,0 +1,467 @@
+"""The evaluation harness against values computed independently in the test.
+
+A small custom-label release (4 classes) is scored by ``test_vit`` whose classifier is fitted in the test (so that
+accuracies, flips and Delta p are not degenerate) and saved as safetensors, then loaded by the harness through
+``--checkpoint``. The test decodes every image itself, applies the model's timm data-config transform, runs the
+model one image at a time and recomputes every metric with numpy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from release_fixture import write_release
+
+from builder import release_format as rf
+from evaluation import cli
+from evaluation.harness import EvalOptions, OOMRetryForward, predict_release
+from evaluation.models import ModelSpec, expand_model_names
+from evaluation.release_reader import open_release
+
+NAMES = ["red square", "blue circle", "green square", "yellow circle"]
+BOOT = 200
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers())
+    return parser.parse_args(argv)
+
+
+def read_release_images(root: Path) -> dict[str, list[tuple[dict, object]]]:
+    """Every sample of every config, decoded with PIL directly from the tar shards (not through the harness)."""
+    from PIL import Image
+
+    out: dict[str, list] = {}
+    for config in rf.CONFIG_NAMES:
+        for shard in sorted((root / "data" / config).glob("test-*.tar")):
+            members: dict[str, dict[str, bytes]] = {}
+            with tarfile.open(shard) as tar:
+                for m in tar.getmembers():
+                    key, ext = m.name.split(".", 1)
+                    members.setdefault(key, {})[ext] = tar.extractfile(m).read()
+            for sample in members.values():
+                meta = json.loads(sample["json"])
+                assert int(sample["cls"]) == meta["label"]
+                out.setdefault(config, []).append((meta, Image.open(io.BytesIO(sample["png"])).convert("RGB")))
+    return out
+
+
+def independent_probs(model, samples, indices=None) -> dict[str, np.ndarray]:
+    from timm.data import create_transform, resolve_data_config
+
+    transform = create_transform(**resolve_data_config({}, model=model, use_test_size=True))
+    probs = {}
+    with torch.no_grad():
+        for items in samples.values():
+            for meta, image in items:
+                logits = model(transform(image).unsqueeze(0))[0].double().numpy()
+                if indices is not None:
+                    logits = logits[indices]
+                e = np.exp(logits - logits.max())
+                probs[meta["key"]] = e / e.sum()
+    return probs
+
+
+@pytest.fixture(scope="module")
+def scored(tmp_path_factory):
+    """Release, fitted model + checkpoint, the harness output and the independent predictions."""
+    import timm
+    from safetensors.torch import save_file
+    from timm.data import create_transform, resolve_data_config
+
+    root = write_release(
+        tmp_path_factory.mktemp("release") / "rel",
+        labels=(0, 1, 2, 3),
+        label_names=NAMES,
+        originals_per_class=3,
+        edits_per_original=3,
+        shard_size=7,
+    )
+    samples = read_release_images(root)
+    torch.manual_seed(0)
+    model = timm.create_model("test_vit", pretrained=False, num_classes=4).eval()
+    # Fit the classifier on the originals' pooled features so that some originals are right and some wrong.
+    transform = create_transform(**resolve_data_config({}, model=model, use_test_size=True))
+    originals = samples["original"]
+    with torch.no_grad():
+        feats = torch.stack(
+            [model.forward_head(model.forward_features(transform(im)[None]), True)[0] for _, im in originals]
+        )
+    targets = torch.tensor([m["label"] if i % 3 else (m["label"] + 1) % 4 for i, (m, _) in enumerate(originals)])
+    onehot = torch.nn.functional.one_hot(targets, 4).double() * 6.0 - 3.0
+    centred = torch.cat([feats.double(), torch.ones(len(feats), 1, dtype=torch.double)], 1)
+    solution = torch.linalg.lstsq(centred, onehot).solution
+    with torch.no_grad():
+        model.head.weight.copy_(solution[:-1].T.float())
+        model.head.bias.copy_(solution[-1].float())
+    ckpt = tmp_path_factory.mktemp("ckpt") / "test_vit-4cls.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(ckpt))
+    out = tmp_path_factory.mktemp("eval")
+    args = parse(
+        ["eval", "--release", str(root), "--model", "test_vit", "--checkpoint", str(ckpt), "--output", str(out)]
+        + ["--batch-size", "5", "--workers", "2", "--bootstrap", str(BOOT), "--no-insights", "--no-report"]
+    )
+    assert args.func(args) == 0
+    slug = ModelSpec("test_vit", checkpoint=ckpt).slug
+    results = json.loads((out / slug / "results.json").read_text())
+    probs = independent_probs(model, samples)
+    return {
+        "root": root,
+        "samples": samples,
+        "probs": probs,
+        "results": results,
+        "ckpt": ckpt,
+        "out": out,
+        "model": model,
+        "slug": slug,
+    }
+
+
+def expected_rows(samples, probs) -> list[dict]:
+    rows = []
+    for config, items in samples.items():
+        for meta, _ in items:
+            p = probs[meta["key"]]
+            order = np.argsort(-p)
+            rows.append(
+                {
+                    "config": config,
+                    "key": meta["key"],
+                    "source_key": meta["source_key"],
+                    "label": meta["label"],
+                    "edit_type": meta["edit_type"] or "none",
+                    "p": p[meta["label"]],
+                    "c1": int(order[0] == meta["label"]),
+                    "c5": int(meta["label"] in order[:5]),
+                }
+            )
+    return rows
+
+
+def test_accuracy_and_delta_acc_match(scored):
+    rows = expected_rows(scored["samples"], scored["probs"])
+    metrics = scored["results"]["metrics"]
+    assert set(metrics) == set(rf.CONFIG_NAMES)
+    acc = {}
+    for config in rf.CONFIG_NAMES:
+        sub = [r for r in rows if r["config"] == config]
+        acc[config] = (100 * np.mean([r["c1"] for r in sub]), 100 * np.mean([r["c5"] for r in sub]))
+        assert metrics[config]["n"] == len(sub)
+        assert metrics[config]["acc1"] == pytest.approx(acc[config][0])
+        assert metrics[config]["acc5"] == pytest.approx(acc[config][1])
+        for label in range(4):
+            cls = [r for r in sub if r["label"] == label]
+            assert metrics[config]["by_class"][str(label)]["acc1"] == pytest.approx(
+                100 * np.mean([r["c1"] for r in cls])
+            )
+            assert metrics[config]["by_class"][str(label)]["label_name"] == NAMES[label]
+    assert 0 < acc["original"][0] < 100, "fixture model should be right on some originals and wrong on others"
+    for config in ("reconstructed", "counterfactual", "lance_r"):
+        assert metrics[config]["delta_acc1"] == pytest.approx(acc[config][0] - acc["original"][0])
+        assert metrics[config]["delta_acc5"] == pytest.approx(acc[config][1] - acc["original"][1])
+    # 4 classes: every label is in the top 5
+    assert metrics["counterfactual"]["acc5"] == pytest.approx(100.0)
+
+
+def _pair_stats(pairs):
+    dp = np.array([100 * (o["p"] - c["p"]) for c, o in pairs])
+    base = [c for c, o in pairs if o["c1"]]
+    flips = [c for c, o in pairs if o["c1"] and not c["c1"]]
+    return {
+        "n": len(pairs),
+        "delta_p_gt_mean": dp.mean(),
+        "delta_p_gt_abs_mean": np.abs(dp).mean(),
+        "flip_rate": 100 * len(flips) / len(base) if base else None,
+        "paired_delta_acc1": 100 * np.mean([c["c1"] - o["c1"] for c, o in pairs]),
+    }
+
+
+def test_sensitivity_delta_p_flip_rate_and_breakdowns_match(scored):
+    rows = expected_rows(scored["samples"], scored["probs"])
+    originals = {r["key"]: r for r in rows if r["config"] == "original"}
+    pairs = [(r, originals[r["source_key"]]) for r in rows if r["config"] == "counterfactual"]
+    sens = scored["results"]["sensitivity"]
+    expected = _pair_stats(pairs)
+    assert expected["flip_rate"] not in (None, 0.0), "fixture should produce flips"
+    for name, value in expected.items():
+        assert sens["overall"][name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
+    assert sens["overall"]["delta_p_gt_abs_mean"] > abs(sens["overall"]["delta_p_gt_mean"]) - 1e-9
+    assert set(sens["by_edit_type"]) == set(rf.EDIT_TYPES)
+    for edit_type in rf.EDIT_TYPES:
+        group = _pair_stats([(c, o) for c, o in pairs if c["edit_type"] == edit_type])
+        for name, value in group.items():
+            assert sens["by_edit_type"][edit_type][name] == pytest.approx(value, rel=1e-4, abs=1e-6), (edit_type, name)
+    for label in range(4):
+        group = _pair_stats([(c, o) for c, o in pairs if c["label"] == label])
+        for name, value in group.items():
+            assert sens["by_class"][str(label)][name] == pytest.approx(value, rel=1e-4, abs=1e-6), (label, name)
+    lance_r = [(r, originals[r["source_key"]]) for r in rows if r["config"] == "lance_r"]
+    other = scored["results"]["sensitivity_by_config"]["lance_r"]["overall"]
+    assert other["delta_p_gt_mean"] == pytest.approx(_pair_stats(lance_r)["delta_p_gt_mean"], rel=1e-4, abs=1e-6)
+
+
+def test_bootstrap_intervals_match_a_loop_bootstrap(scored):
+    """Same documented draws (clusters = sorted source keys), statistics recomputed with a plain loop."""
+    rows = expected_rows(scored["samples"], scored["probs"])
+    clusters = sorted({r["source_key"] for r in rows})
+    draws = np.random.default_rng(0).integers(0, len(clusters), size=(BOOT, len(clusters)))
+    originals = {r["key"]: r for r in rows if r["config"] == "original"}
+    acc1_orig, acc1_cf, delta, dp, flip = [], [], [], [], []
+    for draw in draws:
+        chosen = [clusters[i] for i in draw]
+        orig = [originals[k] for k in chosen]
+        cf = [r for k in chosen for r in rows if r["config"] == "counterfactual" and r["source_key"] == k]
+        a_o, a_c = 100 * np.mean([r["c1"] for r in orig]), 100 * np.mean([r["c1"] for r in cf])
+        acc1_orig.append(a_o)
+        acc1_cf.append(a_c)
+        delta.append(a_c - a_o)
+        dp.append(np.mean([100 * (originals[r["source_key"]]["p"] - r["p"]) for r in cf]))
+        base = [r for r in cf if originals[r["source_key"]]["c1"]]
+        flip.append(100 * np.mean([not r["c1"] for r in base]) if base else np.nan)
+    m = scored["results"]["metrics"]
+    assert m["original"]["acc1_ci"] == pytest.approx(list(np.percentile(acc1_orig, [2.5, 97.5])))
+    assert m["counterfactual"]["acc1_ci"] == pytest.approx(list(np.percentile(acc1_cf, [2.5, 97.5])))
+    assert m["counterfactual"]["delta_acc1_ci"] == pytest.approx(list(np.percentile(delta, [2.5, 97.5])))
+    overall = scored["results"]["sensitivity"]["overall"]
+    assert overall["delta_p_gt_mean_ci"] == pytest.approx(list(np.percentile(dp, [2.5, 97.5])), rel=1e-4)
+    flip = np.array(flip)
+    assert overall["flip_rate_ci"] == pytest.approx(list(np.percentile(flip[np.isfinite(flip)], [2.5, 97.5])))
+    lo, hi = overall["delta_p_gt_mean_ci"]
+    assert lo <= overall["delta_p_gt_mean"] <= hi and lo < hi
+
+
+def test_results_record_release_model_and_packages(scored):
+    r = scored["results"]
+    manifest = json.loads((scored["root"] / "manifest.json").read_text())
+    assert r["schema"] == "lance-cf/eval-results" and r["status"] == "ok"
+    assert r["release"]["name"] == manifest["name"] and r["release"]["version"] == manifest["version"]
+    assert r["release"]["manifest_sha256"] == manifest["manifest_sha256"]
+    assert r["model"]["name"] == "test_vit"
+    assert r["model"]["weights"]["source"] == "checkpoint"
+    assert (
+        r["model"]["weights"]["checkpoint_sha256"]
+        == __import__("hashlib").sha256(scored["ckpt"].read_bytes()).hexdigest()
+    )
+    assert r["model"]["num_classes"] == 4
+    assert r["model"]["data_config"]["input_size"] == [3, 160, 160]
+    assert {"torch", "timm", "python"} <= set(r["packages"])
+    # every sample scored exactly once even though two workers strode over shards of 7 samples
+    import pandas as pd
+
+    preds = pd.read_parquet(scored["out"] / scored["slug"] / "predictions.parquet")
+    assert sorted(preds["key"]) == sorted(scored["probs"])
+
+
+def test_rerun_skips_same_weights_and_reruns_new_weights(scored, tmp_path, caplog):
+    from safetensors.torch import load_file, save_file
+
+    base = ["eval", "--release", str(scored["root"]), "--model", "test_vit", "--output", str(scored["out"])]
+    opts = ["--workers", "0", "--bootstrap", "0", "--no-insights", "--no-report"]
+    results_file = scored["out"] / scored["slug"] / "results.json"
+    before = results_file.stat().st_mtime_ns
+    args = parse([*base, "--checkpoint", str(scored["ckpt"]), *opts])
+    caplog.set_level("INFO")
+    assert args.func(args) == 0
+    assert results_file.stat().st_mtime_ns == before
+    assert "skipping" in caplog.text
+    state = load_file(str(scored["ckpt"]))
+    state["head.bias"] = state["head.bias"] + 1.0
+    other = tmp_path / "other.safetensors"
+    save_file(state, str(other))
+    args = parse([*base, "--checkpoint", str(other), *opts])
+    assert args.func(args) == 0
+    new = json.loads((scored["out"] / ModelSpec("test_vit", checkpoint=other).slug / "results.json").read_text())
+    assert new["model"]["weights"]["id"] != scored["results"]["model"]["weights"]["id"]
+
+
+def test_label_space_mismatch_errors_and_class_map_scores(scored, tmp_path):
+    out = tmp_path / "out"
+    common = ["--release", str(scored["root"]), "--output", str(out), "--no-pretrained", "--workers", "0"]
+    common += ["--bootstrap", "0", "--no-insights", "--no-report"]
+    # test_vit has 1000 outputs, the release 4 labels: an error row, and the run exits 1
+    args = parse(["eval", "--model", "test_vit", *common])
+    assert args.func(args) == 1
+    error = json.loads((out / "test_vit__random" / "results.json").read_text())
+    assert error["status"] == "error" and "--class-map" in error["error"] and "1000" in error["error"]
+    # with a class map: softmax over the mapped logits, checked independently
+    class_map = tmp_path / "map.txt"
+    indices = [7, 99, 3, 512]
+    class_map.write_text("\n".join(map(str, indices)) + "\n")
+    torch.manual_seed(0)
+    spec = ModelSpec("test_vit", pretrained=False, class_map=class_map)
+    release = open_release(scored["root"])
+    from evaluation.models import create_eval_model
+
+    model = create_eval_model(spec)
+    from timm.data import resolve_data_config
+
+    rows, timing = predict_release(
+        model,
+        release,
+        resolve_data_config({}, model=model, use_test_size=True),
+        EvalOptions(workers=0, batch_size=4),
+        indices,
+    )
+    probs = independent_probs(model, scored["samples"], indices)
+    assert timing["images"] == len(probs) == len(rows)
+    for row in rows:
+        p = probs[row["key"]]
+        assert row["p_gt"] == pytest.approx(p[row["label"]], rel=1e-4)
+        assert row["top5"][:4] == list(np.argsort(-p)[:4])
+
+
+def test_out_of_memory_retries_with_smaller_batches(scored):
+    model = scored["model"]
+
+    class Flaky(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = model
+            self.sizes = []
+
+        def forward(self, x):
+            self.sizes.append(x.shape[0])
+            if x.shape[0] > 3:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            return self.inner(x)
+
+    flaky = Flaky().eval()
+    release = open_release(scored["root"])
+    from timm.data import resolve_data_config
+
+    rows, timing = predict_release(
+        flaky, release, resolve_data_config({}, model=model, use_test_size=True), EvalOptions(workers=0, batch_size=8)
+    )
+    assert timing["batch_size"] == 2 and timing["oom_retries"] >= 1
+    assert max(s for s in flaky.sizes[2:]) <= 3
+    for row in rows:
+        assert row["p_gt"] == pytest.approx(scored["probs"][row["key"]][row["label"]], rel=1e-4)
+    # a non-OOM error is not retried
+    forward = OOMRetryForward(lambda x: (_ for _ in ()).throw(ValueError("bad input")), 8)
+    with pytest.raises(ValueError, match="bad input"):
+        forward(torch.zeros(8, 3, 4, 4))
+
+
+def test_model_name_expansion(tmp_path):
+    assert expand_model_names(["test_vit*"], pretrained=False)[:2] == ["test_vit", "test_vit2"]
+    listing = tmp_path / "models.txt"
+    listing.write_text("# models\nresnet10t\n\ntest_vit  # tiny\nresnet10t\n")
+    assert expand_model_names([str(listing), "hf-hub:org/model"], pretrained=False) == [
+        "resnet10t",
+        "test_vit",
+        "hf-hub:org/model",
+    ]
+    with pytest.raises(ValueError, match="matches no timm model"):
+        expand_model_names(["no_such_arch_*"], pretrained=False)
+
+
+def test_bad_values_raise_value_error(scored, tmp_path):
+    base = ["eval", "--release", str(scored["root"]), "--model", "resnet10t", "--output", str(tmp_path)]
+    with pytest.raises(ValueError, match="--batch-size"):
+        args = parse([*base, "--batch-size", "0"])
+        args.func(args)
+    bad = tmp_path / "weights.pt"
+    bad.write_bytes(b"x")
+    with pytest.raises(ValueError, match="safetensors"):
+        args = parse([*base, "--checkpoint", str(bad)])
+        args.func(args)
+    with pytest.raises(ValueError, match="neither an existing directory"):
+        args = parse(
+            ["eval", "--release", str(tmp_path / "missing"), "--model", "resnet10t", "--output", str(tmp_path)]
+        )
+        args.func(args)
+
+
+def test_hub_release_spec_downloads_the_dataset_revision(scored, monkeypatch):
+    import huggingface_hub
+
+    calls = []
+
+    def fake_snapshot_download(**kwargs):
+        calls.append(kwargs)
+        return str(scored["root"])
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    release = open_release("lance-org/lance-fixture@v1.0.0")
+    assert calls[0]["repo_id"] == "lance-org/lance-fixture"
+    assert calls[0]["repo_type"] == "dataset" and calls[0]["revision"] == "v1.0.0"
+    assert release.revision == "v1.0.0" and release.configs == list(rf.CONFIG_NAMES)
+    assert release.describe()["revision"] == "v1.0.0"
+
+
+def test_insights_match_independent_clip_kmeans(scored, tmp_path):
+    """Per-class K-Means on CLIP text edit directions, recomputed with open_clip + scikit-learn in the test."""
+    import open_clip
+    import pandas as pd
+    from sklearn.cluster import KMeans
+
+    from evaluation.insights import cluster_release_edits, summarize_clusters
+    from lance_pipeline.tiny_clip_components import create_tiny_open_clip
+
+    clip_dir = create_tiny_open_clip(tmp_path / "clip")
+    options = EvalOptions(clip_model=str(clip_dir), insight_k=2, insight_top=2)
+    clustering = cluster_release_edits(open_release(scored["root"]), options)
+    rows = pd.read_parquet(scored["out"] / scored["slug"] / "predictions.parquet").to_dict("records")
+    summary = summarize_clusters(clustering, rows, top=2, examples=2)
+
+    clip = open_clip.create_model("local-dir:" + str(clip_dir)).eval()
+    tokenizer = open_clip.get_tokenizer("local-dir:" + str(clip_dir))
+
+    def embed(texts):
+        with torch.no_grad():
+            f = clip.encode_text(tokenizer(texts)).double()
+        return (f / f.norm(dim=-1, keepdim=True)).numpy()
+
+    probs = scored["probs"]
+    for label in range(4):
+        edits = [m for m, _ in scored["samples"]["counterfactual"] if m["label"] == label]
+        directions = embed([e["edited_caption"] for e in edits]) - embed([e["caption"] for e in edits])
+        km = KMeans(n_clusters=2, random_state=0, n_init=10).fit(directions.astype(np.float32))
+        expected = []
+        for c in range(2):
+            members = [e for e, lab in zip(edits, km.labels_, strict=True) if lab == c]
+            dp = [100 * (probs[e["source_key"]][label] - probs[e["key"]][label]) for e in members]
+            nearest = members[
+                int(
+                    np.argmin(
+                        [
+                            np.linalg.norm(d - km.cluster_centers_[c])
+                            for d, lab in zip(directions, km.labels_, strict=True)
+                            if lab == c
+                        ]
+                    )
+                )
+            ]
+            expected.append(
+                (np.mean(dp), len(members), f"{nearest['original_span']} → {nearest['edited_span']}", max(dp))
+            )
+        expected.sort(key=lambda t: -t[0])
+        got = summary["by_class"][str(label)]["top_clusters"]
+        assert len(got) == 2
+        for cluster, (mean, size, name, worst) in zip(got, expected, strict=True):
+            assert cluster["delta_p_gt_mean"] == pytest.approx(mean, rel=1e-4, abs=1e-6)
+            assert cluster["size"] == size
+            assert cluster["name"] == name
+            assert cluster["examples"][0]["delta_p_gt"] == pytest.approx(worst, rel=1e-4, abs=1e-6)
+
+
+def test_missing_clip_model_records_insight_error_but_scores_the_model(scored, tmp_path):
+    out = tmp_path / "out"
+    args = parse(
+        ["eval", "--release", str(scored["root"]), "--model", "test_vit", "--checkpoint", str(scored["ckpt"])]
+        + ["--output", str(out), "--workers", "0", "--bootstrap", "0", "--no-report"]
+        + ["--clip-model", "no-such-clip-model"]
+    )
+    assert args.func(args) == 0
+    results = json.loads((out / scored["slug"] / "results.json").read_text())
+    assert results["status"] == "ok"
+    assert "no-such-clip-model" in results["insights"]["error"]
+    assert results["metrics"]["original"]["acc1"] == pytest.approx(scored["results"]["metrics"]["original"]["acc1"])

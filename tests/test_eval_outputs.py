@@ -1,0 +1,136 @@
+"""Leaderboard tables and plots, and the per-model HTML report opened in a real headless browser."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pandas as pd
+import pytest
+from PIL import Image
+from release_fixture import write_release
+
+from evaluation import cli
+from evaluation.leaderboard import TIMM_COLUMNS
+from lance_pipeline.tiny_clip_components import create_tiny_open_clip
+
+MODELS = ["test_vit", "test_efficientnet"]
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers())
+    return parser.parse_args(argv)
+
+
+@pytest.fixture(scope="module")
+def evaluated(tmp_path_factory):
+    base = tmp_path_factory.mktemp("outputs")
+    root = write_release(base / "release", originals_per_class=1, edits_per_original=3)
+    clip = create_tiny_open_clip(base / "clip")
+    out = base / "eval"
+    argv = ["eval", "--release", str(root), "--output", str(out), "--no-pretrained", "--workers", "1"]
+    argv += ["--bootstrap", "100", "--clip-model", str(clip), "--clusters", "2", "--gallery-size", "4"]
+    for model in [*MODELS, "definitely_not_a_model"]:
+        argv += ["--model", model]
+    args = parse(argv)
+    assert args.func(args) == 1  # one model failed; the others were still evaluated
+    lb_out = base / "leaderboard"
+    args = parse(["leaderboard", str(out), "--output", str(lb_out)])
+    assert args.func(args) == 0
+    return {"root": root, "out": out, "lb": lb_out}
+
+
+def test_leaderboard_tables_match_results(evaluated):
+    results = {
+        m: json.loads((evaluated["out"] / f"{m}__random" / "results.json").read_text())
+        for m in [*MODELS, "definitely_not_a_model"]
+    }
+    df = pd.read_csv(evaluated["lb"] / "leaderboard.csv")
+    assert list(df.columns[: len(TIMM_COLUMNS)]) == TIMM_COLUMNS
+    assert len(df) == 3
+    assert df.iloc[-1]["model"] == "definitely_not_a_model" and df.iloc[-1]["status"] == "error"
+    assert "Unknown model" in df.iloc[-1]["error"]
+    ok = df[df["status"] == "ok"]
+    assert list(ok["top1"]) == sorted(ok["top1"], reverse=True)
+    for _, row in ok.iterrows():
+        r = results[row["model"]]
+        cf, orig = r["metrics"]["counterfactual"], r["metrics"]["original"]
+        assert row["top1"] == pytest.approx(cf["acc1"], abs=1e-3)
+        assert row["top5_err"] == pytest.approx(100 - cf["acc5"], abs=1e-3)
+        assert row["original_top1"] == pytest.approx(orig["acc1"], abs=1e-3)
+        assert row["top1_diff"] == pytest.approx(cf["acc1"] - orig["acc1"], abs=2e-3)
+        assert row["delta_p_gt_mean"] == pytest.approx(r["sensitivity"]["overall"]["delta_p_gt_mean"], abs=1e-3)
+        assert row["img_size"] == r["model"]["data_config"]["input_size"][-1]
+        assert row["param_count"] == pytest.approx(r["model"]["param_count"])
+        assert row["n_counterfactual"] == cf["n"] == 9
+    parquet = pd.read_parquet(evaluated["lb"] / "leaderboard.parquet")
+    assert list(parquet["model"]) == list(df["model"])
+    markdown = (evaluated["lb"] / "leaderboard.md").read_text().splitlines()
+    assert len(markdown) == 2 + len(df) and markdown[0].startswith("| model | img_size | top1 |")
+    top = ok.iloc[0]
+    assert markdown[2].startswith(f"| {top['model']} | {int(top['img_size'])} | {top['top1']:.2f} |")
+    for name in ("edit_type_sensitivity", "class_delta_acc", "acc_original_vs_counterfactual"):
+        with Image.open(evaluated["lb"] / f"{name}.png") as image:
+            assert image.width > 100 and np.asarray(image.convert("L")).std() > 0
+
+
+def _browser() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def test_report_renders_its_images_in_a_headless_browser(evaluated, tmp_path):
+    report_dir = evaluated["out"] / "test_vit__random"
+    page = (report_dir / "report.html").read_text()
+    # gallery: the 4 most damaging counterfactuals, spans highlighted, top-5 predictions on both sides
+    assert page.count("class='pair'") == 4
+    assert len(re.findall(r"<mark>[^<]+</mark>", page)) >= 8
+    assert page.count("<ol class='top5'>") == 8
+    assert "Class-level insights" in page and "→" in page
+    browser = _browser()
+    if browser is None:
+        if os.environ.get("LANCE_CF_ALLOW_NO_BROWSER") == "1":
+            pytest.skip("no Chromium and LANCE_CF_ALLOW_NO_BROWSER=1")
+        pytest.fail(
+            "Chromium is required for this test: apt-get install -y chromium (or set LANCE_CF_ALLOW_NO_BROWSER=1)"
+        )
+    # The report itself has no script; a copy beside it (same relative asset paths) reports each image's state.
+    probe = report_dir / "_probe.html"
+    probe.write_text(
+        page.replace(
+            "</body>",
+            "<script>window.addEventListener('load', () => { const pre = document.createElement('pre');"
+            " pre.id = 'probe'; pre.textContent = JSON.stringify(Array.from(document.images).map("
+            "i => [i.getAttribute('src'), i.complete, i.naturalWidth])); document.body.appendChild(pre); });"
+            "</script></body>",
+        )
+    )
+    command = [
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--no-first-run",
+        f"--user-data-dir={tmp_path / 'chrome-profile'}",
+        "--virtual-time-budget=10000",
+        "--dump-dom",
+        probe.as_uri(),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    match = re.search(r'<pre id="probe">(.*?)</pre>', done.stdout, re.S)
+    assert match, f"browser printed no probe result: {done.stderr[-2000:]}"
+    images = json.loads(match.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    srcs = [src for src, _, _ in images]
+    assert len(images) == 3 + 2 * 4, srcs  # three plots, and original + counterfactual per gallery pair
+    broken = [src for src, complete, width in images if not complete or width <= 0]
+    assert not broken, f"images that did not render: {broken}"
