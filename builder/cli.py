@@ -201,11 +201,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    # Our packages log at INFO; third-party libraries (some log to the root logger) only warnings, unless -v.
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    for package in ("builder", "lance_pipeline", "dataset_cards", "evaluation"):
+        logging.getLogger(package).setLevel(logging.DEBUG if args.verbose else logging.INFO)
     try:
         return int(args.func(args) or 0)
     except ValueError as err:  # bad input: one line, no traceback

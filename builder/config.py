@@ -50,6 +50,7 @@ class BuildConfig:
     min_image_side: int = 16
     max_image_pixels: int = 89_478_485  # Pillow's decompression-bomb limit
     license: str | None = None  # overrides the source's licence note
+    source_hint: str | None = None  # what --source a preset without a source expects (shown in the error)
     stages: list[StageConfig] = field(default_factory=list)
 
     def validate(self) -> None:
@@ -81,7 +82,8 @@ class BuildConfig:
         if self.image_size is not None and (not isinstance(self.image_size, int) or self.image_size < 8):
             raise ValueError(f"image_size {self.image_size!r}: expected an integer >= 8 or null")
         if self.source is None:
-            raise ValueError(f"build {self.name!r} has no source: pass --source SCHEME:ARG")
+            hint = f" ({self.source_hint})" if self.source_hint else ""
+            raise ValueError(f"build {self.name!r} has no source: pass --source SCHEME:ARG{hint}")
         names = [s.name for s in self.stages]
         if len(set(names)) != len(names):
             raise ValueError(f"stages: duplicate stage names in {names}")

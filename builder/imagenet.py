@@ -80,8 +80,11 @@ def resolve_class(spec: str) -> int:
             raise ValueError(f"class {spec!r}: ImageNet-1k indices run from 0 to 999")
         return index
     names = [n.lower() for n in class_names()]
-    if spec.lower() in names:
-        return names.index(spec.lower())
+    matches = [i for i, n in enumerate(names) if n == spec.lower()]
+    if len(matches) > 1:  # e.g. "sunglasses" names both 836 and 837
+        raise ValueError(f"class {spec!r} is ambiguous: ImageNet-1k indices {matches}; give the index or synset")
+    if matches:
+        return matches[0]
     close = difflib.get_close_matches(spec.lower(), names, n=3)
     hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
     raise ValueError(f"class {spec!r}: not an ImageNet-1k synset, index or class name{hint}")

