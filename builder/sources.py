@@ -314,7 +314,7 @@ class WebDatasetSource(Source):
             self.label_space = LabelSpace("custom", list(class_names))
         else:
             raise ValueError(f"source {spec!r}: a custom label space needs source_options.class_names")
-        self._members: dict[str, tuple[Path, tuple[int, int] | None]] = {}
+        self._members: dict[str, tuple[Path, tuple[int, int] | str | None]] = {}
         raw: list[tuple[str, str]] = []
         labels: dict[str, int] = {}
         origins: dict[str, str] = {}
@@ -343,9 +343,18 @@ class WebDatasetSource(Source):
         return _read_span(shard, member)
 
 
-def _group_tar(shard: Path, spec: str) -> dict[str, dict[str, tuple[int, int]]]:
-    """Members of a shard grouped by sample key: {key: {ext: (data offset, size)}}, so reads can seek directly."""
-    groups: dict[str, dict[str, tuple[int, int]]] = {}
+COMPRESSED_MAGIC = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00")
+
+
+def _group_tar(shard: Path, spec: str) -> dict[str, dict[str, tuple[int, int] | str]]:
+    """Members of a shard grouped by sample key: {key: {ext: location}}.
+
+    For a plain tar the location is (data offset, size), so reads seek straight to the bytes; for a compressed
+    shard (gzip, bz2, xz) it is the member name, read through tarfile.
+    """
+    with open(shard, "rb") as f:
+        compressed = f.read(6).startswith(COMPRESSED_MAGIC)
+    groups: dict[str, dict[str, tuple[int, int] | str]] = {}
     try:
         with tarfile.open(shard) as tar:
             for info in tar:
@@ -356,14 +365,21 @@ def _group_tar(shard: Path, spec: str) -> dict[str, dict[str, tuple[int, int]]]:
                 dot = name.find(".", slash + 1)
                 if dot < 0:
                     continue
-                groups.setdefault(name[:dot], {})[name[dot + 1 :].lower()] = (info.offset_data, info.size)
-    except tarfile.TarError as err:
+                location = name if compressed else (info.offset_data, info.size)
+                groups.setdefault(name[:dot], {})[name[dot + 1 :].lower()] = location
+    except (tarfile.TarError, EOFError, OSError) as err:
         raise ValueError(f"source {spec!r}: {shard} is not a readable tar archive ({err})") from err
     return groups
 
 
-def _read_span(shard: Path, span: tuple[int, int]) -> bytes:
-    offset, size = span
+def _read_span(shard: Path, location: tuple[int, int] | str) -> bytes:
+    if isinstance(location, str):
+        with tarfile.open(shard) as tar:
+            member = tar.extractfile(location)
+            if member is None:
+                raise ValueError(f"{shard}::{location} is not a regular file")
+            return member.read()
+    offset, size = location
     with open(shard, "rb") as f:
         f.seek(offset)
         return f.read(size)

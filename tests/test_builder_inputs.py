@@ -145,6 +145,23 @@ def test_label_out_of_range_from_webdataset_source(tmp_path):
     assert verify_release(tmp_path / "out") == []
 
 
+def test_compressed_webdataset_shards_read_the_same(tmp_path):
+    for name, mode in [("plain.tar", "w"), ("packed.tar.gz", "w:gz")]:
+        with tarfile.open(tmp_path / name, mode) as tar:
+            for key, label in [("b1", 7), ("b2", 8)]:
+                for ext, data in [("png", _png(photo(label))), ("cls", str(label).encode())]:
+                    info = tarfile.TarInfo(f"{key}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    results = {}
+    for name in ("plain.tar", "packed.tar.gz"):
+        cfg = write_config(tmp_path / f"{name}.yaml", f"wds:{tmp_path / name}")
+        manifest = build(load_config(str(cfg)), tmp_path / f"out-{name}", progress=False)
+        assert manifest["failures"] == [] and manifest["counts"]["original"]["total"] == 2
+        results[name] = [s["sha256"] for s in manifest["shards"]]
+    assert results["plain.tar"] == results["packed.tar.gz"]
+
+
 # -- sources --------------------------------------------------------------------------------------------------------
 def test_imagefolder_with_synsets_maps_to_imagenet_indices(tmp_path):
     make_imagefolder(tmp_path / "src", ["n01440764", "n03218198"], per_class=2)
