@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DEMO_OUT ?= demo-release
 
-.PHONY: setup demo test lint clean
+.PHONY: setup demo test lint clean browser
 
 setup: $(VENV)/.installed
 
@@ -21,8 +21,17 @@ demo: setup
 	HF_HUB_OFFLINE=1 $(BIN)/lance-cf build demo --output $(DEMO_OUT)
 	$(BIN)/lance-cf verify $(DEMO_OUT)
 
-test: setup
+test: setup browser
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
+
+# The evaluation report test opens the HTML report in headless Chromium. Installed from Debian's packages when
+# missing and this is root with apt (as on CI); otherwise say how.
+browser:
+	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
+	  || command -v google-chrome >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else echo "make test needs Chromium for the report test: sudo apt-get install chromium"; exit 1; fi
 
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
