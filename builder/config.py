@@ -37,6 +37,7 @@ class StageConfig:
 class BuildConfig:
     name: str
     version: str = "1.0.0"
+    description: str | None = None  # shown at the top of the dataset card
     seed: int = 0
     source: str | None = None  # SCHEME:ARG, see builder.sources
     source_options: dict[str, Any] = field(default_factory=dict)

@@ -67,6 +67,7 @@ class _StageRunner:
         self.ledger = ledger
         self._stage = None
         self._loaded = False
+        self._references: dict[str, str] = {}
 
     @property
     def stage(self):
@@ -75,7 +76,7 @@ class _StageRunner:
             from builder.registry import STAGES
 
             cls = STAGES.resolve(self.config.type)
-            options = resolve_model_references(self.config.options)
+            options, self._references = resolve_model_references(self.config.options)
             try:
                 self._stage = cls(**options)
             except TypeError as err:
@@ -92,12 +93,16 @@ class _StageRunner:
         stored = self.ledger.get_meta(f"describe:{self.config.name}")
         if stored is not None:
             return json.loads(stored)
-        return {"type": self.config.type, **self.stage.describe()}
+        return self._description()
+
+    def _description(self) -> dict[str, Any]:
+        from builder.models import restore_model_references
+
+        described = restore_model_references(self.stage.describe(), self._references)
+        return {"type": self.config.type, **described}
 
     def remember_description(self) -> None:
-        self.ledger.set_meta(
-            f"describe:{self.config.name}", json.dumps({"type": self.config.type, **self.stage.describe()})
-        )
+        self.ledger.set_meta(f"describe:{self.config.name}", json.dumps(self._description()))
 
     def run(self, records: list[dict[str, Any]]) -> tuple[dict[str, dict], dict[str, str]]:
         """Run the stage over records; a sample that makes it fail becomes a failure, not a crash."""

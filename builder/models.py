@@ -63,18 +63,41 @@ def packaged_model_path(name: str) -> Path:
     return Path(getattr(module, attr)())
 
 
-def resolve_model_references(options: dict[str, Any]) -> dict[str, Any]:
-    """Replace ``demo:NAME`` and ``pkg:NAME`` strings (at any depth) by the model's local directory."""
+def resolve_model_references(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Replace ``demo:NAME`` and ``pkg:NAME`` strings (at any depth) by the model's local directory.
+
+    Returns the resolved options and a map from each local directory back to the reference it came from, so that
+    what a release records (the manifest, the card) names ``demo:tiny-blip2``, not a path on the build machine.
+    """
+    references: dict[str, str] = {}
 
     def walk(value: Any) -> Any:
         if isinstance(value, str) and value.startswith(DEMO_PREFIX):
-            return str(materialize_demo_component(value[len(DEMO_PREFIX) :]))
+            path = str(materialize_demo_component(value[len(DEMO_PREFIX) :]))
+            references[path] = value
+            return path
         if isinstance(value, str) and value.startswith(PACKAGE_PREFIX):
-            return str(packaged_model_path(value[len(PACKAGE_PREFIX) :]))
+            path = str(packaged_model_path(value[len(PACKAGE_PREFIX) :]))
+            references[path] = value
+            return path
         if isinstance(value, dict):
             return {k: walk(v) for k, v in value.items()}
         if isinstance(value, list):
             return [walk(v) for v in value]
         return value
 
-    return walk(options)
+    return walk(options), references
+
+
+def restore_model_references(value: Any, references: dict[str, str]) -> Any:
+    """Inverse of the path substitution, for descriptions: local directories back to their references."""
+    if isinstance(value, str):
+        for path, reference in references.items():
+            if path in value:
+                value = value.replace(path, reference)
+        return value
+    if isinstance(value, dict):
+        return {k: restore_model_references(v, references) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [restore_model_references(v, references) for v in value]
+    return value

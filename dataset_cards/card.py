@@ -316,6 +316,7 @@ def _template_context(
     )
     return {
         "pretty_name": _pretty_name(manifest),
+        "description": (manifest.get("config") or {}).get("description"),
         "name": manifest["name"],
         "version": manifest["version"],
         "repo_id": repo_id or f"ORG/{manifest['name']}",

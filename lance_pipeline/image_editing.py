@@ -60,7 +60,7 @@ SCORE_FIELDS = (
 
 @dataclass
 class ImageEditorOptions:
-    """Every option of the image stages, with the paper's / authors' defaults (sources in docs/method-image.md).
+    """Every option of the image stages, with the paper's / authors' defaults (sources in docs/method.md).
 
     Attributes:
         model: Hub id of a Stable Diffusion 1.x/2.x checkpoint in diffusers layout, or a local directory.

@@ -62,10 +62,17 @@ def test_demo_populates_all_configs_with_complete_metadata(demo, tmp_path):
         assert meta["edit_type"] in EDIT_TYPES
         assert all(isinstance(meta["scores"][s], float) for s in SCORE_NAMES)
     assert {r["json"]["edit_type"] for r in rows["lance_r"]} == {None}
+    card = (demo / "README.md").read_text()
+    assert "reconstructions and counterfactuals are noise" in card
+    assert manifest["stages"]["caption"]["model"] == "demo:tiny-blip2"
+    for name in ("manifest.json", "README.md"):
+        assert "demo-components" not in (demo / name).read_text()
 
 
-def test_demo_rebuild_is_byte_identical(demo, tmp_path):
-    """Same inputs and config, every model stage included: identical shards, manifest and card."""
+def test_demo_rebuild_is_byte_identical(demo, tmp_path, monkeypatch):
+    """Same inputs and config, every model stage included: identical shards, manifest and card, even with the tiny
+    models rebuilt in another cache directory (the release names them demo:NAME, never a local path)."""
+    monkeypatch.setenv("LANCE_CF_CACHE", str(tmp_path / "other-cache"))
     again = tmp_path / "again"
     cli("build", "demo", "--output", str(again), "--no-progress", "--device", "cpu")
     assert release_files(again) == release_files(demo)
