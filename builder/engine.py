@@ -253,7 +253,7 @@ def build(
             with ledger.transaction():
                 ledger.set_meta("config_hash", config_hash)
                 ledger.set_meta("config", json.dumps(config.to_dict(), sort_keys=True))
-            ledger.write_plan(plan)
+                ledger.write_plan(plan)
         elif ledger.plan() != sorted(plan, key=lambda r: (r[1], r[0])):
             raise BuildRefused(
                 f"source {config.source!r} no longer gives the samples this build started with; "

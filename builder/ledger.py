@@ -69,9 +69,9 @@ class Ledger:
         ).fetchall()
 
     def write_plan(self, rows: list[tuple[str, int, int, str, int]]) -> None:
-        with self.transaction():
-            self.db.execute("DELETE FROM plan")
-            self.db.executemany("INSERT INTO plan VALUES (?, ?, ?, ?, ?)", rows)
+        """Called inside a transaction, together with the config hash: a ledger has both or neither."""
+        self.db.execute("DELETE FROM plan")
+        self.db.executemany("INSERT INTO plan VALUES (?, ?, ?, ?, ?)", rows)
 
     # -- progress -------------------------------------------------------------------------------------------------
     def done_batches(self) -> set[int]:

@@ -144,17 +144,31 @@ def test_killed_builds_resume_to_the_clean_result(tmp_path, folder):
     command = [sys.executable, "-m", "builder.cli", "build", str(cfg), "--output", str(out), "--no-progress"]
     rng = random.Random(1234)
     kills = []
+    ledger = out / ".lance-cf" / "ledger.sqlite"
+
+    def batches_done() -> int:
+        try:
+            with sqlite3.connect(ledger, timeout=5) as db:
+                return db.execute("SELECT COUNT(*) FROM done_batches").fetchone()[0]
+        except sqlite3.Error:  # not created yet
+            return 0
+
     for _ in range(4):
+        # Wait until the build reaches a random batch (so the kill lands mid-build on any machine speed), then kill
+        # at a random moment inside the following batch's stages.
+        target = rng.randint(batches_done() + 1, 15)
         proc = subprocess.Popen(command, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(1.5, 4.0))
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and batches_done() < target and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.0, 0.3))
         if proc.poll() is not None:
             break
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        ledger = out / ".lance-cf" / "ledger.sqlite"
-        if ledger.exists():
-            with sqlite3.connect(ledger) as db:
-                kills.append(db.execute("SELECT COUNT(*) FROM done_batches").fetchone()[0])
+        kills.append(batches_done())
+        if kills[-1] >= 15:
+            break
     assert kills and any(0 < k < 16 for k in kills), f"no kill landed mid-build: {kills}"
     cli("build", str(cfg), "--output", str(out), "--no-progress")
     assert verify_release(out) == []
@@ -180,3 +194,29 @@ def test_resume_does_not_redo_finished_stage_work(tmp_path, folder):
         fake.FakeCaptionStage.process = original
     assert calls == []  # captions of batch 2 were replayed from the ledger, not recomputed
     assert verify_release(out) == []
+
+
+def test_crash_while_writing_shards_then_rerun_equals_clean(tmp_path, folder, full_release, monkeypatch):
+    """A build that dies after some shards are written (and leaves a .tmp) rewrites the same release on re-run."""
+    import builder.release as release
+
+    cfg = write_config(tmp_path / "cfg.yaml", f"imagefolder:{folder}", stages=FAKE_STAGES, configs=ALL_CONFIGS)
+    out = tmp_path / "out"
+    real_write = release.write_shard
+    written = []
+
+    def dying_write(root, config, index, samples):
+        if len(written) == 2:
+            (root / "data" / config).mkdir(parents=True, exist_ok=True)
+            (root / "data" / config / "test-000000.tar.tmp").write_bytes(b"half a shard")
+            raise KeyboardInterrupt("simulated crash")
+        written.append(config)
+        return real_write(root, config, index, samples)
+
+    monkeypatch.setattr(release, "write_shard", dying_write)
+    with pytest.raises(KeyboardInterrupt):
+        build(load_config(str(cfg)), out, progress=False)
+    assert not (out / "manifest.json").exists()
+    monkeypatch.setattr(release, "write_shard", real_write)
+    build(load_config(str(cfg)), out, progress=False)
+    assert release_files(out) == release_files(full_release)
