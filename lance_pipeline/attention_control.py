@@ -94,20 +94,30 @@ def align_tokens(source_ids: list[int], target_ids: list[int], max_len: int) -> 
     )
 
 
-def find_span_tokens(span_ids: list[int], prompt_ids: list[int]) -> list[int]:
-    """Positions of the span's tokens in the prompt (last occurrence of the contiguous run), or [] if absent.
+def find_span_tokens(span_ids: list[int], prompt_ids: list[int], new_tokens: list[int] | None = None) -> list[int]:
+    """Positions of the span's tokens in the prompt, or [] if absent.
 
     Both inputs are token ids without BOS/EOS for the span. CLIP's BPE tokenises word by word (lower-cased), so a
     span that occurs in the caption has the same ids there; matching on ids avoids the original code's silent no-op
     when case or punctuation differ between the diff output and the caption.
+
+    A span can occur more than once ("a cat next to a dog house" -> "a dog next to a dog house"). The occurrence
+    with the most positions among ``new_tokens`` (the target tokens the alignment found no source counterpart for,
+    i.e. where the edit is) wins, so the edited word and not an unchanged repeat of it is reweighted; ties, and
+    calls without ``new_tokens``, take the last occurrence (an inserted phrase is usually appended).
     """
     n = len(span_ids)
     if n == 0:
         return []
+    new = set(new_tokens or ())
+    best: list[int] = []
+    best_overlap = -1
     for start in range(len(prompt_ids) - n, -1, -1):
         if prompt_ids[start : start + n] == span_ids:
-            return list(range(start, start + n))
-    return []
+            overlap = len(new.intersection(range(start, start + n)))
+            if overlap > best_overlap:
+                best, best_overlap = list(range(start, start + n)), overlap
+    return best
 
 
 @dataclass

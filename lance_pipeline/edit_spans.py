@@ -14,6 +14,10 @@ the spans (``man -> woman`` gave ``"woman ++\\n"``). Here the diff is a token-le
 * words are whitespace-separated tokens; a hyphenated word ("snow-covered") is one token;
 * tokens are compared case-insensitively and without their leading/trailing punctuation, so a change of
   case or punctuation only is *not* an edit;
+* the words that the two captions share at the start and at the end are trimmed first, and only the
+  middle is diffed. With repeated words ("picture picture picture"), ``SequenceMatcher`` alone may align
+  a run of equal words one place off and report an insertion plus a deletion around an unchanged run;
+  trimming makes a single-word swap a single-word span wherever the repeats sit;
 * when an edit changes several places, the spans cover everything from the first to the last changed
   token (an edit is meant to change one aspect, so the covering span is that aspect);
 * a pure insertion has ``original_span == ""``, a pure deletion ``edited_span == ""``.
@@ -30,7 +34,8 @@ from dataclasses import dataclass
 logger = logging.getLogger(__name__)
 
 _TOKEN_RE = re.compile(r"\S+")
-_STRIP_CHARS = string.punctuation + "“”‘’«»…–—"
+# Punctuation that is not part of a word (also used by LANCE-R to find the word it masks).
+STRIP_CHARS = string.punctuation + "“”‘’«»…–—"
 
 
 @dataclass(frozen=True)
@@ -44,7 +49,7 @@ class Token:
     @property
     def norm(self) -> str:
         """The comparison key: case-folded, outer punctuation removed (empty for pure punctuation)."""
-        return self.text.strip(_STRIP_CHARS).casefold()
+        return self.text.strip(STRIP_CHARS).casefold()
 
 
 @dataclass(frozen=True)
@@ -79,7 +84,7 @@ def _span_text(text: str, tokens: list[Token], lo: int, hi: int) -> str:
     """The exact substring of ``text`` covering ``tokens[lo:hi]``, outer punctuation removed."""
     if lo >= hi:
         return ""
-    return text[tokens[lo].start : tokens[hi - 1].end].strip(_STRIP_CHARS + " ")
+    return text[tokens[lo].start : tokens[hi - 1].end].strip(STRIP_CHARS + " ")
 
 
 def diff_captions(original: str, edited: str) -> SpanDiff:
@@ -96,17 +101,26 @@ def diff_captions(original: str, edited: str) -> SpanDiff:
     if not isinstance(original, str) or not isinstance(edited, str):
         raise ValueError(f"captions must be str, got {type(original).__name__} and {type(edited).__name__}")
     a_tokens, b_tokens = tokenize_caption(original), tokenize_caption(edited)
-    matcher = difflib.SequenceMatcher(a=[t.norm for t in a_tokens], b=[t.norm for t in b_tokens], autojunk=False)
-    changes = [op for op in matcher.get_opcodes() if op[0] != "equal"]
-    shared = sum(block.size for block in matcher.get_matching_blocks())
-    if not changes:
+    a_norms, b_norms = [t.norm for t in a_tokens], [t.norm for t in b_tokens]
+    # Trim the shared head and tail (the head first, so an ambiguous insertion or deletion of a repeated word
+    # is placed after the equal run). The changed region can only lie between them.
+    head = 0
+    while head < min(len(a_norms), len(b_norms)) and a_norms[head] == b_norms[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(a_norms), len(b_norms)) - head and a_norms[-1 - tail] == b_norms[-1 - tail]:
+        tail += 1
+    a_lo, a_hi = head, len(a_norms) - tail
+    b_lo, b_hi = head, len(b_norms) - tail
+    matcher = difflib.SequenceMatcher(a=a_norms[a_lo:a_hi], b=b_norms[b_lo:b_hi], autojunk=False)
+    n_regions = sum(1 for op in matcher.get_opcodes() if op[0] != "equal")
+    shared = head + tail + sum(block.size for block in matcher.get_matching_blocks())
+    if n_regions == 0:
         return SpanDiff("", "", 0, 0, 0, shared)
-    a_lo, b_lo = changes[0][1], changes[0][3]
-    a_hi, b_hi = changes[-1][2], changes[-1][4]
     return SpanDiff(
         original_span=_span_text(original, a_tokens, a_lo, a_hi),
         edited_span=_span_text(edited, b_tokens, b_lo, b_hi),
-        n_regions=len(changes),
+        n_regions=n_regions,
         n_original_tokens=a_hi - a_lo,
         n_edited_tokens=b_hi - b_lo,
         n_shared_tokens=shared,

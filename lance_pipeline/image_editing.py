@@ -386,7 +386,7 @@ class ImageEditor:
         positions: list[int] = []
         if request.edited_span.strip():
             span_ids = tokenizer(request.edited_span, add_special_tokens=False).input_ids
-            positions = find_span_tokens(span_ids, target_ids)
+            positions = find_span_tokens(span_ids, target_ids, alignment.new_tokens)
             if not positions:
                 # The span is not a token run of the caption (e.g. cut by truncation): reweight the new tokens.
                 positions = [j for j in alignment.new_tokens if 0 < j < len(target_ids) - 1]

@@ -30,6 +30,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import logging
+import os
 import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -148,7 +149,15 @@ ALPACA_TEMPLATE = (
 DROP_REASONS = ("preamble", "identical", "duplicate", "overlong", "too_broad", "truncated", "extra")
 
 _LIST_MARKER_RE = re.compile(r"^\s*(?:[-*•·–]+\s*|\(?\d{1,2}\s*[.):\]]\s*|#\d{1,2}\s*[.):]?\s*)")
-_LABEL_PREFIX_RE = re.compile(r"^\s*(?:variation|caption|edit|edited caption|output|answer)\s*\d*\s*[:.)-]\s*", re.I)
+_LABEL_PREFIX_RE = re.compile(
+    r"^\s*(?:variation|caption|edit|edited|edited caption|new caption|modified caption|original|original caption"
+    r"|output|answer|result|response)\s*\d*\s*[:.)-]\s*",
+    re.I,
+)
+# Markdown emphasis that chat models wrap lines or labels in ("**a photo of ...**", "**Caption:** ...").
+_EMPHASIS_RE = re.compile(r"\*\*|__")
+# A line ending in one of these words stopped mid-phrase (an answer cut short without hitting the token limit).
+_DANGLING_WORDS = frozenset("a an the of and or with in on at to by from for near under over its their his her".split())
 _PREAMBLE_RE = re.compile(r"^(?:here (?:are|is)|sure|certainly|okay|ok,|note:|i (?:have|changed|hope))\b", re.I)
 _QUOTES = "\"'“”‘’`"
 
@@ -176,7 +185,7 @@ class ParsedOutput:
 
 
 def _clean_line(line: str, caption: str) -> str:
-    text = " ".join(line.split())
+    text = " ".join(_EMPHASIS_RE.sub("", line).split())
     for _ in range(2):  # "1. "quoted"" and '- Caption: ...' need two passes
         text = _LIST_MARKER_RE.sub("", text, count=1)
         text = _LABEL_PREFIX_RE.sub("", text, count=1)
@@ -262,6 +271,9 @@ def _reject_reason(
         return "identical"
     if _norm(edited) in seen:
         return "duplicate"
+    last_word, caption_last_word = _norm(edited).rsplit(" ", 1)[-1], _norm(caption).rsplit(" ", 1)[-1:]
+    if last_word in _DANGLING_WORDS and [last_word] != caption_last_word:
+        return "truncated"
     diff = diff_captions(caption, edited)
     if diff.n_regions == 0:
         return "identical"
@@ -271,6 +283,35 @@ def _reject_reason(
     ):
         return "too_broad"
     return None
+
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def resolve_adapter(adapter: str, revision: str | None) -> str:
+    """The local directory of a PEFT adapter, with safetensors weights.
+
+    PEFT falls back to a pickled ``adapter_model.bin`` when no safetensors file is there; the project loads
+    safetensors only, so the weights file is checked here first. A Hub id is fetched (or found in the cache when
+    offline) at ``revision`` with only the adapter config and safetensors weights.
+
+    Raises:
+        ValueError: naming the adapter, when it has no ``adapter_model.safetensors``.
+    """
+    if os.path.isdir(adapter):
+        directory = adapter
+    else:
+        from huggingface_hub import snapshot_download
+
+        directory = snapshot_download(
+            adapter, revision=revision, allow_patterns=["adapter_config.json", ADAPTER_WEIGHTS]
+        )
+    if not os.path.isfile(os.path.join(directory, ADAPTER_WEIGHTS)):
+        raise ValueError(
+            f"LoRA adapter {adapter!r} has no {ADAPTER_WEIGHTS} (pickled adapter_model.bin is not loaded); "
+            "convert it with peft's save_pretrained(safe_serialization=True)"
+        )
+    return directory
 
 
 def _row_seed(seed: int, edit_type: str) -> int:
@@ -416,7 +457,8 @@ class PromptPerturber:
             except ImportError as error:  # pragma: no cover - peft is a project dependency
                 raise ImportError("a LoRA adapter needs peft: pip install peft") from error
             logger.info("applying LoRA adapter %s (revision %s)", self.adapter, self.adapter_revision)
-            model = PeftModel.from_pretrained(model, self.adapter, revision=self.adapter_revision)
+            adapter_dir = resolve_adapter(self.adapter, self.adapter_revision)
+            model = PeftModel.from_pretrained(model, adapter_dir)
         model.to(device).eval()
         style = self.prompt_style
         if style == "auto":

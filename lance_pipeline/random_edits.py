@@ -14,8 +14,8 @@ Choices made here (see docs/method.md):
   ``protect_label=True``, default) are not part of the class name, so the baseline does not trivially
   change the class;
 * the fill is the masked LM's most probable whole-word token that differs from the masked word (case-
-  insensitively, ignoring plural ``s``) and, with ``protect_label``, is not a word of the class name, so
-  for a given masked word the result is deterministic;
+  insensitively and up to a plural), is not a stop word and, with ``protect_label``, is not a word of the
+  class name, so for a given masked word the result is deterministic;
 * ``n_edits`` distinct positions per caption (default 1).
 
 The masked LM is any transformers fill-mask checkpoint (default ``google-bert/bert-base-uncased``).
@@ -29,7 +29,7 @@ import random
 import re
 from typing import Any
 
-from lance_pipeline.edit_spans import compute_edit_spans, tokenize_caption
+from lance_pipeline.edit_spans import STRIP_CHARS, tokenize_caption
 from lance_pipeline.stage import Record, SampleFailure
 
 logger = logging.getLogger(__name__)
@@ -48,13 +48,26 @@ def _stop_words() -> frozenset[str]:
     return frozenset(ENGLISH_STOP_WORDS)
 
 
+def _singular(word: str) -> str:
+    """A rough English singular ("huskies" -> "husky", "glasses" -> "glass", "dogs" -> "dog")."""
+    word = word.casefold()
+    if word.endswith("ies") and len(word) > 4:
+        return word[:-3] + "y"
+    if word.endswith(("ses", "xes", "zes", "ches", "shes")):
+        return word[:-2]
+    if word.endswith("s") and not word.endswith("ss"):
+        return word[:-1]
+    return word
+
+
 def _same_word(a: str, b: str) -> bool:
-    a, b = a.casefold(), b.casefold()
-    return a == b or a.rstrip("s") == b.rstrip("s")
+    """Whether a fill is only the masked word again, up to case and plural (no edit at all)."""
+    return a.casefold() == b.casefold() or _singular(a) == _singular(b)
 
 
 def _label_words(label_name: str | None) -> set[str]:
-    return {w.strip(",.").casefold() for w in re.split(r"[\s,]+", str(label_name or "")) if w.strip(",.")}
+    """The class name's words, singular, so "sleds" counts as a word of "dog sled"."""
+    return {_singular(w.strip(",.")) for w in re.split(r"[\s,]+", str(label_name or "")) if w.strip(",.")}
 
 
 def candidate_positions(caption: str, label_name: str | None = None, protect_label: bool = True) -> list[int]:
@@ -64,7 +77,7 @@ def candidate_positions(caption: str, label_name: str | None = None, protect_lab
     positions = []
     for i, token in enumerate(tokenize_caption(caption)):
         word = token.norm
-        if word in stop or word in protected or not re.search(r"[a-z]", word):
+        if word in stop or _singular(word) in protected or not re.search(r"[a-z]", word):
             continue
         positions.append(i)
     return positions
@@ -157,7 +170,9 @@ class RandomWordEditor:
             tokens = tokenize_caption(caption)
             for position in self.choose_positions(caption, label_name, seed):
                 token = tokens[position]
-                core = token.text.strip(".,;:!?\"'()[]")
+                # The word without the punctuation glued to it (same rule as the span diff), so "snow." masks
+                # "snow" and keeps the full stop.
+                core = token.text.strip(STRIP_CHARS)
                 start = token.start + token.text.index(core)
                 end = start + len(core)
                 jobs.append((i, caption[:start] + mask + caption[end:], core, (start, end)))
@@ -167,15 +182,18 @@ class RandomWordEditor:
         predictions = self._fill([job[1] for job in jobs], top_k=self.top_k, batch_size=self.batch_size)
         if len(jobs) == 1 and predictions and isinstance(predictions[0], dict):
             predictions = [predictions]
+        stop = _stop_words()
         for (i, _, word, (start, end)), candidates in zip(jobs, predictions, strict=True):
             protected = _label_words(label_names[i]) if self.protect_label else set()
+            # A stop word is no fill: the masked word was a content word, and "a photo of a the" edits nothing.
             fill = next(
                 (
                     c["token_str"].strip()
                     for c in candidates
                     if _WORD_RE.match(c["token_str"].strip())
                     and not _same_word(c["token_str"].strip(), word)
-                    and c["token_str"].strip().casefold() not in protected
+                    and _singular(c["token_str"].strip()) not in protected
+                    and c["token_str"].strip().casefold() not in stop
                 ),
                 None,
             )
@@ -183,13 +201,14 @@ class RandomWordEditor:
                 logger.debug("LANCE-R: no usable fill for %r in %r", word, captions[i])
                 continue
             edited = captions[i][:start] + fill + captions[i][end:]
-            original_span, edited_span = compute_edit_spans(captions[i], edited)
+            # The replaced word and its fill are known exactly; a diff could place the change elsewhere in a run
+            # of repeated words, so it is not asked.
             results[i].append(
                 {
                     "edit_type": None,
                     "edited_caption": edited,
-                    "original_span": original_span,
-                    "edited_span": edited_span,
+                    "original_span": word,
+                    "edited_span": fill,
                 }
             )
         return results

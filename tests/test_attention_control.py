@@ -52,6 +52,10 @@ def test_find_span_tokens():
     assert find_span_tokens([], [100, 101]) == []
     # the last occurrence wins (the edit is usually appended)
     assert find_span_tokens([7], [7, 7, 101]) == [1]
+    # ... unless another occurrence is where the edit is: a repeated word reweights the edited occurrence
+    # ("a cat next to a dog house" -> "a dog next to a dog house" reweights the first "dog", not the unchanged one).
+    assert find_span_tokens([7], [100, 1, 7, 3, 1, 7, 9, 101], new_tokens=[2]) == [2]
+    assert find_span_tokens([7], [100, 1, 7, 3, 1, 7, 9, 101], new_tokens=[]) == [5]
 
 
 def _synthetic_probs(prompts: int, query: int, key: int = MAX_LEN) -> torch.Tensor:

@@ -35,6 +35,14 @@ BASE = "a photo of a man in a red jacket"
         # Repeated words: only the occurrence that changed is in the span.
         ("a dog next to a dog house", "a dog next to a cat house", ("dog", "cat")),
         ("a dog and a dog", "a dog and a big dog", ("", "big")),
+        # A run of equal words: SequenceMatcher alone aligned the run one place off and reported the whole
+        # run ('picture picture picture picture' -> 'sketch picture picture picture'); any replaced
+        # occurrence must give a one-word span.
+        ("picture picture picture picture", "sketch picture picture picture", ("picture", "sketch")),
+        ("a picture picture picture picture", "a picture picture sketch picture", ("picture", "sketch")),
+        ("picture picture picture picture", "picture picture picture sketch", ("picture", "sketch")),
+        ("a a a a", "a a b a", ("a", "b")),
+        ("a dog dog", "a dog", ("dog", "")),
         # The reference gave ('a', 'dogs    +\n') for a plural change with an insertion.
         ("a dog on the grass", "two dogs on the snowy grass", ("a dog on the", "two dogs on the snowy")),
     ],
@@ -62,6 +70,15 @@ def test_repeated_word_change_is_located_at_the_right_occurrence() -> None:
     assert diff.n_shared_tokens == len(original.split()) - 1
 
 
+def test_repeated_word_run_is_one_region() -> None:
+    # The perturbation parser counts regions and shared words to reject broad edits; a one-word swap inside a
+    # run of repeats must count as one region that keeps every other word.
+    original, edited = "picture picture picture picture of a dog", "sketch picture picture picture of a dog"
+    diff = diff_captions(original, edited)
+    assert (diff.n_regions, diff.n_original_tokens, diff.n_edited_tokens) == (1, 1, 1)
+    assert diff.n_shared_tokens == len(original.split()) - 1
+
+
 def test_identical_captions() -> None:
     diff = diff_captions(BASE, BASE)
     assert (diff.original_span, diff.edited_span, diff.n_regions) == ("", "", 0)
@@ -78,3 +95,28 @@ def test_tokenizer_keeps_offsets_and_drops_pure_punctuation() -> None:
 def test_non_string_input_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="captions must be str"):
         compute_edit_spans(BASE, None)  # type: ignore[arg-type]
+
+
+def test_any_one_word_edit_among_repeats_gives_a_one_word_span() -> None:
+    # Property check over captions made of a few repeated words: replacing, inserting or deleting one word must
+    # give a one-word span, one region, and every other word shared, wherever the repeats sit.
+    import random
+
+    rng = random.Random(0)
+    words = ["dog", "picture", "a", "sketch"]
+    for _ in range(2000):
+        original = [rng.choice(words[:3]) for _ in range(rng.randint(1, 8))]
+        edited = list(original)
+        position, new, op = rng.randrange(len(original)), rng.choice(words), rng.choice(["sub", "ins", "del"])
+        if op == "sub" and new != original[position]:
+            edited[position] = new
+        elif op == "ins":
+            edited.insert(position, new)
+        elif op == "del":
+            del edited[position]
+        else:
+            continue
+        diff = diff_captions(" ".join(original), " ".join(edited))
+        assert diff.n_regions == 1, (original, edited, diff)
+        assert max(diff.n_original_tokens, diff.n_edited_tokens) == 1, (original, edited, diff)
+        assert diff.n_shared_tokens == len(original) - (op != "ins"), (original, edited, diff)

@@ -175,6 +175,22 @@ def test_reweighting_and_schedules_apply_to_every_sweep_value(record, sd_dir):
     assert reweighted == 1 and target.equalizer is not None
 
 
+def test_reweighting_targets_the_edited_occurrence_of_a_repeated_word(record, sd_dir):
+    # "cat" -> "dog" where the caption already holds another "dog": the edited (first) "dog" is reweighted, not
+    # the unchanged one after it.
+    stage = CounterfactualEditStage(**options(sd_dir), scorer=StubScorer())
+    stage.load("cpu")
+    tokenizer = stage.editor.components.tokenizer
+    source, edited = "a photo of a cat next to a dog house", "a photo of a dog next to a dog house"
+    ids = tokenizer(edited).input_ids
+    (dog,) = tokenizer("dog", add_special_tokens=False).input_ids
+    first_dog = ids.index(dog)
+    assert ids.count(dog) == 2
+    target, reweighted = stage.editor.build_target(source, EditRequest(edited, "dog"), 0.5)
+    assert reweighted == 1
+    assert torch.nonzero(target.equalizer != 1).flatten().tolist() == [first_dog]
+
+
 def test_sweep_keeps_the_best_passing_candidate_and_records_all(record, sd_dir):
     good, bad = CAPTION.replace("dog", "cat"), CAPTION + " at night"
     # (directional, image, text_original, text_edited, edited_vs_original) per sweep value 0.4 .. 0.9

@@ -105,6 +105,35 @@ def test_parser_drops_and_counts_malformed_lines() -> None:
     assert parsed.n_lines == len(parsed.captions) + sum(parsed.dropped.values())
 
 
+def test_parser_handles_chat_model_formatting() -> None:
+    # Instruction-tuned models wrap lines in markdown bold, label them, and echo the input as "Original: ...".
+    text = "\n".join(
+        [
+            f"Original: {CAPTION}",
+            "1. **Caption:** a photo of a husky pulling a dog sled on a beach",
+            "**a photo of a husky pulling a dog sled in a forest**",
+            "Edited: a photo of a husky pulling a dog sled in a city",
+        ]
+    )
+    parsed = parse_perturber_output(text, CAPTION)
+    assert parsed.captions == [
+        "a photo of a husky pulling a dog sled on a beach",
+        "a photo of a husky pulling a dog sled in a forest",
+        "a photo of a husky pulling a dog sled in a city",
+    ]
+    assert parsed.dropped == {"identical": 1}
+
+
+def test_parser_drops_a_line_cut_off_mid_phrase() -> None:
+    # An answer that stopped on a dangling article or preposition is cut short even without hitting the token
+    # limit; a caption that itself ends that way is not affected.
+    text = "a photo of a husky pulling a dog sled on a frozen lake\na photo of a husky pulling a dog sled on a"
+    parsed = parse_perturber_output(text, CAPTION)
+    assert parsed.captions == ["a photo of a husky pulling a dog sled on a frozen lake"]
+    assert parsed.dropped == {"truncated": 1}
+    assert parse_perturber_output("a dog looking up at", "a cat looking up at").captions == ["a dog looking up at"]
+
+
 def test_parser_span_size_limit() -> None:
     long_background = "a photo of a husky pulling a dog sled through a dense pine forest at the foot of a mountain"
     assert parse_perturber_output(long_background, CAPTION).captions == [long_background]  # 11 new words
@@ -207,6 +236,18 @@ def test_lora_adapter_changes_the_outputs(tiny_lm) -> None:
         CAPTIONS[:2], ["subject"], LABELS[:2], [0, 0]
     )
     assert [r["raw"] for r in plain] != [r["raw"] for r in tuned]
+
+
+def test_pickled_adapter_is_refused(tiny_lm, tmp_path) -> None:
+    # PEFT would fall back to adapter_model.bin (pickle); the project loads safetensors only.
+    import shutil
+
+    base, adapter = tiny_lm
+    pickled = tmp_path / "pickled-lora"
+    shutil.copytree(adapter, pickled)
+    (pickled / "adapter_model.safetensors").rename(pickled / "adapter_model.bin")
+    with pytest.raises(ValueError, match="pickled-lora.*adapter_model.safetensors"):
+        _perturber(base, adapter=str(pickled))
 
 
 def test_process_counts_malformed_output_per_sample(tiny_lm) -> None:

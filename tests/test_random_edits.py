@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
 from lance_pipeline.edit_spans import tokenize_caption
 from lance_pipeline.random_edits import RandomWordEditor, candidate_positions
@@ -33,6 +34,10 @@ def test_candidates_skip_stop_words_and_the_class_name() -> None:
     unprotected = [tokenize_caption(CAPTION)[i].norm for i in candidate_positions(CAPTION, "dog sled", False)]
     assert unprotected == ["photo", "husky", "pulling", "dog", "sled", "snow"]
     assert candidate_positions("the of a and it", None) == []
+    # A plural of a class word is still the class.
+    assert [
+        tokenize_caption("two huskies and sleds")[i].norm for i in candidate_positions("two huskies and sleds", "sled")
+    ] == ["huskies"]
 
 
 def test_edits_replace_exactly_one_word(editor: RandomWordEditor) -> None:
@@ -46,6 +51,7 @@ def test_edits_replace_exactly_one_word(editor: RandomWordEditor) -> None:
             assert edit["original_span"].casefold() in allowed
             assert edit["edited_span"] and edit["edited_span"].casefold() != edit["original_span"].casefold()
             assert edit["edited_span"].casefold() not in label.split()
+            assert edit["edited_span"].casefold() not in ENGLISH_STOP_WORDS
             before, after = caption.split(), edit["edited_caption"].split()
             assert len(before) == len(after)
             changed = [(a, b) for a, b in zip(before, after, strict=True) if a != b]
@@ -85,3 +91,40 @@ def test_bad_options() -> None:
         RandomWordEditor(n_edits=0)
     with pytest.raises(ValueError, match="top_k"):
         RandomWordEditor(top_k=1)
+
+
+def test_spans_are_the_replaced_word_even_among_repeats(editor: RandomWordEditor) -> None:
+    # A diff of "picture picture picture picture" against one replaced occurrence used to report the whole
+    # run; LANCE-R knows which word it replaced, so the spans are exactly that word and its fill.
+    caption = "picture picture picture picture of a dog."
+    for seed in range(6):
+        (edits,) = editor.edit([caption], ["dog"], [seed])
+        assert edits, "the tiny masked LM found no fill"
+        for edit in edits:
+            assert edit["original_span"] == "picture"
+            before, after = caption.split(), edit["edited_caption"].split()
+            changed = [(a, b) for a, b in zip(before, after, strict=True) if a != b]
+            assert changed == [("picture", edit["edited_span"])]
+
+
+def test_fill_skips_stop_words_subwords_the_word_itself_and_the_class() -> None:
+    # A stub fill-mask pipeline with a fixed ranking isolates the fill rule from the random tiny model.
+    class StubFill:
+        tokenizer = type("Tok", (), {"mask_token": "[MASK]"})()
+
+        def __call__(self, texts, top_k, batch_size):
+            ranking = ["the", "##s", "husky", "Huskies", "sled", "Sleds", "of", "wolf"]
+            return [[{"token_str": t, "score": 1.0} for t in ranking] for _ in texts]
+
+    editor = RandomWordEditor(n_edits=1)
+    editor._fill = StubFill()
+    caption = "a husky pulling a sled"
+    seed = next(
+        s
+        for s in range(50)
+        if tokenize_caption(caption)[editor.choose_positions(caption, "sled", s)[0]].norm == "husky"
+    )
+    (edits,) = editor.edit([caption], ["sled"], [seed])
+    assert edits == [
+        {"edit_type": None, "edited_caption": "a wolf pulling a sled", "original_span": "husky", "edited_span": "wolf"}
+    ]
