@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# Loaded CLIP models shared by every scorer in the process: (name, tag, quick_gelu, revision, cache, device) -> parts.
+_LOADED: dict[tuple, tuple] = {}
+
 DEFAULT_MODEL = "ViT-L-14"
 DEFAULT_PRETRAINED = "openai"
 LOCAL_DIR_PREFIX = "local-dir:"  # open_clip.factory.LOCAL_DIR_PREFIX
@@ -422,11 +425,23 @@ class ClipScorer:
         return LOCAL_DIR_PREFIX + str(directory), None, False, revision
 
     def load(self, device: str) -> None:
-        """Load the model, its preprocessing and tokenizer, and move the model to ``device`` in eval mode."""
+        """Load the model, its preprocessing and tokenizer, and move the model to ``device`` in eval mode.
+
+        Scorers with the same model on the same device share one loaded copy (the counterfactual and LANCE-R edit
+        stages both gate with CLIP; the authors' code held two ViT-L/14 copies).
+        """
+        name, pretrained, force_quick_gelu, revision = self._resolve()
+        key = (name, pretrained, force_quick_gelu, revision, self.cache_dir, str(device))
+        if key not in _LOADED:
+            _LOADED[key] = self._load_uncached(name, pretrained, force_quick_gelu, revision, device)
+        self._info, self._model, self._preprocess, self._tokenizer = _LOADED[key]
+        self._device = device
+        logger.info("Loaded CLIP %s (%s) on %s", self.model, self.source, device)
+
+    def _load_uncached(self, name, pretrained, force_quick_gelu, revision, device):
         import open_clip
         import torch
 
-        name, pretrained, force_quick_gelu, revision = self._resolve()
         model, preprocess = open_clip.create_model_from_pretrained(
             name,
             pretrained=pretrained,
@@ -441,7 +456,7 @@ class ClipScorer:
             digest.update(tensor.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
         config = open_clip.get_model_config(name) or {}
         activations = {type(m).__name__ for m in model.modules()}
-        self._info = {
+        info = {
             "weights_sha256": digest.hexdigest(),
             "revision": revision,
             "quick_gelu": "QuickGELU" in activations,
@@ -449,11 +464,7 @@ class ClipScorer:
             "image_size": config.get("vision_cfg", {}).get("image_size"),
             "context_length": config.get("text_cfg", {}).get("context_length"),
         }
-        self._model = model.to(device).eval()
-        self._preprocess = preprocess
-        self._tokenizer = open_clip.get_tokenizer(name)
-        self._device = device
-        logger.info("Loaded CLIP %s (%s) on %s", self.model, self.source, device)
+        return info, model.to(device).eval(), preprocess, open_clip.get_tokenizer(name)
 
     def describe(self) -> dict[str, Any]:
         """Model id, pretrained tag, revision and weights hash for the manifest (hash and revision after load).

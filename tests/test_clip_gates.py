@@ -375,3 +375,13 @@ def test_bad_inputs_raise_clear_value_errors(tiny_dir, scorer, tmp_path):
     with pytest.raises(RuntimeError, match="load"):
         ClipScorer(model=tiny_dir).encode_texts(["a dog"])
     assert scorer.edit_scores([], [], [], []) == []
+
+
+def test_scorers_of_the_same_model_share_one_loaded_copy(tiny_dir, tmp_path):
+    first, second = ClipScorer(model=str(tiny_dir)), ClipScorer(model=str(tiny_dir))
+    first.load("cpu")
+    second.load("cpu")
+    assert first._model is second._model  # the edit and LANCE-R stages gate with one CLIP in memory
+    other = ClipScorer(model=str(create_tiny_open_clip(tmp_path / "other")))
+    other.load("cpu")
+    assert other._model is not first._model
