@@ -43,6 +43,32 @@ def register(subparsers) -> None:
     results.set_defaults(func=run_publish_results)
 
 
+def hub_error_message(exc: BaseException) -> str | None:
+    """One line for an HTTP error or an unreachable Hub (no traceback), or ``None`` for any other exception.
+
+    The token never appears: huggingface_hub's messages name the URL and the server's answer, not the headers.
+    """
+    from huggingface_hub.errors import HfHubHTTPError
+
+    from builder.publish import create_api
+
+    endpoint = create_api().endpoint
+    if isinstance(exc, HfHubHTTPError):
+        status = exc.response.status_code if exc.response is not None else None
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip() and "developer.mozilla.org" not in ln]
+        hint = ""
+        if status in (401, 403):
+            hint = " (check the token: HF_TOKEN or `hf auth login`, and its write access to the repo)"
+        return f"the Hub at {endpoint} refused the request: {' '.join(lines)}{hint}"
+    try:
+        import httpx2
+    except ImportError:  # pragma: no cover - httpx2 is a huggingface_hub dependency
+        return None
+    if isinstance(exc, httpx2.TransportError):
+        return f"cannot reach the Hub at {endpoint} ({type(exc).__name__}: {exc}); check HF_ENDPOINT and the network"
+    return None
+
+
 def run_publish(args: argparse.Namespace) -> int:
     from builder.publish import PublishError, publish_release
 
@@ -52,6 +78,12 @@ def run_publish(args: argparse.Namespace) -> int:
         )
     except PublishError as exc:
         sys.stderr.write(f"lance-cf publish: {exc}\n")
+        return 1
+    except Exception as exc:  # noqa: BLE001 - only Hub/HTTP errors are turned into one line; others re-raised
+        message = hub_error_message(exc)
+        if message is None:
+            raise
+        sys.stderr.write(f"lance-cf publish: {message}\n")
         return 1
     if args.dry_run:
         print("dry run: nothing was uploaded")
@@ -69,6 +101,12 @@ def run_publish_results(args: argparse.Namespace) -> int:
         outcome = publish_results(args.results_dir, args.repo_id, revision=args.revision, dry_run=args.dry_run)
     except PublishError as exc:
         sys.stderr.write(f"lance-cf publish-results: {exc}\n")
+        return 1
+    except Exception as exc:  # noqa: BLE001 - only Hub/HTTP errors are turned into one line; others re-raised
+        message = hub_error_message(exc)
+        if message is None:
+            raise
+        sys.stderr.write(f"lance-cf publish-results: {message}\n")
         return 1
     prefix = "dry run: would add" if args.dry_run else f"committed {outcome['commit']}:"
     print(f"{prefix} {len(outcome['files'])} results files to {outcome['repo_id']}@{outcome['revision']}")

@@ -217,12 +217,13 @@ def publish_release(
     newer = [t for t in tags if _version_key(t) is not None and _version_key(t) > _version_key(plan.tag)]
     if newer:
         logger.warning("publishing %s after newer tags %s: the branch will hold an older release", plan.tag, newer)
+    # The card is rendered again for this repo: the build did not know the repo id, and its loading and evaluation
+    # snippets must name the repo users load from; the changelog compares against the version published before this
+    # one. Rendering is deterministic, so a resumed publish writes the same card and gallery.
     previous = _previous_version(tags, plan.tag)
-    if previous is not None:
-        # The card's changelog compares against the version published before this one (re-rendering is
-        # deterministic, so a resumed publish writes the same card).
-        _render_changelog(api, repo_id, release_dir, manifest, previous)
-        plan = plan_release(release_dir, repo_id, revision)
+    previous_manifest = _previous_manifest(api, repo_id, previous) if previous is not None else None
+    _render_card(release_dir, manifest, repo_id, previous_manifest)
+    plan = plan_release(release_dir, repo_id, revision)
 
     # 2. One commit: every release file, minus files of the previous release that this one no longer has.
     remote = set(api.list_repo_files(repo_id, repo_type=REPO_TYPE, revision=head)) if head else set()
@@ -272,16 +273,21 @@ def _previous_version(tags: dict[str, str], tag: str) -> str | None:
     return max(older, key=_version_key) if older else None
 
 
-def _render_changelog(api: Any, repo_id: str, release_dir: Path, manifest: dict[str, Any], previous: str) -> None:
-    from dataset_cards import render_release_card
-
+def _previous_manifest(api: Any, repo_id: str, previous: str) -> dict[str, Any]:
     path = _retry(
         "download previous manifest",
         lambda: api.hf_hub_download(repo_id, rf.MANIFEST_NAME, repo_type=REPO_TYPE, revision=previous),
     )
-    previous_manifest = json.loads(Path(path).read_text())
-    render_release_card(release_dir, manifest, previous_manifest=previous_manifest, repo_id=repo_id)
     logger.info("card changelog against %s", previous)
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def _render_card(
+    release_dir: Path, manifest: dict[str, Any], repo_id: str, previous_manifest: dict[str, Any] | None
+) -> None:
+    from dataset_cards import render_release_card
+
+    render_release_card(release_dir, manifest, previous_manifest=previous_manifest, repo_id=repo_id)
 
 
 def _version_key(tag: str) -> tuple[int, int, int] | None:
@@ -354,9 +360,10 @@ def publish_results(
     if dry_run:
         return {"repo_id": repo_id, "revision": revision, "files": sorted(new_paths), "commit": None}
     api = api or create_api()
-    head, _ = _retry("list_repo_refs", lambda: _branch_head(api, repo_id, revision))
+    head, tags = _retry("list_repo_refs", lambda: _branch_head(api, repo_id, revision))
     if head is None:
         raise PublishError(f"{repo_id} has no branch {revision!r}: publish a release before its results")
+    _check_results_match_releases(api, repo_id, new, tags)
     remote = api.list_repo_files(repo_id, repo_type=REPO_TYPE, revision=head)
     if rf.CARD_NAME not in remote:
         raise PublishError(f"{repo_id}@{revision} has no {rf.CARD_NAME}: publish a release before its results")
@@ -387,6 +394,41 @@ def publish_results(
     )
     logger.info("published %d results to %s (commit %s)", len(new_paths), repo_id, info.oid)
     return {"repo_id": repo_id, "revision": revision, "files": sorted(new_paths), "commit": info.oid}
+
+
+def _check_results_match_releases(
+    api: Any, repo_id: str, results: list[tuple[Path, dict[str, Any]]], tags: dict[str, str]
+) -> None:
+    """Refuse results that were not computed on a release published in this repo.
+
+    A result names its release by version and manifest hash; the hash must be that of ``manifest.json`` at the tag
+    ``v<version>``, otherwise the card's leaderboard would list scores of other data under this release.
+    """
+    by_version: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
+    for path, result in results:
+        by_version.setdefault(str(result["release"]["version"]), []).append((path, result))
+    for version, items in sorted(by_version.items()):
+        tag = f"v{version}"
+        if tag not in tags:
+            raise PublishError(
+                f"{items[0][0]}: results of release version {version}, but {repo_id} has no tag {tag}"
+                f" (published: {', '.join(sorted(tags)) or 'none'}); publish that release first"
+            )
+        path = _retry(
+            f"download manifest of {tag}",
+            lambda tag=tag: api.hf_hub_download(repo_id, rf.MANIFEST_NAME, repo_type=REPO_TYPE, revision=tag),
+        )
+        published = json.loads(Path(path).read_text(encoding="utf-8"))
+        for result_path, result in items:
+            release = result["release"]
+            if release.get("manifest_sha256") != published.get("manifest_sha256") or (
+                release.get("name") not in (None, published.get("name"))
+            ):
+                raise PublishError(
+                    f"{result_path}: computed on release {release.get('name')!r} {version} with manifest sha256 "
+                    f"{release.get('manifest_sha256')!r}, but {repo_id}@{tag} holds {published.get('name')!r} with "
+                    f"manifest sha256 {published.get('manifest_sha256')!r}; evaluate the published release"
+                )
 
 
 def _json_bytes(obj: Any) -> bytes:

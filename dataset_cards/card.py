@@ -184,12 +184,18 @@ def select_pairs(
         by_type.setdefault(meta.get("edit_type") or "none", []).append((meta, orig_image, cf_image))
     ordered = [t for t in (*rf.EDIT_TYPES, "none") if t in by_type]
     pairs: list[tuple[dict[str, Any], bytes, bytes]] = []
-    depth = 0
-    while len(pairs) < limit and any(depth < len(by_type[t]) for t in ordered):
+    # Round-robin over edit types; within a type, the first pair (in key order) of the source image shown least so
+    # far, so that the gallery spreads over source images instead of showing every edit of the first one.
+    shown: dict[str, int] = {}
+    while len(pairs) < limit and any(by_type[t] for t in ordered):
         for edit_type in ordered:
-            if depth < len(by_type[edit_type]) and len(pairs) < limit:
-                pairs.append(by_type[edit_type][depth])
-        depth += 1
+            candidates = by_type[edit_type]
+            if not candidates or len(pairs) >= limit:
+                continue
+            pick = min(range(len(candidates)), key=lambda i: (shown.get(candidates[i][0].get("source_key", ""), 0), i))
+            pair = candidates.pop(pick)
+            shown[pair[0].get("source_key", "")] = shown.get(pair[0].get("source_key", ""), 0) + 1
+            pairs.append(pair)
     return pairs
 
 
@@ -312,7 +318,7 @@ def _template_context(
         "The source images are ImageNet-derived, so this release follows the ImageNet terms of access"
         " (non-commercial research and education only) and is gated: accept the terms on the Hub to download it."
         if source.get("imagenet_derived")
-        else f"Source data terms: {source.get('license') or 'not stated by the source'}."
+        else f"Source data terms: {str(source.get('license') or 'not stated by the source').rstrip('.')}."
     )
     return {
         "pretty_name": _pretty_name(manifest),
@@ -425,6 +431,21 @@ def model_name(result: dict[str, Any]) -> str:
     return str(model or "?")
 
 
+def weights_label(result: dict[str, Any]) -> str | None:
+    """How a results JSON's weights differ from the model's pretrained ones (``None`` for pretrained or unknown).
+
+    The same architecture evaluated with random weights or a local checkpoint must not read as the pretrained model.
+    """
+    model = result.get("model")
+    weights = model.get("weights") if isinstance(model, dict) else None
+    weights_id = str(weights.get("id") or "") if isinstance(weights, dict) else ""
+    if weights_id == "random" or weights_id.startswith("random:"):
+        return "random weights"
+    if weights_id.startswith("checkpoint:"):
+        return f"checkpoint {weights_id.rsplit(':', 1)[-1][:12]}"
+    return None
+
+
 def leaderboard_rows(results: list[dict]) -> list[dict[str, Any]]:
     """One row per results JSON with metrics (failed runs are left out), best counterfactual top-1 first."""
     results = [r for r in results if isinstance(r.get("metrics"), dict) and r.get("status", "ok") != "error"]
@@ -441,9 +462,10 @@ def leaderboard_rows(results: list[dict]) -> list[dict[str, Any]]:
         scored = {t: v for t, v in scored.items() if v is not None}
         worst = min(scored, key=lambda t: scored[t]) if scored else None
         release = result.get("release") or {}
+        weights = weights_label(result)
         rows.append(
             {
-                "model": f"`{model_name(result)}`",
+                "model": f"`{model_name(result)}`" + (f" ({weights})" if weights else ""),
                 "release": f"v{release.get('version', '?')}",
                 "acc1": [_fmt(_metric(metrics.get(c), "acc1")) for c in configs],
                 "delta_acc1": _fmt(_metric(delta_source, "delta_acc1")),
@@ -497,28 +519,51 @@ def replace_leaderboard_section(card_text: str, results: list[dict]) -> str:
 
 def changelog(manifest: dict[str, Any], previous: dict[str, Any]) -> dict[str, Any]:
     """Counts gained and lost per config, edit type and class against the previous release."""
-    names = manifest.get("label_space", {}).get("names") or []
+    new_names = manifest.get("label_space", {}).get("names") or []
+    old_names = previous.get("label_space", {}).get("names") or []
+    # With one label space (ImageNet-1k) classes are matched by index, since names repeat there ("crane"). When the
+    # label spaces differ they are matched by name: an imagefolder source indexes its classes by the folders present,
+    # so label 1 can be "dog" in one version and "zebra" in the next.
+    by_name = bool(new_names and old_names and new_names != old_names)
+    new_index = {name: i for i, name in enumerate(new_names)}
+    old_index = {name: i for i, name in enumerate(old_names)}
+
+    def class_key(label: str, names: list[str]) -> str:
+        return names[int(label)] if by_name and label.isdigit() and int(label) < len(names) else label
+
+    def class_value(key: str) -> str:
+        if not by_name:
+            return f"{_md_escape(new_names[int(key)])} ({key})" if key.isdigit() and int(key) < len(new_names) else key
+        if key in new_index:
+            return f"{_md_escape(key)} ({new_index[key]})"
+        return f"{_md_escape(key)} ({old_index[key]} in v{previous.get('version', '?')})" if key in old_index else key
+
+    def class_order(key: str) -> tuple[int, str]:
+        if not by_name:
+            return (int(key), key) if key.isdigit() else (1 << 30, key)
+        return (new_index.get(key, len(new_names) + old_index.get(key, 0)), key)
+
     rows = []
     for config in [c for c in rf.CONFIG_NAMES if c in set(manifest["counts"]) | set(previous.get("counts", {}))]:
         new = manifest["counts"].get(config, {})
         old = previous.get("counts", {}).get(config, {})
-        groups = [("total", {"all": new.get("total", 0)}, {"all": old.get("total", 0)})]
-        groups.append(("edit type", new.get("by_edit_type", {}), old.get("by_edit_type", {})))
-        groups.append(("class", new.get("by_class", {}), old.get("by_class", {})))
-        for group, after_counts, before_counts in groups:
-            keys = sorted(set(after_counts) | set(before_counts), key=lambda k: (len(k), k))
-            for key in keys:
+        new_classes = {class_key(k, new_names): v for k, v in new.get("by_class", {}).items()}
+        old_classes = {class_key(k, old_names): v for k, v in old.get("by_class", {}).items()}
+        groups = [
+            ("total", {"all": new.get("total", 0)}, {"all": old.get("total", 0)}, lambda k: (len(k), k)),
+            ("edit type", new.get("by_edit_type", {}), old.get("by_edit_type", {}), lambda k: (len(k), k)),
+            ("class", new_classes, old_classes, class_order),
+        ]
+        for group, after_counts, before_counts, order in groups:
+            for key in sorted(set(after_counts) | set(before_counts), key=order):
                 before, after = before_counts.get(key, 0), after_counts.get(key, 0)
                 if before == after:
                     continue
-                value = key
-                if group == "class" and key.isdigit() and int(key) < len(names):
-                    value = f"{_md_escape(names[int(key)])} ({key})"
                 rows.append(
                     {
                         "config": config,
                         "group": group,
-                        "value": value,
+                        "value": class_value(key) if group == "class" else key,
                         "before": before,
                         "after": after,
                         "delta": f"{after - before:+d}",

@@ -46,7 +46,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="model output index for each release label: a text file (one integer a line) or JSON {label: index}",
     )
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for 95%% intervals (0: none)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and K-Means (default 0)")
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the bootstrap, K-Means and --no-pretrained weights (default 0)"
+    )
     p.add_argument("--clusters", type=int, default=5, help="K-Means clusters per class for the insights (default 5)")
     p.add_argument("--top-clusters", type=int, default=3, help="clusters reported per class (default 3)")
     p.add_argument(
@@ -99,7 +101,8 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.checkpoint is not None and len(names) != 1:
         raise ValueError(f"--checkpoint applies to exactly one model; {len(names)} were given: {', '.join(names)}")
     specs = [
-        ModelSpec(name=n, pretrained=pretrained, checkpoint=args.checkpoint, class_map=args.class_map) for n in names
+        ModelSpec(name=n, pretrained=pretrained, checkpoint=args.checkpoint, class_map=args.class_map, seed=args.seed)
+        for n in names
     ]
     release = open_release(args.release)
     options = EvalOptions(

@@ -264,6 +264,7 @@ def evaluate_model(
             "param_count": round(sum(p.numel() for p in model.parameters()) / 1e6, 3),
             "num_classes": model.num_classes,
             "class_map": str(spec.class_map) if spec.class_map is not None else None,
+            "class_map_sha256": spec.class_map_sha256,
             "data_config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in data_config.items()},
         },
         "release": release.describe(),
@@ -307,7 +308,8 @@ def results_path(output_dir: Path, spec: ModelSpec) -> Path:
 
 
 def is_done(path: Path, release: Release, spec: ModelSpec) -> bool:
-    """True when ``path`` holds successful results for the same release (manifest hash) and the same weights."""
+    """True when ``path`` holds successful results for the same release (manifest hash), the same weights and the
+    same class map (which changes the scores as much as the weights do)."""
     if not path.is_file():
         return False
     try:
@@ -318,6 +320,7 @@ def is_done(path: Path, release: Release, spec: ModelSpec) -> bool:
         previous.get("status") == "ok"
         and previous.get("release", {}).get("manifest_sha256") == release.manifest_sha256
         and previous.get("model", {}).get("weights", {}).get("id") == spec.weights_id
+        and previous.get("model", {}).get("class_map_sha256") == spec.class_map_sha256
     )
 
 

@@ -48,12 +48,16 @@ COLUMNS = [
 def find_results(paths: list[str | Path]) -> list[dict[str, Any]]:
     """Every results JSON (``schema == lance-cf/eval-results``) in the given files or directories (recursively)."""
     found = []
+    seen: set[Path] = set()  # overlapping arguments (OUT and OUT/<model>) must not list a model twice
     for path in paths:
         path = Path(path)
         if not path.exists():
             raise ValueError(f"results path {str(path)!r} does not exist")
         files = [path] if path.is_file() else sorted(path.rglob("*.json"))
         for file in files:
+            if file.resolve() in seen:
+                continue
+            seen.add(file.resolve())
             try:
                 data = json.loads(file.read_text(encoding="utf-8"))
             except (OSError, json.JSONDecodeError):

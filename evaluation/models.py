@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,11 @@ class ModelSpec:
     pretrained: bool = True
     checkpoint: Path | None = None
     class_map: Path | None = None
+    # Seeds the initialisation of random weights (--no-pretrained), so that a run is reproducible and a re-run that
+    # skips existing results skips the same weights.
+    seed: int = 0
     checkpoint_sha256: str | None = field(default=None, init=False)
+    class_map_sha256: str | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         if self.checkpoint is not None:
@@ -85,13 +90,18 @@ class ModelSpec:
             if not self.checkpoint.is_file():
                 raise ValueError(f"--checkpoint {str(self.checkpoint)!r} does not exist")
             self.checkpoint_sha256 = file_sha256(self.checkpoint)
+        if self.class_map is not None:
+            self.class_map = Path(self.class_map)
+            if not self.class_map.is_file():
+                raise ValueError(f"--class-map {str(self.class_map)!r} does not exist")
+            self.class_map_sha256 = file_sha256(self.class_map)
 
     @property
     def weights_id(self) -> str:
         """A string that changes whenever the weights do: used to skip models already evaluated."""
         if self.checkpoint is not None:
             return f"checkpoint:sha256:{self.checkpoint_sha256}"
-        return "pretrained" if self.pretrained else "random"
+        return "pretrained" if self.pretrained else f"random:seed={self.seed}"
 
     @property
     def slug(self) -> str:
@@ -112,10 +122,18 @@ def load_class_map(path: Path, num_release_classes: int) -> list[int]:
     """
     text = Path(path).read_text(encoding="utf-8")
     if Path(path).suffix == ".json":
-        raw = json.loads(text)
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"class map {str(path)!r} is not valid JSON ({error})") from error
         if not isinstance(raw, dict):
             raise ValueError(f"class map {str(path)!r} must be a JSON object {{release label: model index}}")
-        mapping = {int(k): int(v) for k, v in raw.items()}
+        try:
+            mapping = {int(k): int(v) for k, v in raw.items()}
+        except (TypeError, ValueError) as error:
+            raise ValueError(
+                f"class map {str(path)!r} must map integer release labels to integer model indices ({error})"
+            ) from error
         missing = [i for i in range(num_release_classes) if i not in mapping]
         if missing:
             raise ValueError(f"class map {str(path)!r} has no model index for release labels {missing[:10]}")
@@ -125,6 +143,12 @@ def load_class_map(path: Path, num_release_classes: int) -> list[int]:
         raise ValueError(
             f"class map {str(path)!r} has {len(lines)} lines; expected one model index for each of the "
             f"{num_release_classes} release labels"
+        )
+    bad = [(i, ln) for i, ln in enumerate(lines) if not re.fullmatch(r"\d+", ln)]
+    if bad:
+        raise ValueError(
+            f"class map {str(path)!r}: entry {bad[0][0]} ({bad[0][1]!r}) is not a model output index (a non-negative "
+            "integer); line i holds the model index of release label i"
         )
     return [int(ln) for ln in lines]
 
@@ -136,8 +160,13 @@ def create_eval_model(spec: ModelSpec) -> Any:
     of outputs than the architecture's default, the classifier is reset to that size first.
     """
     import timm
+    import torch
 
-    model = timm.create_model(spec.name, pretrained=spec.pretrained and spec.checkpoint is None)
+    # Random weights come from the seeded generator (and the caller's generator is left as it was): two runs with
+    # --no-pretrained score the same model.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.seed)
+        model = timm.create_model(spec.name, pretrained=spec.pretrained and spec.checkpoint is None)
     if spec.checkpoint is not None:
         from safetensors.torch import load_file
 
@@ -162,6 +191,7 @@ def describe_weights(spec: ModelSpec, model: Any) -> dict[str, Any]:
         "hf_hub_id": cfg.get("hf_hub_id") if spec.pretrained and spec.checkpoint is None else None,
         "checkpoint": str(spec.checkpoint) if spec.checkpoint is not None else None,
         "checkpoint_sha256": spec.checkpoint_sha256,
+        "seed": spec.seed if spec.checkpoint is None and not spec.pretrained else None,
     }
 
 

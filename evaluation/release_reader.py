@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import tarfile
 from collections.abc import Iterator
@@ -135,15 +136,36 @@ def open_release(spec: str | Path, revision: str | None = None) -> Release:
 
 
 def _download(repo_id: str, revision: str | None) -> Path:
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
-    logger.info("downloading dataset %s@%s from the Hub", repo_id, revision or "main")
-    local = snapshot_download(
-        repo_id=repo_id,
-        repo_type="dataset",
-        revision=revision,
-        allow_patterns=[rf.MANIFEST_NAME, rf.TIMM_INFO_NAME, rf.CARD_NAME, f"{rf.DATA_DIR}/*/{rf.SPLIT}-*.tar"],
-    )
+    # HF_ENDPOINT is read now, not when huggingface_hub was imported (as `lance-cf publish` does), so a self-hosted
+    # hub set later in the same process is honoured.
+    endpoint = os.environ.get("HF_ENDPOINT", "").rstrip("/") or constants.ENDPOINT
+    logger.info("downloading dataset %s@%s from %s", repo_id, revision or "main", endpoint)
+    where = f"dataset {repo_id!r} on {endpoint}"
+    try:
+        local = snapshot_download(
+            repo_id=repo_id,
+            repo_type="dataset",
+            revision=revision,
+            endpoint=endpoint,
+            allow_patterns=[rf.MANIFEST_NAME, rf.TIMM_INFO_NAME, rf.CARD_NAME, f"{rf.DATA_DIR}/*/{rf.SPLIT}-*.tar"],
+        )
+    # A wrong id or revision is a bad input: one clear line, not a traceback (GatedRepoError is a kind of
+    # RepositoryNotFoundError, so it comes first).
+    except GatedRepoError as error:
+        raise ValueError(
+            f"release {where} is gated: accept its terms on the Hub, then log in (HF_TOKEN or `hf auth login`)"
+        ) from error
+    except RevisionNotFoundError as error:
+        raise ValueError(
+            f"release {where} has no revision {revision!r} (a tag such as v1.0.0, a branch or a commit)"
+        ) from error
+    except RepositoryNotFoundError as error:
+        raise ValueError(
+            f"release {where} does not exist, or is private and needs a token (HF_TOKEN or `hf auth login`)"
+        ) from error
     return Path(local)
 
 

@@ -14,7 +14,7 @@ from publish_fixture import make_release
 
 from builder import release_format as rf
 from dataset_cards import render_release_card
-from dataset_cards.card import read_shard_samples, replace_leaderboard_section, select_pairs
+from dataset_cards.card import changelog, read_shard_samples, replace_leaderboard_section, select_pairs
 
 HIGHLIGHT = (255, 221, 87)
 
@@ -207,3 +207,66 @@ def test_rendering_is_reproducible(release):
     pngs = {p.name: p.read_bytes() for p in (release_dir / "assets").glob("*.png")}
     assert render_release_card(release_dir, manifest) == first
     assert {p.name: p.read_bytes() for p in (release_dir / "assets").glob("*.png")} == pngs
+
+
+def test_leaderboard_tells_weights_apart(release):
+    """The same architecture with pretrained, random and checkpoint weights gives three distinguishable rows."""
+    release_dir, manifest = release
+    pretrained = _result("resnet18", 60.0, {"subject": -3.0})
+    random_weights = _result("resnet18", 0.5, {"subject": -1.0})
+    random_weights["model"]["weights"] = {"id": "random"}
+    checkpoint = _result("resnet18", 40.0, {"subject": -2.0})
+    checkpoint["model"]["weights"] = {"id": "checkpoint:sha256:" + "ab12" * 16}
+    text = render_release_card(release_dir, manifest, results=[pretrained, random_weights, checkpoint])
+    board = text[text.index("## Leaderboard") : text.index("## How it was built")]
+    models = [line.split("|")[1].strip() for line in board.splitlines() if line.startswith("| `")]
+    assert models == ["`resnet18`", "`resnet18` (checkpoint ab12ab12ab12)", "`resnet18` (random weights)"]
+
+
+def test_licence_text_ends_with_one_full_stop(tmp_path):
+    release_dir, manifest = make_release(tmp_path / "open", imagenet_derived=False)
+    manifest["source"]["license"] = "Photos under their own terms; see SOURCES.md."
+    text = render_release_card(release_dir, manifest)
+    assert "Source data terms: Photos under their own terms; see SOURCES.md.\n" in text
+
+
+def _counts_manifest(version: str, names: list[str], by_class: dict[str, int]) -> dict:
+    total = sum(by_class.values())
+    counts = {"counterfactual": {"total": total, "by_edit_type": {"subject": total}, "by_class": by_class}}
+    return {"version": version, "label_space": {"names": names}, "counts": counts}
+
+
+def test_changelog_matches_classes_by_name_when_the_label_space_changes():
+    """An imagefolder release that lost its 'dog' folder renumbers 'zebra' from 2 to 1: zebra did not change."""
+    v1 = _counts_manifest("1.0.0", ["cat", "dog", "zebra"], {"0": 2, "1": 2, "2": 2})
+    v2 = _counts_manifest("2.0.0", ["cat", "zebra"], {"0": 3, "1": 2})
+    rows = {(r["group"], r["value"]): (r["before"], r["after"]) for r in changelog(v2, v1)["rows"]}
+    assert rows == {
+        ("total", "all"): (6, 5),
+        ("edit type", "subject"): (6, 5),
+        ("class", "cat (0)"): (2, 3),
+        ("class", "dog (1 in v1.0.0)"): (2, 0),
+    }
+
+
+def test_changelog_matches_classes_by_index_in_one_label_space():
+    """ImageNet-1k has two classes named 'crane' (134 and 517): one label space is compared index by index."""
+    names = ["crane", "tench", "crane"]
+    v1 = _counts_manifest("1.0.0", names, {"0": 2, "2": 2})
+    v2 = _counts_manifest("1.1.0", names, {"0": 2, "2": 5})
+    rows = [(r["group"], r["value"], r["before"], r["after"]) for r in changelog(v2, v1)["rows"]]
+    assert ("class", "crane (2)", 2, 5) in rows and not any(v == "crane (0)" for _, v, _, _ in rows)
+
+
+def test_gallery_spreads_over_source_images():
+    """Three sources with one edit of each of three types: the gallery shows each type and each source once."""
+    originals, counterfactuals = {}, {}
+    for s in range(3):
+        originals[f"src{s}"] = {"png": b"o%d" % s}
+        for t, edit_type in enumerate(("subject", "background", "weather")):
+            meta = {"source_key": f"src{s}", "edit_type": edit_type, "key": f"src{s}_cf{t}"}
+            counterfactuals[f"src{s}_cf{t}"] = {"json": json.dumps(meta).encode(), "png": b"c%d%d" % (s, t)}
+    pairs = select_pairs(originals, counterfactuals, limit=3)
+    assert sorted(m["edit_type"] for m, _, _ in pairs) == ["background", "subject", "weather"]
+    assert sorted(m["source_key"] for m, _, _ in pairs) == ["src0", "src1", "src2"]
+    assert len(select_pairs(originals, counterfactuals, limit=20)) == 9  # every pair once when the limit allows

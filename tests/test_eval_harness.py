@@ -465,3 +465,72 @@ def test_missing_clip_model_records_insight_error_but_scores_the_model(scored, t
     assert results["status"] == "ok"
     assert "no-such-clip-model" in results["insights"]["error"]
     assert results["metrics"]["original"]["acc1"] == pytest.approx(scored["results"]["metrics"]["original"]["acc1"])
+
+
+def test_random_weights_are_seeded_and_a_new_class_map_is_rescored(scored, tmp_path, caplog):
+    """--no-pretrained draws its weights from --seed (two runs agree, another seed differs); re-running with another
+    --class-map scores again instead of keeping results computed with the old map."""
+    import pandas as pd
+
+    common = ["--release", str(scored["root"]), "--model", "test_vit", "--no-pretrained", "--workers", "0"]
+    common += ["--bootstrap", "0", "--no-insights", "--no-report"]
+    map_a, map_b = tmp_path / "a.txt", tmp_path / "b.txt"
+    map_a.write_text("7\n99\n3\n512\n")
+    map_b.write_text("8\n99\n3\n512\n")
+
+    def run(out: Path, *extra: str) -> tuple[dict, pd.DataFrame]:
+        args = parse(["eval", *common, "--output", str(out), *extra])
+        assert args.func(args) == 0
+        directory = out / "test_vit__random"
+        preds = pd.read_parquet(directory / "predictions.parquet").sort_values(["config", "key"])
+        return json.loads((directory / "results.json").read_text()), preds.reset_index(drop=True)
+
+    first, p1 = run(tmp_path / "one", "--class-map", str(map_a))
+    second, p2 = run(tmp_path / "two", "--class-map", str(map_a))
+    third, p3 = run(tmp_path / "three", "--class-map", str(map_a), "--seed", "1")
+    assert first["model"]["weights"]["id"] == second["model"]["weights"]["id"] == "random:seed=0"
+    assert p1["p_gt"].tolist() == p2["p_gt"].tolist()
+    assert third["model"]["weights"]["id"] == "random:seed=1"
+    assert not np.allclose(p1["p_gt"], p3["p_gt"])
+
+    caplog.set_level("INFO")
+    remapped, p4 = run(tmp_path / "one", "--class-map", str(map_b))
+    assert remapped["model"]["class_map_sha256"] != first["model"]["class_map_sha256"]
+    assert not np.allclose(p1["p_gt"], p4["p_gt"])  # label 0 is now scored by output 8, not 7
+
+
+def test_class_map_with_a_non_integer_entry_names_the_file(scored, tmp_path):
+    from evaluation.models import load_class_map
+
+    bad = tmp_path / "map.txt"
+    bad.write_text("7\nnine\n3\n5\n")
+    with pytest.raises(ValueError, match=r"map\.txt.*entry 1 \('nine'\)"):
+        load_class_map(bad, 4)
+    bad_json = tmp_path / "map.json"
+    bad_json.write_text('{"0": 1, "1": "x"}')
+    with pytest.raises(ValueError, match=r"map\.json.*integer"):
+        load_class_map(bad_json, 2)
+
+
+def test_unknown_hub_release_or_revision_is_a_clear_error(tmp_path, monkeypatch):
+    """Against the Hub double over HTTP: a missing dataset or tag is a ValueError naming it, not a traceback."""
+    import os
+
+    from hub_double import HubDouble
+    from huggingface_hub import constants
+
+    hub = HubDouble(tmp_path / "hub").start()
+    try:
+        for key in [k for k in os.environ if k.lower().endswith("_proxy")]:
+            monkeypatch.delenv(key)
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)  # read when the release is opened
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        with pytest.raises(ValueError, match=r"'lance-org/missing'.*does not exist"):
+            open_release("lance-org/missing@v1.0.0")
+        hub.create("datasets", "lance-org/present")
+        with pytest.raises(ValueError, match=r"'lance-org/present'.*no revision 'v9.9.9'"):
+            open_release("lance-org/present@v9.9.9")
+    finally:
+        hub.stop()

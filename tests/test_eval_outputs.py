@@ -134,3 +134,12 @@ def test_report_renders_its_images_in_a_headless_browser(evaluated, tmp_path):
     assert len(images) == 3 + 2 * 4, srcs  # three plots, and original + counterfactual per gallery pair
     broken = [src for src, complete, width in images if not complete or width <= 0]
     assert not broken, f"images that did not render: {broken}"
+
+
+def test_leaderboard_of_overlapping_directories_lists_each_model_once(evaluated, tmp_path):
+    model_dir = evaluated["out"] / f"{MODELS[0]}__random"
+    paths = [str(evaluated["out"]), str(model_dir), str(model_dir / "results.json")]
+    args = parse(["leaderboard", *paths, "--output", str(tmp_path)])
+    assert args.func(args) == 0
+    df = pd.read_csv(tmp_path / "leaderboard.csv")
+    assert sorted(df["model"]) == sorted([*MODELS, "definitely_not_a_model"])

@@ -23,6 +23,7 @@ from publish_fixture import make_release
 
 from builder import release_format as rf
 from builder.publish import PublishError, plan_release, publish_release
+from builder.verify import verify_release
 from dataset_cards import render_release_card
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,6 +46,7 @@ for spec in sys.argv[1:]:
         "features_declared": ds.features == Features._from_yaml_list(hf_features("png")),
         "keys": keys,
         "clip_image": [r["scores"]["clip_image"] for r in ds["json"]],
+        "score_types": sorted({type(v).__name__ for r in ds["json"] for v in r["scores"].values() if v is not None}),
         "image_size": list(ds[0]["png"].size),
     })
 print("RESULT" + json.dumps(out))
@@ -106,6 +108,40 @@ def hub_env(hub, monkeypatch, tmp_path):
     return hub
 
 
+def built_release(tmp_path: Path, version: str, classes: list[str], per_class: int) -> tuple[Path, dict]:
+    """A release made by the builder itself (``lance-cf build`` with the model-free stages of tests/fake_stages.py).
+
+    Its card is the one the build rendered, which does not know the Hub repo yet.
+    """
+    from builder_helpers import FAKE_STAGES, cli, make_imagefolder, write_config
+
+    root = tmp_path / f"built-{version}"
+    folder = make_imagefolder(root / "src", classes, per_class=per_class)
+    configs = ["original", "counterfactual", "lance_r"]
+    cfg = write_config(
+        root / "cfg.yaml",
+        f"imagefolder:{folder}",
+        stages=FAKE_STAGES,
+        configs=configs,
+        name="lance-demo",
+        version=version,
+    )
+    cli("build", str(cfg), "--output", str(root / "release"), "--no-progress")
+    return root / "release", json.loads((root / "release" / rf.MANIFEST_NAME).read_text(encoding="utf-8"))
+
+
+def shard_keys(release_dir: Path, manifest: dict, config: str) -> list[str]:
+    """The sample keys of one config, read from the local shards."""
+    import tarfile
+
+    keys = set()
+    for shard in manifest["shards"]:
+        if shard["config"] == config:
+            with tarfile.open(release_dir / shard["path"]) as tar:
+                keys |= {m.name.rsplit("/", 1)[-1].partition(".")[0] for m in tar if m.isfile()}
+    return sorted(keys)
+
+
 def release(tmp_path: Path, version: str = "1.0.0", **kwargs) -> tuple[Path, dict]:
     release_dir, manifest = make_release(tmp_path / f"release-{version}", version=version, **kwargs)
     render_release_card(release_dir, manifest, repo_id=REPO)
@@ -148,9 +184,11 @@ def test_dry_run_prints_plan_and_touches_no_network(hub_env, tmp_path, capsys):
 
 
 def test_publish_versions_over_http(hub_env, tmp_path, caplog, capsys):
+    """Releases made by the builder publish, load with their declared features and keep older versions loadable."""
     caplog.set_level(logging.DEBUG)
     hub = hub_env
-    v1_dir, v1 = release(tmp_path, "1.0.0")
+    v1_dir, v1 = built_release(tmp_path, "1.0.0", ["cat", "dog", "zebra"], per_class=2)
+    assert f'load_dataset("{REPO}"' not in (v1_dir / rf.CARD_NAME).read_text()  # the build did not know the repo
     # A transient 503 on one large-file upload and on the commit: both retried, the publish completes.
     hub.faults.fail = {"lfs_put": [503], "commit": [503]}
     result = publish_release(v1_dir, REPO)
@@ -165,33 +203,34 @@ def test_publish_versions_over_http(hub_env, tmp_path, caplog, capsys):
     for shard in v1["shards"]:
         assert entries[shard["path"]]["lfs"]["oid"] == shard["sha256"]
     assert entries["README.md"]["lfs"] is None and entries["manifest.json"]["lfs"] is None
+    # The published card tells users to load from this repo, not from a placeholder.
+    v1_card = hub.read_file("datasets", REPO, entries["README.md"]).decode()
+    assert f'load_dataset("{REPO}", "counterfactual", split="test", revision="v1.0.0")' in v1_card
+    assert f"--release {REPO}@v1.0.0" in v1_card and "ORG/" not in v1_card
+    assert verify_release(v1_dir) == []  # re-rendering the card for the repo keeps the release valid
 
-    # Version 2 (a class dropped, more sources) replaces the files on main; v1 stays loadable by tag.
-    v2_dir, v2 = release(tmp_path, "2.0.0", num_sources=9, drop_classes=(1,))
+    # Version 2 (a class dropped, more images per class) replaces the files on main; v1 stays loadable by tag.
+    v2_dir, v2 = built_release(tmp_path, "2.0.0", ["cat", "zebra"], per_class=4)
     result2 = publish_release(v2_dir, REPO)  # renders the changelog against v1 fetched from the Hub
     v2_card = hub.read_file("datasets", REPO, hub.entries("datasets", REPO, "v2.0.0")["README.md"]).decode()
     assert "Changes from v1.0.0 to v2.0.0" in v2_card
+    # matched by name although the builder renumbered zebra from 2 to 1
+    assert "| `counterfactual` | class | dog (1 in v1.0.0) | 4 | 0 | -4 |" in v2_card
+    assert "| `counterfactual` | class | zebra (1) | 4 | 8 | +4 |" in v2_card
     assert set(hub.entries("datasets", REPO, "main")) == release_files(v2_dir) | {".gitattributes"}
     assert hub.resolve("datasets", REPO, "v1.0.0") == result.commit != result2.commit
     assert len(hub.commits("datasets", REPO)) == 3  # initial + one commit per release, no more
 
-    loaded = load_over_http(
-        hub,
-        tmp_path,
-        f"{REPO}@counterfactual@v1.0.0",
-        f"{REPO}@original@v1.0.0",
-        f"{REPO}@counterfactual@v2.0.0",
-    )
-    for item, manifest, config in (
-        (loaded[0], v1, "counterfactual"),
-        (loaded[1], v1, "original"),
-        (loaded[2], v2, "counterfactual"),
-    ):
+    specs = [(v1, v1_dir, c, "v1.0.0") for c in ("original", "counterfactual", "lance_r")]
+    specs.append((v2, v2_dir, "counterfactual", "v2.0.0"))
+    loaded = load_over_http(hub, tmp_path, *(f"{REPO}@{config}@{tag}" for _, _, config, tag in specs))
+    for item, (manifest, release_dir, config, _) in zip(loaded, specs, strict=True):
         assert item["num_rows"] == manifest["counts"][config]["total"], item["spec"]
+        assert item["keys"] == shard_keys(release_dir, manifest, config), item["spec"]
         assert item["features_declared"], item["spec"]
-        assert item["image_size"] == [24, 16]
-    assert loaded[0]["num_rows"] != loaded[2]["num_rows"]
-    assert all(isinstance(v, float) and v == 1.0 for v in loaded[0]["clip_image"])  # declared float64, not inferred int
+        assert item["image_size"] == [manifest["config"]["image_size"]] * 2, item["spec"]
+    assert loaded[1]["num_rows"] != loaded[3]["num_rows"]
+    assert loaded[1]["score_types"] == ["float"]  # integral scores load as declared float64, not inferred int
 
     # Republishing an existing version is refused, and nothing is written.
     commits_before = len(hub.commits("datasets", REPO))
@@ -283,7 +322,11 @@ def test_publish_results_adds_leaderboard_without_moving_tags(hub_env, tmp_path,
         result = {
             "schema": "lance-cf/eval-results",
             "model": {"name": model, "slug": slug},
-            "release": {"name": manifest["name"], "version": manifest["version"], "manifest_sha256": "abc"},
+            "release": {
+                "name": manifest["name"],
+                "version": manifest["version"],
+                "manifest_sha256": manifest["manifest_sha256"],
+            },
             "metrics": {
                 "original": {"acc1": 80.0, "acc5": 95.0, "n": 6},
                 "counterfactual": {
@@ -301,9 +344,13 @@ def test_publish_results_adds_leaderboard_without_moving_tags(hub_env, tmp_path,
         (results_dir / slug).mkdir(parents=True)
         (results_dir / slug / "results.json").write_text(json.dumps(result))
     (results_dir / "run-config.json").write_text(json.dumps({"batch_size": 64}))  # not a results file: ignored
-    parser = argparse.ArgumentParser()
-    register(parser.add_subparsers())
-    args = parser.parse_args(["publish-results", str(results_dir), "--repo-id", REPO])
+
+    def parse_cli(argv: list[str]) -> argparse.Namespace:
+        parser = argparse.ArgumentParser()
+        register(parser.add_subparsers())
+        return parser.parse_args(argv)
+
+    args = parse_cli(["publish-results", str(results_dir), "--repo-id", REPO])
     assert args.func(args) == 0
     out = capsys.readouterr().out
     assert "results/v1.0.0/resnet18.json" in out and "results/v1.0.0/hf-hub-org_vit_tiny.json" in out
@@ -329,3 +376,80 @@ def test_publish_results_adds_leaderboard_without_moving_tags(hub_env, tmp_path,
     commits = len(hub.commits("datasets", REPO))
     assert args.func(args) == 0
     assert len(hub.commits("datasets", REPO)) == commits
+
+    # Results computed on other data, or on a version never published here, are refused and nothing is written.
+    stray = json.loads((results_dir / "resnet18" / "results.json").read_text())
+    for release_fields, message in (
+        ({"manifest_sha256": "0" * 64}, "manifest sha256"),
+        ({"version": "9.9.9"}, "has no tag v9.9.9"),
+    ):
+        other = tmp_path / f"stray-{message.split()[-1]}" / "results.json"
+        other.parent.mkdir()
+        other.write_text(json.dumps({**stray, "release": {**stray["release"], **release_fields}}))
+        args = parse_cli(["publish-results", str(other.parent), "--repo-id", REPO])
+        assert args.func(args) == 1
+        assert message in capsys.readouterr().err
+    assert len(hub.commits("datasets", REPO)) == commits
+
+
+def test_refused_token_is_one_clear_line_without_the_token(hub_env, tmp_path, monkeypatch, capsys):
+    from builder.cli_publish import register
+
+    release_dir, _ = release(tmp_path)
+    wrong = "hf_wrong_token_never_printed_42"
+    monkeypatch.setenv("HF_TOKEN", wrong)
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["publish", str(release_dir), "--repo-id", REPO])
+    assert args.func(args) == 1
+    err = capsys.readouterr().err
+    assert "401" in err and "HF_TOKEN" in err and hub_env.url in err
+    assert "Traceback" not in err and wrong not in err
+    assert not hub_env.exists("datasets", REPO)  # refused before anything was created
+
+
+def test_real_eval_of_the_hub_release_publishes_to_its_leaderboard(hub_env, tmp_path, monkeypatch):
+    """The whole chain over HTTP: builder release -> publish -> `lance-cf eval --release ORG/NAME@v1.0.0` (downloaded
+    from the double) -> `publish-results` of that real output -> the card's leaderboard on main, tags unmoved."""
+    from huggingface_hub import constants
+
+    from builder.cli_publish import register as register_publish
+    from evaluation.cli import register as register_eval
+
+    hub = hub_env
+    release_dir, manifest = built_release(tmp_path, "1.0.0", ["cat", "dog", "zebra"], per_class=2)
+    publish_release(release_dir, REPO)
+    tags_before = hub.refs("datasets", REPO)["tags"]
+    # huggingface_hub fixed its default endpoint at import; the eval reads HF_ENDPOINT (set by hub_env) when it runs
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(
+        constants, "HUGGINGFACE_CO_URL_TEMPLATE", "http://127.0.0.1:9/{repo_id}/resolve/{revision}/{filename}"
+    )
+
+    parser = argparse.ArgumentParser()
+    register_eval(parser.add_subparsers())
+    register_publish(parser._subparsers._group_actions[0])
+    class_map = tmp_path / "map.txt"
+    class_map.write_text("0\n1\n2\n")
+    out = tmp_path / "eval-out"
+    args = parser.parse_args(
+        ["eval", "--release", f"{REPO}@v1.0.0", "--model", "test_vit", "--no-pretrained", "--class-map"]
+        + [str(class_map), "--workers", "0", "--bootstrap", "0", "--no-insights", "--no-report", "--output", str(out)]
+    )
+    assert args.func(args) == 0
+    result = json.loads((out / "test_vit__random" / "results.json").read_text())
+    assert result["release"]["revision"] == "v1.0.0"
+    assert result["release"]["manifest_sha256"] == manifest["manifest_sha256"]
+    assert {c: result["metrics"][c]["n"] for c in manifest["configs"]} == {
+        c: manifest["counts"][c]["total"] for c in manifest["configs"]
+    }
+
+    args = parser.parse_args(["publish-results", str(out), "--repo-id", REPO])
+    assert args.func(args) == 0
+    assert hub.refs("datasets", REPO)["tags"] == tags_before
+    main = hub.entries("datasets", REPO, "main")
+    assert json.loads(hub.read_file("datasets", REPO, main["results/v1.0.0/test_vit__random.json"])) == result
+    card = hub.read_file("datasets", REPO, main["README.md"]).decode()
+    row = next(line for line in card.splitlines() if line.startswith("| `test_vit`"))
+    assert row.startswith("| `test_vit` (random weights) | v1.0.0 |")
+    assert f"| {result['metrics']['counterfactual']['acc1']:.2f} |" in row
