@@ -219,6 +219,16 @@ def main(argv: list[str] | None = None) -> int:
             raise
         sys.stderr.write(f"lance-cf {args.command}: error: {err}\n")
         return 2
+    except RuntimeError as err:
+        from builder.engine import StageNotWorking
+
+        if not isinstance(err, StageNotWorking):
+            raise
+        sys.stderr.write(
+            f"lance-cf {args.command}: error: {err}\n"
+            "  nothing was recorded against the data: fix the stage or its environment, then re-run the same command\n"
+        )
+        return 1
     except KeyboardInterrupt:
         sys.stderr.write("lance-cf: interrupted; re-run the same command to resume\n")
         return 130

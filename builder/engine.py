@@ -43,6 +43,15 @@ class BuildRefused(ValueError):
     """The output directory cannot take this build (it holds something else)."""
 
 
+class StageNotWorking(RuntimeError):
+    """A stage failed on every sample it has seen so far: probably its environment or code, not the data."""
+
+    def __init__(self, stage: str, error: BaseException):
+        super().__init__(f"stage {stage} fails on every sample so far: {type(error).__name__}: {error}")
+        self.stage = stage
+        self.error = error
+
+
 def derive_seed(release_seed: int, source_key: str) -> int:
     """Per-sample seed from (release seed, source key): independent of order, batch, machine and time."""
     digest = hashlib.sha256(f"lance-cf:{release_seed}:{source_key}".encode()).digest()
@@ -68,6 +77,7 @@ class _StageRunner:
         self._stage = None
         self._loaded = False
         self._references: dict[str, str] = {}
+        self.ever_succeeded = False  # the stage has processed at least one batch without failing on all of it
 
     @property
     def stage(self):
@@ -104,8 +114,14 @@ class _StageRunner:
     def remember_description(self) -> None:
         self.ledger.set_meta(f"describe:{self.config.name}", json.dumps(self._description()))
 
-    def run(self, records: list[dict[str, Any]]) -> tuple[dict[str, dict], dict[str, str]]:
-        """Run the stage over records; a sample that makes it fail becomes a failure, not a crash."""
+    def run(self, records: list[dict[str, Any]], record_errors: bool = False) -> tuple[dict[str, dict], dict[str, str]]:
+        """Run the stage over records; a sample that makes it fail becomes a failure, not a crash.
+
+        If every record fails and the stage has never worked in this build, the cause is more likely the stage or
+        its environment than the data: ``StageNotWorking`` is raised and nothing is recorded, so the engine can
+        defer the batch until the stage has worked on another one (then ``record_errors=True`` records them), and
+        stop with the error, recording nothing, if it never does.
+        """
         from lance_pipeline.stage import SampleFailure
 
         self.ensure_loaded()
@@ -122,8 +138,9 @@ class _StageRunner:
                 except Exception as err:
                     errors.append(err)
                     results.append(SampleFailure(f"stage {name} error: {type(err).__name__}: {err}"))
-            if len(errors) == len(records):  # nothing works: an environment or programming error, not data
-                raise errors[0] from batch_error
+            if len(errors) == len(records) and not (record_errors or self.ever_succeeded):
+                raise StageNotWorking(name, errors[0]) from errors[0]
+        self.ever_succeeded = True
         if len(results) != len(records):
             raise RuntimeError(f"stage {name} returned {len(results)} results for {len(records)} records")
         updates, failures = {}, {}
@@ -175,6 +192,9 @@ def _plan(config: BuildConfig, source: Source) -> list[tuple[str, int, int, str,
 
 def _decode_batch(batch: _Batch, source: Source, config: BuildConfig, num_classes: int) -> _Batch:
     for sample in batch.samples:
+        if sample.problem:
+            batch.failures[sample.key] = ("source", sample.problem)
+            continue
         if not 0 <= sample.label < num_classes:
             batch.failures[sample.key] = ("source", f"label {sample.label} out of range [0, {num_classes})")
             continue
@@ -315,6 +335,7 @@ def _run_batches(
     if engine != "local":
         raise ValueError(f"engine {engine!r}: expected local or ray")
     # Decode the next batch on a worker thread while the stages compute on this one (I/O overlaps compute).
+    deferred: list[tuple[_Batch, StageNotWorking]] = []
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode") as pool:
         pending: Future | None = (
             pool.submit(_decode_batch, make(todo[0]), source, config, num_classes) if todo else None
@@ -326,9 +347,23 @@ def _run_batches(
                 if position + 1 < len(todo)
                 else None
             )
-            failures += _run_batch(config, batch, ledger, runners, label_names)
+            try:
+                failures += _run_batch(config, batch, ledger, runners, label_names)
+            except StageNotWorking as err:
+                logger.warning("%s; deferring batch %d until the stage works on another batch", err, batch.index)
+                deferred.append((batch, err))
+                continue
             bar.update(len(batch.samples))
             bar.set_postfix(failures=failures)
+            # The stage works: the deferred batches' errors belong to their samples.
+            while deferred:
+                late, _ = deferred.pop(0)
+                failures += _run_batch(config, late, ledger, runners, label_names, record_errors=True)
+                bar.update(len(late.samples))
+                bar.set_postfix(failures=failures)
+    if deferred:
+        bar.close()
+        raise deferred[0][1]
     bar.close()
 
 
@@ -376,12 +411,13 @@ def run_stages(
     keys: list[str],
     stage_failed: set[str],
     on_stage_done=None,
+    record_errors: bool = False,
 ) -> list[StageResult]:
     """Run stages in order over the live records, merging each stage's updates before the next one runs."""
     results = []
     for runner in runners:
         live = [records[k] for k in keys if k in records and k not in stage_failed]
-        updates, failures = runner.run(live) if live else ({}, {})
+        updates, failures = runner.run(live, record_errors) if live else ({}, {})
         result = (runner.config.name, updates, failures, bool(live))
         if on_stage_done is not None:
             on_stage_done(result)
@@ -414,7 +450,12 @@ def finish_batch(
 
 
 def _run_batch(
-    config: BuildConfig, batch: _Batch, ledger: Ledger, runners: list[_StageRunner], label_names: list[str]
+    config: BuildConfig,
+    batch: _Batch,
+    ledger: Ledger,
+    runners: list[_StageRunner],
+    label_names: list[str],
+    record_errors: bool = False,
 ) -> int:
     records, stage_failed, start = _prepare_batch(batch, ledger, runners, label_names)
     by_name = {r.config.name: r for r in runners}
@@ -424,6 +465,7 @@ def _run_batch(
         [s.key for s in batch.samples],
         stage_failed,
         on_stage_done=lambda result: commit_stage(ledger, batch.index, by_name[result[0]], result),
+        record_errors=record_errors,
     )
     finish_batch(config, batch, ledger, records, label_names)
     return len(batch.failures) + len(stage_failed)

@@ -38,10 +38,17 @@ class StageWorker:
 
         self.runners = [_StageRunner(s, device, ledger=None) for s in stage_configs]
 
-    def run(self, records: dict[str, dict[str, Any]], keys: list[str], stage_failed: set[str], start: int):
+    def run(
+        self,
+        records: dict[str, dict[str, Any]],
+        keys: list[str],
+        stage_failed: set[str],
+        start: int,
+        record_errors: bool,
+    ):
         from builder.engine import run_stages
 
-        return run_stages(self.runners[start:], records, keys, stage_failed)
+        return run_stages(self.runners[start:], records, keys, stage_failed, record_errors=record_errors)
 
 
 def run_batches_on_ray(
@@ -54,7 +61,7 @@ def run_batches_on_ray(
     workers: int,
     on_batch_done: Callable[[Any, int], None],
 ) -> None:
-    from builder.engine import _prepare_batch, commit_stage, finish_batch
+    from builder.engine import StageNotWorking, _prepare_batch, commit_stage, finish_batch
 
     ray = _import_ray()
     if not ray.is_initialized():
@@ -66,11 +73,14 @@ def run_batches_on_ray(
     by_name = {r.config.name: r for r in runners}
     idle = list(actors)
     in_flight: dict[Any, tuple[Any, Any, dict, set[str]]] = {}  # object ref -> (actor, batch, records, failed)
-    queue = list(todo)
+    queue: list[tuple[Any, bool]] = [(index, False) for index in todo]  # (batch index or decoded batch, record errors)
+    deferred: list[tuple[Any, BaseException]] = []  # batches on which a stage has not worked yet (see StageNotWorking)
+    any_success = False
 
     def submit() -> None:
         while idle and queue:
-            batch = decode(queue.pop(0))
+            item, record_errors = queue.pop(0)
+            batch = decode(item) if isinstance(item, int) else item
             records, stage_failed, start = _prepare_batch(batch, ledger, runners, label_names)
             if start == len(runners) or not records:
                 finish_batch(config, batch, ledger, records, label_names)
@@ -78,7 +88,7 @@ def run_batches_on_ray(
                 continue
             actor = idle.pop()
             keys = [s.key for s in batch.samples]
-            ref = actor.run.remote(records, keys, stage_failed, start)
+            ref = actor.run.remote(records, keys, stage_failed, start, record_errors)
             in_flight[ref] = (actor, batch, records, stage_failed)
 
     submit()
@@ -87,7 +97,22 @@ def run_batches_on_ray(
         ref = ready[0]
         actor, batch, records, stage_failed = in_flight.pop(ref)
         idle.append(actor)
-        for result in ray.get(ref):  # a stage error that is not per-sample surfaces here, as in a local build
+        try:
+            results = ray.get(ref)  # a stage error that is not per-sample surfaces here, as in a local build
+        except Exception as err:
+            # Ray wraps the actor's exception; its cause tells a stage that has not worked yet from anything else.
+            if not isinstance(err, StageNotWorking) and not isinstance(getattr(err, "cause", None), StageNotWorking):
+                raise
+            if any_success:
+                queue.append((batch, True))
+            else:
+                deferred.append((batch, err))
+            submit()
+            continue
+        any_success = True
+        queue.extend((late, True) for late, _ in deferred)
+        deferred.clear()
+        for result in results:
             name, updates, failures, _ran = result
             commit_stage(ledger, batch.index, by_name[name], result)
             for key, update in updates.items():
@@ -98,3 +123,5 @@ def run_batches_on_ray(
         submit()
     for actor in actors:
         ray.kill(actor)
+    if deferred:
+        raise deferred[0][1]

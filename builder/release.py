@@ -126,6 +126,14 @@ def write_release(
             shards.append(write_shard(output, config_name, index, group))
         counts[config_name] = tally.to_dict()
     clean_stale_shards(output, {s["path"] for s in shards})
+    # A config with no sample (every edit refused, say) has no shard: `datasets` and timm cannot open an empty
+    # split, so it is left out of the release's configs and named in `empty_configs` instead.
+    present = [c for c in config.configs if counts[c]["total"] > 0]
+    empty = [c for c in config.configs if counts[c]["total"] == 0]
+    for config_name in empty:
+        logger.warning(
+            "config %s has no samples: it is left out of the release (see manifest empty_configs)", config_name
+        )
 
     failures = [{"source_key": k, "stage": stage, "reason": reason} for k, stage, reason in ledger.failures()]
     manifest: dict[str, Any] = {
@@ -134,7 +142,8 @@ def write_release(
         "version": config.version,
         "tool": {"name": TOOL_NAME, "version": tool_version()},
         "image_format": config.image_format,
-        "configs": list(config.configs),
+        "configs": present,
+        "empty_configs": empty,
         "config": config.to_dict(),
         "config_hash": config_hash,
         "seed": config.seed,
@@ -142,7 +151,7 @@ def write_release(
         "label_space": source.label_space.to_dict(),
         "stages": stage_info,
         "packages": package_versions(),
-        "counts": counts,
+        "counts": {c: counts[c] for c in present},
         "failures": failures,
         "shards": shards,
     }

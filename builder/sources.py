@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import os
 import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,7 +34,10 @@ from builder.release_format import sanitize_key
 
 logger = logging.getLogger(__name__)
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff", ".jfif", ".ppm", ".pgm")
+IMAGE_EXTENSIONS = (
+    ".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff", ".ppm", ".pgm", ".pbm",
+    ".pnm", ".tga", ".ico", ".jp2", ".avif", ".heic", ".heif",
+)  # fmt: skip
 WDS_IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 
 
@@ -42,6 +46,7 @@ class SourceSample:
     key: str  # release key, [A-Za-z0-9_-]
     label: int  # may be out of range: that is reported as a per-sample failure, not here
     origin: str  # where it came from (path, dataset row, shard member) for error messages
+    problem: str | None = None  # known at listing time (unreadable folder, bad label file): recorded as a failure
 
 
 @dataclass
@@ -107,30 +112,78 @@ def _unique_keys(raw: list[tuple[str, str]]) -> dict[str, str]:
 def _list_class_folders(root: Path, spec: str) -> list[Path]:
     if not root.is_dir():
         raise ValueError(f"source {spec!r}: {root} is not a directory")
-    folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    try:
+        folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    except OSError as err:
+        raise ValueError(f"source {spec!r}: cannot list {root}: {err.strerror or err}") from err
     if not folders:
         raise ValueError(f"source {spec!r}: {root} has no class folders (expected ROOT/CLASS/IMAGE files)")
     return folders
 
 
-def _list_images(folder: Path) -> list[Path]:
-    # Every regular file with an image extension; a file that is not really an image fails at decode time.
-    return sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
+def _list_images(folder: Path) -> list[tuple[Path, str | None]]:
+    """Every path with an image extension under ``folder``, with a problem for those that cannot be read.
+
+    Nothing is dropped silently: an unreadable sub-folder, a broken symbolic link, a FIFO or a folder named like an
+    image become entries with a problem (recorded as failures by the builder); a file that is not really an image
+    fails at decode time. Symbolic links to folders are followed (once: cycles are cut). Files with other
+    extensions are counted in the log.
+    """
+    found: list[tuple[Path, str | None]] = []
+    skipped: dict[str, int] = {}
+    visited: set[str] = set()
+
+    def walk(directory: Path) -> None:
+        real = os.path.realpath(directory)
+        if real in visited:
+            return
+        visited.add(real)
+        try:
+            entries = sorted(os.scandir(directory), key=lambda e: e.name)
+        except OSError as err:
+            found.append((directory, f"unreadable folder: {err.strerror or err}"))
+            return
+        for entry in entries:
+            path = Path(entry.path)
+            is_image_name = path.suffix.lower() in IMAGE_EXTENSIONS
+            try:
+                is_dir = entry.is_dir()
+            except OSError:
+                is_dir = False
+            if is_dir:
+                if is_image_name:
+                    found.append((path, "a folder named like an image, not an image file"))
+                else:
+                    walk(path)
+            elif not is_image_name:
+                skipped[path.suffix.lower() or "(none)"] = skipped.get(path.suffix.lower() or "(none)", 0) + 1
+            elif entry.is_file():
+                found.append((path, None))
+            elif entry.is_symlink():
+                found.append((path, "broken symbolic link"))
+            else:
+                found.append((path, "not a regular file"))
+
+    walk(folder)
+    if skipped:
+        summary = ", ".join(f"{ext} ({n})" for ext, n in sorted(skipped.items()))
+        logger.info("%s: skipped %d file(s) without an image extension: %s", folder, sum(skipped.values()), summary)
+    return sorted(found)
 
 
 class _FileSource(Source):
     paths: dict[str, Path]
 
-    def _fill(self, entries: list[tuple[Path, int, str]]) -> None:
-        """entries: (path, label, class folder name)."""
-        raw = [(str(path), sanitize_key(f"{folder}_{path.stem}")) for path, _, folder in entries]
+    def _fill(self, entries: list[tuple[tuple[Path, str | None], int, str]]) -> None:
+        """entries: ((path, problem), label, class folder name)."""
+        raw = [(str(path), sanitize_key(f"{folder}_{path.stem}")) for (path, _), _, folder in entries]
         keys = _unique_keys(raw)
         self.paths = {}
         samples = []
-        for path, label, _ in entries:
+        for (path, problem), label, _ in entries:
             key = keys[str(path)]
             self.paths[key] = path
-            samples.append(SourceSample(key, label, str(path)))
+            samples.append(SourceSample(key, label, str(path), problem))
         self.samples = sorted(samples, key=lambda s: s.key)
 
     def read(self, sample: SourceSample) -> bytes:
@@ -138,10 +191,8 @@ class _FileSource(Source):
 
 
 class ImageFolderSource(_FileSource):
-    def __init__(self, spec: str, path: str, **options: Any):
+    def __init__(self, spec: str, path: str):
         super().__init__(spec=spec, kind="imagefolder")
-        if options:
-            raise ValueError(f"source {spec!r}: imagefolder takes no options, got {sorted(options)}")
         root = Path(path).expanduser()
         folders = _list_class_folders(root, spec)
         synset = [imagenet.is_synset(f.name) for f in folders]
@@ -318,23 +369,32 @@ class WebDatasetSource(Source):
         raw: list[tuple[str, str]] = []
         labels: dict[str, int] = {}
         origins: dict[str, str] = {}
+        problems: dict[str, str | None] = {}
         for shard in shards:
             for base, members in _group_tar(shard, spec).items():
                 identity = f"{shard}::{base}"
                 image_member = next((members[e] for e in WDS_IMAGE_EXTS if e in members), None)
-                label = -1
-                if "cls" in members:
+                label, problem = -1, None
+                if image_member is None:
+                    problem = f"no image member (expected {base}.jpg|jpeg|png|webp; found {sorted(members)})"
+                elif "cls" not in members:
+                    problem = f"no label member {base}.cls (found {sorted(members)})"
+                else:
+                    text = _read_span(shard, members["cls"]).decode("utf-8", errors="replace").strip()
                     try:
-                        label = int(_read_span(shard, members["cls"]).decode().strip())
-                    except (ValueError, UnicodeDecodeError):
-                        label = -1
+                        label = int(text)
+                    except ValueError:
+                        problem = f"label member {base}.cls holds {text[:20]!r}, not an integer"
                 raw.append((identity, sanitize_key(base.rsplit("/", 1)[-1])))
                 self._members[identity] = (shard, image_member)
                 labels[identity] = label
+                problems[identity] = problem
                 origins[identity] = identity
         unique = _unique_keys(raw)
         self._by_key = {unique[i]: self._members[i] for i, _ in raw}
-        self.samples = sorted((SourceSample(unique[i], labels[i], origins[i]) for i, _ in raw), key=lambda s: s.key)
+        self.samples = sorted(
+            (SourceSample(unique[i], labels[i], origins[i], problems[i]) for i, _ in raw), key=lambda s: s.key
+        )
 
     def read(self, sample: SourceSample) -> bytes:
         shard, member = self._by_key[sample.key]
@@ -398,7 +458,11 @@ def create_source(spec: str, options: dict[str, Any] | None = None) -> Source:
             "(e.g. imagefolder:/data/images, hf:user/dataset:test)"
         )
     cls: Callable[..., Source] = SOURCES.resolve(scheme)
-    try:
-        return cls(spec, arg, **(options or {}))
-    except TypeError as err:
-        raise ValueError(f"source {spec!r}: bad source_options {sorted(options or {})}: {err}") from err
+    import inspect
+
+    accepted = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "spec", "path")]
+    unknown = sorted(set(options or {}) - set(accepted))
+    if unknown:
+        takes = f"it takes {', '.join(accepted)}" if accepted else "it takes none"
+        raise ValueError(f"source {spec!r} does not take option(s) {', '.join(unknown)} ({scheme} sources: {takes})")
+    return cls(spec, arg, **(options or {}))

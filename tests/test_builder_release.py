@@ -220,3 +220,28 @@ def test_crash_while_writing_shards_then_rerun_equals_clean(tmp_path, folder, fu
     monkeypatch.setattr(release, "write_shard", real_write)
     build(load_config(str(cfg)), out, progress=False)
     assert release_files(out) == release_files(full_release)
+
+
+def test_stage_error_on_the_very_first_sample_is_deferred_then_recorded(tmp_path, folder):
+    """Batch size 1 and the first sample breaks the stage: the batch waits until the stage has worked elsewhere,
+    then its error is recorded as that sample's failure; the build finishes."""
+    stages = [FAKE_STAGES[0] | {"options": {"fail_keys": ["cat_img_000"]}}, FAKE_STAGES[1]]
+    cfg = write_config(tmp_path / "c.yaml", f"imagefolder:{folder}", stages=stages, configs=ALL_CONFIGS, batch_size=1)
+    manifest = build(load_config(str(cfg)), tmp_path / "out", progress=False)
+    assert [(f["source_key"], f["stage"]) for f in manifest["failures"]] == [("cat_img_000", "caption")]
+    assert manifest["counts"]["original"]["total"] == 12 and manifest["counts"]["reconstructed"]["total"] == 11
+    assert verify_release(tmp_path / "out") == []
+
+
+def test_stage_that_never_works_stops_the_build_and_records_nothing(tmp_path, folder):
+    from builder.engine import StageNotWorking
+
+    every_key = [f"{c}_img_{i:03d}" for c in ("cat", "dog", "zebra") for i in range(4)]
+    stages = [FAKE_STAGES[0] | {"options": {"fail_keys": every_key}}, FAKE_STAGES[1]]
+    cfg = write_config(tmp_path / "c.yaml", f"imagefolder:{folder}", stages=stages, configs=ALL_CONFIGS)
+    with pytest.raises(StageNotWorking, match="stage caption fails on every sample so far"):
+        build(load_config(str(cfg)), tmp_path / "out", progress=False)
+    with sqlite3.connect(tmp_path / "out" / ".lance-cf" / "ledger.sqlite") as db:
+        assert db.execute("SELECT COUNT(*) FROM failures").fetchone()[0] == 0  # nothing blamed on the data
+    proc = cli("build", str(cfg), "--output", str(tmp_path / "out"), check=False)
+    assert proc.returncode != 0 and "fails on every sample so far" in proc.stderr
