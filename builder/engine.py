@@ -51,6 +51,9 @@ class StageNotWorking(RuntimeError):
         self.stage = stage
         self.error = error
 
+    def __reduce__(self):  # picklable, so it crosses from a Ray actor to the driver as itself
+        return (StageNotWorking, (self.stage, self.error))
+
 
 def derive_seed(release_seed: int, source_key: str) -> int:
     """Per-sample seed from (release seed, source key): independent of order, batch, machine and time."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import pytest
 from builder_helpers import ALL_CONFIGS, FAKE_STAGES, REPO, cli, make_imagefolder, release_files, write_config
@@ -19,9 +20,11 @@ def test_ray_engine_matches_local_build_byte_for_byte(tmp_path):
     import ray
 
     src = make_imagefolder(tmp_path / "src", ["a", "b", "c"], per_class=3)
-    stages = [FAKE_STAGES[0] | {"options": {"fail_keys": ["b_img_001"]}}, FAKE_STAGES[1]]
+    # Batches of one, and the first sample breaks the caption stage: its batch is deferred until the stage has
+    # worked on another batch, then recorded as a failure, on Ray as locally.
+    stages = [FAKE_STAGES[0] | {"options": {"fail_keys": ["a_img_000", "b_img_001"]}}, FAKE_STAGES[1]]
     cfg = load_config(
-        str(write_config(tmp_path / "c.yaml", f"imagefolder:{src}", stages=stages, configs=ALL_CONFIGS, batch_size=2))
+        str(write_config(tmp_path / "c.yaml", f"imagefolder:{src}", stages=stages, configs=ALL_CONFIGS, batch_size=1))
     )
     build(cfg, tmp_path / "local", progress=False)
     # Actors import the stages (tests.fake_stages) from the repository.
@@ -31,6 +34,8 @@ def test_ray_engine_matches_local_build_byte_for_byte(tmp_path):
     finally:
         ray.shutdown()
     assert verify_release(tmp_path / "ray") == []
+    manifest = json.loads((tmp_path / "ray" / "manifest.json").read_text())
+    assert [f["source_key"] for f in manifest["failures"]] == ["a_img_000", "b_img_001"]
     assert release_files(tmp_path / "ray") == release_files(tmp_path / "local")
 
 
