@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -18,3 +20,29 @@ if "LANCE_CF_CACHE" not in os.environ:
     _cache = tempfile.mkdtemp(prefix="lance-cf-test-cache-")
     os.environ["LANCE_CF_CACHE"] = _cache
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+
+
+# -- tiny Stable Diffusion shared by the image-stage tests -------------------------------------------------------------
+@pytest.fixture(scope="module")
+def single_thread_torch():
+    """Tiny models gain nothing from intra-op threads, and on a shared 2-core machine they oversubscribe badly."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def tiny_sd_dir(tmp_path_factory):
+    from lance_pipeline.tiny_image_components import create_tiny_stable_diffusion
+
+    return create_tiny_stable_diffusion(tmp_path_factory.mktemp("tiny-sd"))
+
+
+@pytest.fixture(scope="session")
+def tiny_sd(tiny_sd_dir):
+    from lance_pipeline.image_editing import load_stable_diffusion_components
+
+    return load_stable_diffusion_components(str(tiny_sd_dir), dtype="float32", device="cpu")

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
-import tarfile
 from pathlib import Path
 from typing import Any
 
 from PIL import Image
+from release_fixture import write_manifest, write_shards
 
 from builder import release_format as rf
 
@@ -28,20 +27,6 @@ def _png(seed: int) -> bytes:
     buf = io.BytesIO()
     img.save(buf, format="PNG")
     return buf.getvalue()
-
-
-def _write_shard(path: Path, samples: list[tuple[str, bytes, int, dict[str, Any]]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
-        for key, png, label, meta in samples:
-            for ext, data in (("cls", str(label).encode()), ("json", rf.encode_metadata(meta)), ("png", png)):
-                info = tarfile.TarInfo(f"{key}.{ext}")
-                info.size, info.mtime, info.mode = len(data), 0, 0o444
-                tar.addfile(info, io.BytesIO(data))
-
-
-def canonical(manifest: dict[str, Any]) -> str:
-    return json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
 def make_release(
@@ -73,28 +58,7 @@ def make_release(
             cf["scores"] = {n: 0.5 + 0.01 * i for n in rf.SCORE_NAMES}
             cf["scores"]["clip_image"] = 1.0  # integral float: must stay a float after loading
             by_config["counterfactual"].append((cf["key"], _png(100 + i * 3 + j), label, cf))
-    shards = []
-    counts: dict[str, Any] = {}
-    for config, samples in by_config.items():
-        for index in range(0, len(samples), per_shard):
-            path = rf.shard_path(config, index // per_shard)
-            _write_shard(release / path, samples[index : index + per_shard])
-            data = (release / path).read_bytes()
-            shards.append(
-                {
-                    "config": config,
-                    "path": path,
-                    "sha256": hashlib.sha256(data).hexdigest(),
-                    "bytes": len(data),
-                    "samples": len(samples[index : index + per_shard]),
-                }
-            )
-        by_edit: dict[str, int] = {}
-        by_class: dict[str, int] = {}
-        for _, _, label, meta in samples:
-            by_edit[meta["edit_type"] or "none"] = by_edit.get(meta["edit_type"] or "none", 0) + 1
-            by_class[str(label)] = by_class.get(str(label), 0) + 1
-        counts[config] = {"total": len(samples), "by_edit_type": by_edit, "by_class": by_class}
+    shards, counts = write_shards(release, by_config, per_shard)
     manifest: dict[str, Any] = {
         "format_version": rf.FORMAT_VERSION,
         "name": name,
@@ -122,9 +86,7 @@ def make_release(
         "failures": [{"source_key": "src999", "stage": "caption", "reason": "empty caption"}],
         "shards": shards,
     }
-    manifest["manifest_sha256"] = hashlib.sha256(canonical(manifest).encode()).hexdigest()
-    (release / rf.MANIFEST_NAME).write_text(canonical(manifest), encoding="utf-8")
-    (release / rf.TIMM_INFO_NAME).write_text(json.dumps(rf.timm_info(manifest), indent=2) + "\n", encoding="utf-8")
+    write_manifest(release, manifest)
     (release / rf.WORK_DIR).mkdir(exist_ok=True)
     (release / rf.WORK_DIR / "ledger.sqlite").write_bytes(b"SQLite format 3\0 not for upload")
     return release, manifest

@@ -59,6 +59,47 @@ def _write_shard(path: Path, samples: list[tuple[str, bytes, int, dict[str, Any]
                 tar.addfile(info, io.BytesIO(data))
 
 
+def write_shards(
+    root: Path, rows: dict[str, list[tuple[str, bytes, int, dict[str, Any]]]], shard_size: int
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Write each config's (key, png, label, metadata) rows as shards; return the manifest's shards and counts."""
+    shards: list[dict[str, Any]] = []
+    counts: dict[str, Any] = {}
+    for config, samples in rows.items():
+        for index, start in enumerate(range(0, len(samples), shard_size)):
+            rel = rf.shard_path(config, index)
+            _write_shard(root / rel, samples[start : start + shard_size])
+            data = (root / rel).read_bytes()
+            shards.append(
+                {
+                    "config": config,
+                    "path": rel,
+                    "sha256": hashlib.sha256(data).hexdigest(),
+                    "bytes": len(data),
+                    "samples": len(samples[start : start + shard_size]),
+                }
+            )
+        by_edit: dict[str, int] = {}
+        by_class: dict[str, int] = {}
+        for _, _, label, meta in samples:
+            by_edit[meta["edit_type"] or "none"] = by_edit.get(meta["edit_type"] or "none", 0) + 1
+            by_class[str(label)] = by_class.get(str(label), 0) + 1
+        counts[config] = {"total": len(samples), "by_edit_type": by_edit, "by_class": by_class}
+    return shards, counts
+
+
+def canonical(manifest: dict[str, Any]) -> str:
+    return json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def write_manifest(root: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Seal the manifest with its manifest_sha256 and write it with the matching _info.json."""
+    manifest["manifest_sha256"] = hashlib.sha256(canonical(manifest).encode()).hexdigest()
+    (root / rf.MANIFEST_NAME).write_text(canonical(manifest), encoding="utf-8")
+    (root / rf.TIMM_INFO_NAME).write_text(json.dumps(rf.timm_info(manifest), indent=2) + "\n", encoding="utf-8")
+    return manifest
+
+
 def write_release(
     root: Path,
     *,
@@ -133,28 +174,7 @@ def write_release(
                     )
                     rows[config].append((key, _png(image), label, m))
     root.mkdir(parents=True, exist_ok=True)
-    shards, counts = [], {}
-    for config in configs:
-        samples = rows[config]
-        for index, start in enumerate(range(0, len(samples), shard_size)):
-            rel = rf.shard_path(config, index)
-            _write_shard(root / rel, samples[start : start + shard_size])
-            data = (root / rel).read_bytes()
-            shards.append(
-                {
-                    "config": config,
-                    "path": rel,
-                    "sha256": hashlib.sha256(data).hexdigest(),
-                    "bytes": len(data),
-                    "samples": len(samples[start : start + shard_size]),
-                }
-            )
-        by_edit: dict[str, int] = {}
-        by_class: dict[str, int] = {}
-        for _, _, label, meta in samples:
-            by_edit[meta["edit_type"] or "none"] = by_edit.get(meta["edit_type"] or "none", 0) + 1
-            by_class[str(label)] = by_class.get(str(label), 0) + 1
-        counts[config] = {"total": len(samples), "by_edit_type": by_edit, "by_class": by_class}
+    shards, counts = write_shards(root, rows, shard_size)
     build_config = {"seed": seed, "source": "fixture", "edits_per_original": edits_per_original}
     config_hash = "sha256:" + hashlib.sha256(json.dumps(build_config, sort_keys=True).encode()).hexdigest()
     manifest: dict[str, Any] = {
@@ -181,12 +201,7 @@ def write_release(
         "failures": [],
         "shards": shards,
     }
-    canonical = json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-    manifest["manifest_sha256"] = hashlib.sha256(canonical.encode()).hexdigest()
-    (root / rf.MANIFEST_NAME).write_text(
-        json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8"
-    )
-    (root / rf.TIMM_INFO_NAME).write_text(json.dumps(rf.timm_info(manifest), indent=2) + "\n", encoding="utf-8")
+    write_manifest(root, manifest)
     (root / rf.CARD_NAME).write_text(_card(manifest), encoding="utf-8")
     return root
 

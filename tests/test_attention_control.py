@@ -19,6 +19,9 @@ from lance_pipeline.attention_control import (  # noqa: E402
     make_equalizer,
 )
 
+# Tiny models gain nothing from intra-op threads; on a shared 2-core machine they oversubscribe badly.
+pytestmark = pytest.mark.usefixtures("single_thread_torch")
+
 MAX_LEN = 12
 
 
@@ -115,24 +118,6 @@ class RecordingController(PromptToPromptController):
         out = super().__call__(probs, is_cross, place)
         self.log.append((self.cur_step, is_cross, probs.detach().clone(), out.detach().clone()))
         return out
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny models gain nothing from intra-op threads, and on a shared 2-core machine they oversubscribe badly.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def tiny_sd(tmp_path_factory):
-    from lance_pipeline.image_editing import load_stable_diffusion_components
-    from lance_pipeline.tiny_image_components import create_tiny_stable_diffusion
-
-    path = create_tiny_stable_diffusion(tmp_path_factory.mktemp("tiny-sd"))
-    return load_stable_diffusion_components(str(path), dtype="float32", device="cpu")
 
 
 def _run(tiny_sd, controller, prompts, steps):

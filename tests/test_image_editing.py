@@ -29,20 +29,12 @@ SWEEP = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 CAPTION = "a photo of a dog on the grass"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny models gain nothing from intra-op threads, and on a shared 2-core machine they oversubscribe badly.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread_torch")
 
 
 @pytest.fixture(scope="module")
-def sd_dir(tmp_path_factory):
-    from lance_pipeline.tiny_image_components import create_tiny_stable_diffusion
-
-    return str(create_tiny_stable_diffusion(tmp_path_factory.mktemp("tiny-sd")))
+def sd_dir(tiny_sd_dir):
+    return str(tiny_sd_dir)
 
 
 @pytest.fixture(scope="module")

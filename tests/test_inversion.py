@@ -25,22 +25,7 @@ SIZE = 32
 CAPTION = "a photo of a dog on the grass"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny models gain nothing from intra-op threads, and on a shared 2-core machine they oversubscribe badly.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def tiny_sd(tmp_path_factory):
-    from lance_pipeline.image_editing import load_stable_diffusion_components
-    from lance_pipeline.tiny_image_components import create_tiny_stable_diffusion
-
-    path = create_tiny_stable_diffusion(tmp_path_factory.mktemp("tiny-sd"))
-    return load_stable_diffusion_components(str(path), dtype="float32", device="cpu")
+pytestmark = pytest.mark.usefixtures("single_thread_torch")
 
 
 @pytest.fixture(scope="module")
