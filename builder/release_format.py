@@ -1,8 +1,8 @@
 """Release format v1: the single source of truth for what a release directory holds.
 
 The builder writes this format, ``lance-cf verify`` checks it, ``dataset_cards`` declares it in the card's YAML,
-and ``evaluation`` reads it. This module imports nothing from the rest of ``builder`` so that readers of the format
-do not depend on the build machinery. Human-readable description: docs/release-format.md.
+and ``evaluation`` reads it. This module imports nothing from the rest of ``builder`` (only the method's vocabulary
+from ``lance_pipeline.stage``) so that readers of the format do not depend on the build machinery. Human-readable description: docs/release-format.md.
 """
 
 from __future__ import annotations
@@ -11,18 +11,12 @@ import json
 import re
 from typing import Any
 
+# The method's vocabulary, defined once beside the stage contract (importing it pulls in nothing heavy).
+from lance_pipeline.stage import EDIT_TYPES, SCORE_NAMES
+
 FORMAT_VERSION = 1
 SPLIT = "test"
 CONFIG_NAMES = ("original", "reconstructed", "counterfactual", "lance_r")
-EDIT_TYPES = ("subject", "object", "background", "weather", "adjective", "domain")
-SCORE_NAMES = (
-    "label_similarity",
-    "span_similarity",
-    "clip_directional",
-    "clip_image",
-    "clip_text_original",
-    "clip_text_edited",
-)
 METADATA_FIELDS = (
     "key",
     "source_key",

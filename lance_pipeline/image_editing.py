@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lance_pipeline.stage import Record, SampleFailure
+from lance_pipeline.stage import SCORE_NAMES, Record, SampleFailure
 
 logger = logging.getLogger(__name__)
 
@@ -48,14 +48,7 @@ DEFAULT_SELF_REPLACE_SWEEP = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 # The DDIM settings of the prompt-to-prompt/null-text code that LANCE uses; betas come from the checkpoint.
 DDIM_OVERRIDES = {"clip_sample": False, "set_alpha_to_one": False}
 DTYPES = ("float32", "float16", "bfloat16")
-SCORE_FIELDS = (
-    "label_similarity",
-    "span_similarity",
-    "clip_directional",
-    "clip_image",
-    "clip_text_original",
-    "clip_text_edited",
-)
+SCORE_FIELDS = SCORE_NAMES  # the release's per-sample scores (lance_pipeline.stage)
 
 
 @dataclass
