@@ -674,6 +674,36 @@ class CounterfactualEditStage(_ImageStage):
     def _extra_checks(self, edits: list[dict], sweep: SweepResult) -> tuple[list[dict], list[list[str]]]:
         return [{} for _ in sweep.candidates], [[] for _ in sweep.candidates]
 
+    def _split_by_length(self, edits: list[dict]) -> tuple[list[int], list[dict]]:
+        """Positions of the edits whose caption fits the text encoder, and rejection records for the others."""
+        tokenizer = self._require_editor().components.tokenizer
+        limit = tokenizer.model_max_length
+        positions, rejected = [], []
+        for index, edit in enumerate(edits):
+            length = len(tokenizer(edit["edited_caption"]).input_ids)
+            if length <= limit:
+                positions.append(index)
+                continue
+            label_scores = edit.get("scores") or {}
+            rejected.append(
+                {
+                    "edit_index": index,
+                    "edit_type": edit.get("edit_type"),
+                    "edited_caption": edit["edited_caption"],
+                    "original_span": _span(edit, "original_span"),
+                    "edited_span": _span(edit, "edited_span"),
+                    "self_replace": None,
+                    "attention_edit": None,
+                    "reweighted_tokens": None,
+                    "scores": {k: label_scores.get(k) for k in ("label_similarity", "span_similarity")},
+                    "passed": False,
+                    "chosen": False,
+                    "reject_reason": f"edited caption is {length} tokens, more than the text encoder's {limit}: "
+                    "the edit would not reach the image",
+                }
+            )
+        return positions, rejected
+
     def process(self, records: list[Record]) -> list[Record | SampleFailure]:
         editor = self._require_editor()
         thresholds = self.options.gate_thresholds()
@@ -688,10 +718,14 @@ class CounterfactualEditStage(_ImageStage):
             for index, edit in enumerate(edits):
                 if not isinstance(edit.get("edited_caption"), str) or not edit["edited_caption"].strip():
                     raise ValueError(f"{self.edits_field}[{index}] of {record.get('key')!r} has no edited_caption")
-            if not edits:
-                out.append({self.output_field: [], self.candidates_field: []})
+            # An edit the text encoder cannot read in full would be rendered for nothing: its change lies past the
+            # encoder's context (77 tokens for CLIP), so it is refused up front, with that reason.
+            positions, too_long = self._split_by_length(edits)
+            if not positions:
+                out.append({self.output_field: [], self.candidates_field: too_long})
                 continue
-            requests = [EditRequest(e["edited_caption"], _span(e, "edited_span")) for e in edits]
+            edits_in_context = [edits[i] for i in positions]
+            requests = [EditRequest(e["edited_caption"], _span(e, "edited_span")) for e in edits_in_context]
             sweep = editor.sweep(record["inversion"], requests)
             n = len(sweep.candidates)
             clip_scores = self.scorer.edit_scores(
@@ -700,9 +734,12 @@ class CounterfactualEditStage(_ImageStage):
                 [caption] * n,
                 [requests[c.request_index].edited_caption for c in sweep.candidates],
             )
-            extra_scores, extra_failures = self._extra_checks(edits, sweep)
+            extra_scores, extra_failures = self._extra_checks(edits_in_context, sweep)
             clip_scores = [{**s, **e} for s, e in zip(clip_scores, extra_scores, strict=True)]
-            chosen, candidates = select_candidates(edits, sweep, clip_scores, extra_failures, thresholds)
+            chosen, candidates = select_candidates(edits_in_context, sweep, clip_scores, extra_failures, thresholds)
+            for candidate in candidates:  # index into the record's edits, not the in-context subset
+                candidate["edit_index"] = positions[candidate["edit_index"]]
+            candidates = sorted(candidates + too_long, key=lambda c: c["edit_index"])
             logger.debug("%s %s: %d of %d edits kept", self.name, record.get("key"), len(chosen), len(edits))
             out.append({self.output_field: chosen, self.candidates_field: candidates})
         return out

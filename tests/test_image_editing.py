@@ -357,3 +357,23 @@ def test_tiny_components_are_byte_identical_across_builds(sd_dir, tmp_path):
     assert first == second and any(p.suffix == ".safetensors" for p in first)
     for relative in first:
         assert (again / relative).read_bytes() == (Path(sd_dir) / relative).read_bytes()
+
+
+def test_edit_longer_than_the_text_encoder_is_refused_before_rendering(record, sd_dir):
+    scorer = StubScorer()
+    stage = CounterfactualEditStage(**options(sd_dir), scorer=scorer)
+    stage.load("cpu")
+    limit = stage.editor.components.tokenizer.model_max_length
+    long_caption = CAPTION + " next to" + " a small red ball" * 20
+    assert len(stage.editor.components.tokenizer(long_caption).input_ids) > limit
+    good = CAPTION.replace("dog", "cat")
+    rec = dict(record)
+    rec["edits"] = [edit(long_caption, "next to a small red ball"), edit(good, "cat", "dog")]
+    (update,) = stage.process([rec])
+    (_, edited_images, _, edited_captions) = scorer.calls[0]
+    assert len(edited_images) == len(SWEEP) and set(edited_captions) == {good}  # the long edit was never rendered
+    refused, *rendered = update["edit_candidates"]
+    assert refused["edit_index"] == 0 and not refused["passed"] and refused["self_replace"] is None
+    assert f"more than the text encoder's {limit}" in refused["reject_reason"]
+    assert {c["edit_index"] for c in rendered} == {1} and len(rendered) == len(SWEEP)
+    assert [c["edited_caption"] for c in update["counterfactuals"]] == [good]
