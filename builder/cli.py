@@ -127,7 +127,7 @@ def run_build(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         source_options=source_options,
     )
-    device = args.device or _default_device()
+    device = resolve_device(args.device)
     manifest = build(
         config, args.output, device=device, progress=not args.no_progress, engine=args.engine, workers=args.workers
     )
@@ -141,7 +141,10 @@ def run_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def _default_device() -> str:
+def resolve_device(device: str | None) -> str:
+    """A torch device name; ``None`` or ``"auto"`` means cuda when available, else cpu."""
+    if device not in (None, "auto"):
+        return device
     try:
         import torch
 

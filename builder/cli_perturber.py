@@ -67,7 +67,9 @@ def run(args: argparse.Namespace) -> int:
     revision = (
         args.revision if args.revision is not None else (DEFAULT_PERTURBER_REVISION if args.model is None else None)
     )
-    device = _resolve_device(args.device)
+    from builder.cli import resolve_device
+
+    device = resolve_device(args.device)
     perturber = PromptPerturber(
         model=model,
         revision=revision,
@@ -106,11 +108,3 @@ def run(args: argparse.Namespace) -> int:
             out.write(json.dumps({"caption": caption, "perturb_stats": item["perturb_stats"]}) + "\n")
     out.flush()
     return 0
-
-
-def _resolve_device(device: str) -> str:
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -69,21 +69,32 @@ def hub_error_message(exc: BaseException) -> str | None:
     return None
 
 
-def run_publish(args: argparse.Namespace) -> int:
-    from builder.publish import PublishError, publish_release
+def _talk_to_hub(command: str, action):
+    """Run ``action``; a refusal or a Hub/HTTP error becomes one line on stderr and ``None`` (others propagate)."""
+    from builder.publish import PublishError
 
     try:
-        outcome = publish_release(
-            args.release_dir, args.repo_id, private=args.private, dry_run=args.dry_run, revision=args.revision
-        )
+        return action()
     except PublishError as exc:
-        sys.stderr.write(f"lance-cf publish: {exc}\n")
-        return 1
+        sys.stderr.write(f"lance-cf {command}: {exc}\n")
     except Exception as exc:  # noqa: BLE001 - only Hub/HTTP errors are turned into one line; others re-raised
         message = hub_error_message(exc)
         if message is None:
             raise
-        sys.stderr.write(f"lance-cf publish: {message}\n")
+        sys.stderr.write(f"lance-cf {command}: {message}\n")
+    return None
+
+
+def run_publish(args: argparse.Namespace) -> int:
+    from builder.publish import publish_release
+
+    outcome = _talk_to_hub(
+        "publish",
+        lambda: publish_release(
+            args.release_dir, args.repo_id, private=args.private, dry_run=args.dry_run, revision=args.revision
+        ),
+    )
+    if outcome is None:
         return 1
     if args.dry_run:
         print("dry run: nothing was uploaded")
@@ -95,18 +106,13 @@ def run_publish(args: argparse.Namespace) -> int:
 
 
 def run_publish_results(args: argparse.Namespace) -> int:
-    from builder.publish import PublishError, publish_results
+    from builder.publish import publish_results
 
-    try:
-        outcome = publish_results(args.results_dir, args.repo_id, revision=args.revision, dry_run=args.dry_run)
-    except PublishError as exc:
-        sys.stderr.write(f"lance-cf publish-results: {exc}\n")
-        return 1
-    except Exception as exc:  # noqa: BLE001 - only Hub/HTTP errors are turned into one line; others re-raised
-        message = hub_error_message(exc)
-        if message is None:
-            raise
-        sys.stderr.write(f"lance-cf publish-results: {message}\n")
+    outcome = _talk_to_hub(
+        "publish-results",
+        lambda: publish_results(args.results_dir, args.repo_id, revision=args.revision, dry_run=args.dry_run),
+    )
+    if outcome is None:
         return 1
     prefix = "dry run: would add" if args.dry_run else f"committed {outcome['commit']}:"
     print(f"{prefix} {len(outcome['files'])} results files to {outcome['repo_id']}@{outcome['revision']}")

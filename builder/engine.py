@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +25,6 @@ from builder import images
 from builder.config import BuildConfig, StageConfig
 from builder.ledger import Ledger
 from builder.release_format import (
-    DATA_DIR,
     WORK_DIR,
     empty_metadata,
     encode_metadata,
@@ -472,16 +470,3 @@ def _run_batch(
     )
     finish_batch(config, batch, ledger, records, label_names)
     return len(batch.failures) + len(stage_failed)
-
-
-def clean_stale_shards(output: Path, keep: set[str]) -> None:
-    """Remove shard files (and temporaries) that the current manifest does not list."""
-    data = output / DATA_DIR
-    if not data.exists():
-        return
-    for path in sorted(data.rglob("*")):
-        if path.is_file() and path.relative_to(output).as_posix() not in keep:
-            path.unlink()
-    for path in sorted(data.glob("*"), reverse=True):
-        if path.is_dir() and not any(path.iterdir()):
-            shutil.rmtree(path)

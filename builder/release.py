@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import platform
+import shutil
 from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from builder.config import BuildConfig
 from builder.ledger import Ledger
 from builder.release_format import (
     CARD_NAME,
+    DATA_DIR,
     FORMAT_VERSION,
     MANIFEST_NAME,
     TIMM_INFO_NAME,
@@ -112,8 +114,6 @@ def write_release(
     ledger: Ledger,
     stage_info: dict[str, Any],
 ) -> dict[str, Any]:
-    from builder.engine import clean_stale_shards
-
     shards: list[dict[str, Any]] = []
     counts: dict[str, Any] = {}
     for config_name in config.configs:
@@ -190,3 +190,16 @@ def write_card(output: Path, manifest: dict[str, Any]) -> None:
     }
     body = f"# {manifest['name']} {manifest['version']}\n\nA LANCE counterfactual release built by lance-cf.\n"
     _atomic_write(output / CARD_NAME, f"---\n{yaml.safe_dump(header, sort_keys=False)}---\n\n{body}".encode())
+
+
+def clean_stale_shards(output: Path, keep: set[str]) -> None:
+    """Remove shard files (and temporaries) that the current manifest does not list."""
+    data = output / DATA_DIR
+    if not data.exists():
+        return
+    for path in sorted(data.rglob("*")):
+        if path.is_file() and path.relative_to(output).as_posix() not in keep:
+            path.unlink()
+    for path in sorted(data.glob("*"), reverse=True):
+        if path.is_dir() and not any(path.iterdir()):
+            shutil.rmtree(path)

@@ -65,6 +65,8 @@ FAKE_STAGES = [
     },
 ]
 ALL_CONFIGS = ["original", "reconstructed", "counterfactual", "lance_r"]
+# The LANCE stages every full preset runs (demo and hardimagenet).
+METHOD_STAGES = {"caption", "perturb", "label_check", "random_edit", "invert", "reconstruct", "edit", "lance_r_edit"}
 
 
 def env() -> dict[str, str]:

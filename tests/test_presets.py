@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from builder_helpers import cli
+from builder_helpers import METHOD_STAGES, cli
 
 from builder.config import list_presets, load_config
 from builder.imagenet import HARD_IMAGENET_CLASSES, resolve_class, synsets
@@ -15,16 +15,7 @@ from builder.registry import STAGES
 @pytest.mark.parametrize("preset", ["demo", "hardimagenet"])
 def test_preset_stages_construct_without_loading_weights(preset, tmp_path):
     config = load_config(preset)
-    assert {s.name for s in config.stages} == {
-        "caption",
-        "perturb",
-        "label_check",
-        "random_edit",
-        "invert",
-        "reconstruct",
-        "edit",
-        "lance_r_edit",
-    }
+    assert {s.name for s in config.stages} == METHOD_STAGES
     served = {c for s in config.stages for c in s.configs}
     assert served == {"reconstructed", "counterfactual", "lance_r"}
     for stage in config.stages:
