@@ -77,6 +77,8 @@ def register(subparsers) -> None:
     )
     build.add_argument("--name", help="release name (default: the preset's)")
     build.add_argument("--version", dest="release_version", metavar="SEMVER", help="release version, e.g. 1.1.0")
+    build.add_argument("--description", help="paragraph at the top of the dataset card (default: the preset's)")
+    build.add_argument("--license", help="licence note on the card, e.g. cc-by-4.0 (default: the source's)")
     build.add_argument("--seed", type=int, help="release seed; per-sample seeds derive from it and the sample key")
     build.add_argument("--shard-size", type=_positive_int, metavar="N", help="maximum samples per shard")
     build.add_argument("--batch-size", type=_positive_int, metavar="N", help="source images per stage batch")
@@ -103,7 +105,13 @@ def register(subparsers) -> None:
     verify.add_argument("--skip-images", action="store_true", help="do not decode every image (faster)")
     verify.set_defaults(func=run_verify)
 
-    presets = subparsers.add_parser("presets", help="list the build presets", description="List the build presets.")
+    presets = subparsers.add_parser(
+        "presets",
+        help="list the build presets, or show one resolved and commented",
+        description="List the build presets (name, release name, configs, file), or print one as resolved, commented "
+        "YAML that can be copied into a file and edited (every key: docs/config.md).",
+    )
+    presets.add_argument("--show", metavar="NAME", help="print this preset (or YAML file) resolved, with comments")
     presets.set_defaults(func=run_presets)
 
 
@@ -122,6 +130,8 @@ def run_build(args: argparse.Namespace) -> int:
         limit=args.limit,
         name=args.name,
         version=args.release_version,
+        description=args.description,
+        license=args.license,
         seed=args.seed,
         shard_max_samples=args.shard_size,
         batch_size=args.batch_size,
@@ -171,11 +181,21 @@ def run_verify(args: argparse.Namespace) -> int:
 
 
 def run_presets(args: argparse.Namespace) -> int:
-    from builder.config import list_presets, load_config
+    from builder.config import list_presets, load_config, preset_path
 
+    if args.show:
+        from builder.config_docs import commented_yaml
+
+        config = load_config(args.show)
+        origin = f"preset {args.show}" if args.show in list_presets() else args.show
+        sys.stdout.write(commented_yaml(config.to_dict(), origin=origin))
+        return 0
     for name in list_presets():
         config = load_config(name)
-        sys.stdout.write(f"{name}: {config.name} {config.version}, configs {','.join(config.configs)}\n")
+        sys.stdout.write(
+            f"{name}: {config.name} {config.version}, configs {','.join(config.configs)} ({preset_path(name)})\n"
+        )
+    sys.stdout.write("show one resolved and commented: lance-cf presets --show NAME\n")
     return 0
 
 

@@ -116,6 +116,11 @@ class BuildConfig:
         return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def preset_path(name: str) -> str:
+    """Where a preset's YAML lies (inside the installed package), for ``lance-cf presets``."""
+    return str(resources.files("builder") / "presets" / f"{name}.yaml")
+
+
 def list_presets() -> list[str]:
     files = resources.files("builder") / "presets"
     return sorted(p.name.removesuffix(".yaml") for p in files.iterdir() if p.name.endswith(".yaml"))

@@ -1,0 +1,117 @@
+"""The newcomer's config path: the `lance` preset takes any source, every key is documented, presets --show works."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import re
+
+import pytest
+import yaml
+from builder_helpers import REPO, cli, make_imagefolder
+
+from builder.config import BuildConfig, list_presets, load_config
+from builder.config_docs import KEY_DOCS, commented_yaml, undocumented_keys
+from builder.registry import STAGES
+
+CONFIG_DOC = (REPO / "docs" / "config.md").read_text()
+EXAMPLE = REPO / "docs" / "examples" / "my-config.yaml"
+
+
+def _documented_in_config_md(name: str) -> bool:
+    return re.search(rf"`{re.escape(name)}`", CONFIG_DOC) is not None
+
+
+def test_every_top_level_key_is_documented():
+    assert undocumented_keys(BuildConfig) == []
+    missing = [f.name for f in dataclasses.fields(BuildConfig) if not _documented_in_config_md(f.name)]
+    assert missing == [], f"docs/config.md lacks {missing}"
+    assert set(KEY_DOCS) <= {f.name for f in dataclasses.fields(BuildConfig)}, "KEY_DOCS explains a removed key"
+
+
+def _stage_options(stage_type: str) -> list[str]:
+    """Option names a stage type accepts: its options dataclass if it declares one, else its constructor."""
+    cls = STAGES.resolve(stage_type)
+    options_cls = getattr(cls, "Options", None) or getattr(cls, "options_class", None)
+    if options_cls is None and stage_type in STAGES.names():
+        module = inspect.getmodule(cls)
+        options_cls = (
+            getattr(module, "ImageEditorOptions", None) if "scorer" in inspect.signature(cls).parameters else None
+        )
+    if options_cls is not None and dataclasses.is_dataclass(options_cls):
+        return [f.name for f in dataclasses.fields(options_cls) if not f.name.startswith("_")]
+    skip = {"self", "scorer"}
+    return [
+        p.name
+        for p in inspect.signature(cls.__init__).parameters.values()
+        if p.name not in skip and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+    ]
+
+
+@pytest.mark.parametrize("stage_type", STAGES.names())
+def test_every_stage_option_is_documented(stage_type):
+    missing = [o for o in _stage_options(stage_type) if not _documented_in_config_md(o)]
+    assert missing == [], f"docs/config.md lacks options {missing} of stage type {stage_type}"
+    assert _documented_in_config_md(stage_type)
+
+
+@pytest.mark.parametrize("preset", list_presets())
+def test_presets_show_prints_every_key_commented_and_round_trips(preset):
+    shown = cli("presets", "--show", preset).stdout
+    config = load_config(preset)
+    assert yaml.safe_load(shown) == config.to_dict()
+    for key in KEY_DOCS:
+        line = next(line for line in shown.splitlines() if line.startswith(f"{key}:"))
+        assert "  # " in line, f"{key} has no comment"
+
+
+def test_commented_yaml_of_a_file_is_what_the_build_uses(tmp_path):
+    text = commented_yaml(load_config(str(EXAMPLE)).to_dict(), origin="example")
+    copy = tmp_path / "copy.yaml"
+    copy.write_text(text)
+    assert load_config(str(copy)) == load_config(str(EXAMPLE))
+
+
+def test_presets_listing_names_files_and_the_show_command():
+    out = cli("presets").stdout
+    assert "lance:" in out and "lance.yaml" in out and "--show" in out
+
+
+def test_annotated_example_config_loads_validates_and_constructs_its_stages(tmp_path):
+    config = load_config(str(EXAMPLE))
+    config.validate()
+    assert config.configs == ["original", "counterfactual"]
+    edit = next(s for s in config.stages if s.name == "edit")
+    assert edit.options["model"] == "CompVis/stable-diffusion-v1-4"  # the YAML merge key resolved
+    for stage in config.stages:
+        STAGES.resolve(stage.type)(**stage.options)  # options accepted; no weights are loaded
+
+
+def test_lance_preset_uses_the_paper_models_and_takes_any_source(tmp_path):
+    lance = load_config("lance")
+    assert lance.source is None and lance.source_options == {}
+    assert lance.configs == ["original", "reconstructed", "counterfactual", "lance_r"]
+    # hardimagenet is the lance method on a fixed ImageNet subset: the stages must not drift apart.
+    assert [dataclasses.asdict(s) for s in lance.stages] == [
+        dataclasses.asdict(s) for s in load_config("hardimagenet").stages
+    ]
+    photos = make_imagefolder(tmp_path / "photos", ["cat", "dog"], 2)
+    out = tmp_path / "mine"
+    cli(
+        "build", "lance", "--source", f"imagefolder:{photos}", "--configs", "original", "--output", str(out),
+        "--name", "my-pets", "--version", "0.2.0", "--description", "Our lab's pets.", "--license", "cc-by-4.0",
+        "--no-progress", "--device", "cpu",
+    )  # fmt: skip
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["name"] == "my-pets" and manifest["version"] == "0.2.0"
+    assert manifest["counts"]["original"]["total"] == 4
+    card = (out / "README.md").read_text()
+    assert "Our lab's pets." in card and "cc-by-4.0" in card
+    assert "lance-demo" not in card and "offline demo" not in card
+
+
+def test_lance_preset_without_source_says_what_it_takes():
+    proc = cli("build", "lance", "--output", "unused", check=False)
+    assert proc.returncode == 2
+    assert "imagefolder:PATH" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
