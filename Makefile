@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DEMO_OUT ?= demo-release
 
-.PHONY: setup demo test lint clean browser
+.PHONY: setup demo test test-fast lint clean browser
 
 setup: $(VENV)/.installed
 
@@ -21,8 +21,14 @@ demo: setup
 	HF_HUB_OFFLINE=1 $(BIN)/lance-cf build demo --output $(DEMO_OUT)
 	$(BIN)/lance-cf verify $(DEMO_OUT)
 
+# Every tier (fast, slow, e2e). Torch gets one intra-op thread per process: the tests use tiny models, and on a shared
+# 2-core machine more threads only oversubscribe.
 test: setup browser
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest
+
+# The fast tier only: what to run while editing.
+test-fast: setup
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m "not slow and not e2e"
 
 # The evaluation report test opens the HTML report in headless Chromium. Installed from Debian's packages when
 # missing and this is root with apt (as on CI); otherwise say how.
@@ -30,7 +36,8 @@ browser:
 	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
 	  || command -v google-chrome >/dev/null 2>&1; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  echo "make test: installing Debian's chromium for the HTML-report test (apt-get install chromium)"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
 	else echo "make test needs Chromium for the report test: sudo apt-get install chromium"; exit 1; fi
 
 lint: setup
