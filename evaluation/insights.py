@@ -32,13 +32,16 @@ def resolve_clip_name(model: str) -> str:
 
 
 def load_clip_text_encoder(model: str, pretrained: str | None, device: str = "cpu") -> tuple[Any, Any]:
-    """Load an open_clip model and its tokenizer (``ViT-L-14``+``openai``, ``hf-hub:ORG/NAME``, a local dir)."""
-    import open_clip
+    """Load an open_clip model and its tokenizer (``ViT-L-14``+``openai``, ``hf-hub:ORG/NAME``, a local dir).
+
+    Through the project's one CLIP loader (``lance_pipeline.clip_loader``), which applies the QuickGELU rule.
+    """
+    from lance_pipeline.clip_loader import load_clip
 
     name = resolve_clip_name(model)
     has_schema = name.startswith(("hf-hub:", "local-dir:"))
-    clip = open_clip.create_model(name, pretrained=None if has_schema else pretrained, device=device)
-    return clip.eval(), open_clip.get_tokenizer(name)
+    loaded = load_clip(name, None if has_schema else pretrained, device)
+    return loaded.model, loaded.tokenizer
 
 
 def edit_name(edit: dict[str, Any]) -> str:

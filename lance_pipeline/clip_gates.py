@@ -24,44 +24,21 @@ reconstruction of the source caption (``images[0]`` of their batch), not the rea
 
 from __future__ import annotations
 
-import difflib
-import hashlib
 import logging
 import numbers
 import os
 from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from lance_pipeline.clip_loader import DEFAULT_MODEL, DEFAULT_PRETRAINED
 
 if TYPE_CHECKING:
     import torch
     from PIL import Image
 
+    from lance_pipeline.clip_loader import LoadedClip
+
 logger = logging.getLogger(__name__)
-
-# Loaded CLIP models shared by every scorer in the process: (name, tag, quick_gelu, revision, cache, device) -> parts.
-_LOADED: dict[tuple, tuple] = {}
-
-DEFAULT_MODEL = "ViT-L-14"
-DEFAULT_PRETRAINED = "openai"
-LOCAL_DIR_PREFIX = "local-dir:"  # open_clip.factory.LOCAL_DIR_PREFIX
-HF_HUB_PREFIX = "hf-hub:"  # open_clip.factory.HF_HUB_PREFIX
-CONFIG_NAME = "open_clip_config.json"  # open_clip.constants.HF_CONFIG_NAME
-# What a Hub snapshot needs for open_clip's local-dir loader: config, safetensors weights, and the files of an
-# optional Hugging Face tokenizer. Pickle checkpoints (*.bin, *.pth) are never fetched.
-HUB_ALLOW_PATTERNS = [
-    CONFIG_NAME,
-    "*.safetensors",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "vocab.json",
-    "vocab.txt",
-    "merges.txt",
-    "spiece.model",
-]
-
-SCORE_KEYS = ("clip_directional", "clip_image", "clip_text_original", "clip_text_edited")
 
 
 @dataclass
@@ -276,24 +253,14 @@ def _unique_indices(keys: list) -> tuple[list[int], list[int]]:
 class ClipScorer:
     """Scores edits with an open_clip model: image/text embeddings, the gate scores, the LANCE-R word check.
 
-    ``model`` selects the weights; every form ends in the same call, ``open_clip.create_model_from_pretrained``
-    (safetensors, or ``torch.load(weights_only=True)`` for built-in tags whose Hub file is not safetensors):
-
-    * a built-in open_clip architecture name with a pretrained tag (default ``"ViT-L-14"`` + ``"openai"``,
-      as the authors' code). QuickGELU is switched on when the tag's config says the weights were trained
-      with it: open_clip 3.x only warns about the mismatch and would otherwise build ``ViT-L-14`` with plain
-      GELU under the OpenAI weights;
-    * ``"hf-hub:ORG/NAME"`` with an optional pinned ``revision``: the snapshot (config, safetensors, tokenizer
-      files only) is fetched with ``huggingface_hub.snapshot_download`` and loaded as a local directory;
-    * a local directory (or ``"local-dir:DIR"``) holding ``open_clip_config.json`` and safetensors weights,
-      e.g. the one written by ``tiny_clip_components.create_tiny_open_clip``.
-
-    Nothing is loaded until ``load(device)``.
+    The model is named and loaded by the project's one CLIP loader (``clip_loader.ClipModelRef``: built-in name
+    with a pretrained tag, ``hf-hub:ORG/NAME`` or a local directory; the QuickGELU rule lives there). Scorers of the
+    same model on the same device share one loaded copy (the edit and LANCE-R stages both gate with CLIP; the
+    authors' code held two ViT-L/14 copies). Nothing is loaded until ``load(device)``.
 
     Args:
-        model: Model name, ``hf-hub:`` id or local directory (see above).
-        pretrained: Pretrained tag (or a ``.safetensors`` file) for a built-in name. Not used for ``hf-hub:``
-            ids and directories, whose weights come from the repository/directory itself.
+        model: Model name, ``hf-hub:`` id or local directory.
+        pretrained: Pretrained tag (or a ``.safetensors`` file) for a built-in name.
         revision: Hub revision (branch, tag or commit) for an ``hf-hub:`` id.
         batch_size: Images or texts per forward pass.
         cache_dir: Hugging Face cache directory (default: the hub's own).
@@ -309,193 +276,35 @@ class ClipScorer:
         batch_size: int = 32,
         cache_dir: str | None = None,
     ) -> None:
+        from lance_pipeline.clip_loader import ClipModelRef
+
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        if not isinstance(model, (str, os.PathLike)) or not str(model).strip():
-            raise ValueError(f"model must be an open_clip model name, an 'hf-hub:' id or a directory, got {model!r}")
-        model = os.fspath(model)
-        self.model = model
+        self.ref = ClipModelRef(model, pretrained, revision, cache_dir)
+        self.model = self.ref.model
         self.batch_size = batch_size
-        self.cache_dir = cache_dir
-        self.revision = revision
-        self.pretrained: str | None = None
-        if model.startswith(LOCAL_DIR_PREFIX) or os.path.isdir(model):
-            self.source = "local-dir"
-            self._location = model[len(LOCAL_DIR_PREFIX) :] if model.startswith(LOCAL_DIR_PREFIX) else model
-            self._check_no_tag(pretrained)
-            self._check_no_revision(revision)
-        elif model.startswith(HF_HUB_PREFIX):
-            self.source = "hf-hub"
-            self._location = model[len(HF_HUB_PREFIX) :]
-            if self._location.count("/") != 1 or not all(self._location.split("/")):
-                raise ValueError(f"model {model!r}: expected 'hf-hub:ORG/NAME'")
-            self._check_no_tag(pretrained)
-        else:
-            self.source = "builtin"
-            self._location = self._check_builtin(model, pretrained)
-            self._check_no_revision(revision)
-            self.pretrained = pretrained
-        self._model = None
-        self._preprocess = None
-        self._tokenizer = None
-        self._device: str | None = None
-        self._info: dict[str, Any] = {}
-
-    def _check_no_tag(self, pretrained: str | None) -> None:
-        # The default tag belongs to the default model; any other tag with a directory/hub id is a mistake.
-        if pretrained not in (None, DEFAULT_PRETRAINED):
-            raise ValueError(
-                f"pretrained={pretrained!r} cannot be used with model {self.model!r}: directories and 'hf-hub:' "
-                "ids carry their own weights; pass pretrained=None"
-            )
-
-    def _check_no_revision(self, revision: str | None) -> None:
-        if revision is not None:
-            raise ValueError(
-                f"revision={revision!r} only applies to 'hf-hub:' ids, not to model {self.model!r} "
-                "(open_clip resolves built-in pretrained tags itself)"
-            )
-
-    @staticmethod
-    def _check_builtin(model: str, pretrained: str | None) -> str:
-        """Validate a built-in name and its tag; returns open_clip's spelling ("ViT-L/14" -> "ViT-L-14")."""
-        import open_clip
-
-        known = open_clip.list_models()
-        if model.replace("/", "-") in known:
-            model = model.replace("/", "-")
-        elif os.sep in model or "/" in model or model.startswith("."):
-            raise ValueError(
-                f"model directory not found: {model!r} (expected an existing directory, an 'hf-hub:ORG/NAME' id "
-                "or a built-in open_clip name)"
-            )
-        else:
-            close = difflib.get_close_matches(model, known, n=3)
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise ValueError(
-                f"unknown open_clip model {model!r}: expected a built-in name (open_clip.list_models()), "
-                f"an 'hf-hub:ORG/NAME' id or an existing directory{hint}"
-            )
-        if pretrained is None:
-            raise ValueError(f"model {model!r} needs a pretrained tag (e.g. {DEFAULT_PRETRAINED!r}); got None")
-        tags = open_clip.list_pretrained_tags_by_model(model)
-        if pretrained in tags or (pretrained.endswith(".safetensors") and os.path.isfile(pretrained)):
-            return model
-        close = difflib.get_close_matches(pretrained, tags, n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise ValueError(
-            f"unknown pretrained tag {pretrained!r} for open_clip model {model!r}: expected one of {tags} "
-            f"or a .safetensors file{hint}"
-        )
-
-    # ------------------------------------------------------------------ loading
-
-    def _resolve(self) -> tuple[str, str | None, bool, str | None]:
-        """(open_clip model name, pretrained, force_quick_gelu, resolved revision) for ``create_model*``."""
-        import open_clip
-
-        if self.source == "builtin":
-            tag_cfg = open_clip.get_pretrained_cfg(self._location, self.pretrained) or {}
-            model_cfg = open_clip.get_model_config(self._location) or {}
-            force_quick_gelu = bool(tag_cfg.get("quick_gelu", False)) and not model_cfg.get("quick_gelu", False)
-            return self._location, self.pretrained, force_quick_gelu, None
-        revision = None
-        if self.source == "hf-hub":
-            from huggingface_hub import snapshot_download
-
-            directory = Path(
-                snapshot_download(
-                    self._location,
-                    revision=self.revision,
-                    allow_patterns=HUB_ALLOW_PATTERNS,
-                    cache_dir=self.cache_dir,
-                )
-            )
-            revision = directory.name  # snapshots/<commit sha>
-        else:
-            directory = Path(self._location)
-        if not directory.is_dir():
-            raise ValueError(f"model directory not found: {str(directory)!r}")
-        if not (directory / CONFIG_NAME).is_file():
-            raise ValueError(f"model directory {str(directory)!r} has no {CONFIG_NAME} (open_clip's local layout)")
-        if not any(directory.glob("*.safetensors")):
-            raise ValueError(
-                f"model directory {str(directory)!r} has no .safetensors weights (pickle checkpoints are not loaded)"
-            )
-        return LOCAL_DIR_PREFIX + str(directory), None, False, revision
+        self._loaded: LoadedClip | None = None
 
     def load(self, device: str) -> None:
-        """Load the model, its preprocessing and tokenizer, and move the model to ``device`` in eval mode.
+        """Load the model (or share an already loaded copy) on ``device``."""
+        self._loaded = self.ref.load(device)
 
-        Scorers with the same model on the same device share one loaded copy (the counterfactual and LANCE-R edit
-        stages both gate with CLIP; the authors' code held two ViT-L/14 copies).
-        """
-        name, pretrained, force_quick_gelu, revision = self._resolve()
-        key = (name, pretrained, force_quick_gelu, revision, self.cache_dir, str(device))
-        if key not in _LOADED:
-            _LOADED[key] = self._load_uncached(name, pretrained, force_quick_gelu, revision, device)
-        self._info, self._model, self._preprocess, self._tokenizer = _LOADED[key]
-        self._device = device
-        logger.info("Loaded CLIP %s (%s) on %s", self.model, self.source, device)
+    @property
+    def _model(self):
+        return None if self._loaded is None else self._loaded.model
 
-    def _load_uncached(self, name, pretrained, force_quick_gelu, revision, device):
-        import open_clip
-        import torch
-
-        model, preprocess = open_clip.create_model_from_pretrained(
-            name,
-            pretrained=pretrained,
-            device="cpu",
-            force_quick_gelu=force_quick_gelu,
-            cache_dir=self.cache_dir,
-            weights_only=True,
-        )
-        digest = hashlib.sha256()
-        for key, tensor in sorted(model.state_dict().items()):
-            digest.update(f"{key}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
-            digest.update(tensor.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
-        config = open_clip.get_model_config(name) or {}
-        activations = {type(m).__name__ for m in model.modules()}
-        info = {
-            "weights_sha256": digest.hexdigest(),
-            "revision": revision,
-            "quick_gelu": "QuickGELU" in activations,
-            "embed_dim": config.get("embed_dim"),
-            "image_size": config.get("vision_cfg", {}).get("image_size"),
-            "context_length": config.get("text_cfg", {}).get("context_length"),
-        }
-        return info, model.to(device).eval(), preprocess, open_clip.get_tokenizer(name)
+    @property
+    def _info(self) -> dict[str, Any]:
+        return {} if self._loaded is None else self._loaded.info
 
     def describe(self) -> dict[str, Any]:
-        """Model id, pretrained tag, revision and weights hash for the manifest (hash and revision after load).
-
-        Local paths are reduced to their last component, so no machine-specific path reaches a release.
-        """
-        import open_clip
-
-        model = Path(self._location).name if self.source == "local-dir" else self.model
-        pretrained = self.pretrained
-        if pretrained is not None and pretrained.endswith(".safetensors"):
-            pretrained = Path(pretrained).name
-        return {
-            "name": self.name,
-            "model": model,
-            "source": self.source,
-            "pretrained": pretrained,
-            "requested_revision": self.revision,
-            "revision": self._info.get("revision"),
-            "weights_sha256": self._info.get("weights_sha256"),
-            "quick_gelu": self._info.get("quick_gelu"),
-            "embed_dim": self._info.get("embed_dim"),
-            "image_size": self._info.get("image_size"),
-            "context_length": self._info.get("context_length"),
-            "open_clip": open_clip.__version__,
-        }
+        """Model id, pretrained tag, revision and weights hash for the manifest (hash and revision after load)."""
+        return {"name": self.name, **self.ref.describe(self._loaded)}
 
     # ----------------------------------------------------------------- encoding
 
     def _require_loaded(self) -> None:
-        if self._model is None:
+        if self._loaded is None:
             raise RuntimeError("ClipScorer.load(device) must be called before encoding")
 
     def _empty(self) -> torch.Tensor:
@@ -520,9 +329,9 @@ class ClipScorer:
         with torch.inference_mode():
             for start in range(0, len(images), self.batch_size):
                 batch = torch.stack(
-                    [self._preprocess(im.convert("RGB")) for im in images[start : start + self.batch_size]]
+                    [self._loaded.preprocess(im.convert("RGB")) for im in images[start : start + self.batch_size]]
                 )
-                features = self._model.encode_image(batch.to(self._device))
+                features = self._loaded.model.encode_image(batch.to(self._loaded.device))
                 out.append(torch.nn.functional.normalize(features.float(), dim=-1).cpu())
         return torch.cat(out)
 
@@ -541,8 +350,8 @@ class ClipScorer:
         out = []
         with torch.inference_mode():
             for start in range(0, len(texts), self.batch_size):
-                tokens = self._tokenizer(list(texts[start : start + self.batch_size]))
-                features = self._model.encode_text(tokens.to(self._device))
+                tokens = self._loaded.tokenizer(list(texts[start : start + self.batch_size]))
+                features = self._loaded.model.encode_text(tokens.to(self._loaded.device))
                 out.append(torch.nn.functional.normalize(features.float(), dim=-1).cpu())
         return torch.cat(out)
 

@@ -21,6 +21,7 @@ from lance_pipeline.clip_gates import (
     gate_failures,
     word_check_from_embeddings,
 )
+from lance_pipeline.clip_loader import ClipModelRef, needs_forced_quick_gelu
 from lance_pipeline.tiny_clip_components import (
     TINY_OPEN_CLIP_MODEL_CFG,
     TINY_OPEN_CLIP_PREPROCESS_CFG,
@@ -200,11 +201,35 @@ def test_hub_id_loads_through_the_local_directory_path(tiny_dir, scorer, tmp_pat
 
 def test_builtin_openai_tag_gets_quick_gelu():
     # open_clip 3.x builds "ViT-B-32" with plain GELU even under the QuickGELU-trained OpenAI weights.
-    assert ClipScorer("ViT-B-32", "openai")._resolve() == ("ViT-B-32", "openai", True, None)
-    assert ClipScorer("ViT-L-14", "openai")._resolve() == ("ViT-L-14", "openai", True, None)
-    assert ClipScorer("ViT-B-32-quickgelu", "openai")._resolve()[2] is False  # already in the config
-    assert ClipScorer("ViT-B-32", "laion2b_s34b_b79k")._resolve()[2] is False  # trained with GELU
+    assert ClipModelRef("ViT-B-32", "openai").resolve() == ("ViT-B-32", "openai", True, None)
+    assert ClipModelRef("ViT-L-14", "openai").resolve() == ("ViT-L-14", "openai", True, None)
+    assert ClipModelRef("ViT-B-32-quickgelu", "openai").resolve()[2] is False  # already in the config
+    assert ClipModelRef("ViT-B-32", "laion2b_s34b_b79k").resolve()[2] is False  # trained with GELU
     assert ClipScorer().describe()["model"] == "ViT-L-14" and ClipScorer().describe()["pretrained"] == "openai"
+    assert needs_forced_quick_gelu("ViT-L-14", "openai") and not needs_forced_quick_gelu("ViT-L-14", None)
+
+
+def test_openai_weights_path_builds_quick_gelu_activations(monkeypatch):
+    """The loader's real build path for OpenAI weights makes a model with QuickGELU, and open_clip does not warn.
+
+    No weights can be downloaded here, so the download returns a placeholder path and the checkpoint load is a
+    no-op: everything else (config, the QuickGELU rule, the model class open_clip instantiates) is the real path.
+    """
+    import warnings
+
+    import open_clip.factory
+
+    monkeypatch.setattr(open_clip.factory, "download_pretrained", lambda cfg, cache_dir=None: "openai-weights.pt")
+    monkeypatch.setattr(open_clip.factory, "load_checkpoint", lambda model, path, **kwargs: None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # open_clip's "QuickGELU mismatch" warning would fail the test
+        loaded = ClipModelRef("ViT-B-32", "openai").load("cpu")
+    activations = {type(m).__name__ for m in loaded.model.modules()}
+    assert "QuickGELU" in activations and "GELU" not in activations
+    assert loaded.info["quick_gelu"] is True
+    # The same architecture with GELU-trained weights keeps plain GELU.
+    gelu = ClipModelRef("ViT-B-32", "laion2b_s34b_b79k").load("cpu")
+    assert "QuickGELU" not in {type(m).__name__ for m in gelu.model.modules()} and gelu.info["quick_gelu"] is False
 
 
 # ------------------------------------------------------------------------------------------------ the gates
@@ -352,7 +377,7 @@ def test_bad_inputs_raise_clear_value_errors(tiny_dir, scorer, tmp_path):
     with pytest.raises(ValueError, match="model directory not found"):
         ClipScorer(model=str(tmp_path / "missing" / "dir"))
     assert ClipScorer(model="ViT-L/14").describe()["model"] == "ViT-L/14"  # OpenAI spelling accepted
-    assert ClipScorer(model="ViT-L/14")._resolve()[0] == "ViT-L-14"
+    assert ClipModelRef(model="ViT-L/14").resolve()[0] == "ViT-L-14"
     with pytest.raises(ValueError, match="batch_size"):
         ClipScorer(model=tiny_dir, batch_size=0)
     no_config = tmp_path / "no_config"
