@@ -55,6 +55,24 @@ STAGES = Registry(
     },
 )
 
+# Image editors: what renders candidate counterfactuals of one source image (interface in
+# lance_pipeline/candidate_selection.py: ``Editor``). Chosen by an edit stage's ``editor_name``.
+EDITORS = Registry(
+    "editor",
+    {
+        "prompt_to_prompt": "lance_pipeline.prompt_to_prompt:PromptToPromptEditor",
+    },
+)
+
+# Inversion methods of a real image (interface: ``lance_pipeline.inversion.InversionMethod``). Chosen by the image
+# stages' ``inversion`` option.
+INVERSIONS = Registry(
+    "inversion method",
+    {
+        "null_text": "lance_pipeline.inversion:NullTextMethod",
+    },
+)
+
 # Tiny random-weight components the offline ``demo`` preset materialises locally (model references ``demo:NAME``).
 DEMO_COMPONENTS = Registry(
     "demo component",

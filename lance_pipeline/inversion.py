@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -265,3 +266,88 @@ class NullTextInversion:
         )
         logger.debug("null-text inversion: %d Adam steps over %d steps", sum(used), len(used))
         return InversionResult(latent=pivots[-1], null_embeddings=nulls, pivot_latents=pivots, inner_steps=used)
+
+
+# ---------------------------------------------------------------------------------------------- inversion methods
+
+
+@runtime_checkable
+class InversionMethod(Protocol):
+    """What an inversion method registered in ``builder.registry.INVERSIONS`` implements.
+
+    Constructed as ``Method(components, options)`` (``sd_components.StableDiffusionComponents``,
+    ``editing_options.ImageEditorOptions``); never loads weights itself.
+
+    ``invert(images, captions)`` returns one ``inversion`` record per image: a dict with
+
+    * ``latent``: ``x_T``, ``[1, C, h, w]`` float32 on CPU;
+    * ``null_embeddings``: ``[steps, tokens, dim]`` float32 on CPU, the unconditional embedding of each sampling
+      step (every branch of the sampler uses it as its classifier-free-guidance negative);
+    * ``caption``: the caption inverted with;
+    * ``method``: the registry name;
+    * ``inner_steps``: optimisation iterations per step (``[]`` for methods without optimisation);
+    * optionally ``source_trajectory``: ``[steps, C, h, w]``, the latent the source branch must hold after each
+      sampling step (the sampler pins branch 0 to it; direct inversion).
+
+    ``describe()`` returns the method's settings for the manifest.
+    """
+
+    name: str
+
+    def invert(self, images: list[Image.Image], captions: list[str]) -> list[dict[str, Any]]: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+class NullTextMethod:
+    """``null_text``: DDIM inversion plus null-text optimisation (Mokady et al. 2023), as the paper (default)."""
+
+    name = "null_text"
+
+    def __init__(self, components, options) -> None:
+        self.components = components
+        self.options = options
+
+    def invert(self, images: list[Image.Image], captions: list[str]) -> list[dict[str, Any]]:
+        c, o = self.components, self.options
+        inverter = NullTextInversion(
+            c.unet,
+            c.vae,
+            c.text_encoder,
+            c.tokenizer,
+            c.scheduler_config,
+            num_inference_steps=o.num_inference_steps,
+            guidance_scale=o.guidance_scale,
+            num_inner_steps=o.num_inner_steps,
+            early_stop_epsilon=o.early_stop_epsilon,
+            image_size=o.image_size,
+        )
+        out = []
+        for image, caption in zip(images, captions, strict=True):
+            result = inverter.invert(image, caption)
+            out.append(
+                {
+                    "latent": result.latent.detach().float().cpu(),
+                    "null_embeddings": result.null_embeddings.detach().float().cpu(),
+                    "caption": caption,
+                    "method": self.name,
+                    "inner_steps": list(result.inner_steps),
+                }
+            )
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        o = self.options
+        return {
+            "method": self.name,
+            "num_inner_steps": o.num_inner_steps,
+            "early_stop_epsilon": o.early_stop_epsilon,
+            "learning_rate": f"{NULL_TEXT_LR} * (1 - i / {NULL_TEXT_LR_DECAY_STEPS:g})",
+        }
+
+
+def make_inversion_method(name: str, components, options) -> InversionMethod:
+    """The registered inversion method ``name`` (``builder.registry.INVERSIONS``) for these components."""
+    from builder.registry import INVERSIONS
+
+    return INVERSIONS.resolve(name)(components, options)

@@ -4,7 +4,7 @@ The components are the real diffusers/transformers classes that Stable Diffusion
 CVPR 2022): ``UNet2DConditionModel``, ``AutoencoderKL``, ``CLIPTextModel`` with a ``CLIPTokenizer`` and a
 ``DDIMScheduler`` with the betas of LANCE (Prabhu et al., NeurIPS 2023) and prompt-to-prompt (Hertz et al.,
 ICLR 2023). They are written as a diffusers-loadable directory, so the product loads them through exactly the
-code that loads ``CompVis/stable-diffusion-v1-4`` (``image_editing.load_stable_diffusion_components``).
+code that loads ``CompVis/stable-diffusion-v1-4`` (``sd_components.load_stable_diffusion_components``).
 
 The tokenizer is the real CLIP BPE tokenizer: its vocabulary and merges are derived from the BPE file that
 open_clip ships (``open_clip.tokenizer.default_bpe()``), the same construction as OpenAI's ``SimpleTokenizer``,

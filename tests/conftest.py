@@ -43,6 +43,6 @@ def tiny_sd_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_sd(tiny_sd_dir):
-    from lance_pipeline.image_editing import load_stable_diffusion_components
+    from lance_pipeline.sd_components import load_stable_diffusion_components
 
     return load_stable_diffusion_components(str(tiny_sd_dir), dtype="float32", device="cpu")

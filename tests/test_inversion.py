@@ -107,3 +107,62 @@ def test_ddim_inversion_follows_the_scheduler_config(tiny_sd, image):
     with torch.no_grad():
         raw = tiny_sd.vae.encode(pixels).latent_dist.mean
     assert torch.allclose(z0, raw * tiny_sd.vae.config.scaling_factor)
+
+
+class PlainDDIMInversion:
+    """A minimal inversion method written in a test: DDIM inversion without optimisation (the recipe test)."""
+
+    name = "plain_ddim_test"
+
+    def __init__(self, components, options):
+        self.components, self.options = components, options
+
+    def invert(self, images, captions):
+        c, o = self.components, self.options
+        out = []
+        for image, caption in zip(images, captions, strict=True):
+            cond = encode_prompts(c.tokenizer, c.text_encoder, [caption])
+            latent = encode_image(c.vae, image, o.image_size)
+            trajectory = ddim_inversion(c.unet, c.scheduler_config, latent, cond, o.num_inference_steps)
+            null = encode_prompts(c.tokenizer, c.text_encoder, [""])[0]
+            out.append(
+                {
+                    "latent": trajectory[-1].float().cpu(),
+                    "null_embeddings": null.expand(o.num_inference_steps, -1, -1).float().cpu(),
+                    "caption": caption,
+                    "method": self.name,
+                    "inner_steps": [],
+                }
+            )
+        return out
+
+    def describe(self):
+        return {"method": self.name}
+
+
+def test_an_inversion_method_registered_from_a_test_runs_in_the_stages(tiny_sd_dir, image):
+    from builder.registry import INVERSIONS
+    from lance_pipeline.image_editing import InversionStage, ReconstructionStage
+    from lance_pipeline.inversion import InversionMethod
+
+    assert isinstance(PlainDDIMInversion(None, None), InversionMethod)
+    INVERSIONS.register("plain_ddim_test", f"{__name__}:PlainDDIMInversion")
+    try:
+        opts = {
+            "model": str(tiny_sd_dir),
+            "image_size": SIZE,
+            "num_inference_steps": STEPS,
+            "inversion": "plain_ddim_test",
+        }
+        stage = InversionStage(**opts)
+        stage.load("cpu")
+        (update,) = stage.process([{"key": "k", "image": image, "caption": CAPTION}])
+        assert update["inversion"]["method"] == "plain_ddim_test" and stage.describe()["inversion"] == "plain_ddim_test"
+        reconstruct = ReconstructionStage(**opts)
+        reconstruct.load("cpu")
+        (rebuilt,) = reconstruct.process([{"key": "k", "caption": CAPTION, **update}])
+        assert rebuilt["reconstruction"].size == (SIZE, SIZE)
+    finally:
+        INVERSIONS._targets.pop("plain_ddim_test")
+    with pytest.raises(ValueError, match="unknown inversion method 'nul_text'.*did you mean 'null_text'"):
+        InversionStage(model=str(tiny_sd_dir), inversion="nul_text")

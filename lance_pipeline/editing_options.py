@@ -1,0 +1,129 @@
+"""Options of the image stages (inversion, reconstruction, prompt-to-prompt edits, LANCE-R edits).
+
+Weight-free: constructing the options validates them without importing torch or loading any model, so a typo
+fails at config validation, naming the option.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+from lance_pipeline.sd_components import DEFAULT_MODEL, DEFAULT_REVISION, DTYPES
+
+# LANCE's paper sweep (section 3.2); the authors' code sweeps only up to 0.8.
+DEFAULT_SELF_REPLACE_SWEEP = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+ATTENTION_EDITS = ("auto", "refine")
+
+
+def steps_of(fraction: float, num_steps: int) -> int:
+    """Number of steps a fraction covers (``round``, so 0.7 * 50 is 35 despite float error)."""
+    return int(math.floor(fraction * num_steps + 0.5))
+
+
+@dataclass
+class ImageEditorOptions:
+    """Every option of the image stages, with the paper's / authors' defaults (sources in docs/method.md).
+
+    Attributes:
+        model: Hub id of a Stable Diffusion 1.x/2.x checkpoint in diffusers layout, or a local directory.
+        revision: Pinned Hub revision (ignored for a local directory).
+        dtype: Weights and compute dtype. float32 as the authors (null-text optimisation needs it).
+        image_size: Square size in pixels the image is resized to before encoding (512).
+        num_inference_steps: DDIM steps (50).
+        guidance_scale: Classifier-free guidance (7.5).
+        inversion: Inversion method, a name of ``builder.registry.INVERSIONS`` (``null_text`` as the paper).
+        num_inner_steps: Null-text Adam iterations per step (10).
+        early_stop_epsilon: Null-text early-stop base threshold (1e-5).
+        cross_replace: Fraction of the steps with cross-attention injection (0.8).
+        self_replace_sweep: The self-attention injection fractions swept per edit.
+        edit_word_weight: Reweighting factor of the edited tokens' cross-attention (2.0).
+        attention_edit: ``"auto"`` (replace for equal-length token swaps, refine otherwise) or ``"refine"``
+            (always refine, as the authors' code).
+        self_replace_max_tokens: Self-attention is injected only in layers with at most this many query tokens.
+        edit_batch_size: Target prompts (edit x sweep value) per sampling run, besides the shared source prompt.
+        clip_model, clip_pretrained, clip_revision, clip_batch_size: The CLIP scorer (``clip_gates.ClipScorer``).
+        clip_directional_threshold, clip_image_threshold, clip_text_threshold, require_edited_closer: CLIP gates.
+        lance_r_word_check: Apply the LANCE-R word check in ``lance_r_edit`` (off only for noise-image demos).
+        cache_dir: Hugging Face cache directory (default: the hub's own).
+    """
+
+    model: str = DEFAULT_MODEL
+    revision: str | None = DEFAULT_REVISION
+    dtype: str = "float32"
+    image_size: int = 512
+    num_inference_steps: int = 50
+    guidance_scale: float = 7.5
+    inversion: str = "null_text"
+    num_inner_steps: int = 10
+    early_stop_epsilon: float = 1e-5
+    cross_replace: float = 0.8
+    self_replace_sweep: tuple[float, ...] = DEFAULT_SELF_REPLACE_SWEEP
+    edit_word_weight: float = 2.0
+    attention_edit: str = "auto"
+    self_replace_max_tokens: int = 32**2
+    edit_batch_size: int = 6
+    clip_model: str = "ViT-L-14"
+    clip_pretrained: str | None = "openai"
+    clip_revision: str | None = None
+    clip_batch_size: int = 32
+    clip_directional_threshold: float = 0.2
+    clip_image_threshold: float = 0.7
+    clip_text_threshold: float = 0.2
+    require_edited_closer: bool = True
+    lance_r_word_check: bool = True
+    cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        self.model = os.fspath(self.model)
+        if self.model.startswith(("/", ".", "~")) and not os.path.isdir(self.model):
+            raise ValueError(f"model directory not found: {self.model!r} (expected a Hub id or a local directory)")
+        self.self_replace_sweep = tuple(float(f) for f in self.self_replace_sweep)
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        for name in (
+            "image_size",
+            "num_inference_steps",
+            "edit_batch_size",
+            "clip_batch_size",
+            "self_replace_max_tokens",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if (
+            isinstance(self.num_inner_steps, bool)
+            or not isinstance(self.num_inner_steps, int)
+            or self.num_inner_steps < 0
+        ):
+            raise ValueError(f"num_inner_steps must be an int >= 0, got {self.num_inner_steps!r}")
+        if not self.self_replace_sweep:
+            raise ValueError("self_replace_sweep must hold at least one fraction")
+        for name, values in (("cross_replace", (self.cross_replace,)), ("self_replace_sweep", self.self_replace_sweep)):
+            if any(not 0.0 <= v <= 1.0 for v in values):
+                raise ValueError(f"{name} must be fraction(s) of the steps in [0, 1], got {getattr(self, name)!r}")
+        if len(set(self.self_replace_sweep)) != len(self.self_replace_sweep):
+            raise ValueError(f"self_replace_sweep has duplicates: {self.self_replace_sweep!r}")
+        if self.attention_edit not in ATTENTION_EDITS:
+            raise ValueError(f"attention_edit must be one of {ATTENTION_EDITS}, got {self.attention_edit!r}")
+        if self.guidance_scale < 1.0:
+            raise ValueError(f"guidance_scale must be >= 1, got {self.guidance_scale!r}")
+        from builder.registry import INVERSIONS
+
+        if ":" not in self.inversion:  # "package.module:attr" names a custom method directly
+            INVERSIONS.target(self.inversion)  # an unknown name fails here, with "did you mean"
+
+    @property
+    def is_local(self) -> bool:
+        return os.path.isdir(self.model)
+
+    def gate_thresholds(self):
+        from lance_pipeline.clip_gates import ClipGateThresholds
+
+        return ClipGateThresholds(
+            directional=self.clip_directional_threshold,
+            image=self.clip_image_threshold,
+            text=self.clip_text_threshold,
+            require_edited_closer=self.require_edited_closer,
+        )
