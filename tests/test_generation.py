@@ -1,0 +1,123 @@
+"""Generation under named shifts (dataset interfaces) on the tiny Stable Diffusion and tiny CLIP: real classes."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+from builder_helpers import photo
+
+from lance_pipeline.generation import GenerationOptions, ShiftGenerator, clip_presence_scores
+from lance_pipeline.shifts import IMAGENET_STAR_SHIFTS, Shift, shifts_by_name
+from lance_pipeline.textual_inversion import TextualInversionOptions, TextualInversionTrainer, save_token
+
+pytestmark = pytest.mark.usefixtures("single_thread_torch")
+
+
+@pytest.fixture(scope="module")
+def token_dir(tiny_sd_dir, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tokens")
+    trainer = TextualInversionTrainer(
+        TextualInversionOptions(model=str(tiny_sd_dir), revision=None, steps=3, resolution=32)
+    )
+    for label, name in ((0, "tench"), (1, "goldfish")):
+        learned = trainer.learn([photo(label)], name, f"<{name}-{label}>")
+        save_token(directory / f"{label}.safetensors", learned)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def generator(tiny_sd_dir, token_dir):
+    options = GenerationOptions(
+        model=str(tiny_sd_dir), revision=None, tokens=str(token_dir), num_inference_steps=3, generation_size=32,
+        image_size=24,
+    )  # fmt: skip
+    gen = ShiftGenerator(options)
+    gen.load()
+    return gen
+
+
+def _png(image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_tokens_are_loaded_and_replace_the_placeholder(generator):
+    assert generator.tokens == {0: "<tench-0>", 1: "<goldfish-1>"}
+    snow = next(s for s in IMAGENET_STAR_SHIFTS if s.name == "in_the_snow")
+    assert snow.render(generator.class_word(1, "goldfish")) == "a photo of a <goldfish-1> in the snow"
+    ids = generator.pipe.tokenizer("<goldfish-1>", add_special_tokens=False).input_ids
+    assert ids == [generator.pipe.tokenizer.convert_tokens_to_ids("<goldfish-1>")]  # one token, not word pieces
+
+
+def test_generation_is_seeded_per_image(generator):
+    prompts = ["a photo of a <tench-0>", "a photo of a <goldfish-1> in the snow"]
+    first = [_png(im) for im in generator.generate(prompts, [11, 12])]
+    again = [_png(im) for im in generator.generate(prompts, [11, 12])]
+    other = [_png(im) for im in generator.generate(prompts, [11, 13])]
+    assert first == again
+    assert other[0] == first[0] and other[1] != first[1]  # one image's seed does not move its neighbour
+    assert generator.generate(prompts[:1], [11])[0].size == (24, 24)
+
+
+def test_plain_prompt_needs_no_tokens_and_options_are_checked(tiny_sd_dir):
+    gen = ShiftGenerator(GenerationOptions(model=str(tiny_sd_dir), revision=None, plain_prompt=True))
+    assert gen.class_word(3, "tiger shark") == "tiger shark"
+    with pytest.raises(ValueError, match="tokens"):
+        GenerationOptions(model=str(tiny_sd_dir))
+    with pytest.raises(ValueError, match="scheduler"):
+        GenerationOptions(plain_prompt=True, scheduler="pndm2")
+
+
+def test_clip_presence_scores_equal_independent_cosines(tmp_path):
+    import open_clip
+
+    from lance_pipeline.clip_gates import ClipScorer
+    from lance_pipeline.tiny_clip_components import create_tiny_open_clip
+
+    clip_dir = str(create_tiny_open_clip(tmp_path / "clip"))
+    scorer = ClipScorer(model=clip_dir, pretrained=None)
+    scorer.load("cpu")
+    images = [photo(1), photo(2)]
+    objects, shifts = clip_presence_scores(
+        scorer, images, ["a photo of a tench", "a goldfish"], [None, "a photo in the snow"]
+    )
+    assert shifts[0] is None
+    # recomputed independently with open_clip's own calls
+    model, preprocess = open_clip.create_model_from_pretrained("local-dir:" + clip_dir)
+    tokenizer = open_clip.get_tokenizer("local-dir:" + clip_dir)
+    model.eval()
+    with torch.no_grad():
+        img = model.encode_image(torch.stack([preprocess(i) for i in images]))
+        txt = model.encode_text(tokenizer(["a photo of a tench", "a goldfish", "a photo in the snow"]))
+    img = img / img.norm(dim=-1, keepdim=True)
+    txt = txt / txt.norm(dim=-1, keepdim=True)
+    assert objects == pytest.approx([float(img[0] @ txt[0]), float(img[1] @ txt[1])], abs=1e-5)
+    assert shifts[1] == pytest.approx(float(img[1] @ txt[2]), abs=1e-5)
+
+
+def test_imagenet_star_shifts_and_user_shifts():
+    names = [s.name for s in IMAGENET_STAR_SHIFTS]
+    assert len(names) == 24 and names[0] == "base" and len(set(names)) == 24
+    known = {s.name: s.threshold for s in IMAGENET_STAR_SHIFTS if s.threshold is not None}
+    assert known == {"in_the_snow": 0.160, "pencil_sketch": 0.223}
+    sketch = next(s for s in IMAGENET_STAR_SHIFTS if s.name == "pencil_sketch")
+    assert sketch.object_caption("dog") == "a dog" and sketch.style
+    chosen = shifts_by_name(
+        ["base", "in_the_snow"],
+        [
+            {
+                "name": "on_mars",
+                "prompt": "a photo of a <TOKEN> on mars",
+                "shift_caption": "a photo on mars",
+                "threshold": 0.2,
+            }
+        ],
+    )
+    assert [s.name for s in chosen] == ["base", "in_the_snow", "on_mars"]
+    with pytest.raises(ValueError, match="did you mean in_the_snow"):
+        shifts_by_name(["in_the_snwo"])
+    with pytest.raises(ValueError, match="<TOKEN>"):
+        Shift("x", "a photo of a dog", None)
