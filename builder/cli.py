@@ -16,6 +16,7 @@ from pathlib import Path
 SUBCOMMAND_MODULES = (
     "builder.cli",  # build, verify, presets
     "builder.cli_perturber",  # perturber
+    "builder.cli_interfaces",  # interfaces learn-tokens
     "evaluation.cli",  # eval, leaderboard
     "builder.cli_publish",  # publish, publish-results
 )
