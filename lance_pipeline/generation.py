@@ -162,3 +162,135 @@ def clip_presence_scores(scorer: Any, images: list[Any], object_captions: list[s
         for i, value in zip(with_shift, values, strict=True):
             shift_scores[i] = value
     return object_scores, shift_scores
+
+
+# -- stages ----------------------------------------------------------------------------------------------------------
+REJECTED_CONFIG = "rejected"
+
+
+class ShiftGenerationStage:
+    """``generate``: one image per record from its shift's prompt, the class token (or name) and the record's seed.
+
+    Records come from a ``generate:`` source (``builder.generated_source``): ``prompt_template`` holds ``<TOKEN>``.
+    """
+
+    name = "generate"
+    version = "1"
+    consumes = {"label": "int", "label_name": "str", "seed": "int", "prompt_template": "str"}
+    produces = {"generated": "image", "prompt": "str", "token": "any"}
+    Options = GenerationOptions
+
+    def __init__(self, **options: Any) -> None:
+        self.options = GenerationOptions(**options)
+        self.generator: ShiftGenerator | None = None
+
+    def load(self, device: str) -> None:
+        self.generator = ShiftGenerator(self.options, device)
+        self.generator.load()
+
+    def process(self, records: list[dict[str, Any]]) -> list[Any]:
+        from lance_pipeline.shifts import TOKEN_PLACEHOLDER
+        from lance_pipeline.stage import SampleFailure
+
+        assert self.generator is not None, "load() first"
+        results: list[Any] = [None] * len(records)
+        todo: list[tuple[int, str, str | None]] = []
+        for i, record in enumerate(records):
+            try:
+                word = self.generator.class_word(record["label"], record["label_name"])
+            except KeyError:
+                results[i] = SampleFailure(f"no learned token for class {record['label']} ({record['label_name']})")
+                continue
+            token = None if self.options.plain_prompt else word
+            todo.append((i, record["prompt_template"].replace(TOKEN_PLACEHOLDER, word), token))
+        size = self.options.batch_size
+        for start in range(0, len(todo), size):
+            chunk = todo[start : start + size]
+            images = self.generator.generate([p for _, p, _ in chunk], [records[i]["seed"] for i, _, _ in chunk])
+            for (i, prompt, token), image in zip(chunk, images, strict=True):
+                results[i] = {"generated": image, "prompt": prompt, "token": token}
+        return results
+
+    def describe(self) -> dict[str, Any]:
+        return self.generator.describe() if self.generator else {**asdict(self.options), "safety_checker": None}
+
+
+@dataclass
+class ShiftFilterOptions:
+    """The CLIP filter of dataset interfaces.
+
+    Attributes:
+        clip_model, clip_pretrained, clip_revision: The CLIP scorer (ImageNet* used open_clip ViT-H-14 laion2b).
+        object_threshold: Minimum object-presence similarity; None keeps every image on this criterion (the paper's
+            value is not known here: see lance_pipeline.shifts).
+        keep_rejected: Release rejected images in a ``rejected`` config (they are always counted).
+    """
+
+    clip_model: str = "ViT-H-14"
+    clip_pretrained: str | None = "laion2b_s32b_b79k"
+    clip_revision: str | None = None
+    object_threshold: float | None = None
+    keep_rejected: bool = False
+
+
+class ShiftFilterStage:
+    """``filter``: CLIP object and shift presence for each generated image, the thresholds, and the verdict.
+
+    Every image gets its scores; ``release_config`` routes it to its shift's config when it passes, to ``rejected``
+    when it does not and ``keep_rejected`` is on, and to no config otherwise (it is still counted in the manifest).
+    """
+
+    name = "filter"
+    version = "1"
+    consumes = {"generated": "image", "shift": "str", "object_caption": "str", "shift_caption": "any",
+                "shift_threshold": "any"}  # fmt: skip
+    produces = {"shift_scores": "dict", "release_config": "any"}
+    Options = ShiftFilterOptions
+
+    def __init__(self, **options: Any) -> None:
+        self.options = ShiftFilterOptions(**options)
+        self.scorer = None
+
+    def load(self, device: str) -> None:
+        from lance_pipeline.clip_gates import ClipScorer
+
+        o = self.options
+        self.scorer = ClipScorer(model=o.clip_model, pretrained=o.clip_pretrained, revision=o.clip_revision)
+        self.scorer.load(device)
+
+    def process(self, records: list[dict[str, Any]]) -> list[Any]:
+        assert self.scorer is not None, "load() first"
+        objects, shifts = clip_presence_scores(
+            self.scorer,
+            [r["generated"] for r in records],
+            [r["object_caption"] for r in records],
+            [r["shift_caption"] for r in records],
+        )
+        out = []
+        for record, object_score, shift_score in zip(records, objects, shifts, strict=True):
+            verdict = shift_verdict(object_score, shift_score, self.options.object_threshold, record["shift_threshold"])
+            if verdict["passed"]:
+                config = record["shift"]
+            else:
+                config = REJECTED_CONFIG if self.options.keep_rejected else None
+            out.append({"shift_scores": verdict, "release_config": config})
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        info = self.scorer.describe() if self.scorer is not None else {}
+        return {**info, **asdict(self.options)}
+
+
+def shift_verdict(
+    object_score: float, shift_score: float | None, object_threshold: float | None, shift_threshold: float | None
+) -> dict[str, Any]:
+    """Both CLIP criteria of dataset interfaces; a criterion with no threshold (unknown) passes and says so."""
+    object_ok = object_threshold is None or object_score >= object_threshold
+    shift_ok = shift_threshold is None or shift_score is None or shift_score >= shift_threshold
+    return {
+        "object_score": float(object_score),
+        "shift_score": None if shift_score is None else float(shift_score),
+        "object_threshold": object_threshold,
+        "shift_threshold": shift_threshold,
+        "passed": bool(object_ok and shift_ok),
+    }

@@ -121,3 +121,52 @@ def test_imagenet_star_shifts_and_user_shifts():
         shifts_by_name(["in_the_snwo"])
     with pytest.raises(ValueError, match="<TOKEN>"):
         Shift("x", "a photo of a dog", None)
+
+
+def test_shift_verdict_rules():
+    from lance_pipeline.generation import shift_verdict
+
+    assert shift_verdict(0.3, 0.2, 0.25, 0.16)["passed"]
+    assert not shift_verdict(0.3, 0.15, 0.25, 0.16)["passed"]  # the shift is not there
+    assert not shift_verdict(0.2, 0.5, 0.25, 0.16)["passed"]  # the object is not there
+    assert shift_verdict(0.2, None, None, None)["passed"]  # base: no shift caption, unknown thresholds
+    v = shift_verdict(0.5, 0.1, None, None)
+    assert v["passed"] and v["object_threshold"] is None and v["shift_threshold"] is None
+
+
+def test_generation_and_filter_stages_on_tiny_models(tiny_sd_dir, token_dir, tmp_path):
+    from lance_pipeline.generation import ShiftFilterStage, ShiftGenerationStage, clip_presence_scores
+    from lance_pipeline.tiny_clip_components import create_tiny_open_clip
+
+    gen = ShiftGenerationStage(model=str(tiny_sd_dir), revision=None, tokens=str(token_dir), num_inference_steps=2,
+                               generation_size=32, image_size=24, batch_size=2)  # fmt: skip
+    gen.load("cpu")
+    records = [
+        {"key": "a", "label": 0, "label_name": "tench", "seed": 5, "prompt_template": "a photo of a <TOKEN> in the snow",
+         "shift": "in_the_snow", "object_caption": "a photo of a tench", "shift_caption": "a photo in the snow"},
+        {"key": "b", "label": 1, "label_name": "goldfish", "seed": 6, "prompt_template": "a photo of a <TOKEN>",
+         "shift": "base", "object_caption": "a photo of a goldfish", "shift_caption": None},
+        {"key": "c", "label": 7, "label_name": "cock", "seed": 7, "prompt_template": "a photo of a <TOKEN>",
+         "shift": "base", "object_caption": "a photo of a cock", "shift_caption": None},
+    ]  # fmt: skip
+    out = gen.process(records)
+    assert out[0]["prompt"] == "a photo of a <tench-0> in the snow" and out[0]["token"] == "<tench-0>"
+    assert out[2].reason.startswith("no learned token for class 7")
+    for record, update in zip(records[:2], out[:2], strict=True):
+        record.update(update)
+    clip_dir = str(create_tiny_open_clip(tmp_path / "clip"))
+    live = records[:2]
+    objects, shifts = None, None
+    filt = ShiftFilterStage(clip_model=clip_dir, clip_pretrained=None, keep_rejected=True)
+    filt.load("cpu")
+    objects, shifts = clip_presence_scores(filt.scorer, [r["generated"] for r in live],
+                                           [r["object_caption"] for r in live], [r["shift_caption"] for r in live])  # fmt: skip
+    # a threshold just above this image's shift score must reject it; one just below must keep it
+    live[0]["shift_threshold"] = shifts[0] + 1e-4
+    live[1]["shift_threshold"] = None
+    verdicts = filt.process(live)
+    assert verdicts[0]["release_config"] == "rejected" and not verdicts[0]["shift_scores"]["passed"]
+    assert verdicts[1]["release_config"] == "base" and verdicts[1]["shift_scores"]["shift_score"] is None
+    assert verdicts[0]["shift_scores"]["object_score"] == pytest.approx(objects[0], abs=1e-6)
+    live[0]["shift_threshold"] = shifts[0] - 1e-4
+    assert filt.process(live)[0]["release_config"] == "in_the_snow"
