@@ -6,6 +6,8 @@ Top-level imports stay light (argparse and stdlib): huggingface_hub is imported 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import sys
 
 
@@ -15,10 +17,13 @@ def register(subparsers) -> None:
         "publish",
         help="upload a release to the Hugging Face Hub and tag it v<version>",
         description=(
-            "Verify a release directory, create the dataset repo if missing, upload the release as one commit "
-            "(large files through the Hub's large-file path) and tag it v<version>. A version whose tag exists is "
-            "refused; re-running after an interruption resumes without duplicating files or commits. The token "
-            "comes from HF_TOKEN or `hf auth login`; HF_ENDPOINT selects a self-hosted hub."
+            "Verify a release directory and check that load_dataset opens every config, then create the dataset repo "
+            "if missing, gate it when the card says so, upload exactly the files the manifest lists plus the card "
+            "rendered for the repo as one commit (large files through the Hub's large-file path) and tag it "
+            "v<version>. Other files in the directory are named and left out; links are never followed; the "
+            "directory is only read. A version whose tag exists is refused; re-running after an interruption resumes "
+            "without duplicating files or commits. The token comes from HF_TOKEN or `hf auth login`; HF_ENDPOINT "
+            "selects a self-hosted hub."
         ),
     )
     publish.add_argument("release_dir", metavar="DIR", help="release directory (contains manifest.json)")
@@ -26,6 +31,23 @@ def register(subparsers) -> None:
     publish.add_argument("--private", action="store_true", help="create the repo private (ignored if it exists)")
     publish.add_argument("--dry-run", action="store_true", help="print the plan (files, sizes, revision, tag) only")
     publish.add_argument("--revision", default="main", help="branch to commit to (default: main)")
+    publish.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse a release directory holding files the manifest does not list (default: leave them out, named)",
+    )
+    publish.add_argument(
+        "--gated",
+        choices=("auto", "manual"),
+        default=None,
+        help="access requests approved automatically or by hand; set when the card says gated (ImageNet-derived "
+        "releases). Default: auto, or the mode the repo already has",
+    )
+    publish.add_argument(
+        "--allow-local-paths",
+        action="store_true",
+        help="publish a manifest or card that holds this machine's paths (refused by default)",
+    )
     publish.set_defaults(func=run_publish)
 
     results = subparsers.add_parser(
@@ -50,33 +72,65 @@ def hub_error_message(exc: BaseException) -> str | None:
     """
     from huggingface_hub.errors import HfHubHTTPError
 
-    from builder.publish import create_api
+    from builder.publish import create_api, redact_url
 
-    endpoint = create_api().endpoint
+    endpoint = redact_url(create_api().endpoint)
     if isinstance(exc, HfHubHTTPError):
         status = exc.response.status_code if exc.response is not None else None
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip() and "developer.mozilla.org" not in ln]
         hint = ""
         if status in (401, 403):
             hint = " (check the token: HF_TOKEN or `hf auth login`, and its write access to the repo)"
-        return f"the Hub at {endpoint} refused the request: {' '.join(lines)}{hint}"
+        return redact_url(f"the Hub at {endpoint} refused the request: {' '.join(lines)}{hint}")
     try:
         import httpx2
     except ImportError:  # pragma: no cover - httpx2 is a huggingface_hub dependency
         return None
     if isinstance(exc, httpx2.TransportError):
-        return f"cannot reach the Hub at {endpoint} ({type(exc).__name__}: {exc}); check HF_ENDPOINT and the network"
+        return redact_url(
+            f"cannot reach the Hub at {endpoint} ({type(exc).__name__}: {exc}); check HF_ENDPOINT and the network"
+        )
     return None
 
 
+class _RedactingFilter(logging.Filter):
+    """Strips URL credentials from every log record, ours and huggingface_hub's, before a handler writes it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from builder.publish import redact_url
+
+        message = record.getMessage()
+        redacted = redact_url(message)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        return True
+
+
+@contextlib.contextmanager
+def _redacted_logging():
+    handlers = list(logging.getLogger().handlers)
+    redactor = _RedactingFilter()
+    for handler in handlers:
+        handler.addFilter(redactor)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(redactor)
+
+
 def _talk_to_hub(command: str, action):
-    """Run ``action``; a refusal or a Hub/HTTP error becomes one line on stderr and ``None`` (others propagate)."""
-    from builder.publish import PublishError
+    """Run ``action``; a refusal or a Hub/HTTP error becomes one line on stderr and ``None`` (others propagate).
+
+    Credentials in a URL (``HF_ENDPOINT=https://user:pass@host``) are redacted from every line printed or logged.
+    """
+    from builder.publish import PublishError, redact_url
 
     try:
-        return action()
+        with _redacted_logging():
+            return action()
     except PublishError as exc:
-        sys.stderr.write(f"lance-cf {command}: {exc}\n")
+        sys.stderr.write(f"lance-cf {command}: {redact_url(str(exc))}\n")
     except Exception as exc:  # noqa: BLE001 - only Hub/HTTP errors are turned into one line; others re-raised
         message = hub_error_message(exc)
         if message is None:
@@ -91,7 +145,14 @@ def run_publish(args: argparse.Namespace) -> int:
     outcome = _talk_to_hub(
         "publish",
         lambda: publish_release(
-            args.release_dir, args.repo_id, private=args.private, dry_run=args.dry_run, revision=args.revision
+            args.release_dir,
+            args.repo_id,
+            private=args.private,
+            dry_run=args.dry_run,
+            revision=args.revision,
+            strict=args.strict,
+            gated=args.gated,
+            allow_local_paths=args.allow_local_paths,
         ),
     )
     if outcome is None:
@@ -100,7 +161,8 @@ def run_publish(args: argparse.Namespace) -> int:
         print("dry run: nothing was uploaded")
         print(outcome.describe())
     else:
-        print(f"published {outcome.repo_id} {outcome.tag} (commit {outcome.commit}, {outcome.files} files)")
+        gating = f", gated: {outcome.gated}" if outcome.gated else ""
+        print(f"published {outcome.repo_id} {outcome.tag} (commit {outcome.commit}, {outcome.files} files{gating})")
         print(f'load with: load_dataset("{outcome.repo_id}", "counterfactual", split="test", revision="{outcome.tag}")')
     return 0
 
@@ -119,6 +181,3 @@ def run_publish_results(args: argparse.Namespace) -> int:
     for path in outcome["files"]:
         print(f"  {path}")
     return 0
-
-
-run = run_publish

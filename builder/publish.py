@@ -5,11 +5,19 @@ path, LFS or Xet, as the client and server agree) followed by a tag ``v<version>
 ``load_dataset("ORG/NAME", CONFIG, split="test", revision="v<version>")`` loads exactly that release forever. A newer
 release replaces the files on the branch; older ones stay reachable by their tags.
 
+What is uploaded is exactly what the manifest lists (``manifest.json``, ``_info.json``, the shards) plus the card and
+its assets, rendered for the target repo into a temporary staging directory: the release directory is only read (it
+may be read-only), nothing else under it is uploaded (each other file is named in the plan, or refused with
+``strict``), and symbolic links are never followed. Everything that can be checked locally is checked before the first
+remote change: ``verify``, the configs (none empty that the release needs), ``load_dataset`` opening every config of
+the staged release, no machine paths in published files, the tag not yet taken.
+
 Resuming is re-running: large files already uploaded are skipped by the LFS batch answer, files identical on the
 branch are dropped from the commit by the client, and a commit already made (interrupted before tagging) turns the
 second commit into a no-op that returns the existing head, which is then tagged. A version whose tag exists is
 refused. The token comes from huggingface_hub's standard sources (``HF_TOKEN``, ``hf auth login``) and is never read,
-logged or written here. ``HF_ENDPOINT`` is honoured at call time, so self-hosted hubs work.
+logged or written here. ``HF_ENDPOINT`` is honoured at call time, so self-hosted hubs work; credentials in it are
+redacted from everything printed (:func:`redact_url`).
 """
 
 from __future__ import annotations
@@ -18,11 +26,12 @@ import json
 import logging
 import os
 import re
+import stat
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 
 from builder import release_format as rf
@@ -36,13 +45,29 @@ LEADERBOARD_NAME = "leaderboard.md"
 PROTECTED_PREFIXES = (f"{RESULTS_DIR}/", ".gitattributes")
 SEMVER = re.compile(r"^\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.-]+)?$")
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+# The Hub's access-request modes (``HfApi.update_repo_settings(gated=...)``).
+GATED_MODES = ("auto", "manual")
+# Configs a LANCE release is about: one of them requested by the build but left empty makes the release unusable.
+REQUIRED_CONFIGS = ("original", "counterfactual")
 RETRY_ATTEMPTS = 3
 RETRY_WAIT_S = 0.5
+MAX_LISTED_LEFT_OUT = 30
 T = TypeVar("T")
+
+# ``scheme://user:password@host``: the userinfo part is replaced before any URL is printed or logged.
+_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@]*@")
+# An absolute path of this machine inside a string: ``/x/...`` at the start, after whitespace, a quote, ``=``, ``(``,
+# ``,`` or a spec prefix such as ``imagefolder:`` (but not the ``//`` of a URL); ``file://`` URLs; ``~/``; ``C:\\``.
+_LOCAL_PATH = re.compile(
+    r"""(?:file://[^\s"'`)]+"""
+    r"""|(?:(?<=^)|(?<=[\s"'=(,])|(?<=[A-Za-z0-9]:))/(?!/)[^\s"'`),]+"""
+    r"""|(?:(?<=^)|(?<=[\s"'=(,:]))~/[^\s"'`),]*"""
+    r"""|(?:(?<=^)|(?<=[\s"'=(,:]))[A-Za-z]:\\[^\s"'`),]*)"""
+)
 
 
 class PublishError(RuntimeError):
-    """The Hub refused the publication (tag exists, verification failed, ...)."""
+    """The publication was refused (tag exists, verification failed, stray files under --strict, ...)."""
 
 
 @dataclass
@@ -54,26 +79,39 @@ class PlannedFile:
 
 @dataclass
 class PublishPlan:
+    """What a publish uploads. ``left_out`` names every other file under the release directory, with the reason."""
+
     repo_id: str
     revision: str
     tag: str
     version: str
+    endpoint: str = ""
     files: list[PlannedFile] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)
+    gated: str | None = None
+    notes: list[str] = field(default_factory=list)
 
     @property
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files)
 
     def describe(self) -> str:
-        """The human-readable plan printed by ``--dry-run``."""
+        """The human-readable plan printed by ``--dry-run`` (credentials in the endpoint redacted)."""
         lines = [
-            f"repo: datasets/{self.repo_id}",
+            f"repo: datasets/{self.repo_id}" + (f" on {redact_url(self.endpoint)}" if self.endpoint else ""),
             f"target revision: {self.revision}",
             f"tag: {self.tag}",
+            f"gating: {self.gated} (the card asks users to accept terms)" if self.gated else "gating: none",
             f"files: {len(self.files)} ({_human(self.total_bytes)})",
         ]
         lines += [f"  {f.path_in_repo}  {_human(f.size)}" for f in self.files]
-        return "\n".join(lines)
+        if self.left_out:
+            lines.append(f"left out (not listed in the manifest; --strict refuses them): {len(self.left_out)}")
+            lines += [f"  {item}" for item in self.left_out[:MAX_LISTED_LEFT_OUT]]
+            if len(self.left_out) > MAX_LISTED_LEFT_OUT:
+                lines.append(f"  ... and {len(self.left_out) - MAX_LISTED_LEFT_OUT} more")
+        lines += [f"note: {note}" for note in self.notes]
+        return redact_url("\n".join(lines))
 
 
 @dataclass
@@ -83,6 +121,7 @@ class PublishResult:
     commit: str
     url: str
     files: int
+    gated: str | None = None
 
 
 def _human(size: int) -> str:
@@ -94,6 +133,11 @@ def _human(size: int) -> str:
     return f"{size} B"
 
 
+def redact_url(text: str) -> str:
+    """``text`` with the ``user:password@`` part of every URL in it replaced by ``***@``."""
+    return _URL_USERINFO.sub(r"\1***@", text)
+
+
 def check_repo_id(repo_id: str) -> str:
     if not REPO_ID.match(repo_id or ""):
         raise ValueError(f"--repo-id {repo_id!r} is not a Hub repo id; expected ORG/NAME")
@@ -102,28 +146,311 @@ def check_repo_id(repo_id: str) -> str:
 
 def load_manifest(release_dir: Path) -> dict[str, Any]:
     path = Path(release_dir) / rf.MANIFEST_NAME
-    if not path.is_file():
-        raise ValueError(f"{release_dir} is not a release directory: {rf.MANIFEST_NAME} is missing")
+    if path.is_symlink() or not path.is_file():
+        raise ValueError(f"{release_dir} is not a release directory: {rf.MANIFEST_NAME} is missing (or a link)")
     manifest = json.loads(path.read_text(encoding="utf-8"))
     if not SEMVER.match(str(manifest.get("version", ""))):
         raise ValueError(f"{path}: version {manifest.get('version')!r} is not semver (expected e.g. 1.0.0)")
     return manifest
 
 
-def plan_release(release_dir: Path, repo_id: str, revision: str = "main") -> PublishPlan:
-    """Everything that would be uploaded, without touching the network. The work directory is never included."""
+# ------------------------------------------------------------------------------------------------ what is published
+def listed_files(release_dir: Path, manifest: dict[str, Any]) -> list[str]:
+    """The release files the manifest accounts for (itself, ``_info.json``, every shard), checked to be regular files
+    inside the release reached without following a link.
+
+    Raises:
+        PublishError: a listed path escapes the release, passes through a link, or is not a regular file.
+    """
+    paths = [rf.MANIFEST_NAME, rf.TIMM_INFO_NAME, *(str(s["path"]) for s in manifest.get("shards", []))]
+    for rel in paths:
+        _check_inside(Path(release_dir), rel)
+    return paths
+
+
+def _check_inside(root: Path, rel: str) -> None:
+    pure = PurePosixPath(rel)
+    if pure.is_absolute() or "\\" in rel or not pure.parts or any(part in ("", ".", "..") for part in pure.parts):
+        raise PublishError(f"{root}: manifest lists {rel!r}, which is not a plain path inside the release")
+    current = root
+    for depth, part in enumerate(pure.parts, start=1):
+        current = current / part
+        try:
+            mode = os.lstat(current).st_mode
+        except FileNotFoundError:
+            raise PublishError(f"{root}: {rel} is listed in the manifest but missing") from None
+        if stat.S_ISLNK(mode):
+            where = rel if depth == len(pure.parts) else "/".join(pure.parts[:depth])
+            raise PublishError(
+                f"{root}: {where} is a symbolic link; publish never follows links (replace it with the file itself)"
+            )
+    if not stat.S_ISREG(mode):
+        raise PublishError(f"{root}: {rel} is not a regular file")
+
+
+def find_left_out(release_dir: Path, published: set[str]) -> list[str]:
+    """Every entry under ``release_dir`` that is not published (the work directory aside), as ``path (reason)``.
+
+    A directory holding nothing published is named once (``.git/ (directory, 12 files)``); links are named, never
+    followed.
+    """
+    root = Path(release_dir)
+    needed_dirs = {str(PurePosixPath(p).parent) for p in published}
+    needed_dirs |= {str(parent) for p in published for parent in PurePosixPath(p).parents}
+    collapsed: dict[str, int] = {}
+    items: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        base = PurePosixPath(Path(dirpath).relative_to(root).as_posix())
+        if base == PurePosixPath("."):
+            dirnames[:] = [d for d in dirnames if d != rf.WORK_DIR]
+        for name in sorted(dirnames):
+            rel = str(base / name) if str(base) != "." else name
+            if os.path.islink(root / rel):
+                items.append(f"{rel} (symbolic link, not followed)")
+        dirnames[:] = sorted(d for d in dirnames if not os.path.islink(Path(dirpath) / d))
+        for name in sorted(filenames):
+            rel = str(base / name) if str(base) != "." else name
+            if rel in published:
+                continue
+            top = next(
+                (
+                    str(PurePosixPath(*PurePosixPath(rel).parts[:i]))
+                    for i in range(1, len(PurePosixPath(rel).parts))
+                    if str(PurePosixPath(*PurePosixPath(rel).parts[:i])) not in needed_dirs
+                ),
+                None,
+            )
+            if top is not None:
+                collapsed[top] = collapsed.get(top, 0) + 1
+            elif os.path.islink(root / rel):
+                items.append(f"{rel} (symbolic link, not followed)")
+            else:
+                items.append(f"{rel} (not listed in the manifest)")
+    items += [
+        f"{d}/ (directory, {n} file{'s' if n != 1 else ''}, not listed in the manifest)" for d, n in collapsed.items()
+    ]
+    return sorted(items)
+
+
+def check_configs(manifest: dict[str, Any]) -> list[str]:
+    """Refuse a release that ``load_dataset`` could not open because a config it needs is empty; return notes on
+    optional configs that were left out empty.
+    """
+    name = f"release {manifest.get('name')!r} {manifest.get('version')}"
+    empty = [str(c) for c in manifest.get("empty_configs") or []]
+    configs = list(manifest.get("configs") or [])
+    counts = manifest.get("counts") or {}
+    zero = [c for c in configs if not (counts.get(c) or {}).get("total")]
+    failures = len(manifest.get("failures") or [])
+    hint = f" ({failures} failure(s) recorded in manifest.json)" if failures else ""
+    if not configs or zero:
+        raise PublishError(
+            f"{name} has no samples in {'any config' if not configs else 'config(s) ' + ', '.join(zero)}{hint}: "
+            "load_dataset could not open it; fix the source or the stages and rebuild"
+        )
+    required_empty = [c for c in empty if c in REQUIRED_CONFIGS]
+    if required_empty:
+        raise PublishError(
+            f"{name}: required config(s) {', '.join(required_empty)} have no samples{hint}, so "
+            f"load_dataset(REPO, {required_empty[0]!r}) could not open them; fix the build and rebuild"
+        )
+    return [f"config {c} has no samples and is not part of the release" for c in empty]
+
+
+def local_paths(obj: Any, where: str = "") -> list[tuple[str, str]]:
+    """Every (key path, string) in a JSON-like object whose string holds an absolute path of this machine."""
+    found: list[tuple[str, str]] = []
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            found += local_paths(value, f"{where}.{key}" if where else str(key))
+    elif isinstance(obj, list):
+        for i, value in enumerate(obj):
+            found += local_paths(value, f"{where}[{i}]")
+    elif isinstance(obj, str) and _LOCAL_PATH.search(obj):
+        found.append((where or "(root)", obj))
+    return found
+
+
+def scrub_local_paths(obj: Any) -> tuple[Any, list[str]]:
+    """A copy of ``obj`` where every absolute machine path inside a string is replaced by its last component, and the
+    key paths that changed."""
+    changed: list[str] = []
+
+    def scrub(value: Any, where: str) -> Any:
+        if isinstance(value, dict):
+            return {k: scrub(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+        if isinstance(value, list):
+            return [scrub(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        if isinstance(value, str) and _LOCAL_PATH.search(value):
+            changed.append(where or "(root)")
+            return _LOCAL_PATH.sub(lambda m: _last_component(m.group(0)), value)
+        return value
+
+    return scrub(obj, ""), changed
+
+
+def _last_component(path: str) -> str:
+    parts = [p for p in re.split(r"[/\\]", path.removeprefix("file://")) if p and p != "~"]
+    return parts[-1] if parts else "<local path>"
+
+
+def _refuse_local_paths(what: str, found: list[tuple[str, str]]) -> None:
+    if found:
+        listed = "; ".join(f"{key} = {value[:80]!r}" for key, value in found[:5])
+        more = f" (and {len(found) - 5} more)" if len(found) > 5 else ""
+        raise PublishError(
+            f"{what} holds local machine paths: {listed}{more}. Published files carry no machine paths: rebuild with "
+            "the current lance-cf (it records sources and models without them), or pass --allow-local-paths to "
+            "publish them as they are"
+        )
+
+
+def card_gating(card_text: str) -> bool:
+    """Whether the card's YAML asks users to accept terms (``extra_gated_*`` or ``gated``)."""
+    import yaml
+
+    match = re.match(r"^---\s*\n(.*?)\n---\s*(\n|$)", card_text, re.DOTALL)
+    meta = yaml.safe_load(match.group(1)) if match else None
+    if not isinstance(meta, dict):
+        return False
+    return bool(meta.get("gated") or any(k.startswith("extra_gated_") for k in meta))
+
+
+def stage_release(
+    release_dir: Path,
+    staging: Path,
+    manifest: dict[str, Any],
+    repo_id: str,
+    previous_manifest: dict[str, Any] | None = None,
+) -> tuple[list[PlannedFile], list[str]]:
+    """Lay out exactly what is uploaded under ``staging``: links to the listed release files and the card (with its
+    assets) rendered there for ``repo_id``. Returns the planned files and the names of the rendered card files.
+
+    The card is rendered again because the build did not know the repo id (its loading and evaluation snippets name
+    the repo users load from) and the changelog compares against the version published before this one. Rendering is
+    deterministic, so a resumed publish uploads the same bytes.
+    """
+    from dataset_cards import render_release_card
+
+    release_dir = Path(release_dir).resolve()
+    listed = listed_files(release_dir, manifest)
+    for rel in listed:
+        target = staging / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(release_dir / rel, target)
+    render_release_card(staging, manifest, previous_manifest=previous_manifest, repo_id=repo_id)
+    card_files = sorted(
+        p.relative_to(staging).as_posix()
+        for p in staging.rglob("*")
+        if p.is_file() and not p.is_symlink() and p.relative_to(staging).as_posix() not in listed
+    )
+    files = [PlannedFile(rel, staging / rel, (staging / rel).stat().st_size) for rel in sorted({*listed, *card_files})]
+    return files, card_files
+
+
+def check_loadable(staging: Path, manifest: dict[str, Any], release_dir: Path) -> None:
+    """Open every config of the staged release with ``datasets.load_dataset`` (streaming, images not decoded) and
+    count its rows; the Hub serves the same files, so a config that fails here would fail for every user.
+
+    Raises:
+        PublishError: naming the config and the reason.
+    """
+    import datasets
+
+    cache = staging.parent / "datasets-cache"
+    for config in manifest["configs"]:
+        expected = manifest["counts"][config]["total"]
+        try:
+            ds = datasets.load_dataset(str(staging), config, split=rf.SPLIT, streaming=True, cache_dir=str(cache))
+            rows = sum(1 for _ in ds.decode(False))
+        except Exception as exc:  # noqa: BLE001 - any failure to load is the finding, reported in one line
+            reason = " ".join(str(exc).split())[:300]
+            raise PublishError(
+                f"{release_dir}: load_dataset cannot open config {config!r} ({type(exc).__name__}: {reason}); "
+                "the release would not load from the Hub, so it is not published"
+            ) from exc
+        if rows != expected:
+            raise PublishError(
+                f"{release_dir}: load_dataset reads {rows} rows of config {config!r}, the manifest says {expected}; "
+                "the release would not load as built, so it is not published"
+            )
+
+
+def plan_release(
+    release_dir: Path,
+    repo_id: str,
+    revision: str = "main",
+    *,
+    strict: bool = False,
+    gated: str | None = None,
+    allow_local_paths: bool = False,
+    verify: bool = True,
+) -> PublishPlan:
+    """The plan of a publish, from local checks only (no network): what ``--dry-run`` prints.
+
+    The card files in the plan are rendered into a temporary directory that is removed on return (their sizes are
+    kept); a real publish renders them again with the changelog against the previous version on the Hub.
+
+    Raises:
+        ValueError: a bad argument or a directory that is not a release.
+        PublishError: a check failed (see :func:`publish_release`).
+    """
     release_dir = Path(release_dir)
+    manifest, notes = _local_checks(release_dir, repo_id, gated, allow_local_paths, verify)
+    with tempfile.TemporaryDirectory(prefix="lance-cf-publish-") as tmp:
+        return _stage(
+            release_dir, repo_id, revision, Path(tmp), manifest, notes, None, strict, gated, allow_local_paths
+        )
+
+
+def _local_checks(
+    release_dir: Path, repo_id: str, gated: str | None, allow_local_paths: bool, verify: bool
+) -> tuple[dict[str, Any], list[str]]:
+    """The checks that need neither the Hub nor the rendered card, in the order a user would fix them."""
     check_repo_id(repo_id)
+    if gated is not None and gated not in GATED_MODES:
+        raise ValueError(f"--gated {gated!r}: expected one of {', '.join(GATED_MODES)}")
     manifest = load_manifest(release_dir)
-    files = []
-    for path in sorted(release_dir.rglob("*")):
-        rel = path.relative_to(release_dir).as_posix()
-        if not path.is_file() or rel == rf.WORK_DIR or rel.startswith(rf.WORK_DIR + "/"):
-            continue
-        files.append(PlannedFile(rel, path, path.stat().st_size))
-    if not any(f.path_in_repo == rf.CARD_NAME for f in files):
-        raise ValueError(f"{release_dir} has no {rf.CARD_NAME}: render the dataset card before publishing")
-    return PublishPlan(repo_id, revision, f"v{manifest['version']}", manifest["version"], files)
+    notes = check_configs(manifest)
+    listed_files(release_dir, manifest)
+    if not allow_local_paths:
+        _refuse_local_paths(f"{release_dir}/{rf.MANIFEST_NAME}", local_paths(manifest))
+    if verify:
+        verify_before_publish(release_dir)
+    return manifest, notes
+
+
+def _stage(
+    release_dir: Path,
+    repo_id: str,
+    revision: str,
+    tmp: Path,
+    manifest: dict[str, Any],
+    notes: list[str],
+    previous_manifest: dict[str, Any] | None,
+    strict: bool,
+    gated: str | None,
+    allow_local_paths: bool,
+) -> PublishPlan:
+    """Stage the upload, then check what only the staged files tell: the card, strays, ``load_dataset``."""
+    staging = tmp / "release"
+    staging.mkdir()
+    files, card_files = stage_release(release_dir, staging, manifest, repo_id, previous_manifest)
+    card_text = (staging / rf.CARD_NAME).read_text(encoding="utf-8")
+    if not allow_local_paths:
+        in_card = [(rf.CARD_NAME, m.group(0)) for m in _LOCAL_PATH.finditer(card_text)]
+        _refuse_local_paths(f"the card rendered for {release_dir}", in_card)
+    left_out = find_left_out(release_dir, {f.path_in_repo for f in files} | set(card_files))
+    if strict and left_out:
+        raise PublishError(
+            f"{release_dir} holds {len(left_out)} entries the manifest does not list (--strict): "
+            f"{'; '.join(left_out[:MAX_LISTED_LEFT_OUT])}; move them out of the release or drop --strict"
+        )
+    check_loadable(staging, manifest, release_dir)
+    mode = gated or ("auto" if card_gating(card_text) else None)
+    return PublishPlan(
+        repo_id, revision, f"v{manifest['version']}", manifest["version"], _endpoint(), files, left_out, mode, notes
+    )
 
 
 def verify_before_publish(release_dir: Path) -> None:
@@ -137,11 +464,18 @@ def verify_before_publish(release_dir: Path) -> None:
         raise PublishError(f"{release_dir} failed verification; not publishing:\n{listed}{more}")
 
 
+def _endpoint() -> str:
+    """``$HF_ENDPOINT`` read now (huggingface_hub fixed its default at import), or huggingface_hub's default."""
+    from huggingface_hub import constants
+
+    return os.environ.get("HF_ENDPOINT") or constants.ENDPOINT
+
+
 def create_api(endpoint: str | None = None):
     """An ``HfApi`` on ``endpoint`` or ``$HF_ENDPOINT`` (read now, not at import) with the standard token sources."""
-    from huggingface_hub import HfApi, constants
+    from huggingface_hub import HfApi
 
-    return HfApi(endpoint=endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT)
+    return HfApi(endpoint=endpoint or _endpoint())
 
 
 def _is_transient(exc: Exception) -> bool:
@@ -184,49 +518,87 @@ def publish_release(
     dry_run: bool = False,
     revision: str = "main",
     verify: bool = True,
+    strict: bool = False,
+    gated: str | None = None,
+    allow_local_paths: bool = False,
     api: Any = None,
 ) -> PublishPlan | PublishResult:
     """Upload a release and tag it ``v<version>``; return the plan when ``dry_run`` (no network at all).
 
+    Args:
+        strict: refuse a release directory holding files the manifest does not list (else they are left out).
+        gated: the Hub's access-request mode, ``auto`` or ``manual``, set when the card says gated (or when given).
+            ``None``: ``auto``, or the mode the repo already has.
+        allow_local_paths: publish a manifest or card that holds machine paths.
+
     Raises:
         ValueError: a bad argument or a directory that is not a release.
-        PublishError: verification failed, or the version's tag already exists on the Hub.
+        PublishError: a local check failed (verification, empty config, load_dataset, stray files under ``strict``,
+            machine paths), the version's tag already exists on the Hub, or gating could not be set.
     """
+    release_dir = Path(release_dir)
+    manifest, notes = _local_checks(release_dir, repo_id, gated, allow_local_paths, verify)
+    with tempfile.TemporaryDirectory(prefix="lance-cf-publish-") as tmp:
+        args = (strict, gated, allow_local_paths)
+        if dry_run:
+            return _stage(release_dir, repo_id, revision, Path(tmp), manifest, notes, None, *args)
+        api = api or create_api()
+        # 1. Read what the Hub has (no change yet): this version must not be tagged; the card's changelog compares
+        # against the highest version below it.
+        head, tags = _remote_refs(api, repo_id, revision)
+        tag = f"v{manifest['version']}"
+        if tag in tags:
+            raise PublishError(
+                f"{repo_id} already has tag {tag} (commit {tags[tag][:12]}): version {manifest['version']} is "
+                "published. Releases are immutable; bump `version` and rebuild to publish a new one."
+            )
+        newer = [t for t in tags if _version_key(t) is not None and _version_key(t) > _version_key(tag)]
+        if newer:
+            logger.warning("publishing %s after newer tags %s: the branch will hold an older release", tag, newer)
+        previous = _previous_version(tags, tag)
+        previous_manifest = _previous_manifest(api, repo_id, previous, Path(tmp)) if previous is not None else None
+        # 2. Every local check, on exactly the files that will be uploaded.
+        plan = _stage(release_dir, repo_id, revision, Path(tmp), manifest, notes, previous_manifest, *args)
+        for item in plan.left_out:
+            logger.warning("left out of the upload: %s", item)
+        # 3. Remote changes: the repo, its gating (before any data lands in it), one commit, the tag.
+        repo_url = _retry(
+            "create_repo",
+            lambda: api.create_repo(repo_id, repo_type=REPO_TYPE, private=True if private else None, exist_ok=True),
+        )
+        plan.gated = _set_gating(api, repo_id, plan.gated, explicit=gated is not None)
+        head, _ = _retry("list_repo_refs", lambda: _branch_head(api, repo_id, revision))
+        info = _commit_release(api, plan, manifest, head)
+        _retry(
+            "create_tag",
+            lambda: api.create_tag(
+                repo_id,
+                tag=plan.tag,
+                revision=info.oid,
+                tag_message=f"{manifest['name']} {plan.tag}",
+                repo_type=REPO_TYPE,
+                exist_ok=False,
+            ),
+        )
+    logger.info("published %s at %s (commit %s)", plan.tag, redact_url(str(repo_url)), info.oid)
+    return PublishResult(repo_id, plan.tag, info.oid, redact_url(str(repo_url)), len(plan.files), plan.gated)
+
+
+def _remote_refs(api: Any, repo_id: str, revision: str) -> tuple[str | None, dict[str, str]]:
+    """The branch head and the tags, or ``(None, {})`` when the repo does not exist yet."""
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    try:
+        return _retry("list_repo_refs", lambda: _branch_head(api, repo_id, revision))
+    except RepositoryNotFoundError:
+        return None, {}
+
+
+def _commit_release(api: Any, plan: PublishPlan, manifest: dict[str, Any], head: str | None) -> Any:
+    """One commit: every planned file, minus files of the previous release that this one no longer has."""
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 
-    release_dir = Path(release_dir)
-    plan = plan_release(release_dir, repo_id, revision)
-    if verify:
-        verify_before_publish(release_dir)
-    if dry_run:
-        return plan
-    manifest = load_manifest(release_dir)
-    api = api or create_api()
-
-    # 1. The repo exists (created on first publish), and this version was never tagged.
-    repo_url = _retry(
-        "create_repo",
-        lambda: api.create_repo(repo_id, repo_type=REPO_TYPE, private=True if private else None, exist_ok=True),
-    )
-    head, tags = _retry("list_repo_refs", lambda: _branch_head(api, repo_id, revision))
-    if plan.tag in tags:
-        raise PublishError(
-            f"{repo_id} already has tag {plan.tag} (commit {tags[plan.tag][:12]}): version {plan.version} is published."
-            " Releases are immutable; bump `version` and rebuild to publish a new one."
-        )
-    newer = [t for t in tags if _version_key(t) is not None and _version_key(t) > _version_key(plan.tag)]
-    if newer:
-        logger.warning("publishing %s after newer tags %s: the branch will hold an older release", plan.tag, newer)
-    # The card is rendered again for this repo: the build did not know the repo id, and its loading and evaluation
-    # snippets must name the repo users load from; the changelog compares against the version published before this
-    # one. Rendering is deterministic, so a resumed publish writes the same card and gallery.
-    previous = _previous_version(tags, plan.tag)
-    previous_manifest = _previous_manifest(api, repo_id, previous) if previous is not None else None
-    _render_card(release_dir, manifest, repo_id, previous_manifest)
-    plan = plan_release(release_dir, repo_id, revision)
-
-    # 2. One commit: every release file, minus files of the previous release that this one no longer has.
-    remote = set(api.list_repo_files(repo_id, repo_type=REPO_TYPE, revision=head)) if head else set()
+    remote = set(api.list_repo_files(plan.repo_id, repo_type=REPO_TYPE, revision=head)) if head else set()
     local = {f.path_in_repo for f in plan.files}
     stale = sorted(p for p in remote - local if not p.startswith(PROTECTED_PREFIXES))
     logger.info(
@@ -237,33 +609,45 @@ def publish_release(
         # Rebuilt on every attempt: a CommitOperationAdd cannot be reused once committed.
         ops = [CommitOperationAdd(f.path_in_repo, str(f.local_path)) for f in plan.files]
         ops += [CommitOperationDelete(p) for p in stale]
-        current_head, _ = _branch_head(api, repo_id, revision)
+        current_head, _ = _branch_head(api, plan.repo_id, plan.revision)
         return api.create_commit(
-            repo_id,
+            plan.repo_id,
             ops,
             commit_message=f"Release {manifest['name']} v{plan.version}",
             commit_description=f"manifest_sha256: {manifest.get('manifest_sha256', 'n/a')}",
             repo_type=REPO_TYPE,
-            revision=revision,
+            revision=plan.revision,
             parent_commit=current_head,
         )
 
-    info = _retry("create_commit", commit)
+    return _retry("create_commit", commit)
 
-    # 3. The tag pins the release for `revision="v<version>"`.
-    _retry(
-        "create_tag",
-        lambda: api.create_tag(
-            repo_id,
-            tag=plan.tag,
-            revision=info.oid,
-            tag_message=f"{manifest['name']} {plan.tag}",
-            repo_type=REPO_TYPE,
-            exist_ok=False,
-        ),
-    )
-    logger.info("published %s at %s (commit %s)", plan.tag, repo_url, info.oid)
-    return PublishResult(repo_id, plan.tag, info.oid, str(repo_url), len(plan.files))
+
+def _set_gating(api: Any, repo_id: str, mode: str | None, *, explicit: bool) -> str | None:
+    """Make the Hub gate the repo when the card says so, and read the setting back.
+
+    Without an explicit mode a repo that is already gated keeps its mode (a ``manual`` gate is never loosened to
+    ``auto``). A repo that is gated while this card is not is left gated.
+    """
+    current = _retry("repo info", lambda: api.dataset_info(repo_id)).gated
+    if mode is None:
+        if current:
+            logger.warning("%s is gated (%s) although this card does not ask for it; left gated", repo_id, current)
+        return current or None
+    wanted = current if (not explicit and current in GATED_MODES) else mode
+    if current != wanted:
+        _retry(
+            "update_repo_settings",
+            lambda: api.update_repo_settings(repo_id, gated=wanted, repo_type=REPO_TYPE),
+        )
+    readback = _retry("repo info", lambda: api.dataset_info(repo_id)).gated
+    if readback != wanted:
+        raise PublishError(
+            f"{repo_id}: gating was set to {wanted!r} but the Hub reports {readback!r}; nothing was uploaded. Set it "
+            "in the repo's settings (Access requests) and publish again"
+        )
+    logger.info("%s is gated (%s)", repo_id, wanted)
+    return wanted
 
 
 def _previous_version(tags: dict[str, str], tag: str) -> str | None:
@@ -273,21 +657,15 @@ def _previous_version(tags: dict[str, str], tag: str) -> str | None:
     return max(older, key=_version_key) if older else None
 
 
-def _previous_manifest(api: Any, repo_id: str, previous: str) -> dict[str, Any]:
+def _previous_manifest(api: Any, repo_id: str, previous: str, tmp: Path) -> dict[str, Any]:
     path = _retry(
         "download previous manifest",
-        lambda: api.hf_hub_download(repo_id, rf.MANIFEST_NAME, repo_type=REPO_TYPE, revision=previous),
+        lambda: api.hf_hub_download(
+            repo_id, rf.MANIFEST_NAME, repo_type=REPO_TYPE, revision=previous, local_dir=tmp / "previous"
+        ),
     )
     logger.info("card changelog against %s", previous)
     return json.loads(Path(path).read_text(encoding="utf-8"))
-
-
-def _render_card(
-    release_dir: Path, manifest: dict[str, Any], repo_id: str, previous_manifest: dict[str, Any] | None
-) -> None:
-    from dataset_cards import render_release_card
-
-    render_release_card(release_dir, manifest, previous_manifest=previous_manifest, repo_id=repo_id)
 
 
 def _version_key(tag: str) -> tuple[int, int, int] | None:

@@ -1,8 +1,9 @@
 """A test-only Hugging Face Hub double on 127.0.0.1 that stores every commit in a real git repository.
 
 It implements the write routes ``huggingface_hub`` 2.x uses with ``HF_HUB_DISABLE_XET=1`` (create repo, validate-yaml,
-preupload, Git-LFS batch + basic PUT upload, NDJSON commit, tags) and serves the read side itself (repo info at a
-revision, refs, tree, paths-info, commits, resolve with ``X-Repo-Commit``/``ETag``/ranges), which is what
+preupload, Git-LFS batch + basic PUT upload, NDJSON commit, tags, repo settings such as gating) and serves the read
+side itself (repo info at a revision with its gating, refs, tree, paths-info, commits, resolve with
+``X-Repo-Commit``/``ETag``/ranges), which is what
 ``datasets.load_dataset("ORG/NAME", revision=...)`` needs. The read side is served here rather than by ``olah``
 because the double already owns the git repository; serving it twice would add a process and a config file for no
 extra fidelity (see docs/publishing.md).
@@ -50,7 +51,8 @@ class Faults:
 
     Attributes:
         fail: kind -> list of HTTP status codes still to return for the next requests of that kind. Kinds:
-            ``lfs_put``, ``lfs_batch``, ``preupload``, ``commit``, ``tag``, ``create``.
+            ``lfs_put``, ``lfs_batch``, ``preupload``, ``commit``, ``tag``, ``create``, ``settings`` (the settings
+            call is recorded, then answered with the error).
         hold_lfs_after: when set, every LFS upload after this many successful ones blocks until ``release`` is set,
             then the connection is dropped without a response.
     """
@@ -73,6 +75,9 @@ class HubDouble:
         self.token = token
         self.faults = Faults()
         self.log: list[tuple[str, str, int]] = []
+        # Repo settings as the Hub stores them ("gated": False | "auto" | "manual"), and every settings call received.
+        self.settings: dict[tuple[str, str], dict[str, Any]] = {}
+        self.settings_calls: list[tuple[str, str, dict[str, Any]]] = []
         self.lfs_puts_ok = 0
         self._lock = threading.RLock()
         self._server: ThreadingHTTPServer | None = None
@@ -439,7 +444,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_PUT(self) -> None:  # noqa: N802
         t = "(?P<repo_type>models|datasets|spaces)"
-        self._dispatch([(rf"/lfs-upload/{t}/(?P<org>[^/]+)/(?P<name>[^/]+)/(?P<oid>[0-9a-f]{{64}})", self.lfs_put)])
+        self._dispatch(
+            [
+                (rf"/lfs-upload/{t}/(?P<org>[^/]+)/(?P<name>[^/]+)/(?P<oid>[0-9a-f]{{64}})", self.lfs_put),
+                (rf"/api/{t}/(?P<org>[^/]+)/(?P<name>[^/]+)/settings", self.update_settings),
+            ]
+        )
 
     def _read_routes(self) -> list[tuple[str, Any]]:
         t = "(?P<repo_type>models|datasets|spaces)"
@@ -590,6 +600,20 @@ class _Handler(BaseHTTPRequestHandler):
         prefix = "" if repo_type == "models" else f"{repo_type}/"
         self._json(200, {"commitUrl": f"{self.hub.url}/{prefix}{repo_id}/commit/{sha}", "commitOid": sha})
 
+    def update_settings(self, repo_type: str, org: str, name: str) -> None:
+        """``HfApi.update_repo_settings``: ``{"gated": "auto"|"manual"|false, "visibility": ...}``, recorded."""
+        self._require_auth()
+        repo_id = self._repo(repo_type, org, name)
+        payload = json.loads(self._body() or b"{}")
+        self.hub.settings_calls.append((repo_type, repo_id, payload))
+        if self._fault("settings"):
+            return
+        if "gated" in payload and payload["gated"] not in ("auto", "manual", False):
+            raise HubError(400, f"invalid gated value {payload['gated']!r}")
+        with self.hub._lock:
+            self.hub.settings.setdefault((repo_type, repo_id), {}).update(payload)
+        self._json(200, {})
+
     def tag(self, repo_type: str, org: str, name: str, rev: str) -> None:
         self._require_auth()
         repo_id = self._repo(repo_type, org, name)
@@ -635,7 +659,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "author": org,
                 "sha": sha,
                 "private": False,
-                "gated": False,
+                "gated": self.hub.settings.get((repo_type, repo_id), {}).get("gated", False),
                 "disabled": False,
                 "lastModified": date,
                 "createdAt": date,

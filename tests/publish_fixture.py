@@ -37,8 +37,14 @@ def make_release(
     name: str = "lance-demo",
     per_shard: int = 4,
     imagenet_derived: bool = True,
+    empty_configs: tuple[str, ...] = (),
+    source_spec: str = "demo",
 ) -> tuple[Path, dict[str, Any]]:
-    """Write a release under ``root`` and return (release_dir, manifest)."""
+    """Write a release under ``root`` and return (release_dir, manifest).
+
+    ``empty_configs`` are left out as the builder leaves out a config with no sample (named in ``empty_configs``);
+    ``source_spec`` is recorded as the manifest's ``source.spec``.
+    """
     release = Path(root)
     release.mkdir(parents=True, exist_ok=True)
     by_config: dict[str, list[tuple[str, bytes, int, dict[str, Any]]]] = {c: [] for c in ("original", "counterfactual")}
@@ -58,6 +64,8 @@ def make_release(
             cf["scores"] = {n: 0.5 + 0.01 * i for n in rf.SCORE_NAMES}
             cf["scores"]["clip_image"] = 1.0  # integral float: must stay a float after loading
             by_config["counterfactual"].append((cf["key"], _png(100 + i * 3 + j), label, cf))
+    for config in empty_configs:
+        del by_config[config]
     shards, counts = write_shards(release, by_config, per_shard)
     manifest: dict[str, Any] = {
         "format_version": rf.FORMAT_VERSION,
@@ -66,11 +74,12 @@ def make_release(
         "tool": {"name": "lance-counterfactuals", "version": "0.1.0"},
         "image_format": "png",
         "configs": list(by_config),
+        "empty_configs": list(empty_configs),
         "config": {"seed": 0, "thresholds": {"label_similarity": 0.6}},
         "config_hash": "sha256:" + hashlib.sha256(version.encode()).hexdigest(),
         "seed": 0,
         "source": {
-            "spec": "demo",
+            "spec": source_spec,
             "kind": "demo",
             "num_samples": num_sources,
             "imagenet_derived": imagenet_derived,

@@ -1,0 +1,396 @@
+"""Attacks on ``lance-cf publish``: what must never be uploaded, printed or changed (issue 10 sections 1, 3 and 5;
+issue 13 section 3 for gating).
+
+Every publish here runs against the Hub double on 127.0.0.1 (tests/hub_double.py); "before any remote change" is
+checked on the double's request log and its git repositories.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hub_double import HubDouble
+from publish_fixture import make_release
+from test_publish import REPO, ROOT, TOKEN, _client_env, release, release_files
+
+from builder import release_format as rf
+from builder.publish import (
+    PublishError,
+    local_paths,
+    plan_release,
+    publish_release,
+    redact_url,
+    scrub_local_paths,
+)
+from dataset_cards import render_release_card
+
+SECRET_TOKEN = "hf_private_token_in_a_dotenv_file_987"
+PRIVATE_KEY = b"-----BEGIN OPENSSH PRIVATE KEY-----\nnot-a-real-key-but-private-4242\n"
+ENDPOINT_PASSWORD = "endpoint-password-1729"
+
+
+@pytest.fixture
+def hub(tmp_path):
+    double = HubDouble(tmp_path / "hub", token=TOKEN).start()
+    yield double
+    double.stop()
+
+
+@pytest.fixture
+def hub_env(hub, monkeypatch, tmp_path):
+    from huggingface_hub import constants
+
+    for key in [k for k in os.environ if k.lower().endswith("_proxy")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home_publisher"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_PROGRESS_BARS", True)
+    return hub
+
+
+def cli(*argv: str) -> int:
+    from builder.cli_publish import register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(list(argv))
+    return args.func(args)
+
+
+def add_strays(release_dir: Path, outside: Path) -> None:
+    """What a careless release directory holds: a token, a git config, a link to a private key, a temp file."""
+    (release_dir / ".env").write_text(f"HF_TOKEN={SECRET_TOKEN}\n")
+    (release_dir / ".git").mkdir()
+    (release_dir / ".git" / "config").write_text("[remote]\n\turl = https://me:gitpass@example.org/x.git\n")
+    (release_dir / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    outside.mkdir(parents=True, exist_ok=True)
+    (outside / "id_ed25519").write_bytes(PRIVATE_KEY)
+    (release_dir / "id_ed25519").symlink_to(outside / "id_ed25519")
+    (release_dir / "private").symlink_to(outside, target_is_directory=True)
+    (release_dir / "assets" / "notes.txt").write_text("a note beside the gallery, not part of the card\n")
+    (release_dir / (rf.MANIFEST_NAME + ".tmp")).write_bytes((release_dir / rf.MANIFEST_NAME).read_bytes())
+
+
+def hub_bytes(hub: HubDouble) -> bytes:
+    """Everything the double stores: every git object (loose and packed) and every LFS object, concatenated."""
+    out = []
+    for repo_git in hub.root.rglob("*.git"):
+        out.append(hub.git(repo_git, "cat-file", "--batch-all-objects", "--batch"))
+        out += [p.read_bytes() for p in (repo_git / "lfs").rglob("*") if p.is_file()]
+    return b"".join(out)
+
+
+def expected_upload(manifest: dict) -> set[str]:
+    gallery = {f"assets/gallery-{i:02d}.png" for i in range(6)}
+    return {rf.MANIFEST_NAME, rf.TIMM_INFO_NAME, rf.CARD_NAME, *(s["path"] for s in manifest["shards"])} | gallery
+
+
+# ------------------------------------------------------------------------------------ 1. only what the manifest lists
+def test_stray_files_and_links_never_reach_the_plan_or_the_hub(hub_env, tmp_path, capsys):
+    hub = hub_env
+    release_dir, manifest = release(tmp_path)
+    add_strays(release_dir, tmp_path / "home" / ".ssh")
+
+    plan = plan_release(release_dir, REPO)
+    assert {f.path_in_repo for f in plan.files} == expected_upload(manifest)
+    assert plan.left_out == [
+        ".env (not listed in the manifest)",
+        ".git/ (directory, 2 files, not listed in the manifest)",
+        "assets/notes.txt (not listed in the manifest)",
+        "id_ed25519 (symbolic link, not followed)",
+        "manifest.json.tmp (not listed in the manifest)",
+        "private (symbolic link, not followed)",
+    ]
+    # The dry run names what it leaves out; --strict refuses the directory, naming every stray.
+    assert cli("publish", str(release_dir), "--repo-id", REPO, "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert "left out (not listed in the manifest; --strict refuses them): 6" in out and "  .env (not listed" in out
+    assert cli("publish", str(release_dir), "--repo-id", REPO, "--strict") == 1
+    err = capsys.readouterr().err
+    assert "holds 6 entries the manifest does not list (--strict)" in err and err.count("\n") == 1
+    assert ".env" in err and "id_ed25519" in err and "manifest.json.tmp" in err
+    assert not hub.exists("datasets", REPO) and {m for m, _, _ in hub.log} <= {"GET"}  # reads only
+
+    result = publish_release(release_dir, REPO)
+    stored = hub.entries("datasets", REPO, result.tag)
+    assert set(stored) == expected_upload(manifest) | {".gitattributes"}
+    everything = hub_bytes(hub)
+    for secret in (SECRET_TOKEN.encode(), PRIVATE_KEY, b"gitpass"):
+        assert secret not in everything
+    # The release directory was only read: the strays are still there, untouched.
+    assert (release_dir / ".env").read_text() == f"HF_TOKEN={SECRET_TOKEN}\n"
+
+
+def test_listed_file_behind_a_link_or_outside_the_release_is_refused(hub_env, tmp_path):
+    from release_fixture import write_manifest
+
+    hub = hub_env
+    # A shard replaced by a link to identical bytes elsewhere: verify follows it and passes, publish must not.
+    release_dir, manifest = release(tmp_path)
+    shard = release_dir / manifest["shards"][0]["path"]
+    elsewhere = tmp_path / "elsewhere" / "shard.tar"
+    elsewhere.parent.mkdir()
+    shutil.move(shard, elsewhere)
+    shard.symlink_to(elsewhere)
+    with pytest.raises(PublishError, match=r"data/original/test-000000\.tar is a symbolic link"):
+        publish_release(release_dir, REPO)
+
+    # The whole data directory as a link.
+    release_dir2, _ = make_release(tmp_path / "r2")
+    moved = tmp_path / "r2-data"
+    shutil.move(release_dir2 / rf.DATA_DIR, moved)
+    (release_dir2 / rf.DATA_DIR).symlink_to(moved, target_is_directory=True)
+    with pytest.raises(PublishError, match=r": data is a symbolic link"):
+        publish_release(release_dir2, REPO, verify=False)
+
+    # A sealed manifest that lists a path leaving the release.
+    release_dir3, manifest3 = make_release(tmp_path / "r3")
+    manifest3.pop("manifest_sha256")
+    manifest3["shards"][0]["path"] = "../outside.tar"
+    write_manifest(release_dir3, manifest3)
+    with pytest.raises(PublishError, match=r"'\.\./outside\.tar', which is not a plain path inside the release"):
+        publish_release(release_dir3, REPO, verify=False)
+    assert hub.log == []
+
+
+def test_machine_paths_are_not_published(hub_env, tmp_path, capsys):
+    hub = hub_env
+    release_dir, manifest = make_release(tmp_path / "r", source_spec="imagefolder:/home/alice/photos")
+    render_release_card(release_dir, manifest, repo_id=REPO)
+    with pytest.raises(PublishError, match=r"source\.spec = 'imagefolder:/home/alice/photos'.*--allow-local-paths"):
+        publish_release(release_dir, REPO)
+    assert cli("publish", str(release_dir), "--repo-id", REPO, "--dry-run") == 1
+    assert "holds local machine paths" in capsys.readouterr().err
+    assert hub.log == []
+    # The explicit override publishes as it is.
+    assert publish_release(release_dir, REPO, allow_local_paths=True).tag == "v1.0.0"
+
+
+def test_local_path_detection_and_scrubbing():
+    obj = {
+        "release": {"source": "/home/alice/out/rel", "name": "lance-demo", "repo": "https://huggingface.co/x/y"},
+        "model": {"class_map": "C:\\Users\\alice\\map.txt", "name": "resnet18", "ratio": "n/a", "split": "a/b"},
+        "weights": {"checkpoint": "file:///srv/ckpt/model.safetensors", "id": "timm/resnet18.a1_in1k"},
+        "notes": ["loaded imagefolder:/data/x and ~/models/blip", "relative data/original/test-000000.tar"],
+    }
+    found = dict(local_paths(obj))
+    assert sorted(found) == ["model.class_map", "notes[0]", "release.source", "weights.checkpoint"]
+    clean, changed = scrub_local_paths(obj)
+    assert sorted(changed) == sorted(found)
+    assert clean["release"]["source"] == "rel" and clean["model"]["class_map"] == "map.txt"
+    assert clean["weights"]["checkpoint"] == "model.safetensors"
+    assert clean["notes"][0] == "loaded imagefolder:x and blip"
+    assert clean["release"]["repo"] == obj["release"]["repo"] and clean["notes"][1] == obj["notes"][1]
+    assert local_paths(clean) == []
+
+
+# --------------------------------------------------------------------------------- credentials in HF_ENDPOINT URLs
+def test_redact_url():
+    text = "GET http://user:pw@h:1/a and https://tok@hub.example.org/x, not mailto a@b or http://h/p@x"
+    assert redact_url(text) == "GET http://***@h:1/a and https://***@hub.example.org/x, not mailto a@b or http://h/p@x"
+
+
+def test_endpoint_credentials_never_printed(hub_env, tmp_path, monkeypatch, capsys, caplog):
+    import logging
+
+    hub = hub_env
+    release_dir, _ = release(tmp_path)
+    caplog.set_level(logging.DEBUG)
+    # A reachable endpoint whose URL carries credentials: the client sends them as basic auth, the double refuses.
+    monkeypatch.setenv("HF_ENDPOINT", hub.url.replace("http://", f"http://alice:{ENDPOINT_PASSWORD}@"))
+    assert cli("publish", str(release_dir), "--repo-id", REPO, "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert "on http://***@127.0.0.1:" in out
+    assert cli("publish", str(release_dir), "--repo-id", REPO) == 1
+    err = capsys.readouterr().err
+    assert "http://***@127.0.0.1:" in err and err.count("\n") == 1
+    # An unreachable one.
+    monkeypatch.setenv("HF_ENDPOINT", f"http://alice:{ENDPOINT_PASSWORD}@127.0.0.1:9")
+    assert cli("publish", str(release_dir), "--repo-id", REPO) == 1
+    err2 = capsys.readouterr().err
+    assert "cannot reach the Hub at http://***@127.0.0.1:9" in err2 and err2.count("\n") == 1
+    for text in (out, err, err2):
+        assert ENDPOINT_PASSWORD not in text
+    assert not hub.exists("datasets", REPO)
+
+
+# ---------------------------------------------------------------------- 2. releases load_dataset could not open
+def test_empty_required_config_is_refused_before_any_remote_change(hub_env, tmp_path, capsys):
+    hub = hub_env
+    release_dir, manifest = make_release(tmp_path / "r", empty_configs=("counterfactual",))
+    render_release_card(release_dir, manifest)
+    assert cli("publish", str(release_dir), "--repo-id", REPO, "--dry-run") == 1
+    err = capsys.readouterr().err
+    assert "required config(s) counterfactual have no samples" in err and "load_dataset" in err
+    with pytest.raises(PublishError, match="required config"):
+        publish_release(release_dir, REPO)
+    assert hub.log == []
+
+
+def test_release_with_no_samples_is_refused(hub_env, tmp_path, capsys):
+    hub = hub_env
+    release_dir, _ = make_release(tmp_path / "r", empty_configs=("original", "counterfactual"))
+    assert cli("publish", str(release_dir), "--repo-id", REPO, "--dry-run") == 1
+    assert "has no samples in any config (1 failure(s) recorded" in capsys.readouterr().err
+    assert hub.log == []
+
+
+def test_release_load_dataset_cannot_open_is_refused(hub_env, tmp_path, monkeypatch, capsys):
+    """A card whose YAML points a config at no files (as a renderer bug would) never reaches the Hub."""
+    import dataset_cards
+
+    hub = hub_env
+    release_dir, _ = release(tmp_path)
+    real_render = dataset_cards.render_release_card
+
+    def broken_render(directory, manifest, **kwargs):
+        text = real_render(directory, manifest, **kwargs).replace("data/counterfactual/test-*", "data/cf/test-*")
+        (Path(directory) / rf.CARD_NAME).write_text(text, encoding="utf-8")
+        return text
+
+    monkeypatch.setattr(dataset_cards, "render_release_card", broken_render)
+    assert cli("publish", str(release_dir), "--repo-id", REPO, "--dry-run") == 1
+    err = capsys.readouterr().err
+    assert "load_dataset reads 0 rows of config 'counterfactual', the manifest says 9" in err
+    assert err.count("\n") == 1
+    assert cli("publish", str(release_dir), "--repo-id", REPO) == 1
+    assert not hub.exists("datasets", REPO)
+    assert not any(method != "GET" for method, _, _ in hub.log)  # only reads (refs) happened
+
+
+# ------------------------------------------------------------------------------------ 3. a read-only release dir
+def _snapshot(directory: Path) -> dict[str, tuple]:
+    snap = {}
+    for path in sorted(directory.rglob("*")):
+        st = path.lstat()
+        digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+        snap[path.relative_to(directory).as_posix()] = (st.st_mode, st.st_size, st.st_mtime_ns, digest)
+    return snap
+
+
+def test_publish_never_writes_into_the_release(hub_env, tmp_path):
+    hub = hub_env
+    release_dir, _ = release(tmp_path)
+    before = _snapshot(release_dir)
+    publish_release(release_dir, REPO)
+    assert _snapshot(release_dir) == before
+    assert hub.resolve("datasets", REPO, "v1.0.0") is not None
+
+
+def _read_only_runner(release_dir: Path) -> list[str] | None:
+    """A command prefix that runs its argument with ``release_dir`` read-only, or None when this machine cannot."""
+    if os.geteuid() != 0:
+        return []  # permissions suffice: the caller makes the tree read-only
+    if shutil.which("unshare") is None:
+        return None
+    probe = subprocess.run(
+        [
+            "unshare",
+            "-m",
+            "sh",
+            "-c",
+            f"mount --bind -o ro '{release_dir}' '{release_dir}' && ! touch '{release_dir}/x'",
+        ],
+        capture_output=True,
+    )
+    if probe.returncode != 0:
+        return None
+    return ["unshare", "-m", "sh", "-c", f'mount --bind -o ro "{release_dir}" "{release_dir}" && exec "$@"', "sh"]
+
+
+def test_publish_from_a_read_only_directory(hub_env, tmp_path):
+    hub = hub_env
+    release_dir, manifest = release(tmp_path)
+    runner = _read_only_runner(release_dir)
+    if runner is None:
+        pytest.skip("running as root without a usable `unshare -m` for a read-only bind mount")
+    if not runner:
+        for path in [release_dir, *release_dir.rglob("*")]:
+            path.chmod(path.stat().st_mode & ~0o222)
+    env = _client_env(hub, tmp_path)
+    env["HF_TOKEN"] = TOKEN
+    script = "import sys; from builder.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.run(
+        [*runner, sys.executable, "-c", script, "publish", str(release_dir), "--repo-id", REPO],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "published lance-org/lance-demo v1.0.0" in proc.stdout
+    assert set(hub.entries("datasets", REPO, "v1.0.0")) == release_files(release_dir) | {".gitattributes"}
+    card = hub.read_file("datasets", REPO, hub.entries("datasets", REPO, "v1.0.0")[rf.CARD_NAME]).decode()
+    assert f'load_dataset("{REPO}", "counterfactual"' in card and manifest["name"] in card
+
+
+# ------------------------------------------------------------------------------------------- 4. gating (issue 13)
+def test_gated_card_gates_the_repo_before_any_data_lands(hub_env, tmp_path):
+    hub = hub_env
+    release_dir, _ = release(tmp_path)  # ImageNet-derived: the card says gated
+    assert plan_release(release_dir, REPO).gated == "auto"
+    result = publish_release(release_dir, REPO)
+    assert result.gated == "auto"
+    assert hub.settings_calls == [("datasets", REPO, {"gated": "auto"})]
+    assert hub.settings[("datasets", REPO)]["gated"] == "auto"
+    order = [(m, p) for m, p, s in hub.log if s == 200]
+    settings_at = order.index(("PUT", f"/api/datasets/{REPO}/settings"))
+    commit_at = next(i for i, (m, p) in enumerate(order) if m == "POST" and "/commit/" in p)
+    assert settings_at < commit_at
+    # Read back after setting it (repo info carries the gate).
+    assert any(m == "GET" and p.startswith(f"/api/datasets/{REPO}") for m, p in order[settings_at + 1 : commit_at])
+
+    # A manual gate is kept by a later publish without --gated, and set on request with --gated manual.
+    hub.settings[("datasets", REPO)]["gated"] = "manual"
+    v2_dir, _ = release(tmp_path, version="1.1.0")
+    assert publish_release(v2_dir, REPO).gated == "manual"
+    assert len(hub.settings_calls) == 1
+    v3_dir, _ = release(tmp_path, version="1.2.0")
+    assert publish_release(v3_dir, REPO, gated="auto").gated == "auto"
+    assert hub.settings_calls[-1] == ("datasets", REPO, {"gated": "auto"})
+
+
+def test_gated_manual_option_and_ungated_cards(hub_env, tmp_path):
+    hub = hub_env
+    release_dir, _ = release(tmp_path)
+    assert cli("publish", str(release_dir), "--repo-id", REPO, "--gated", "manual") == 0
+    assert hub.settings_calls == [("datasets", REPO, {"gated": "manual"})]
+    # A card that does not say gated: no settings call.
+    other = "lance-org/open-photos"
+    open_dir, open_manifest = make_release(tmp_path / "open", imagenet_derived=False)
+    render_release_card(open_dir, open_manifest)
+    assert plan_release(open_dir, other).gated is None
+    assert publish_release(open_dir, other).gated is None
+    assert [call for call in hub.settings_calls if call[1] == other] == []
+
+
+def test_gating_that_does_not_hold_stops_before_the_upload(hub_env, tmp_path):
+    from builder.publish import create_api
+
+    hub = hub_env
+    release_dir, _ = release(tmp_path)
+
+    class IgnoredSettings(type(create_api())):
+        def update_repo_settings(self, *args, **kwargs):  # a hub that answers 200 and keeps the repo open
+            return None
+
+    with pytest.raises(PublishError, match="gating was set to 'auto' but the Hub reports False"):
+        publish_release(release_dir, REPO, api=IgnoredSettings(endpoint=hub.url))
+    assert len(hub.commits("datasets", REPO)) == 1  # the Hub's initial commit only: no data uploaded
+
+    hub.faults.fail = {"settings": [403]}
+    assert cli("publish", str(release_dir), "--repo-id", REPO) == 1
+    assert len(hub.commits("datasets", REPO)) == 1
+    assert publish_release(release_dir, REPO).gated == "auto"  # re-running completes
