@@ -6,12 +6,13 @@ Control", ICLR 2023 (arXiv 2208.01626), as used by LANCE (Prabhu et al., NeurIPS
 A batch holds one *source* prompt (index 0) and any number of *target* prompts (the edits). While the batch is
 denoised from the same inverted latent, every target borrows the source's attention maps:
 
-* cross-attention (``AttentionReplace`` for token swaps of equal length, ``AttentionRefine`` with token
-  alignment for other edits) during the first ``cross_replace_steps`` steps;
+* cross-attention (``AttentionReplace`` for in-place token swaps, where the alignment maps every unchanged token to
+  its own position; ``AttentionRefine`` with token alignment for other edits) during the first
+  ``cross_replace_steps`` steps;
 * self-attention (layers with at most ``self_replace_max_tokens`` query tokens) during the first
   ``self_replace_steps`` steps, the fraction LANCE sweeps;
-* ``AttentionReweight``: the edited tokens' cross-attention is multiplied by a factor (2.0 in LANCE) while
-  cross-attention is injected.
+* ``AttentionReweight``: the edited tokens' cross-attention (only tokens the alignment marks as new) is multiplied
+  by a factor (2.0 in LANCE) while cross-attention is injected.
 
 Each target carries its own schedule, so one UNet call can evaluate several sweep values and several edits
 against one shared source branch. Only the conditional half of a classifier-free-guidance batch is edited, as in
@@ -48,26 +49,43 @@ class TokenAlignment:
         alphas: ``[max_len]`` float tensor, 1 where the target token is aligned to a source token, 0 where it is new
             (a new token keeps its own cross-attention map).
         new_tokens: target positions of tokens without a source counterpart.
-        equal_length: whether source and target have the same number of tokens (a pure token swap).
+        equal_length: whether source and target have the same number of tokens.
+        positional: whether every aligned target token maps to its own position (equal length, and only
+            in-place substitutions): the only case where ``AttentionReplace``'s positional copy is the right map.
+            "black dog on a couch" -> "dog on a black couch" has equal length but is not positional.
     """
 
     mapper: torch.Tensor
     alphas: torch.Tensor
     new_tokens: list[int]
     equal_length: bool
+    positional: bool = False
 
 
-def align_tokens(source_ids: list[int], target_ids: list[int], max_len: int) -> TokenAlignment:
+# How ``AttentionRefine`` maps the padding positions after the target prompt's end (see ``align_tokens``).
+REFINE_PADDINGS = ("source_order", "same_position")
+
+
+def align_tokens(
+    source_ids: list[int], target_ids: list[int], max_len: int, padding: str = "source_order"
+) -> TokenAlignment:
     """Align two token sequences (each with BOS and EOS, without padding) for ``AttentionRefine``.
 
     Matching runs are found with ``difflib.SequenceMatcher`` on token ids; tokens in an ``equal`` run copy the
-    source map, every other target token is new. Padding positions after the target's end follow the source's
-    padding positions, so the EOS/padding maps (which carry a lot of attention mass in CLIP) are preserved.
+    source map, every other target token is new. Padding positions after the target's end:
+
+    * ``"source_order"`` (ours, default): the k-th padding position of the target copies the k-th padding position
+      of the source, so padding always copies padding (the EOS/padding maps carry a lot of attention mass in CLIP)
+      and never a word's map, whatever the length difference;
+    * ``"same_position"`` (prompt-to-prompt's ``seq_aligner.get_mapper`` and the authors' code): position ``j``
+      copies source position ``j``; after a deletion the target's first padding positions copy the source's last
+      words and its EOS.
 
     Args:
         source_ids: Token ids of the source prompt, BOS ... EOS.
         target_ids: Token ids of the target prompt, BOS ... EOS.
         max_len: The padded length (the tokenizer's ``model_max_length``).
+        padding: One of ``REFINE_PADDINGS``.
 
     Returns:
         The ``TokenAlignment``.
@@ -76,6 +94,8 @@ def align_tokens(source_ids: list[int], target_ids: list[int], max_len: int) -> 
         raise ValueError(
             f"token sequences must be at most max_len={max_len} long, got {len(source_ids)}, {len(target_ids)}"
         )
+    if padding not in REFINE_PADDINGS:
+        raise ValueError(f"padding must be one of {REFINE_PADDINGS}, got {padding!r}")
     mapper = torch.zeros(max_len, dtype=torch.long)
     alphas = torch.zeros(max_len)
     matcher = difflib.SequenceMatcher(None, source_ids, target_ids, autojunk=False)
@@ -84,13 +104,15 @@ def align_tokens(source_ids: list[int], target_ids: list[int], max_len: int) -> 
             mapper[j1:j2] = torch.arange(i1, i1 + (j2 - j1))
             alphas[j1:j2] = 1.0
     new_tokens = [j for j in range(len(target_ids)) if alphas[j] == 0]
+    equal_length = len(source_ids) == len(target_ids)
+    positional = equal_length and all(int(mapper[j]) == j for j in range(len(target_ids)) if alphas[j] == 1.0)
     for j in range(len(target_ids), max_len):
-        source_j = len(source_ids) + (j - len(target_ids))
+        source_j = len(source_ids) + (j - len(target_ids)) if padding == "source_order" else j
         if source_j < max_len:
             mapper[j] = source_j
             alphas[j] = 1.0
     return TokenAlignment(
-        mapper=mapper, alphas=alphas, new_tokens=new_tokens, equal_length=len(source_ids) == len(target_ids)
+        mapper=mapper, alphas=alphas, new_tokens=new_tokens, equal_length=equal_length, positional=positional
     )
 
 
@@ -141,8 +163,11 @@ class EditTarget:
     def __post_init__(self) -> None:
         if self.mode not in ("replace", "refine"):
             raise ValueError(f"mode must be 'replace' or 'refine', got {self.mode!r}")
-        if self.mode == "replace" and not self.alignment.equal_length:
-            raise ValueError("mode='replace' needs source and target prompts with the same number of tokens")
+        if self.mode == "replace" and not self.alignment.positional:
+            raise ValueError(
+                "mode='replace' needs a positional alignment (same number of tokens, every unchanged token at its "
+                "own position); use 'refine'"
+            )
 
 
 @dataclass

@@ -15,6 +15,11 @@ from lance_pipeline.sd_components import DEFAULT_MODEL, DEFAULT_REVISION, DTYPES
 # LANCE's paper sweep (section 3.2); the authors' code sweeps only up to 0.8.
 DEFAULT_SELF_REPLACE_SWEEP = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 ATTENTION_EDITS = ("auto", "refine")
+REFINE_PADDINGS = ("source_order", "same_position")  # attention_control.REFINE_PADDINGS
+SELECTIONS = ("best_directional", "largest_passing")  # candidate_selection.SELECTIONS
+# Inversion methods that optimise by gradient descent: Adam's eps (1e-8) is 0 in float16, so the update divides by
+# zero and the embeddings become inf/NaN; these run with float32 weights only.
+OPTIMISING_INVERSIONS = ("null_text",)
 
 
 def steps_of(fraction: float, num_steps: int) -> int:
@@ -39,10 +44,14 @@ class ImageEditorOptions:
         cross_replace: Fraction of the steps with cross-attention injection (0.8).
         self_replace_sweep: The self-attention injection fractions swept per edit.
         edit_word_weight: Reweighting factor of the edited tokens' cross-attention (2.0).
-        attention_edit: ``"auto"`` (replace for equal-length token swaps, refine otherwise) or ``"refine"``
-            (always refine, as the authors' code).
+        attention_edit: ``"auto"`` (replace where the token alignment maps every unchanged token to its own
+            position, i.e. in-place swaps; refine otherwise) or ``"refine"`` (always refine, as the authors' code).
+        refine_padding: How refine maps the target's padding positions: ``"source_order"`` (ours: padding copies
+            the source's padding in order) or ``"same_position"`` (prompt-to-prompt's and the authors' rule).
         self_replace_max_tokens: Self-attention is injected only in layers with at most this many query tokens.
         edit_batch_size: Target prompts (edit x sweep value) per sampling run, besides the shared source prompt.
+        selection: Which gate-passing candidate of an edit is kept: ``"best_directional"`` (highest CLIP
+            directional similarity) or ``"largest_passing"`` (largest self_replace, the authors' code in effect).
         clip_model, clip_pretrained, clip_revision, clip_batch_size: The CLIP scorer (``clip_gates.ClipScorer``).
         clip_directional_threshold, clip_image_threshold, clip_text_threshold, require_edited_closer: CLIP gates.
         lance_r_word_check: Apply the LANCE-R word check in ``lance_r_edit`` (off only for noise-image demos).
@@ -62,8 +71,10 @@ class ImageEditorOptions:
     self_replace_sweep: tuple[float, ...] = DEFAULT_SELF_REPLACE_SWEEP
     edit_word_weight: float = 2.0
     attention_edit: str = "auto"
+    refine_padding: str = "source_order"
     self_replace_max_tokens: int = 32**2
     edit_batch_size: int = 6
+    selection: str = "best_directional"
     clip_model: str = "ViT-L-14"
     clip_pretrained: str | None = "openai"
     clip_revision: str | None = None
@@ -107,12 +118,20 @@ class ImageEditorOptions:
             raise ValueError(f"self_replace_sweep has duplicates: {self.self_replace_sweep!r}")
         if self.attention_edit not in ATTENTION_EDITS:
             raise ValueError(f"attention_edit must be one of {ATTENTION_EDITS}, got {self.attention_edit!r}")
+        for name, allowed in (("refine_padding", REFINE_PADDINGS), ("selection", SELECTIONS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.guidance_scale < 1.0:
             raise ValueError(f"guidance_scale must be >= 1, got {self.guidance_scale!r}")
         from builder.registry import INVERSIONS
 
         if ":" not in self.inversion:  # "package.module:attr" names a custom method directly
             INVERSIONS.target(self.inversion)  # an unknown name fails here, with "did you mean"
+        if self.inversion in OPTIMISING_INVERSIONS and self.dtype != "float32":
+            raise ValueError(
+                f"dtype {self.dtype!r} cannot run inversion {self.inversion!r}: its optimisation needs float32 "
+                "(in float16 Adam's eps is 0 and every null embedding becomes inf/NaN); use dtype float32"
+            )
 
     @property
     def is_local(self) -> bool:

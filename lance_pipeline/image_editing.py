@@ -204,13 +204,16 @@ class CounterfactualEditStage(_ImageStage):
         editor = self.editor.describe() if self.editor is not None else {"editor": self.editor_name}
         return {
             **editor,
-            "selection": self._selector().describe(),
+            "selection": o.selection,
+            "selection_rule": self._selector().describe(),
             "gates": dataclasses.asdict(o.gate_thresholds()),
             "clip": self.scorer.describe() if self.scorer is not None and hasattr(self.scorer, "describe") else None,
         }
 
     def _selector(self) -> CandidateSelector:
-        return CandidateSelector(self.scorer, self.options.gate_thresholds(), word_check=self.word_check)
+        return CandidateSelector(
+            self.scorer, self.options.gate_thresholds(), selection=self.options.selection, word_check=self.word_check
+        )
 
     def _edits(self, record: Record) -> list[dict]:
         return [e for e in record.get(self.edits_field) or [] if e.get("kept")]

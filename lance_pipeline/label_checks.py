@@ -15,8 +15,8 @@ Per edit this stage computes, with a sentence-transformers model (default ``all-
 * ``span_similarity``: cosine similarity between the original and the edited span (0.0 when either is
   empty, i.e. a pure insertion or deletion). An edit that swaps a word for a near-synonym ("big" ->
   "large", "dog" -> "dogs") changes nothing visible and is dropped as meaningless. This second check is
-  ours (not in the paper or the authors' code); its threshold 0.8 was set on such pairs (see
-  docs/method.md).
+  the paper's (section 3.1) but not in the authors' code; its threshold 0.8 is ours, set on such pairs
+  (see docs/method.md).
 
 An edit is kept when ``label_similarity < label_threshold`` and ``span_similarity < span_threshold`` and it
 changed at least one word. Kept and rejected edits are both returned, with their scores and the reason.

@@ -126,15 +126,21 @@ class PromptToPromptEditor:
         max_len = tokenizer.model_max_length
         source_ids = prompt_token_ids(tokenizer, caption)
         target_ids = prompt_token_ids(tokenizer, request.edited_caption)
-        alignment = align_tokens(source_ids, target_ids, max_len)
-        mode = "replace" if self.options.attention_edit == "auto" and alignment.equal_length else "refine"
+        alignment = align_tokens(source_ids, target_ids, max_len, padding=self.options.refine_padding)
+        # Replace copies maps position by position: right only where every unchanged token kept its position.
+        mode = "replace" if self.options.attention_edit == "auto" and alignment.positional else "refine"
         positions: list[int] = []
+        new_tokens = [j for j in alignment.new_tokens if 0 < j < len(target_ids) - 1]
         if request.edited_span.strip():
             span_ids = tokenizer(request.edited_span, add_special_tokens=False).input_ids
-            positions = find_span_tokens(span_ids, target_ids, alignment.new_tokens)
-            if not positions:
+            span = find_span_tokens(span_ids, target_ids, alignment.new_tokens)
+            if span:
+                # A span can cover unchanged words ("dogs sitting on the sandy beach" around "sandy beach"): only
+                # the tokens the alignment marks as new are the edit, so only they are reweighted.
+                positions = [j for j in span if j in new_tokens]
+            else:
                 # The span is not a token run of the caption (e.g. cut by truncation): reweight the new tokens.
-                positions = [j for j in alignment.new_tokens if 0 < j < len(target_ids) - 1]
+                positions = new_tokens
                 logger.debug("edited span %r not found in %r; reweighting new tokens", request.edited_span, target_ids)
         equalizer = make_equalizer(max_len, positions, self.options.edit_word_weight) if positions else None
         steps = self.options.num_inference_steps
@@ -196,6 +202,7 @@ class PromptToPromptEditor:
             "self_replace_sweep": list(o.self_replace_sweep),
             "edit_word_weight": o.edit_word_weight,
             "attention_edit": o.attention_edit,
+            "refine_padding": o.refine_padding,
             "self_replace_max_tokens": o.self_replace_max_tokens,
             "edit_batch_size": o.edit_batch_size,
         }

@@ -45,8 +45,35 @@ def test_align_tokens_equal_length_swap_and_bad_input():
     assert alignment.new_tokens == [2]
     with pytest.raises(ValueError, match="max_len"):
         align_tokens(list(range(20)), [1], MAX_LEN)
-    with pytest.raises(ValueError, match="same number of tokens"):
+    assert alignment.positional
+    with pytest.raises(ValueError, match="positional alignment"):
         EditTarget(align_tokens([1, 2, 3], [1, 3], MAX_LEN), "replace", 1, 1)
+    with pytest.raises(ValueError, match="padding must be one of"):
+        align_tokens([1, 2], [1, 2], MAX_LEN, padding="authors")
+
+
+def test_equal_length_reorders_are_not_positional():
+    # BOS black dog on couch EOS -> BOS dog on black couch EOS: same length, but "dog" and "on" moved.
+    reorder = align_tokens([100, 5, 6, 7, 8, 101], [100, 6, 7, 5, 8, 101], MAX_LEN)
+    assert reorder.equal_length and not reorder.positional
+    with pytest.raises(ValueError, match="positional alignment"):
+        EditTarget(reorder, "replace", 1, 1)
+    # A two-for-two substitution in place is positional.
+    assert align_tokens([100, 1, 2, 3, 101], [100, 1, 8, 9, 101], MAX_LEN).positional
+
+
+def test_refine_padding_rules():
+    # A deletion: BOS a big dog EOS -> BOS a dog EOS.
+    source, target = [100, 1, 9, 4, 101], [100, 1, 4, 101]
+    ours = align_tokens(source, target, MAX_LEN)
+    authors = align_tokens(source, target, MAX_LEN, padding="same_position")
+    assert ours.mapper[:4].tolist() == authors.mapper[:4].tolist() == [0, 1, 3, 4]
+    # Ours: the target's padding copies the source's padding, in order (source padding starts at 5).
+    assert ours.mapper[4:].tolist() == [5, 6, 7, 8, 9, 10, 11, 0]
+    assert ours.alphas[4:].tolist() == [1, 1, 1, 1, 1, 1, 1, 0]  # the last one has no source padding left
+    # Prompt-to-prompt's rule: position j copies source j, so the first padding copies the source's EOS (4).
+    assert authors.mapper[4:].tolist() == list(range(4, MAX_LEN))
+    assert authors.alphas[4:].tolist() == [1] * (MAX_LEN - 4)
 
 
 def test_find_span_tokens():

@@ -377,3 +377,64 @@ def test_edit_longer_than_the_text_encoder_is_refused_before_rendering(record, s
     assert f"more than the text encoder's {limit}" in refused["reject_reason"]
     assert {c["edit_index"] for c in rendered} == {1} and len(rendered) == len(SWEEP)
     assert [c["edited_caption"] for c in update["counterfactuals"]] == [good]
+
+
+def test_auto_replaces_only_in_place_swaps_and_reweights_only_new_tokens(record, sd_dir):
+    stage = CounterfactualEditStage(**options(sd_dir), scorer=StubScorer())
+    stage.load("cpu")
+    editor = stage.editor
+    tokenizer = editor.components.tokenizer
+    two_dogs = "a photo of two dogs sitting on the grass"
+    beach = "a photo of dogs sitting on the sandy beach"
+    couch, moved = "a black dog sleeping on the couch", "a dog sleeping on the black couch"
+    # Equal token counts, but words moved: replace would give tokens other words' maps, so auto must refine.
+    for source, edited, span in ((two_dogs, beach, "dogs sitting on the sandy beach"), (couch, moved, "black")):
+        assert len(tokenizer(source).input_ids) == len(tokenizer(edited).input_ids)
+        target, _ = editor.build_target(source, EditRequest(edited, span), 0.5)
+        assert target.mode == "refine"
+    swap, _ = editor.build_target(two_dogs, EditRequest(two_dogs.replace("grass", "sand"), "sand"), 0.5)
+    assert swap.mode == "replace"
+    # The covering span "dogs sitting on the sandy beach" has 6 tokens; only "sandy beach" is new.
+    target, reweighted = editor.build_target(two_dogs, EditRequest(beach, "dogs sitting on the sandy beach"), 0.5)
+    ids = tokenizer(beach).input_ids
+    new = [ids.index(t) for t in tokenizer("sandy beach", add_special_tokens=False).input_ids]
+    assert reweighted == 2 and torch.nonzero(target.equalizer != 1).flatten().tolist() == new
+    # The authors' padding rule is available and recorded.
+    authors = CounterfactualEditStage(**options(sd_dir, refine_padding="same_position"), scorer=StubScorer())
+    authors.load("cpu")
+    target, _ = authors.editor.build_target(two_dogs, EditRequest("a photo of dogs on the grass", ""), 0.5)
+    n = len(tokenizer("a photo of dogs on the grass").input_ids)
+    assert target.alignment.mapper[n:].tolist() == list(range(n, tokenizer.model_max_length))
+    assert authors.describe()["prompt_to_prompt"]["refine_padding"] == "same_position"
+
+
+def test_float16_null_text_is_refused_at_validation(sd_dir):
+    with pytest.raises(ValueError, match="dtype 'float16' cannot run inversion 'null_text'.*float32"):
+        InversionStage(model=sd_dir, dtype="float16")
+    with pytest.raises(ValueError, match="selection must be one of"):
+        CounterfactualEditStage(model=sd_dir, selection="best")
+
+
+def test_largest_passing_selection_is_offered_and_recorded(record, sd_dir):
+    good = CAPTION.replace("dog", "cat")
+    table = {
+        good: [
+            (0.90, 0.50, 0.3, 0.3, 0.1),  # fails the image gate
+            (0.30, 0.90, 0.3, 0.3, 0.1),  # passes
+            (0.45, 0.90, 0.3, 0.3, 0.1),  # passes: best directional
+            (0.25, 0.90, 0.3, 0.3, 0.1),  # passes: largest passing f = 0.7
+            (0.10, 0.90, 0.3, 0.3, 0.1),  # fails directional
+            (0.35, 0.90, 0.3, 0.3, -0.01),  # fails edited-closer
+        ]
+    }
+    rec = dict(record, edits=[edit(good, "cat", "dog")])
+    chosen = {}
+    for selection in ("best_directional", "largest_passing"):
+        stage = CounterfactualEditStage(**options(sd_dir, selection=selection), scorer=StubScorer(table))
+        stage.load("cpu")
+        (update,) = stage.process([dict(rec)])
+        (sample,) = update["counterfactuals"]
+        chosen[selection] = sample["self_replace"]
+        assert [c["passed"] for c in update["edit_candidates"]] == [False, True, True, True, False, False]
+        assert stage.describe()["prompt_to_prompt"]["selection"] == selection
+    assert chosen == {"best_directional": 0.6, "largest_passing": 0.7}
