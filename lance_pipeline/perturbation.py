@@ -182,6 +182,8 @@ class ParsedOutput:
     captions: list[str] = field(default_factory=list)
     dropped: Counter = field(default_factory=Counter)
     n_lines: int = 0
+    # Each dropped line (cleaned) with its reason, for datasets that keep rejections (perturber_collect).
+    rejected: list[tuple[str, str]] = field(default_factory=list)
 
 
 def _clean_line(line: str, caption: str) -> str:
@@ -243,6 +245,7 @@ def parse_perturber_output(
     for index, line in enumerate(lines):
         if truncated and index == len(lines) - 1:
             result.dropped["truncated"] += 1
+            result.rejected.append((line.strip(), "truncated"))
             continue
         edited = _clean_line(line, caption)
         reason = _reject_reason(edited, caption, seen, max_span_words, min_shared_fraction, max_words)
@@ -250,6 +253,7 @@ def parse_perturber_output(
             reason = "extra"
         if reason is not None:
             result.dropped[reason] += 1
+            result.rejected.append((edited, reason))
             continue
         seen.add(_norm(edited))
         result.captions.append(edited)
@@ -343,6 +347,33 @@ def validate_edit_types(edit_types: list[str] | tuple[str, ...] | str) -> tuple[
 def _user_message(instruction: str, caption: str, label_name: str | None, n: int) -> str:
     keep = f'The class "{label_name}" must stay in the caption, unchanged.\n' if label_name else ""
     return f"{instruction}\n{keep}Write {n} different edited captions, one per line.\nCaption: {caption}"
+
+
+def chat_messages(
+    instruction: str, caption: str, edit_type: str, label_name: str | None, n: int, few_shot: bool = True
+) -> list[dict[str, str]]:
+    """The chat prompt for one (caption, edit type): system message, the type's example, the request.
+
+    Shared by the perturb stage (through the tokenizer's chat template) and by a teacher answering over an
+    OpenAI-compatible endpoint (``lance_pipeline.perturber_collect``), so both see the same words.
+    """
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}]
+    if few_shot:
+        example_caption, example_label, example_edits = EXAMPLES[edit_type]
+        shots = example_edits[:n]
+        messages.append(
+            {"role": "user", "content": _user_message(instruction, example_caption, example_label, len(shots))}
+        )
+        messages.append({"role": "assistant", "content": "\n".join(shots)})
+    messages.append({"role": "user", "content": _user_message(instruction, caption, label_name, n)})
+    return messages
+
+
+def alpaca_prompt(instruction: str, caption: str, label_name: str | None, n: int) -> str:
+    """The Alpaca-style prompt a LoRA perturber is trained and run with (``lance-cf perturber train`` uses it)."""
+    if label_name:
+        instruction = f'{instruction} Keep "{label_name}" unchanged. Give {n} variations.'
+    return ALPACA_TEMPLATE.format(instruction=instruction, caption=caption)
 
 
 class PromptPerturber:
@@ -496,18 +527,8 @@ class PromptPerturber:
             raise RuntimeError("PromptPerturber.load(device) must be called before build_prompt()")
         instruction = self.instructions[edit_type]
         if self._style == "alpaca":
-            if label_name:
-                instruction = f'{instruction} Keep "{label_name}" unchanged. Give {self.n_per_type} variations.'
-            return ALPACA_TEMPLATE.format(instruction=instruction, caption=caption)
-        messages = [{"role": "system", "content": SYSTEM_PROMPT}]
-        if self.few_shot:
-            example_caption, example_label, example_edits = EXAMPLES[edit_type]
-            shots = example_edits[: self.n_per_type]
-            messages.append(
-                {"role": "user", "content": _user_message(instruction, example_caption, example_label, len(shots))}
-            )
-            messages.append({"role": "assistant", "content": "\n".join(shots)})
-        messages.append({"role": "user", "content": _user_message(instruction, caption, label_name, self.n_per_type)})
+            return alpaca_prompt(instruction, caption, label_name, self.n_per_type)
+        messages = chat_messages(instruction, caption, edit_type, label_name, self.n_per_type, self.few_shot)
         return self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     # -- generation ---------------------------------------------------------------------------------

@@ -90,3 +90,200 @@ def test_module_import_is_light() -> None:
     code = "import sys, builder.cli_perturber; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_try_action_and_the_old_form_parse_alike(tiny_lm) -> None:
+    old = _parse(["perturber", CAPTION, "--label", "dog sled", "--model", str(tiny_lm)])
+    new = _parse(["perturber", "try", CAPTION, "--label", "dog sled", "--model", str(tiny_lm)])
+    options_first = _parse(["perturber", "--label", "dog sled", CAPTION])
+    assert vars(old) == vars(new) and old.perturber_action == "try" and old.func is cli_perturber.run
+    assert options_first.captions == [CAPTION]
+    assert _parse(["perturber", "eval", "--model", "m", "--data", "d"]).func is cli_perturber.run_eval
+
+
+# -- collect against an OpenAI-compatible endpoint double ----------------------------------------------------
+
+KEY = "sk-test-do-not-leak-1234"
+
+
+class ChatDouble:
+    """An OpenAI chat-completions endpoint on 127.0.0.1 that answers by rule, with scripted faults.
+
+    ``faults`` maps a caption to the answers its first requests get instead of a good one: ``500`` (server error),
+    ``"malformed"`` (a 200 whose body has no ``choices``), ``"junk"`` (a well-formed answer with no usable line).
+    """
+
+    def __init__(self, faults: dict[str, list]) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.faults = {k: list(v) for k, v in faults.items()}
+        self.requests: list[dict] = []
+        self.auth: set[str] = set()
+        lock = threading.Lock()
+        double = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server API
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with lock:
+                    double.requests.append(body)
+                    double.auth.add(self.headers.get("Authorization", ""))
+                    caption = body["messages"][-1]["content"].rsplit("Caption: ", 1)[1]
+                    fault = double.faults.get(caption, []).pop(0) if double.faults.get(caption) else None
+                if self.path != "/v1/chat/completions":
+                    return self._send(404, b'{"error": "not found"}')
+                if fault == 500:
+                    return self._send(500, b'{"error": {"message": "overloaded"}}')
+                if fault == "malformed":
+                    return self._send(200, b'{"id": "x", "object": "chat.completion"}')
+                text = "I cannot help with that." if fault == "junk" else _rule_answer(body["messages"][-1]["content"])
+                answer = {"choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                       "finish_reason": "stop"}]}  # fmt: skip
+                self._send(200, json.dumps(answer).encode())
+
+            def _send(self, status: int, payload: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _rule_answer(request: str) -> str:
+    caption = request.rsplit("Caption: ", 1)[1]
+    if "kind of image" in request:  # the domain instruction
+        lines = [caption.replace("photo", d, 1) for d in ("painting", "pencil sketch", "cartoon")]
+    else:  # weather: two good lines, one that changes the domain instead
+        lines = [caption + " on a rainy day", caption + " in thick fog", caption.replace("photo", "painting", 1)]
+    return "\n".join(f"{i}. {line}" for i, line in enumerate(lines, 1))
+
+
+@pytest.fixture
+def chat_double(monkeypatch):
+    for key in [k for k in __import__("os").environ if k.lower().endswith("_proxy")]:
+        monkeypatch.delenv(key)
+    double = ChatDouble(
+        {
+            "a photo of a husky pulling a sled in the snow": [500, 500],
+            "a photo of a dog on a beach": ["malformed"],
+            "a photo of a cat on a sofa": ["junk"],
+            "a photo of a horse in a field": [500, 500, 500, 500, 500, 500, 500, 500],  # both types give up
+        }
+    )
+    monkeypatch.setenv("OPENAI_BASE_URL", double.url)
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    yield double
+    double.stop()
+
+
+def test_collect_from_an_openai_endpoint_with_faults(chat_double, tmp_path, capsys) -> None:
+    from lance_pipeline.perturber_collect import load_dataset_split
+
+    captions = tmp_path / "captions.txt"
+    captions.write_text(
+        "# captions to perturb\n"
+        "a photo of a husky pulling a sled in the snow\tdog sled\n"
+        "a photo of a dog on a beach\tdog\n"
+        "a photo of a  dog on a beach\tdog\n"  # duplicate
+        "a photo of a cat on a sofa\tcat\n"
+        "a photo of a horse in a field\thorse\n"
+    )
+    output = tmp_path / "perturber-data"
+    args = _parse(
+        ["perturber", "collect", "--captions-file", str(captions), "--teacher", "openai:teacher-model",
+         "--edit-types", "domain,weather", "--output", str(output), "--retry-wait", "0", "--max-retries", "2",
+         "--concurrency", "2", "--test-fraction", "0"]
+    )  # fmt: skip
+    assert args.func(args) == 0
+    assert "4 captions, 8 requests (2 failed)" in capsys.readouterr().out
+    stats = json.loads((output / "collect_stats.json").read_text())
+    # husky: two 500s then answers (2 retries); dog: one malformed body then an answer; horse: 3 tries x 2 types.
+    assert stats["teacher"] == {"failed_requests": 2, "malformed_responses": 1, "requests": 8 + 2 + 1 + 4,
+                                "retries": 2 + 1 + 4, "server_errors": 2 + 6}  # fmt: skip
+    assert stats["duplicate_captions_dropped"] == 1 and stats["failed_requests"] == 2
+    rows = {(r["caption"], r["edit_type"]): r for r in load_dataset_split(str(output), "train")}
+    husky = rows[("a photo of a husky pulling a sled in the snow", "weather")]
+    assert husky["variations"] == ["a photo of a husky pulling a sled in the snow on a rainy day",
+                                   "a photo of a husky pulling a sled in the snow in thick fog"]  # fmt: skip
+    assert husky["rejected"] == [
+        {"variation": "a painting of a husky pulling a sled in the snow", "reason": "changed_the_domain"}
+    ]
+    assert len(rows[("a photo of a dog on a beach", "domain")]["variations"]) == 3
+    junk = rows[("a photo of a cat on a sofa", "domain")]
+    assert junk["variations"] == [] and junk["rejected"][0]["reason"] == "parse_too_broad" and not junk["teacher_error"]
+    failed = rows[("a photo of a horse in a field", "weather")]
+    assert failed["variations"] == [] and "gave up after 3 attempt(s): HTTP 500" in failed["teacher_error"]
+    # The key went to the server as a bearer token and nowhere else.
+    assert chat_double.auth == {f"Bearer {KEY}"}
+    assert (
+        chat_double.requests[0]["model"] == "teacher-model"
+        and chat_double.requests[0]["messages"][0]["role"] == "system"
+    )
+    for path in output.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            assert KEY.encode() not in data and chat_double.url.encode() not in data, path
+
+
+def test_collect_stops_on_a_refused_key(chat_double, tmp_path, monkeypatch) -> None:
+    from lance_pipeline.perturber_collect import CaptionItem, OpenAIChatTeacher, TeacherError, collect_edits
+
+    teacher = OpenAIChatTeacher("teacher-model", base_url=chat_double.url + "/wrong", backoff_s=0)
+    with pytest.raises(TeacherError, match="HTTP 404"):
+        collect_edits([CaptionItem("a photo of a dog", "dog")], teacher, ["domain"])
+    monkeypatch.delenv("OPENAI_BASE_URL")
+    with pytest.raises(ValueError, match="OPENAI_BASE_URL"):
+        OpenAIChatTeacher("teacher-model")
+
+
+def test_collect_train_eval_end_to_end(chat_double, tiny_lm, tmp_path, capsys, single_thread_torch) -> None:
+    captions = tmp_path / "captions.txt"
+    captions.write_text("".join(f"a photo of a {s} in the {p}\t{s}\n" for s in ("dog", "cat", "boy") for p in
+                                ("snow", "park", "city", "forest")))  # fmt: skip
+    data, adapter = tmp_path / "data", tmp_path / "adapter"
+    steps = [
+        ["collect", "--captions-file", str(captions), "--teacher", "openai:m", "--edit-types", "domain,weather",
+         "--output", str(data), "--test-fraction", "0.3"],
+        ["train", "--model", str(tiny_lm), "--data", str(data), "--output", str(adapter), "--batch-size", "4",
+         "--grad-accum", "1", "--max-steps", "3", "--lr", "0.02", "--device", "cpu", "--no-progress"],
+        ["eval", "--model", str(tiny_lm), "--adapter", str(adapter), "--data", str(data), "--edit-types",
+         "domain,weather", "--max-new-tokens", "12", "--device", "cpu", "--output", str(tmp_path / "eval.json")],
+    ]  # fmt: skip
+    for step in steps:
+        args = _parse(["perturber", *step])
+        assert args.func(args) == 0, step
+    out = capsys.readouterr().out
+    assert "| perturber | parse_rate |" in out and "| base |" in out and "| adapter adapter |" in out
+    record = json.loads((tmp_path / "eval.json").read_text())
+    results = record["results"]
+    assert set(results) == {"base", "adapter adapter"}
+    assert results["base"]["prompt_style"] == "chat" and results["adapter adapter"]["prompt_style"] == "alpaca"
+    held_out = results["base"]["captions"]
+    assert 0 < held_out < 12 and results["base"]["generations"] == 2 * held_out
+    for result in results.values():
+        assert 0 <= result["parse_rate"] <= 1 and result["diversity"] >= 0
+    assert record["label_check"]["model"].endswith("all-MiniLM-L6-v2")
+    assert str(tmp_path) not in (tmp_path / "eval.json").read_text()
+
+
+def test_train_refuses_bad_values(tiny_lm, tmp_path) -> None:
+    args = _parse(["perturber", "train", "--model", str(tiny_lm), "--data", str(tmp_path / "nothing"), "--output",
+                   str(tmp_path / "a"), "--batch-size", "100"])  # fmt: skip
+    with pytest.raises(ValueError, match="not a multiple"):
+        args.func(args)
+    args = _parse(["perturber", "collect", "--teacher", "openai:m", "--output", str(tmp_path / "d")])
+    with pytest.raises(ValueError, match="exactly one caption input"):
+        args.func(args)
