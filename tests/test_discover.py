@@ -1,0 +1,110 @@
+"""Failure discovery end to end on deterministic stand-ins with a PLANTED failure (see tiny_discovery_components).
+
+The stand-in generator paints the colour a prompt names (or a seeded one), the stand-in timm model misclassifies red
+images, and the stand-in captioner names the dominant colour: discovery must find "red", with statistics that are
+recomputed here independently; a null model (errors independent of colour) must yield no discovery over several seeds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from builder.discover import ClassTarget, Discovery, DiscoveryComponents, DiscoverySettings, discovered
+from lance_pipeline.discovery import ClusteringSettings
+from lance_pipeline.tiny_discovery_components import (
+    ColourCaptioner,
+    PaletteGenerator,
+    colour_histogram_embedder,
+    planted_classifier_fn,
+)
+
+CLASSES = [ClassTarget(0, "tench", "fish", "tench"), ClassTarget(1, "goldfish", "fish", "goldfish")]
+
+
+def _components(planted, null_error_rate=0.0, fail_after=None, generated=None):
+    """Stand-in components; ``generated`` collects how many images each generate() call made."""
+    generator = PaletteGenerator([t.name for t in CLASSES])
+    real = generator.generate
+
+    def counted(prompts, seeds):
+        if fail_after is not None and generated is not None and len(generated) >= fail_after:
+            raise KeyboardInterrupt  # a kill in the middle of the discovery
+        images = real(prompts, seeds)
+        if generated is not None:
+            generated.append(len(images))
+        return images
+
+    generator.generate = counted
+    name = "planted" if planted else "null"
+    return DiscoveryComponents(
+        generator=generator,
+        classifiers={name: planted_classifier_fn(2, planted, null_error_rate)},
+        captioner=ColourCaptioner(),
+        embedder=colour_histogram_embedder,
+    )
+
+
+def _settings(seed=0, **kw):
+    values = {"n_base": 60, "n_test": 40, "seed": seed, "batch_size": 16,
+              "clustering": ClusteringSettings(min_cluster_size=4, images_per_cluster=50)}  # fmt: skip
+    return DiscoverySettings(**{**values, **kw})
+
+
+def _hypergeom_upper_tail(a, row1, col1, total):
+    return sum(
+        math.comb(row1, x) * math.comb(total - row1, col1 - x) for x in range(a, min(row1, col1) + 1)
+    ) / math.comb(total, col1)
+
+
+def test_planted_failure_is_discovered_and_described_with_the_planted_word(tmp_path):
+    run = Discovery(tmp_path / "out", CLASSES, _components("red"), _settings())
+    document = run.run()
+    run.close()
+    found = discovered(document)
+    assert {(r["class_name"], r["refined_description"]) for r in found} == {("tench", "red"), ("goldfish", "red")}
+    for row in found:
+        assert row["rate"] == 1.0  # every red image fails
+        # statistics recomputed independently from the counts
+        entry = next(e for e in document["models"]["planted"]["classes"] if e["class_name"] == row["class_name"])
+        k0, n0 = entry["base"]["failures"], entry["base"]["n"]
+        k1, n1 = round(row["rate"] * row["n"]), row["n"]
+        assert row["p_value"] == pytest.approx(_hypergeom_upper_tail(k1, n1, k1 + k0, n1 + n0), rel=1e-9)
+        assert 0 < k0 < n0  # about a fifth of the baseline is red
+    json.dumps(document)  # serialisable as discoveries.json
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_null_model_yields_no_discovery(tmp_path, seed):
+    run = Discovery(tmp_path / "out", CLASSES, _components(None, null_error_rate=0.25), _settings(seed=seed))
+    document = run.run()
+    run.close()
+    assert discovered(document) == []
+    assert document["models"]["null"]["descriptions_tested"] >= 1  # descriptions were tested, none passed
+
+
+def test_killed_discovery_resumes_without_regenerating_and_gives_the_same_result(tmp_path):
+    clean_calls: list[int] = []
+    clean = Discovery(tmp_path / "clean", CLASSES, _components("red", generated=clean_calls), _settings())
+    expected = clean.run()
+    clean.close()
+    out = tmp_path / "killed"
+    before_kill: list[int] = []
+    first = Discovery(out, CLASSES, _components("red", fail_after=5, generated=before_kill), _settings())
+    with pytest.raises(KeyboardInterrupt):
+        first.run()
+    first.close()
+    after_kill: list[int] = []
+    second = Discovery(out, CLASSES, _components("red", generated=after_kill), _settings())
+    assert second.run() == expected
+    second.close()
+    assert len(before_kill) == 5 and after_kill
+    assert sum(before_kill) + sum(after_kill) == sum(clean_calls)  # nothing finished was generated twice
+
+
+def test_other_settings_in_the_same_output_are_refused(tmp_path):
+    Discovery(tmp_path / "out", CLASSES, _components("red"), _settings()).close()
+    with pytest.raises(ValueError, match="other settings"):
+        Discovery(tmp_path / "out", CLASSES, _components("red"), _settings(n_base=10))
