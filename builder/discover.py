@@ -330,7 +330,7 @@ class Discovery:
                     if cluster.get("discovered") and s.refine:
                         refinement = refine_description(
                             cluster["description"],
-                            lambda d, t=target, b=base: self._test(model, t, d, b),
+                            lambda d, t=target, b=base, m=model: self._test(m, t, d, b),
                             alpha=cutoff,
                         )
                         cluster["refined_description"] = refinement.description
