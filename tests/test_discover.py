@@ -108,3 +108,49 @@ def test_other_settings_in_the_same_output_are_refused(tmp_path):
     Discovery(tmp_path / "out", CLASSES, _components("red"), _settings()).close()
     with pytest.raises(ValueError, match="other settings"):
         Discovery(tmp_path / "out", CLASSES, _components("red"), _settings(n_base=10))
+
+
+@pytest.mark.e2e
+def test_discover_demo_command_writes_discoveries_and_a_report_that_renders(tmp_path):
+    import re
+    import shutil
+    import subprocess
+
+    from builder_helpers import cli
+
+    out = tmp_path / "disc"
+    done = cli("discover", "--demo", "--output", str(out), "--n-base", "60", "--n-test", "30", "--no-progress")
+    assert "2 discovered failure(s)" in done.stdout and '+ "red"' in done.stdout
+    document = json.loads((out / "discoveries.json").read_text())
+    assert document["schema"] == "lance-cf/discoveries"
+    assert {r["refined_description"] for r in discovered(document)} == {"red"}
+    page = (out / "report.html").read_text()
+    assert "planted failure" in page and page.count("<figure>") >= 4
+    browser = next(
+        (shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None
+    )
+    if browser is None:
+        pytest.skip("no Chromium here (make test installs it)")
+    probe = out / "_probe.html"
+    probe.write_text(page.replace("</body>", "<script>window.addEventListener('load', () => { const p = document."
+                                  "createElement('pre'); p.id = 'probe'; p.textContent = JSON.stringify(Array.from("
+                                  "document.images).map(i => [i.getAttribute('src'), i.complete, i.naturalWidth])); "
+                                  "document.body.appendChild(p); });</script></body>"))  # fmt: skip
+    command = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+               "--disable-component-update", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
+               "--virtual-time-budget=10000", "--dump-dom", probe.as_uri()]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True)
+    match = re.search(r'<pre id="probe">(.*?)</pre>', result.stdout, re.S)
+    assert match, result.stderr[-2000:]
+    images = json.loads(match.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    assert len(images) >= 5 and all(complete and width > 0 for _, complete, width in images), images
+    # resumable: the same command again regenerates nothing and gives the same document
+    again = cli("discover", "--demo", "--output", str(out), "--n-base", "60", "--n-test", "30", "--no-progress")
+    assert json.loads((out / "discoveries.json").read_text()) == document and again.returncode == 0
+
+
+def test_discover_needs_a_model_and_classes_in_one_line(tmp_path):
+    from builder_helpers import cli
+
+    proc = cli("discover", "--output", str(tmp_path / "x"), check=False)
+    assert proc.returncode == 2 and "--model" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
