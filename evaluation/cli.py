@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from pathlib import Path
+
+from .results import AMP_DTYPES, MODEL_DTYPES
 
 logger = logging.getLogger(__name__)
 
@@ -32,11 +35,56 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="timm model name (resnet50.a1_in1k, hf-hub:ORG/NAME), wildcard (convnext_*) or file of names; repeat",
     )
     p.add_argument("--output", required=True, type=Path, help="output directory")
-    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1 (default cpu)")
+    p.add_argument(
+        "--device", default=None, help="torch device: cpu, cuda, cuda:1 (default: cuda when available, else cpu)"
+    )
+    p.add_argument(
+        "--devices",
+        type=_device_list,
+        metavar="LIST",
+        help="evaluate different models in parallel, one worker process per device: cuda:0,cuda:1 (or cpu,cpu)",
+    )
     p.add_argument("--batch-size", type=int, default=64, help="images per batch (halved on out-of-memory)")
+    p.add_argument(
+        "--auto-batch-size",
+        action="store_true",
+        help="grow the batch size from --batch-size while memory allows (doubling, up to --max-batch-size)",
+    )
+    p.add_argument("--max-batch-size", type=int, default=1024, help="largest batch --auto-batch-size tries")
     p.add_argument("--workers", type=int, default=2, help="DataLoader worker processes (default 2)")
     p.add_argument(
         "--no-channels-last", action="store_true", help="keep NCHW memory layout (channels_last is the default)"
+    )
+    p.add_argument("--amp", action="store_true", help="mixed precision (torch.autocast), as timm validate.py --amp")
+    p.add_argument(
+        "--amp-dtype", choices=AMP_DTYPES, default="bfloat16", help="autocast dtype with --amp (default bfloat16)"
+    )
+    p.add_argument(
+        "--model-dtype",
+        choices=MODEL_DTYPES,
+        default="float32",
+        help="dtype of the weights and inputs (default float32)",
+    )
+    p.add_argument(
+        "--torchcompile",
+        nargs="?",
+        const="inductor",
+        default=None,
+        metavar="BACKEND",
+        help="torch.compile the model (backend default inductor), as timm validate.py --torchcompile",
+    )
+    p.add_argument("--no-tf32", action="store_true", help="on CUDA, keep float32 matmuls exact (TF32 is the default)")
+    p.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        metavar="N",
+        help="score only the first N samples of each config (quick runs; never ranked or published as complete)",
+    )
+    p.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="score shards whose sha256 does not match the manifest (recorded in the results)",
     )
     p.add_argument("--checkpoint", type=Path, help="local weights (.safetensors) for the model(s)")
     p.add_argument("--no-pretrained", action="store_true", help="random weights (offline use, tests)")
@@ -67,13 +115,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "leaderboard",
         help="one table and plots over evaluated models",
         description=(
-            "Collect results JSONs from RESULTS_DIR... (searched recursively) into leaderboard.csv, "
-            "leaderboard.parquet and leaderboard.md sorted by counterfactual top-1, with comparison plots."
+            "Collect results JSONs of one release from RESULTS_DIR... (searched recursively) into leaderboard.csv, "
+            "leaderboard.parquet, leaderboard.md and leaderboard.html ranked by paired Delta acc@1, with effective "
+            "robustness (probit fit over the models), agreement with real shifts (Spearman against timm's published "
+            "ImageNet-V2/-R/-Sketch/-A drops) and comparison plots."
         ),
     )
     lb.add_argument("results", nargs="+", type=Path, metavar="RESULTS_DIR", help="directories or results JSON files")
     lb.add_argument("--output", required=True, type=Path, help="output directory")
+    lb.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of the shift correlations")
+    lb.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default 0)")
     lb.set_defaults(func=run_leaderboard)
+
+
+def _device_list(value: str) -> list[str]:
+    devices = [v.strip() for v in value.split(",") if v.strip()]
+    if not devices:
+        raise argparse.ArgumentTypeError("expected a comma-separated list of devices, e.g. cuda:0,cuda:1")
+    return devices
+
+
+def resolve_device(device: str | None) -> str:
+    """A torch device name; ``None`` or ``"auto"`` means cuda when available, else cpu (as ``lance-cf build``)."""
+    if device not in (None, "auto"):
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _check_positive(name: str, value: int, minimum: int = 1) -> None:
@@ -84,18 +152,27 @@ def _check_positive(name: str, value: int, minimum: int = 1) -> None:
 def run_eval(args: argparse.Namespace) -> int:
     """Run ``lance-cf eval``; exit code 0 when every model succeeded (or was skipped), 1 when any failed."""
     _check_positive("--batch-size", args.batch_size)
+    _check_positive("--max-batch-size", args.max_batch_size, args.batch_size)
     _check_positive("--workers", args.workers, 0)
     _check_positive("--bootstrap", args.bootstrap, 0)
     _check_positive("--clusters", args.clusters)
+    if args.limit is not None:
+        _check_positive("--limit", args.limit)
     if args.checkpoint is not None and args.no_pretrained:
         raise ValueError("--checkpoint and --no-pretrained exclude each other (a checkpoint already sets the weights)")
     if args.class_map is not None and not args.class_map.is_file():
         raise ValueError(f"--class-map {str(args.class_map)!r} does not exist")
+    if args.output.exists() and not args.output.is_dir():
+        raise ValueError(f"--output {str(args.output)!r} is a file; give a directory")
 
     from .harness import EvalOptions, run_evaluation
     from .models import ModelSpec, expand_model_names
     from .release_reader import open_release
 
+    devices = [resolve_device(d) for d in args.devices] if args.devices else None
+    device = devices[0] if devices else resolve_device(args.device)
+    for name in devices or [device]:
+        _check_device(name)
     pretrained = not args.no_pretrained and args.checkpoint is None
     names = expand_model_names(args.model, pretrained=pretrained)
     if args.checkpoint is not None and len(names) != 1:
@@ -106,10 +183,20 @@ def run_eval(args: argparse.Namespace) -> int:
     ]
     release = open_release(args.release)
     options = EvalOptions(
-        device=args.device,
+        device=device,
+        devices=devices,
         batch_size=args.batch_size,
+        auto_batch_size=args.auto_batch_size,
+        max_batch_size=args.max_batch_size,
         workers=args.workers,
         channels_last=not args.no_channels_last,
+        amp=args.amp,
+        amp_dtype=args.amp_dtype,
+        model_dtype=args.model_dtype,
+        torchcompile=args.torchcompile,
+        tf32=not args.no_tf32,
+        limit=args.limit,
+        verify=not args.no_verify,
         bootstrap=args.bootstrap,
         seed=args.seed,
         insights=not args.no_insights,
@@ -121,16 +208,58 @@ def run_eval(args: argparse.Namespace) -> int:
         gallery_size=args.gallery_size,
         force=args.force,
     )
-    summaries = run_evaluation(release, specs, args.output, options)
+    where = ", ".join(devices) if devices else device
+    sys.stdout.write(
+        f"evaluating {len(specs)} model(s) on {release.name} {release.version} ({', '.join(release.configs)}) "
+        f"on {where}{f', first {args.limit} samples per config' if args.limit else ''}:\n"
+    )
+    for spec in specs:
+        sys.stdout.write(f"  {spec.name}{'' if spec.weights_id == 'pretrained' else f' [{spec.weights_id}]'}\n")
+    sys.stdout.flush()
+    summaries = run_evaluation(release, specs, args.output, options, on_result=_print_summary)
     failed = [s for s in summaries if s["status"] == "error"]
-    for s in failed:
-        logger.error("%s failed: %s", s["model"], s.get("error"))
+    done = sum(s["status"] == "ok" for s in summaries)
+    skipped = sum(s["status"] == "skipped" for s in summaries)
+    sys.stdout.write(
+        f"done: {done} evaluated, {skipped} skipped (results exist; --force re-runs), {len(failed)} failed; "
+        f"results in {args.output}; next: lance-cf leaderboard {args.output} --output LEADERBOARD_DIR\n"
+    )
     return 1 if failed else 0
+
+
+def _check_device(name: str) -> None:
+    """Refuse a device this machine does not have before anything is written."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError as error:
+        raise ValueError(f"--device {name!r} is not a torch device ({error}); use cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {name!r}: CUDA is not available on this machine; use --device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"--device {name!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+
+
+def _print_summary(summary: dict) -> None:
+    """One line per model and config as it finishes, as timm's validate.py prints its ``* Acc@1 ...`` line."""
+    from .leaderboard import summary_lines
+
+    if summary["status"] == "error":
+        sys.stdout.write(f"{summary['model']}: FAILED: {summary.get('error')}\n")
+    else:
+        suffix = " (skipped: results exist)" if summary["status"] == "skipped" else ""
+        for line in summary_lines(summary["results"]):
+            sys.stdout.write(line + suffix + "\n")
+    sys.stdout.flush()
 
 
 def run_leaderboard(args: argparse.Namespace) -> int:
     from .leaderboard import write_leaderboard
 
-    written = write_leaderboard(args.results, args.output)
+    _check_positive("--bootstrap", args.bootstrap, 0)
+    written = write_leaderboard(args.results, args.output, n_boot=args.bootstrap, seed=args.seed)
+    sys.stdout.write(f"leaderboard written to {args.output}: {written['markdown'].name}, {written['html'].name}\n")
     logger.info("wrote %s", ", ".join(str(p) for p in written.values()))
     return 0

@@ -9,12 +9,14 @@ Metrics are then computed by :mod:`evaluation.metrics`, class-level insights by 
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import io
 import json
 import logging
-import math
+import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from builder import release_format as rf
 
 from .models import ModelSpec, create_eval_model, describe_weights, resolve_label_indices
 from .release_reader import Release, iter_shard_samples
+from .results import AMP_DTYPES, MODEL_DTYPES, RESULTS_SCHEMA, RESULTS_SCHEMA_VERSION  # noqa: F401 - re-exported
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +42,21 @@ class EvalOptions:
     workers: int = 2
     min_batch_size: int = 1
     channels_last: bool = True
+    # timm validate.py's precision options: autocast (--amp, --amp-dtype) and the weights' own dtype (--model-dtype)
+    amp: bool = False
+    amp_dtype: str = "bfloat16"
+    model_dtype: str = "float32"
+    # torch.compile backend (validate.py --torchcompile), None for eager
+    torchcompile: str | None = None
+    # TF32 matmuls and cudnn.benchmark on CUDA, as validate.py sets them
+    tf32: bool = True
+    # grow the batch size from batch_size while memory allows (lm-eval's batch_size=auto), up to max_batch_size
+    auto_batch_size: bool = False
+    max_batch_size: int = 1024
+    # score only the first N samples of each config (quick runs; such results are never complete)
+    limit: int | None = None
+    # check every shard's sha256 against the manifest as it streams
+    verify: bool = True
     bootstrap: int = 1000
     seed: int = 0
     insights: bool = True
@@ -49,7 +67,31 @@ class EvalOptions:
     report: bool = True
     gallery_size: int = 12
     force: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    # evaluate different models in parallel, one worker process per device (cuda:0,cuda:1 or cpu,cpu)
+    devices: list[str] | None = None
+
+    def result_options(self) -> dict[str, Any]:
+        """Every option that changes the numbers in a results JSON (recorded, and part of the skip-if-done key).
+
+        Device, batch size and DataLoader workers are left out: they change floating-point rounding at most.
+        """
+        return {
+            "amp": self.amp,
+            "amp_dtype": self.amp_dtype if self.amp else None,
+            "model_dtype": self.model_dtype,
+            "channels_last": self.channels_last,
+            "torchcompile": self.torchcompile,
+            "tf32": self.tf32,
+            "limit": self.limit,
+            "verify": self.verify,
+            "bootstrap": self.bootstrap,
+            "seed": self.seed,
+            "insights": self.insights,
+            "clip_model": self.clip_model if self.insights else None,
+            "clip_pretrained": self.clip_pretrained if self.insights else None,
+            "clusters": self.insight_k if self.insights else None,
+            "top_clusters": self.insight_top if self.insights else None,
+        }
 
 
 class ShardSampleDataset(torch.utils.data.IterableDataset):
@@ -57,45 +99,108 @@ class ShardSampleDataset(torch.utils.data.IterableDataset):
 
     Work is split between DataLoader workers by shard when there are many shards (at least 8 per worker, so that the
     workers stay balanced), otherwise by sample: each worker decodes every ``num_workers``-th sample of the running
-    sequence and seeks past the others' bytes.
+    sequence and reads past the others' bytes. Each shard is hashed as it streams (see
+    :func:`evaluation.release_reader.iter_shard_samples`).
+
+    Items are ``(uint8 image, label, config, metadata JSON, problem)``; ``problem`` is ``""`` for a good sample. A
+    sample that cannot be read or decoded comes with a zero image, label -1 and ``problem`` naming the shard, key and
+    reason, so that it fails alone; a shard whose hash does not match comes as one item whose problem starts with
+    ``INTEGRITY_PREFIX`` (raised in the main process, with one line).
     """
 
-    def __init__(self, shards: list[tuple[str, Path]], image_ext: str, transform: Any) -> None:
-        self.shards = shards
+    INTEGRITY_PREFIX = "integrity: "
+
+    def __init__(
+        self,
+        shards: list[dict[str, Any]],
+        image_ext: str,
+        transform: Any,
+        image_shape: tuple[int, ...],
+    ) -> None:
+        self.shards = shards  # {"config", "path", "name", "sha256" | None, "max_samples" | None}
         self.image_ext = image_ext
         self.transform = transform
+        self.image_shape = image_shape
+
+    def _failed(self, config: str, shard: str, key: str, reason: str):
+        meta = json.dumps({"key": key, "shard": shard})
+        return torch.zeros(self.image_shape, dtype=torch.uint8), -1, config, meta, f"{shard} {key}: {reason}"
 
     def __iter__(self):
         from PIL import Image
+
+        from .release_reader import ReleaseIntegrityError
 
         info = torch.utils.data.get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         by_shard = len(self.shards) >= 8 * num_workers
         select = None if by_shard or num_workers == 1 else (lambda i: i % num_workers == worker)
         start = 0  # running sample index over all shards, so that striding stays balanced across shard ends
-        for shard_index, (config, path) in enumerate(self.shards):
+        for shard_index, shard in enumerate(self.shards):
             if by_shard and shard_index % num_workers != worker:
                 continue
-            for index, sample in iter_shard_samples(path, self.image_ext, select=select, start_index=start):
-                start = index + 1
-                if sample is None:
-                    continue
-                with Image.open(io.BytesIO(sample[self.image_ext])) as image:
-                    tensor = self.transform(image.convert("RGB"))
-                label = int(sample[rf.LABEL_EXT].decode("ascii").strip())
-                yield tensor, label, config, sample[rf.METADATA_EXT].decode("utf-8")
+            config, name = shard["config"], shard["name"]
+            samples = iter_shard_samples(
+                shard["path"],
+                self.image_ext,
+                select=select,
+                start_index=start,
+                max_samples=shard["max_samples"],
+                expected_sha256=shard["sha256"],
+                shard_name=name,
+            )
+            try:
+                for index, sample in samples:
+                    start = index + 1
+                    if sample is None:
+                        continue
+                    if "__error__" in sample:
+                        yield self._failed(config, name, sample["__key__"].decode(), sample["__error__"].decode())
+                        continue
+                    yield self._decode(sample, config, name, Image)
+            except ReleaseIntegrityError as error:  # crosses the worker boundary as data: one line, no traceback
+                yield self._failed(config, name, "-", self.INTEGRITY_PREFIX + str(error))
+                return
+
+    def _decode(self, sample: dict[str, bytes], config: str, shard: str, image_module: Any):
+        meta_bytes = sample.get(rf.METADATA_EXT)
+        try:
+            meta = json.loads(meta_bytes.decode("utf-8")) if meta_bytes is not None else None
+            key = meta["key"] if isinstance(meta, dict) else "?"
+        except (UnicodeDecodeError, json.JSONDecodeError, KeyError) as error:
+            return self._failed(config, shard, "?", f"unreadable metadata ({error})")
+        try:
+            if self.image_ext not in sample:
+                raise ValueError(f"no .{self.image_ext} member")
+            if rf.LABEL_EXT not in sample:
+                raise ValueError(f"no .{rf.LABEL_EXT} member")
+            label = int(sample[rf.LABEL_EXT].decode("ascii").strip())
+            with image_module.open(io.BytesIO(sample[self.image_ext])) as image:
+                tensor = self.transform(image.convert("RGB"))
+        except Exception as error:  # PIL raises many types for a broken image; any of them fails this sample only
+            return self._failed(config, shard, key, f"cannot decode ({type(error).__name__}: {error})")
+        return tensor, label, config, meta_bytes.decode("utf-8"), ""
 
 
 def is_oom_error(error: BaseException) -> bool:
-    import torch
-
+    """True for an out-of-memory error: CUDA's ``torch.OutOfMemoryError``, or the allocator's RuntimeError on other
+    devices (``DefaultCPUAllocator: can't allocate memory``, MPS ``out of memory``)."""
     if isinstance(error, torch.OutOfMemoryError):
         return True
-    return isinstance(error, RuntimeError) and "out of memory" in str(error).lower()
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
+
+def _release_cached_memory() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 class OOMRetryForward:
-    """Run a model on a batch, splitting the batch (and lowering the batch size for what follows) on out-of-memory."""
+    """Run a model on a batch, splitting the batch (and lowering the batch size for what follows) on out-of-memory.
+
+    Only out-of-memory errors are caught; anything else propagates unchanged.
+    """
 
     def __init__(self, model: Any, batch_size: int, min_batch_size: int = 1) -> None:
         self.model = model
@@ -104,8 +209,6 @@ class OOMRetryForward:
         self.retries = 0
 
     def __call__(self, images: Any) -> Any:
-        import torch
-
         outputs = []
         start = 0
         while start < images.shape[0]:
@@ -116,21 +219,89 @@ class OOMRetryForward:
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
     def _forward(self, chunk: Any) -> Any:
-        import torch
-
         try:
             return self.model(chunk)
-        except Exception as error:
+        except (torch.OutOfMemoryError, RuntimeError) as error:
             if not is_oom_error(error) or chunk.shape[0] <= self.min_batch_size:
                 raise
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            self.batch_size = max(self.min_batch_size, min(self.batch_size, chunk.shape[0] // 2))
-            self.retries += 1
-            logger.warning(
-                "out of memory on a batch of %d; retrying with batch size %d", chunk.shape[0], self.batch_size
+        _release_cached_memory()
+        self.batch_size = max(self.min_batch_size, min(self.batch_size, chunk.shape[0] // 2))
+        self.retries += 1
+        logger.warning("out of memory on a batch of %d; retrying with batch size %d", chunk.shape[0], self.batch_size)
+        return self(chunk)
+
+
+def find_batch_size(forward: Any, make_batch: Any, start: int, maximum: int) -> int:
+    """The largest batch size from ``start`` upwards (doubling, at most ``maximum``) that runs without running out
+    of memory, as lm-evaluation-harness's ``batch_size=auto``; below ``start`` (halving) when ``start`` itself does
+    not fit. Only out-of-memory errors are caught.
+
+    Args:
+        forward: runs the model on a batch.
+        make_batch: ``make_batch(n)`` returns a batch of ``n`` inputs of the real shape, dtype and layout.
+        start: the first size tried (``--batch-size``).
+        maximum: the largest size tried (``--max-batch-size``).
+    """
+
+    def fits(size: int) -> bool:
+        try:
+            forward(make_batch(size))
+            return True
+        except (torch.OutOfMemoryError, RuntimeError) as error:
+            if not is_oom_error(error):
+                raise
+            _release_cached_memory()
+            return False
+
+    size = start
+    while not fits(size):
+        if size == 1:
+            raise RuntimeError("out of memory with a batch of one image: the model does not fit on this device")
+        size //= 2
+    if size < start:
+        return size
+    while size * 2 <= maximum and fits(size * 2):
+        size *= 2
+    return size
+
+
+def _torch_dtype(name: str) -> Any:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def configure_backends(device: Any, options: EvalOptions) -> dict[str, Any]:
+    """On CUDA, cudnn.benchmark and TF32 matmuls as timm's validate.py sets them; returns what was set."""
+    if device.type != "cuda":
+        return {}
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cuda.matmul.allow_tf32 = options.tf32
+    torch.backends.cudnn.allow_tf32 = options.tf32
+    return {"cudnn_benchmark": True, "tf32": options.tf32}
+
+
+def release_shard_plan(release: Release, limit: int | None) -> list[dict[str, Any]]:
+    """The shards to stream, in config order, each with its manifest hash and (under ``--limit``) how many of its
+    first samples to score, so that each config contributes its first ``limit`` samples in shard order."""
+    plan = []
+    for config in release.configs:
+        remaining = limit
+        for path in release.shards[config]:
+            entry = release.shard_entries.get(path, {})
+            if remaining is not None and remaining <= 0:
+                break
+            samples = entry.get("samples")
+            plan.append(
+                {
+                    "config": config,
+                    "path": path,
+                    "name": entry.get("path", path.name),
+                    "sha256": entry.get("sha256"),
+                    "max_samples": remaining,
+                }
             )
-            return self(chunk)
+            if remaining is not None:
+                remaining -= samples if isinstance(samples, int) else remaining
+    return plan
 
 
 def predict_release(
@@ -143,42 +314,97 @@ def predict_release(
     """Run ``model`` over every config of ``release``.
 
     Returns:
-        One row per sample (metadata, ``p_gt``, ``correct1``, ``correct5``, ``top5`` and ``top5_prob``) and timing
-        figures (``images``, ``seconds``, ``images_per_second``, ``batch_size`` after any out-of-memory retries).
+        One row per scored sample (metadata, ``p_gt``, ``correct1``, ``correct5``, ``top5`` and ``top5_prob``) and
+        run figures: ``images``, ``seconds``, ``images_per_second``, ``batch_size`` (after any search or
+        out-of-memory retries), ``oom_retries``, ``backend`` (CUDA settings) and ``failures`` (samples that could not
+        be read, each ``{"config", "shard", "key", "reason"}``).
+
+    Raises:
+        ReleaseIntegrityError: when a shard's bytes do not match the manifest (unless ``options.verify`` is off).
     """
-    import torch
     from timm.data import create_transform
     from tqdm.auto import tqdm
 
+    from .release_reader import ReleaseIntegrityError
+
     device = torch.device(options.device)
+    backend = configure_backends(device, options)
     # As timm's loader with its prefetcher: workers resize/crop to uint8 tensors (4x less to move between processes
     # and to the device), and the batch is normalised on the device in one op.
     transform = create_transform(**data_config, use_prefetcher=True)
+    model_dtype = _torch_dtype(options.model_dtype)
     mean = torch.tensor([255.0 * m for m in data_config["mean"]], device=device).view(1, -1, 1, 1)
     std = torch.tensor([255.0 * s for s in data_config["std"]], device=device).view(1, -1, 1, 1)
-    shards = [(config, path) for config in release.configs for path in release.shards[config]]
-    dataset = ShardSampleDataset(shards, release.image_ext, transform)
+    memory_format = torch.channels_last if options.channels_last else torch.contiguous_format
+    # channels_last is what timm's validate.py --channels-last does: faster convolutions on CPU (oneDNN) and GPU
+    model = model.to(device=device, dtype=model_dtype, memory_format=memory_format)
+    if options.torchcompile:
+        model = torch.compile(model, backend=options.torchcompile)
+    autocast = (
+        torch.autocast(device_type=device.type, dtype=_torch_dtype(options.amp_dtype))
+        if options.amp
+        else contextlib.nullcontext()
+    )
+
+    def run_model(images: Any) -> Any:
+        with autocast:
+            return model(images)
+
+    batch_size = options.batch_size
+    if options.auto_batch_size:
+        shape = tuple(data_config["input_size"])
+
+        def make_batch(n: int) -> Any:
+            return torch.zeros((n, *shape), device=device, dtype=model_dtype).contiguous(memory_format=memory_format)
+
+        with torch.inference_mode():
+            batch_size = find_batch_size(run_model, make_batch, options.batch_size, options.max_batch_size)
+        logger.info(
+            "batch size search: %d (from %d, at most %d)", batch_size, options.batch_size, options.max_batch_size
+        )
+
+    plan = release_shard_plan(release, options.limit)
+    dataset = ShardSampleDataset(
+        [dict(p, sha256=p["sha256"] if options.verify else None) for p in plan],
+        release.image_ext,
+        transform,
+        (int(data_config["input_size"][0]), *(int(v) for v in data_config["input_size"][1:])),
+    )
     loader = torch.utils.data.DataLoader(
         dataset,
-        batch_size=options.batch_size,
+        batch_size=batch_size,
         num_workers=options.workers,
         pin_memory=device.type == "cuda",
         persistent_workers=False,
     )
-    memory_format = torch.channels_last if options.channels_last else torch.contiguous_format
-    # channels_last is what timm's validate.py --channels-last does: faster convolutions on CPU (oneDNN) and GPU
-    model = model.to(device, memory_format=memory_format)
-    forward = OOMRetryForward(model, options.batch_size, options.min_batch_size)
+    forward = OOMRetryForward(run_model, batch_size, options.min_batch_size)
     index = torch.tensor(label_indices, device=device) if label_indices is not None else None
     rows: list[dict[str, Any]] = []
-    total = sum(e.get("samples", 0) for e in release.manifest.get("shards") or [] if e["config"] in release.shards)
+    failures: list[dict[str, Any]] = []
+    total = _planned_samples(plan, release)
     progress = tqdm(total=total or None, unit="img", desc="evaluating", disable=None, leave=False)
     start = time.perf_counter()
     with torch.inference_mode(), progress:
-        for images, labels, configs, metas in loader:
+        for images, labels, configs, metas, problems in loader:
             progress.update(len(labels))
+            good = [i for i, problem in enumerate(problems) if not problem]
+            for i, problem in enumerate(problems):
+                if problem.startswith(ShardSampleDataset.INTEGRITY_PREFIX):
+                    raise ReleaseIntegrityError(problem.split(ShardSampleDataset.INTEGRITY_PREFIX, 1)[1])
+                if problem:
+                    meta = json.loads(metas[i])
+                    logger.warning("sample failed: %s", problem)
+                    failures.append(
+                        {"config": configs[i], "shard": meta["shard"], "key": meta["key"], "reason": problem}
+                    )
+            if not good:
+                continue
+            if len(good) < len(labels):
+                keep = torch.tensor(good)
+                images, labels = images[keep], labels[keep]
+                configs, metas = [configs[i] for i in good], [metas[i] for i in good]
             images = images.to(device, non_blocking=True).float().sub_(mean).div_(std)
-            images = images.contiguous(memory_format=memory_format)
+            images = images.to(model_dtype).contiguous(memory_format=memory_format)
             logits = forward(images)
             if index is not None:
                 logits = logits.index_select(1, index)
@@ -208,6 +434,8 @@ def predict_release(
                         "top5_prob": [float(p) for p in top_prob[i]],
                     }
                 )
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     timing = {
         "images": len(rows),
@@ -215,8 +443,18 @@ def predict_release(
         "images_per_second": round(len(rows) / seconds, 3) if seconds > 0 else None,
         "batch_size": forward.batch_size,
         "oom_retries": forward.retries,
+        "backend": backend,
+        "failures": failures,
     }
     return rows, timing
+
+
+def _planned_samples(plan: list[dict[str, Any]], release: Release) -> int:
+    total = 0
+    for shard in plan:
+        samples = release.shard_entries.get(shard["path"], {}).get("samples") or 0
+        total += min(samples, shard["max_samples"]) if shard["max_samples"] is not None else samples
+    return total
 
 
 def package_versions() -> dict[str, str]:
@@ -232,6 +470,27 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
+def tool_description() -> dict[str, str]:
+    from importlib import metadata
+
+    try:
+        version = metadata.version("lance-counterfactuals")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    return {"name": "lance-counterfactuals", "version": version}
+
+
+def run_key(release: Release, spec: ModelSpec, options: EvalOptions) -> str:
+    """What decides whether existing results can be reused: release, weights, class map and every result option."""
+    identity = {
+        "release": release.manifest_sha256,
+        "weights": spec.weights_id,
+        "class_map_sha256": spec.class_map_sha256,
+        "options": options.result_options(),
+    }
+    return "sha256:" + hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
 def evaluate_model(
     release: Release,
     spec: ModelSpec,
@@ -242,7 +501,6 @@ def evaluate_model(
     import timm
     from timm.data import resolve_data_config
 
-    from . import RESULTS_SCHEMA, RESULTS_SCHEMA_VERSION
     from .insights import summarize_clusters
     from .metrics import compute_metrics
 
@@ -251,55 +509,61 @@ def evaluate_model(
     data_config = resolve_data_config({}, model=model, use_test_size=True)
     logger.info("%s: data config %s", spec.name, data_config)
     rows, timing = predict_release(model, release, data_config, options, label_indices)
+    failures = timing.pop("failures")
+    if not rows:
+        raise ValueError(f"no sample of the release could be scored ({len(failures)} failed; first: {failures[0]})")
     computed = compute_metrics(rows, release.label_names, n_boot=options.bootstrap, seed=options.seed)
     results: dict[str, Any] = {
         "schema": RESULTS_SCHEMA,
         "schema_version": RESULTS_SCHEMA_VERSION,
         "status": "ok",
         "error": None,
+        "tool": tool_description(),
         "model": {
             "name": spec.name,
             "slug": spec.slug,
             "weights": describe_weights(spec, model),
             "param_count": round(sum(p.numel() for p in model.parameters()) / 1e6, 3),
             "num_classes": model.num_classes,
-            "class_map": str(spec.class_map) if spec.class_map is not None else None,
+            "class_map": spec.class_map.name if spec.class_map is not None else None,
             "class_map_sha256": spec.class_map_sha256,
             "data_config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in data_config.items()},
         },
         "release": release.describe(),
         "packages": package_versions() | {"timm": timm.__version__},
+        "options": options.result_options(),
+        "limit": options.limit,
         "run": {
+            "key": run_key(release, spec, options),
             "device": options.device,
             "batch_size": options.batch_size,
+            "auto_batch_size": options.auto_batch_size,
             "workers": options.workers,
-            "channels_last": options.channels_last,
-            "bootstrap": options.bootstrap,
-            "seed": options.seed,
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "timing": timing,
         },
+        "failures": failures,
         **computed,
     }
-    if edit_clusters is not None and "error" in edit_clusters:
-        results["insights"] = {"error": edit_clusters["error"]}
-    elif edit_clusters is not None:
+    if edit_clusters is not None:
         results["insights"] = summarize_clusters(edit_clusters, rows, top=options.insight_top)
     return results, rows
 
 
-def error_results(release: Release, spec: ModelSpec, error: BaseException) -> dict[str, Any]:
+def error_results(release: Release, spec: ModelSpec, options: EvalOptions, error: BaseException) -> dict[str, Any]:
     """The results dict of a model that failed to build or run: an error row for the leaderboard."""
-    from . import RESULTS_SCHEMA, RESULTS_SCHEMA_VERSION
-
     return {
         "schema": RESULTS_SCHEMA,
         "schema_version": RESULTS_SCHEMA_VERSION,
         "status": "error",
         "error": f"{type(error).__name__}: {error}",
+        "tool": tool_description(),
         "model": {"name": spec.name, "slug": spec.slug, "weights": {"id": spec.weights_id}},
         "release": release.describe(),
         "packages": package_versions(),
+        "options": options.result_options(),
+        "limit": options.limit,
+        "run": {"key": run_key(release, spec, options), "device": options.device},
     }
 
 
@@ -307,21 +571,16 @@ def results_path(output_dir: Path, spec: ModelSpec) -> Path:
     return Path(output_dir) / spec.slug / "results.json"
 
 
-def is_done(path: Path, release: Release, spec: ModelSpec) -> bool:
-    """True when ``path`` holds successful results for the same release (manifest hash), the same weights and the
-    same class map (which changes the scores as much as the weights do)."""
+def is_done(path: Path, release: Release, spec: ModelSpec, options: EvalOptions) -> bool:
+    """True when ``path`` holds successful results with the same run key: the same release (manifest hash), weights,
+    class map and every option that changes results (:meth:`EvalOptions.result_options`)."""
     if not path.is_file():
         return False
     try:
         previous = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         return False
-    return (
-        previous.get("status") == "ok"
-        and previous.get("release", {}).get("manifest_sha256") == release.manifest_sha256
-        and previous.get("model", {}).get("weights", {}).get("id") == spec.weights_id
-        and previous.get("model", {}).get("class_map_sha256") == spec.class_map_sha256
-    )
+    return previous.get("status") == "ok" and (previous.get("run") or {}).get("key") == run_key(release, spec, options)
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -337,61 +596,169 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
-def _cluster_or_error(release: Release, options: EvalOptions) -> dict[str, Any]:
-    """The release's edit clusters, or ``{"error": ...}``: missing CLIP weights must not fail every model."""
+def prepare_insights(release: Release, options: EvalOptions) -> dict[str, Any]:
+    """The release's edit clusters, computed before any model runs. A CLIP model that cannot be loaded is a one-line
+    ``ValueError`` saying what to do, raised before anything is written."""
     from .insights import cluster_release_edits
 
     try:
         return cluster_release_edits(release, options)
-    except Exception as error:
-        logger.error("class-level insights unavailable (CLIP model %r): %s", options.clip_model, error)
-        return {"error": f"{type(error).__name__}: {str(error)[:500]}"}
+    except (OSError, RuntimeError, ValueError) as error:
+        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+        hint = "unset HF_HUB_OFFLINE to download it, " if offline else "check the network (or set HF_HUB_OFFLINE=1), "
+        first_line = str(error).strip().splitlines()[0][:120] if str(error).strip() else type(error).__name__
+        raise ValueError(
+            f"insights: CLIP model {options.clip_model!r} ({options.clip_pretrained or 'no tag'}) could not be loaded "
+            f"({type(error).__name__}: {first_line}); {hint}pass a local open_clip directory with --clip-model DIR, "
+            "or --no-insights"
+        ) from error
 
 
-def run_evaluation(release: Release, specs: list[ModelSpec], output_dir: Path, options: EvalOptions) -> list[dict]:
-    """Evaluate every model in turn; a model that fails gets an error row and the others continue.
-
-    Writes ``OUTPUT/<model slug>/results.json``, ``predictions.parquet`` and (unless disabled) ``report.html``.
-    Models whose results already exist for the same release and weights are skipped (``options.force`` re-runs).
-
-    Returns:
-        One summary per model: ``{"model", "slug", "status", "path", "error"}``; status is ok, error or skipped.
-    """
+def _evaluate_and_write(
+    release: Release, spec: ModelSpec, output_dir: Path, options: EvalOptions, edit_clusters: dict[str, Any] | None
+) -> dict[str, Any]:
+    """Evaluate one model and write its files; a model that fails gets an error results file. Returns its summary."""
     import pandas as pd
 
-    output_dir = Path(output_dir)
-    edit_clusters = None
+    from .release_reader import ReleaseIntegrityError
+
+    path = results_path(output_dir, spec)
+    try:
+        results, rows = evaluate_model(release, spec, options, edit_clusters)
+    except ReleaseIntegrityError:
+        raise
+    except Exception as error:  # a model that fails to build or run must not stop the others
+        logger.error("%s: evaluation failed: %s", spec.name, error, exc_info=logger.isEnabledFor(logging.DEBUG))
+        write_json(path, error_results(release, spec, options, error))
+        return {"model": spec.name, "slug": spec.slug, "status": "error", "path": str(path), "error": str(error)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_parquet(path.parent / "predictions.parquet", index=False)
+    write_json(path, results)
+    if options.report:
+        from .report import write_model_report
+
+        try:
+            write_model_report(results, rows, release, path.parent, gallery_size=options.gallery_size)
+        except Exception as error:  # a report problem must not lose the computed results
+            logger.error("%s: report failed: %s", spec.name, error)
+    return {"model": spec.name, "slug": spec.slug, "status": "ok", "path": str(path), "results": results}
+
+
+def _device_worker(device: str, threads: int, tasks: Any, done: Any, release, output_dir, options, clusters) -> None:
+    """One ``--devices`` worker process: evaluates the models it takes from ``tasks`` on its device."""
+    import dataclasses
+
+    from .release_reader import ReleaseIntegrityError
+
+    torch.set_num_threads(threads)
+    options = dataclasses.replace(options, device=device, devices=None)
+    while True:
+        spec = tasks.get()
+        if spec is None:
+            return
+        try:
+            done.put(_evaluate_and_write(release, spec, output_dir, options, clusters))
+        except ReleaseIntegrityError as error:
+            done.put({"model": spec.name, "slug": spec.slug, "status": "integrity", "error": str(error)})
+        except BaseException as error:  # noqa: BLE001 - the parent must hear of it, not wait forever
+            done.put(
+                {"model": spec.name, "slug": spec.slug, "status": "error", "error": f"{type(error).__name__}: {error}"}
+            )
+            raise
+
+
+def _run_parallel(release, specs, output_dir, options, clusters, on_result) -> list[dict[str, Any]]:
+    """Evaluate ``specs`` on several devices at once: one spawned worker process per device, models shared out
+    first come first served. Each model's numbers are those of a single-device run (same code, same thread count)."""
+    import multiprocessing
+
+    from .release_reader import ReleaseIntegrityError
+
+    context = multiprocessing.get_context("spawn")
+    tasks, done = context.Queue(), context.Queue()
+    for spec in specs:
+        tasks.put(spec)
+    workers = []
+    for device in options.devices[: len(specs)]:
+        tasks.put(None)
+        process = context.Process(
+            target=_device_worker,
+            args=(device, torch.get_num_threads(), tasks, done, release, output_dir, options, clusters),
+            daemon=False,  # a worker runs its own DataLoader worker processes
+        )
+        process.start()
+        workers.append(process)
     summaries = []
+    try:
+        while len(summaries) < len(specs):
+            try:
+                summary = done.get(timeout=5)
+            except Exception:  # queue.Empty: check that the workers are alive
+                if not any(p.is_alive() for p in workers) and done.empty():
+                    raise RuntimeError("evaluation worker processes exited without reporting every model") from None
+                continue
+            if summary["status"] == "integrity":
+                raise ReleaseIntegrityError(summary["error"])
+            summaries.append(summary)
+            if on_result is not None:
+                on_result(summary)
+    finally:
+        for process in workers:
+            if len(summaries) < len(specs) and process.is_alive():  # stopped early (error or Ctrl-C)
+                process.terminate()
+            process.join()
+    order = {spec.slug: i for i, spec in enumerate(specs)}
+    return sorted(summaries, key=lambda s: order.get(s["slug"], len(order)))
+
+
+def run_evaluation(
+    release: Release,
+    specs: list[ModelSpec],
+    output_dir: Path,
+    options: EvalOptions,
+    on_result: Any = None,
+) -> list[dict]:
+    """Evaluate every model; a model that fails gets an error row and the others continue.
+
+    Writes ``OUTPUT/<model slug>/results.json``, ``predictions.parquet`` and (unless disabled) ``report.html``.
+    Models whose results already exist with the same run key (:func:`run_key`) are skipped (``options.force`` re-runs).
+    With ``options.devices`` naming several devices, models run in parallel, one worker process per device.
+
+    Args:
+        on_result: called with each model's summary as soon as it is done (in the calling process).
+
+    Returns:
+        One summary per model: ``{"model", "slug", "status", "path", "error", "results"}``; status is ok, error or
+        skipped (``results`` for ok and skipped).
+
+    Raises:
+        ReleaseIntegrityError: a shard does not match the manifest (nothing is written for that model).
+        ValueError: the insights' CLIP model cannot be loaded (before anything is written).
+    """
+    output_dir = Path(output_dir)
+    summaries: list[dict[str, Any]] = []
+    todo = []
     for spec in specs:
         path = results_path(output_dir, spec)
-        if not options.force and is_done(path, release, spec):
-            logger.info("%s: results for this release and weights exist at %s; skipping", spec.name, path)
-            summaries.append({"model": spec.name, "slug": spec.slug, "status": "skipped", "path": str(path)})
-            continue
-        if options.insights and edit_clusters is None:
-            edit_clusters = _cluster_or_error(release, options)
-        try:
-            results, rows = evaluate_model(release, spec, options, edit_clusters if options.insights else None)
-        except Exception as error:  # a model that fails to build or run must not stop the others
-            if isinstance(error, KeyboardInterrupt):
-                raise
-            logger.error("%s: evaluation failed: %s", spec.name, error, exc_info=logger.isEnabledFor(logging.DEBUG))
-            write_json(path, error_results(release, spec, error))
-            summaries.append(
-                {"model": spec.name, "slug": spec.slug, "status": "error", "path": str(path), "error": str(error)}
-            )
-            continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        pd.DataFrame(rows).to_parquet(path.parent / "predictions.parquet", index=False)
-        write_json(path, results)
-        if options.report:
-            from .report import write_model_report
-
-            try:
-                write_model_report(results, rows, release, path.parent, gallery_size=options.gallery_size)
-            except Exception as error:  # a report problem must not lose the computed results
-                logger.error("%s: report failed: %s", spec.name, error)
-        headline = results["metrics"].get("counterfactual") or results["metrics"].get("original", {})
-        logger.info("%s: acc@1 %.2f on %d images", spec.name, headline.get("acc1", math.nan), headline.get("n", 0))
-        summaries.append({"model": spec.name, "slug": spec.slug, "status": "ok", "path": str(path)})
-    return summaries
+        if not options.force and is_done(path, release, spec, options):
+            logger.info("%s: results with the same release, weights and options exist at %s; skipping", spec.name, path)
+            summary = {"model": spec.name, "slug": spec.slug, "status": "skipped", "path": str(path)}
+            summary["results"] = json.loads(path.read_text(encoding="utf-8"))
+            summaries.append(summary)
+            if on_result is not None:
+                on_result(summary)
+        else:
+            todo.append(spec)
+    if not todo:
+        return summaries
+    edit_clusters = prepare_insights(release, options) if options.insights else None
+    if options.devices and len(options.devices) > 1 and len(todo) > 1:
+        summaries += _run_parallel(release, todo, output_dir, options, edit_clusters, on_result)
+    else:
+        for spec in todo:
+            summary = _evaluate_and_write(release, spec, output_dir, options, edit_clusters)
+            summaries.append(summary)
+            if on_result is not None:
+                on_result(summary)
+    order = {spec.slug: i for i, spec in enumerate(specs)}
+    return sorted(summaries, key=lambda s: order.get(s["slug"], len(order)))

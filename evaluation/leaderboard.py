@@ -1,41 +1,67 @@
-"""One table over models from their results JSONs: CSV, Parquet and Markdown, plus comparison plots.
+"""The one leaderboard over models, from their results JSONs: tables (CSV, Parquet, Markdown), plots, HTML.
 
-Columns start with timm's ``results-*.csv`` columns (``model, img_size, top1, top1_err, top5, top5_err, param_count,
-crop_pct, interpolation``, and ``top1_diff, top5_diff, rank_diff`` as timm's generate_csv_results adds for shifted
-sets), computed on the ``counterfactual`` config against ``original``; then LANCE columns. Rows are sorted by
-counterfactual top-1 (descending, as timm sorts), models that failed last.
+Ranking leads with paired metrics (each counterfactual against its own original, LANCE eq. 3 restricted to pairs):
+rows are sorted by paired Delta acc@1 (higher = more robust), then counterfactual top-1. The unpaired difference of
+the two sets is kept, labelled ``unpaired_*``: it is confounded by how many edits each class kept.
+
+The full table's first columns are timm's ``results-*.csv`` columns (``model, img_size, top1, top1_err, top5,
+top5_err, param_count, crop_pct, interpolation``, top-k on the ``counterfactual`` config), then LANCE columns.
+Only complete runs (no ``--limit``, no failed sample) are ranked; others are listed unranked. A leaderboard never mixes
+releases: results of different releases (manifest hashes) are refused.
+
+This module owns the Markdown the dataset card embeds (:func:`leaderboard_markdown`) and the rows published to the
+Hub (:func:`build_leaderboard_by_config`).
 """
 
 from __future__ import annotations
 
+import html
 import json
 import logging
+import math
+import numbers
 from pathlib import Path
 from typing import Any
 
-from . import RESULTS_SCHEMA
+from .results import display_name, is_complete, is_results, model_label, validate_results
 
 logger = logging.getLogger(__name__)
 
 TIMM_COLUMNS = ["model", "img_size", "top1", "top1_err", "top5", "top5_err", "param_count", "crop_pct", "interpolation"]
 COLUMNS = [
     *TIMM_COLUMNS,
-    "top1_diff",
-    "top5_diff",
-    "rank_diff",
-    "original_top1",
-    "original_top5",
+    "rank",
     "paired_top1_diff",
+    "paired_top1_diff_ci_low",
+    "paired_top1_diff_ci_high",
     "delta_p_gt_mean",
+    "delta_p_gt_mean_ci_low",
+    "delta_p_gt_mean_ci_high",
     "delta_p_gt_abs_mean",
     "flip_rate",
+    "flip_rate_ci_low",
+    "flip_rate_ci_high",
+    "paired_original_top1",
+    "paired_counterfactual_top1",
+    "n_pairs",
+    "effective_robustness",
+    "effective_robustness_probit",
+    "original_top1",
+    "original_top5",
+    "unpaired_top1_diff",
+    "unpaired_top5_diff",
+    "rank_diff",
     "n_counterfactual",
     "n_original",
     "reconstructed_top1",
-    "reconstructed_top1_diff",
+    "reconstructed_paired_top1_diff",
     "lance_r_top1",
-    "lance_r_top1_diff",
+    "lance_r_paired_top1_diff",
     "lance_r_delta_p_gt_mean",
+    "num_classes",
+    "complete",
+    "limit",
+    "failed_samples",
     "weights",
     "release",
     "release_version",
@@ -43,10 +69,25 @@ COLUMNS = [
     "status",
     "error",
 ]
+INTEGER_COLUMNS = [
+    "img_size",
+    "rank",
+    "n_pairs",
+    "rank_diff",
+    "n_counterfactual",
+    "n_original",
+    "num_classes",
+    "limit",
+    "failed_samples",
+]
+TOP5_COLUMNS = ["top5", "top5_err", "original_top5", "unpaired_top5_diff"]
+# acc@5 says nothing when the label space has five classes or fewer: every label is in the top 5
+MIN_CLASSES_FOR_TOP5 = 6
 
 
 def find_results(paths: list[str | Path]) -> list[dict[str, Any]]:
-    """Every results JSON (``schema == lance-cf/eval-results``) in the given files or directories (recursively)."""
+    """Every results JSON in the given files or directories (recursively), each checked by
+    :func:`evaluation.results.validate_results`; other JSON files are skipped, a malformed results file is an error."""
     found = []
     seen: set[Path] = set()  # overlapping arguments (OUT and OUT/<model>) must not list a model twice
     for path in paths:
@@ -60,24 +101,51 @@ def find_results(paths: list[str | Path]) -> list[dict[str, Any]]:
             seen.add(file.resolve())
             try:
                 data = json.loads(file.read_text(encoding="utf-8"))
-            except (OSError, json.JSONDecodeError):
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError):
                 continue
-            if isinstance(data, dict) and data.get("schema") == RESULTS_SCHEMA:
-                data["_path"] = str(file)
-                found.append(data)
+            if not is_results(data):
+                continue
+            try:
+                validate_results(data)
+            except ValueError as error:
+                raise ValueError(f"{file}: {error}") from None
+            data["_path"] = str(file)
+            found.append(data)
     if not found:
         raise ValueError(f"no lance-cf results JSON found under {', '.join(map(str, paths))}")
     return found
 
 
-def _round(value: Any, digits: int = 3) -> Any:
-    return round(value, digits) if isinstance(value, float) else value
+def check_one_release(results: list[dict[str, Any]]) -> None:
+    """Refuse results of different releases: their numbers are not comparable."""
+    releases: dict[str, str] = {}
+    for r in results:
+        release = r.get("release") or {}
+        releases.setdefault(
+            str(release.get("manifest_sha256")),
+            f"{release.get('name')} {release.get('version')} ({str(release.get('manifest_sha256'))[:12]})",
+        )
+    if len(releases) > 1:
+        raise ValueError(
+            f"the results come from {len(releases)} different releases ({'; '.join(sorted(releases.values()))}); "
+            "a leaderboard compares models on one release: pass each release's results separately"
+        )
+
+
+def _ci(entry: dict[str, Any], name: str) -> tuple[float | None, float | None]:
+    ci = entry.get(f"{name}_ci")
+    return (ci[0], ci[1]) if isinstance(ci, list) and len(ci) == 2 else (None, None)
+
+
+def _num_classes(results: dict[str, Any]) -> int | None:
+    value = ((results.get("release") or {}).get("label_space") or {}).get("num_classes")
+    return int(value) if isinstance(value, int) else None
 
 
 def leaderboard_row(results: dict[str, Any]) -> dict[str, Any]:
     """One leaderboard row from one results JSON (error rows keep the model, release and error)."""
-    model = results.get("model", {})
-    release = results.get("release", {})
+    model = results.get("model") or {}
+    release = results.get("release") or {}
     row: dict[str, Any] = dict.fromkeys(COLUMNS)
     row.update(
         model=model.get("name"),
@@ -85,6 +153,9 @@ def leaderboard_row(results: dict[str, Any]) -> dict[str, Any]:
         release=release.get("name"),
         release_version=release.get("version"),
         manifest_sha256=release.get("manifest_sha256"),
+        num_classes=_num_classes(results),
+        complete=is_complete(results),
+        limit=results.get("limit"),
         status=results.get("status"),
         error=results.get("error"),
     )
@@ -95,8 +166,12 @@ def leaderboard_row(results: dict[str, Any]) -> dict[str, Any]:
     cf = metrics.get("counterfactual") or {}
     orig = metrics.get("original") or {}
     overall = (results.get("sensitivity") or {}).get("overall") or {}
-    lance_r = ((results.get("sensitivity_by_config") or {}).get("lance_r") or {}).get("overall") or {}
+    by_config = results.get("sensitivity_by_config") or {}
+    lance_r = (by_config.get("lance_r") or {}).get("overall") or {}
     input_size = data_config.get("input_size") or [None, None]
+    dp_lo, dp_hi = _ci(overall, "delta_p_gt_mean")
+    fl_lo, fl_hi = _ci(overall, "flip_rate")
+    pd_lo, pd_hi = _ci(overall, "paired_delta_acc1")
     row.update(
         img_size=input_size[-1],
         top1=cf.get("acc1"),
@@ -106,85 +181,474 @@ def leaderboard_row(results: dict[str, Any]) -> dict[str, Any]:
         param_count=model.get("param_count"),
         crop_pct=data_config.get("crop_pct"),
         interpolation=data_config.get("interpolation"),
-        top1_diff=cf.get("delta_acc1"),
-        top5_diff=cf.get("delta_acc5"),
-        original_top1=orig.get("acc1"),
-        original_top5=orig.get("acc5"),
-        paired_top1_diff=cf.get("paired_delta_acc1"),
+        paired_top1_diff=overall.get("paired_delta_acc1"),
+        paired_top1_diff_ci_low=pd_lo,
+        paired_top1_diff_ci_high=pd_hi,
         delta_p_gt_mean=overall.get("delta_p_gt_mean"),
+        delta_p_gt_mean_ci_low=dp_lo,
+        delta_p_gt_mean_ci_high=dp_hi,
         delta_p_gt_abs_mean=overall.get("delta_p_gt_abs_mean"),
         flip_rate=overall.get("flip_rate"),
+        flip_rate_ci_low=fl_lo,
+        flip_rate_ci_high=fl_hi,
+        paired_original_top1=overall.get("orig_acc1"),
+        paired_counterfactual_top1=overall.get("acc1"),
+        n_pairs=overall.get("n"),
+        original_top1=orig.get("acc1"),
+        original_top5=orig.get("acc5"),
+        unpaired_top1_diff=cf.get("delta_acc1"),
+        unpaired_top5_diff=cf.get("delta_acc5"),
         n_counterfactual=cf.get("n"),
         n_original=orig.get("n"),
         reconstructed_top1=(metrics.get("reconstructed") or {}).get("acc1"),
-        reconstructed_top1_diff=(metrics.get("reconstructed") or {}).get("delta_acc1"),
+        reconstructed_paired_top1_diff=(metrics.get("reconstructed") or {}).get("paired_delta_acc1"),
         lance_r_top1=(metrics.get("lance_r") or {}).get("acc1"),
-        lance_r_top1_diff=(metrics.get("lance_r") or {}).get("delta_acc1"),
+        lance_r_paired_top1_diff=(metrics.get("lance_r") or {}).get("paired_delta_acc1"),
         lance_r_delta_p_gt_mean=lance_r.get("delta_p_gt_mean"),
+        failed_samples=len(results.get("failures") or []),
     )
-    return {k: _round(v) for k, v in row.items()}
+    if row["num_classes"] is not None and row["num_classes"] < MIN_CLASSES_FOR_TOP5:
+        for column in TOP5_COLUMNS:
+            row[column] = None
+    return row
 
 
 def build_leaderboard(results: list[dict[str, Any]]) -> Any:
-    """The leaderboard DataFrame: one row per (model, weights, release), sorted by counterfactual top-1."""
+    """The leaderboard DataFrame: one row per (model, weights), ranked by paired Delta acc@1.
+
+    Raises:
+        ValueError: when the results come from different releases.
+    """
     import pandas as pd
 
+    from .robustness import effective_robustness
+
+    check_one_release(results)
     rows = [leaderboard_row(r) for r in results]
+    fit = effective_robustness(results)
+    for index, values in fit["by_model"].items():
+        rows[index].update(values)
     df = pd.DataFrame(rows, columns=COLUMNS)
-    ok = df["status"] == "ok"
-    if ok.any():
+    ranked = (df["status"] == "ok") & df["complete"].astype(bool)
+    df["_group"] = 0
+    df.loc[~ranked, "_group"] = 1
+    df.loc[df["status"] != "ok", "_group"] = 2
+    df = df.sort_values(
+        ["_group", "paired_top1_diff", "top1", "model"], ascending=[True, False, False, True], na_position="last"
+    ).reset_index(drop=True)
+    ranked = df["_group"] == 0
+    df.loc[ranked, "rank"] = range(1, int(ranked.sum()) + 1)
+    if ranked.any():
         # rank_diff as in timm: rank on the original set minus rank on the counterfactual set (positive = moved up)
-        rank_cf = df.loc[ok, "top1"].rank(ascending=False, method="min")
-        rank_orig = df.loc[ok, "original_top1"].rank(ascending=False, method="min")
-        df.loc[ok, "rank_diff"] = (rank_orig - rank_cf).astype("Int64")
-    df["_failed"] = ~ok
-    df = df.sort_values(["_failed", "top1", "model"], ascending=[True, False, True], na_position="last")
-    return df.drop(columns="_failed").reset_index(drop=True)
+        rank_cf = df.loc[ranked, "top1"].rank(ascending=False, method="min")
+        rank_orig = df.loc[ranked, "original_top1"].rank(ascending=False, method="min")
+        df.loc[ranked, "rank_diff"] = rank_orig - rank_cf
+    df = df.drop(columns="_group")
+    for column in INTEGER_COLUMNS:
+        df[column] = pd.array([None if _missing(v) else int(v) for v in df[column]], dtype="Int64")
+    for column in COLUMNS:
+        if column not in INTEGER_COLUMNS and df[column].dtype == object:
+            values = [v for v in df[column] if not _missing(v)]
+            if values and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+                df[column] = pd.to_numeric(df[column])
+    df["complete"] = df["complete"].astype(bool)
+    return df
 
 
-INTEGER_COLUMNS = {"img_size", "rank_diff", "n_counterfactual", "n_original"}
+def _missing(value: Any) -> bool:
+    if value is None:
+        return True
+    try:
+        return bool(value != value)  # NaN and pandas.NA
+    except TypeError:
+        return False
 
 
-def to_markdown(df: Any) -> str:
-    """A GitHub-flavoured Markdown table (no extra dependency)."""
-    import pandas as pd
+def fmt_number(value: Any, digits: int = 2) -> str:
+    """A table cell: ``—`` for missing, integers as integers, floats rounded without a ``-0.00``."""
+    if _missing(value):
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    if isinstance(value, numbers.Real):
+        value = float(value)
+        if not math.isfinite(value):
+            return "—"
+        rounded = round(value, digits)
+        if rounded == 0:
+            rounded = 0.0  # no "-0.00"
+        return f"{rounded:.{digits}f}"
+    return str(value)
 
-    def cell(column: str, value: Any) -> str:
-        if value is None or (not isinstance(value, (list, tuple)) and pd.isna(value)):
-            return ""
-        if column in INTEGER_COLUMNS:
-            return str(int(value))
-        if isinstance(value, float):
-            return f"{value:.2f}"
-        return str(value).replace("|", "\\|").replace("\n", " ")
 
-    lines = ["| " + " | ".join(df.columns) + " |", "|" + "|".join("---" for _ in df.columns) + "|"]
-    for record in df.astype(object).itertuples(index=False):
-        lines.append("| " + " | ".join(cell(c, v) for c, v in zip(df.columns, record, strict=True)) + " |")
+def _pct(value: Any) -> str:
+    text = fmt_number(value)
+    return text if text == "—" else f"{text}%"
+
+
+def _with_ci(value: Any, low: Any, high: Any) -> str:
+    text = fmt_number(value)
+    if _missing(low) or _missing(high) or text == "—":
+        return text
+    return f"{text} [{fmt_number(low)}, {fmt_number(high)}]"
+
+
+def _md_escape(text: str) -> str:
+    """Model names and errors in a Markdown cell: no pipes, no line breaks, no markup."""
+    text = str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").replace("\r", " ")
+    for char in "`*_[]<>#":
+        text = text.replace(char, "\\" + char)
+    return text
+
+
+COMPACT_HEADER = [
+    "rank",
+    "model",
+    "original acc@1",
+    "counterfactual acc@1",
+    "paired Δ acc@1 [95% CI]",
+    "Δp(y_GT) [95% CI]",
+    "flip rate % [95% CI]",
+]
+COMPACT_NOTE = (
+    "Ranked by paired Δ acc@1: each counterfactual against its own original (higher = more robust). Accuracies are "
+    "over those pairs. Δp(y_GT): mean drop of the true class's probability (points; + = the edits hurt). Flip rate: "
+    "% of correctly classified originals whose counterfactual is misclassified. Brackets: 95% bootstrap intervals "
+    "over source images."
+)
+
+
+def compact_markdown(df: Any) -> str:
+    """The compact ranked table of a leaderboard DataFrame (ranked rows, then unranked incomplete ones)."""
+    ok = df[df["status"] == "ok"]
+    if ok.empty:
+        return ""
+    lines = ["| " + " | ".join(COMPACT_HEADER) + " |", "|" + "|".join("---:" for _ in COMPACT_HEADER) + "|"]
+    unranked = 0
+    for row in ok.astype(object).to_dict("records"):
+        rank = fmt_number(row["rank"]) if not _missing(row["rank"]) else "—"
+        name = _md_escape(display_name(row["model"], row["weights"]))
+        if not row["complete"]:
+            unranked += 1
+            why = f"--limit {row['limit']}" if not _missing(row["limit"]) else f"{row['failed_samples']} failed samples"
+            name += f" (incomplete: {why})"
+        cells = [
+            rank,
+            name,
+            fmt_number(row["paired_original_top1"]),
+            fmt_number(row["paired_counterfactual_top1"]),
+            _with_ci(row["paired_top1_diff"], row["paired_top1_diff_ci_low"], row["paired_top1_diff_ci_high"]),
+            _with_ci(row["delta_p_gt_mean"], row["delta_p_gt_mean_ci_low"], row["delta_p_gt_mean_ci_high"]),
+            _with_ci(row["flip_rate"], row["flip_rate_ci_low"], row["flip_rate_ci_high"]),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", COMPACT_NOTE]
+    if unranked:
+        lines.append("Incomplete runs (a `--limit` run or samples that failed to decode) are shown but not ranked.")
     return "\n".join(lines) + "\n"
 
 
-def write_leaderboard(paths: list[str | Path], output_dir: Path) -> dict[str, Path]:
-    """Write ``leaderboard.csv``, ``leaderboard.parquet``, ``leaderboard.md`` and the comparison plots."""
-    from .plots import plot_acc_scatter, plot_class_delta_acc, plot_edit_type_sensitivity
+def leaderboard_markdown(results: list[dict[str, Any]]) -> str:
+    """THE compact ranked Markdown table for a list of results JSONs of one release ("" when none succeeded).
+
+    The dataset card embeds this table; ``lance-cf leaderboard`` writes it at the top of ``leaderboard.md``.
+    """
+    results = [r for r in results if is_results(r)]
+    if not any(r.get("status") == "ok" for r in results):
+        return ""
+    return compact_markdown(build_leaderboard(results))
+
+
+def to_markdown(df: Any) -> str:
+    """The full table as GitHub-flavoured Markdown (no extra dependency); acc@5 marked when not meaningful."""
+    header = [c if not c.startswith("unpaired_") else f"{c} (unpaired)" for c in df.columns]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in df.columns) + "|"]
+    for row in df.astype(object).to_dict("records"):
+        few_classes = not _missing(row.get("num_classes")) and row["num_classes"] < MIN_CLASSES_FOR_TOP5
+        cells = []
+        for column in df.columns:
+            value = row[column]
+            if column in TOP5_COLUMNS and few_classes and row["status"] == "ok":
+                cells.append(f"n/a (<{MIN_CLASSES_FOR_TOP5} classes)")
+            elif isinstance(value, str):
+                cells.append(_md_escape(value))
+            else:
+                cells.append(fmt_number(value, 3 if column.startswith("effective_robustness") else 2))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def summary_lines(results: dict[str, Any]) -> list[str]:
+    """One line per config for a results JSON, in the spirit of timm validate.py's ``* Acc@1 ... Acc@5 ...``."""
+    name = model_label(results)
+    metrics = results.get("metrics") or {}
+    few = (_num_classes(results) or MIN_CLASSES_FOR_TOP5) < MIN_CLASSES_FOR_TOP5
+    pairs = {"counterfactual": (results.get("sensitivity") or {}).get("overall") or {}}
+    pairs |= {c: (s or {}).get("overall") or {} for c, s in (results.get("sensitivity_by_config") or {}).items()}
+    lines = []
+    for config, entry in metrics.items():
+        acc5 = "n/a" if few else f"{fmt_number(entry.get('acc5'), 3)}"
+        line = f"{name} {config}: acc@1 {fmt_number(entry.get('acc1'), 3)} acc@5 {acc5} (n={entry.get('n')})"
+        stats = pairs.get(config) or {}
+        if stats:
+            dlo, dhi = _ci(stats, "paired_delta_acc1")
+            line += (
+                f" | paired Δacc@1 {_with_ci(stats.get('paired_delta_acc1'), dlo, dhi)}"
+                f" Δp {fmt_number(stats.get('delta_p_gt_mean'))} flip {_pct(stats.get('flip_rate'))}"
+                f" ({stats.get('n')} pairs)"
+            )
+        lines.append(line)
+    if results.get("limit") is not None:
+        lines.append(f"{name}: --limit {results['limit']} run (first samples of each config only; not complete)")
+    if results.get("failures"):
+        lines.append(f"{name}: {len(results['failures'])} sample(s) could not be read; see 'failures' in results.json")
+    return lines
+
+
+PUBLISHED_CONFIGS = ("counterfactual", "lance_r", "reconstructed")
+
+
+def leaderboard_records(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows of the published leaderboard: one per successful model and release config other than ``original``.
+
+    Columns: ``model, weights, config, rank`` (on counterfactual, complete runs), ``n_pairs, original_acc1, acc1,
+    paired_delta_acc1`` (+ ``_ci_low/_ci_high``), ``delta_p_gt_mean`` (+ CI), ``flip_rate`` (+ CI), ``acc5``
+    (null when the label space has fewer than 6 classes), ``effective_robustness``, ``effective_robustness_probit``
+    (counterfactual only), ``complete, limit, release, release_version, manifest_sha256, tool_version``.
+
+    Raises:
+        ValueError: when the results come from different releases.
+    """
+    results = [r for r in results if is_results(r)]
+    if not results:
+        return []
+    board = build_leaderboard(results)
+    by_label = {display_name(row["model"], row["weights"]): row for row in board.astype(object).to_dict("records")}
+    records = []
+    for r in results:
+        if r.get("status") != "ok":
+            continue
+        label = model_label(r)
+        few = (_num_classes(r) or MIN_CLASSES_FOR_TOP5) < MIN_CLASSES_FOR_TOP5
+        sections = {"counterfactual": r.get("sensitivity") or {}} | (r.get("sensitivity_by_config") or {})
+        for config in PUBLISHED_CONFIGS:
+            overall = (sections.get(config) or {}).get("overall")
+            if not overall:
+                continue
+            board_row = by_label.get(label, {})
+            pd_lo, pd_hi = _ci(overall, "paired_delta_acc1")
+            dp_lo, dp_hi = _ci(overall, "delta_p_gt_mean")
+            fl_lo, fl_hi = _ci(overall, "flip_rate")
+            cf = config == "counterfactual"
+            records.append(
+                {
+                    "model": (r.get("model") or {}).get("name"),
+                    "weights": ((r.get("model") or {}).get("weights") or {}).get("id"),
+                    "config": config,
+                    "rank": None if not cf or _missing(board_row.get("rank")) else int(board_row["rank"]),
+                    "n_pairs": overall.get("n"),
+                    "original_acc1": overall.get("orig_acc1"),
+                    "acc1": overall.get("acc1"),
+                    "paired_delta_acc1": overall.get("paired_delta_acc1"),
+                    "paired_delta_acc1_ci_low": pd_lo,
+                    "paired_delta_acc1_ci_high": pd_hi,
+                    "delta_p_gt_mean": overall.get("delta_p_gt_mean"),
+                    "delta_p_gt_mean_ci_low": dp_lo,
+                    "delta_p_gt_mean_ci_high": dp_hi,
+                    "flip_rate": overall.get("flip_rate"),
+                    "flip_rate_ci_low": fl_lo,
+                    "flip_rate_ci_high": fl_hi,
+                    "acc5": None if few else ((r.get("metrics") or {}).get(config) or {}).get("acc5"),
+                    "effective_robustness": _none(board_row.get("effective_robustness")) if cf else None,
+                    "effective_robustness_probit": _none(board_row.get("effective_robustness_probit")) if cf else None,
+                    "complete": is_complete(r),
+                    "limit": r.get("limit"),
+                    "release": (r.get("release") or {}).get("name"),
+                    "release_version": (r.get("release") or {}).get("version"),
+                    "manifest_sha256": (r.get("release") or {}).get("manifest_sha256"),
+                    "tool_version": (r.get("tool") or {}).get("version"),
+                }
+            )
+    return records
+
+
+def _none(value: Any) -> Any:
+    return None if _missing(value) else value
+
+
+def build_leaderboard_by_config(results: list[dict[str, Any]]) -> Any:
+    """:func:`leaderboard_records` as a DataFrame (integer columns as nullable integers), for Parquet publishing."""
+    import pandas as pd
+
+    df = pd.DataFrame(leaderboard_records(results))
+    for column in ("rank", "n_pairs", "limit"):
+        if column in df:
+            df[column] = pd.array([None if _missing(v) else int(v) for v in df[column]], dtype="Int64")
+    return df
+
+
+def shift_correlation_table(correlations: dict[str, Any]) -> Any:
+    import pandas as pd
+
+    rows = [
+        {
+            "shift": entry["name"],
+            "spearman": entry["spearman"],
+            "ci_low": entry["ci"][0] if entry["ci"] else None,
+            "ci_high": entry["ci"][1] if entry["ci"] else None,
+            "n_models": entry["n_models"],
+        }
+        for entry in correlations["by_shift"].values()
+    ]
+    return pd.DataFrame(rows, columns=["shift", "spearman", "ci_low", "ci_high", "n_models"])
+
+
+def _shift_markdown(correlations: dict[str, Any]) -> str:
+    lines = [
+        "## Agreement with real distribution shifts",
+        "",
+        "Spearman rank correlation, over models with published timm figures, between each model's paired Δ acc@1 "
+        "here and its top-1 drop (shift − ImageNet) on each real shift; 95% bootstrap interval over models. "
+        f"Published figures: {correlations['source']}.",
+        "",
+    ]
+    if correlations["reason"]:
+        return "\n".join([*lines, f"Not computed: {correlations['reason']}.", ""])
+    lines += ["| shift | Spearman ρ [95% CI] | models |", "|---|---:|---:|"]
+    for entry in correlations["by_shift"].values():
+        ci = entry["ci"] or [None, None]
+        lines.append(f"| {entry['name']} | {_with_ci(entry['spearman'], ci[0], ci[1])} | {entry['n_models']} |")
+    return "\n".join([*lines, ""])
+
+
+def _er_markdown(fit: dict[str, Any]) -> str:
+    lines = ["## Effective robustness", ""]
+    if fit["slope"] is None:
+        return "\n".join([*lines, f"Not computed: {fit['reason']}.", ""])
+    lines.append(
+        f"Linear fit in probit space over {fit['n_models']} complete models: probit(counterfactual acc@1) = "
+        f"{fit['slope']:.3f} · probit(original acc@1) + {fit['intercept']:.3f} (paired accuracies). "
+        "`effective_robustness`: points above the fit (Taori et al. 2020); see the full table and "
+        "`effective_robustness.png`."
+    )
+    return "\n".join([*lines, ""])
+
+
+def write_leaderboard(paths: list[str | Path], output_dir: Path, n_boot: int = 1000, seed: int = 0) -> dict[str, Path]:
+    """Write the leaderboard tables, plots and HTML page for the results found under ``paths``.
+
+    Files: ``leaderboard.csv``, ``leaderboard.parquet``, ``leaderboard.md`` (compact ranked table, effective
+    robustness, shift agreement, then the full table), ``leaderboard.html``, ``leaderboard_by_config.parquet`` (the
+    published rows), ``shift_correlation.csv`` and the plots.
+    """
+    from .plots import (
+        plot_acc_scatter,
+        plot_class_delta_acc,
+        plot_edit_type_sensitivity,
+        plot_effective_robustness,
+        plot_shift_correlation,
+    )
+    from .robustness import effective_robustness, shift_correlations
 
     results = find_results(paths)
-    df = build_leaderboard(results)
+    df = build_leaderboard(results)  # refuses mixed releases before anything is written
+    fit = effective_robustness(results)
+    correlations = shift_correlations(results, n_boot=n_boot, seed=seed)
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     written = {
         "csv": output_dir / "leaderboard.csv",
         "parquet": output_dir / "leaderboard.parquet",
         "markdown": output_dir / "leaderboard.md",
+        "by_config": output_dir / "leaderboard_by_config.parquet",
+        "shift_correlation": output_dir / "shift_correlation.csv",
+        "html": output_dir / "leaderboard.html",
     }
     df.to_csv(written["csv"], index=False)
     df.to_parquet(written["parquet"], index=False)
-    written["markdown"].write_text(to_markdown(df), encoding="utf-8")
+    build_leaderboard_by_config(results).to_parquet(written["by_config"], index=False)
+    shift_correlation_table(correlations).to_csv(written["shift_correlation"], index=False)
+    release = results[0].get("release") or {}
+    title = f"# Leaderboard: {_md_escape(release.get('name'))} {_md_escape(release.get('version'))}\n\n"
+    markdown = (
+        title
+        + compact_markdown(df)
+        + "\n"
+        + _er_markdown(fit)
+        + "\n"
+        + _shift_markdown(correlations)
+        + "\n## Full table\n\n"
+        + to_markdown(df)
+    )
+    written["markdown"].write_text(markdown, encoding="utf-8")
     written["edit_type_sensitivity"] = plot_edit_type_sensitivity(results, output_dir / "edit_type_sensitivity.png")
     written["class_delta_acc"] = plot_class_delta_acc(results, output_dir / "class_delta_acc.png")
     written["acc_scatter"] = plot_acc_scatter(results, output_dir / "acc_original_vs_counterfactual.png")
-    releases = {(r.get("release") or {}).get("manifest_sha256") for r in results}
-    if len(releases) > 1:
-        logger.warning("the leaderboard mixes %d releases; compare rows of the same release only", len(releases))
+    written["effective_robustness_plot"] = plot_effective_robustness(
+        results, fit, output_dir / "effective_robustness.png"
+    )
+    written["shift_correlation_plot"] = plot_shift_correlation(correlations, output_dir / "shift_correlation.png")
+    written["html"].write_text(_html_page(release, df, fit, correlations, written), encoding="utf-8")
     logger.info("leaderboard of %d rows written to %s", len(df), output_dir)
     return written
+
+
+def _html_page(release: dict[str, Any], df: Any, fit: dict[str, Any], correlations: dict[str, Any], written) -> str:
+    esc = html.escape
+    compact = []
+    for row in df[df["status"] == "ok"].astype(object).to_dict("records"):
+        compact.append(
+            "<tr>"
+            + "".join(
+                f"<td>{esc(c)}</td>"
+                for c in (
+                    fmt_number(row["rank"]),
+                    display_name(row["model"], row["weights"]) + ("" if row["complete"] else " (incomplete)"),
+                    fmt_number(row["paired_original_top1"]),
+                    fmt_number(row["paired_counterfactual_top1"]),
+                    _with_ci(row["paired_top1_diff"], row["paired_top1_diff_ci_low"], row["paired_top1_diff_ci_high"]),
+                    _with_ci(row["delta_p_gt_mean"], row["delta_p_gt_mean_ci_low"], row["delta_p_gt_mean_ci_high"]),
+                    _with_ci(row["flip_rate"], row["flip_rate_ci_low"], row["flip_rate_ci_high"]),
+                    fmt_number(row["effective_robustness"]),
+                )
+            )
+            + "</tr>"
+        )
+    head = "".join(f"<th>{esc(h)}</th>" for h in [*COMPACT_HEADER, "effective robustness"])
+    shifts = "".join(
+        f"<tr><td>{esc(e['name'])}</td><td>{esc(_with_ci(e['spearman'], *(e['ci'] or [None, None])))}</td>"
+        f"<td>{e['n_models']}</td></tr>"
+        for e in correlations["by_shift"].values()
+    )
+    shift_note = esc(correlations["reason"]) if correlations["reason"] else ""
+    er_note = (
+        esc(fit["reason"])
+        if fit["slope"] is None
+        else f"probit(cf) = {fit['slope']:.3f} · probit(orig) + {fit['intercept']:.3f} over {fit['n_models']} models"
+    )
+    plots = "".join(
+        f"<img src='{esc(written[k].name)}' alt='{esc(k)}'>"
+        for k in (
+            "effective_robustness_plot",
+            "shift_correlation_plot",
+            "acc_scatter",
+            "edit_type_sensitivity",
+            "class_delta_acc",
+        )
+    )
+    name = esc(f"{release.get('name')} {release.get('version')}")
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'>"
+        f"<title>Leaderboard: {name}</title><style>body{{font-family:sans-serif;margin:2em}}"
+        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px}img{max-width:48%;margin:4px}"
+        "</style></head><body>"
+        f"<h1>Leaderboard: {name}</h1><p>manifest {esc(str(release.get('manifest_sha256'))[:16])}</p>"
+        f"<table><tr>{head}</tr>{''.join(compact)}</table><p>{esc(COMPACT_NOTE)}</p>"
+        f"<h2>Effective robustness</h2><p>{er_note}</p>"
+        f"<h2>Agreement with real distribution shifts</h2><p>Spearman rank correlation between paired Δ acc@1 here "
+        f"and the top-1 drop on each shift; published figures: {esc(correlations['source'])}. {shift_note}</p>"
+        f"<table><tr><th>shift</th><th>Spearman ρ [95% CI]</th><th>models</th></tr>{shifts}</table>"
+        f"<h2>Plots</h2>{plots}<p>Full table: <a href='leaderboard.csv'>leaderboard.csv</a></p></body></html>\n"
+    )

@@ -17,6 +17,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 _WILDCARD_CHARS = ("*", "?", "[")
+MAX_SLUG_CHARS = 120
 
 
 def expand_model_names(specs: list[str], pretrained: bool = True) -> list[str]:
@@ -109,6 +110,9 @@ class ModelSpec:
         from builder.release_format import sanitize_key
 
         base = sanitize_key(self.name.replace("/", "--").replace(":", "--"))
+        if len(base) > MAX_SLUG_CHARS:  # file names are bounded (255 bytes on most file systems)
+            digest = hashlib.sha256(self.name.encode()).hexdigest()[:12]
+            base = f"{base[: MAX_SLUG_CHARS - 13]}-{digest}"
         if self.checkpoint is not None:
             return f"{base}__ckpt-{self.checkpoint_sha256[:12]}"
         return base if self.pretrained else f"{base}__random"
@@ -189,7 +193,8 @@ def describe_weights(spec: ModelSpec, model: Any) -> dict[str, Any]:
         "source": "checkpoint" if spec.checkpoint is not None else ("pretrained" if spec.pretrained else "random"),
         "pretrained_tag": cfg.get("tag") if spec.pretrained and spec.checkpoint is None else None,
         "hf_hub_id": cfg.get("hf_hub_id") if spec.pretrained and spec.checkpoint is None else None,
-        "checkpoint": str(spec.checkpoint) if spec.checkpoint is not None else None,
+        # the file's name only: results are published, and the sha256 identifies the weights
+        "checkpoint": spec.checkpoint.name if spec.checkpoint is not None else None,
         "checkpoint_sha256": spec.checkpoint_sha256,
         "seed": spec.seed if spec.checkpoint is None and not spec.pretrained else None,
     }

@@ -1,4 +1,9 @@
-"""Pictures of evaluation results (matplotlib, Agg backend): for the leaderboard and each model's report."""
+"""Pictures of evaluation results (matplotlib, Agg backend): for the leaderboard and each model's report.
+
+Text from the data (model and class names) is drawn as plain text: ``text.parse_math`` is off, so a class called
+``$\\frac{1}$`` is shown, not parsed as mathtext. Models are named by :func:`evaluation.results.model_label`, never by
+their results folder.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from .results import model_label
+
 logger = logging.getLogger(__name__)
+
+MAX_LABEL_CHARS = 60
 
 
 def _pyplot():
@@ -18,33 +27,47 @@ def _pyplot():
     return plt
 
 
+def _plain(text: Any) -> str:
+    """A data string made safe for a plot label: one line, bounded length (mathtext is off globally in _figure)."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= MAX_LABEL_CHARS else text[: MAX_LABEL_CHARS - 1] + "…"
+
+
+def _figure(**kwargs: Any):
+    plt = _pyplot()
+    import matplotlib
+
+    matplotlib.rcParams["text.parse_math"] = False  # data strings are never mathtext ($ is a character)
+    matplotlib.rcParams["text.usetex"] = False
+    return plt.subplots(**kwargs)
+
+
 def _ok(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in results if r.get("status") == "ok"]
 
 
 def _label(result: dict[str, Any]) -> str:
-    return result["model"].get("slug") or result["model"]["name"]
+    return _plain(model_label(result))
 
 
 def plot_edit_type_sensitivity(results: list[dict[str, Any]], path: Path) -> Path:
-    """Grouped bars: mean Delta p(y_GT) (points) per edit type, one bar per model, with the flip rate annotated."""
+    """Grouped bars: mean Delta p(y_GT) (points) per edit type, one bar per model."""
     import numpy as np
 
     from builder.release_format import EDIT_TYPES
 
-    plt = _pyplot()
-    results = _ok(results)
+    results = [r for r in _ok(results) if (r.get("sensitivity") or {}).get("by_edit_type")]
     present = sorted({t for r in results for t in r["sensitivity"]["by_edit_type"]}, key=_edit_type_order(EDIT_TYPES))
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(present) + 2), 4), dpi=100)
+    fig, ax = _figure(figsize=(max(6, 1.2 * len(present) + 2), 4), dpi=100)
     width = 0.8 / max(1, len(results))
     x = np.arange(len(present))
     for i, r in enumerate(results):
         values = [(r["sensitivity"]["by_edit_type"].get(t) or {}).get("delta_p_gt_mean") or 0.0 for t in present]
         ax.bar(x + i * width - 0.4 + width / 2, values, width, label=_label(r))
     ax.axhline(0, color="black", linewidth=0.8, linestyle="--")
-    ax.set_xticks(x, present)
+    ax.set_xticks(x, [_plain(t) for t in present])
     ax.set_ylabel("mean Δ p(y_GT) (points, + = hurt)")
-    ax.set_title("Sensitivity by edit type")
+    ax.set_title("Sensitivity by edit type (paired)")
     if results:
         ax.legend(fontsize=7, loc="best")
     return _save(fig, path)
@@ -56,52 +79,123 @@ def _edit_type_order(edit_types: tuple[str, ...]):
 
 
 def plot_class_delta_acc(results: list[dict[str, Any]], path: Path, max_classes: int = 30) -> Path:
-    """Grouped horizontal bars: Delta acc@1 (counterfactual - original, points) per class, one bar per model."""
+    """Per class, paired Delta acc@1 (counterfactual against its own original, points): a marker per model on a bar.
+
+    Markers are drawn as well as bars, so a class whose Delta is 0 for every model is still visible (a zero-length
+    bar alone would leave the plot blank).
+    """
     import numpy as np
 
-    plt = _pyplot()
     results = _ok(results)
     by_class: dict[str, list[float]] = {}
     names: dict[str, str] = {}
     for r in results:
-        for label, cls in ((r["metrics"].get("counterfactual") or {}).get("by_class") or {}).items():
-            if cls.get("delta_acc1") is not None:
-                by_class.setdefault(label, []).append(abs(cls["delta_acc1"]))
+        for label, cls in ((r.get("sensitivity") or {}).get("by_class") or {}).items():
+            if cls.get("paired_delta_acc1") is not None:
+                by_class.setdefault(label, []).append(abs(cls["paired_delta_acc1"]))
                 names[label] = (cls.get("label_name") or label).split(",")[0]
-    labels = sorted(by_class, key=lambda lab: -float(np.mean(by_class[lab])))[:max_classes]
-    fig, ax = plt.subplots(figsize=(7, max(3, 0.35 * len(labels) * max(1, len(results)) ** 0.5 + 1.5)), dpi=100)
+    labels = sorted(by_class, key=lambda lab: (-float(np.mean(by_class[lab])), lab))[:max_classes]
+    fig, ax = _figure(figsize=(7, max(3, 0.35 * len(labels) * max(1, len(results)) ** 0.5 + 1.5)), dpi=100)
     height = 0.8 / max(1, len(results))
     y = np.arange(len(labels))
+    all_values = []
     for i, r in enumerate(results):
-        classes = (r["metrics"].get("counterfactual") or {}).get("by_class") or {}
-        values = [(classes.get(lab) or {}).get("delta_acc1") or 0.0 for lab in labels]
-        ax.barh(y + i * height - 0.4 + height / 2, values, height, label=_label(r))
+        classes = (r.get("sensitivity") or {}).get("by_class") or {}
+        values = [(classes.get(lab) or {}).get("paired_delta_acc1") or 0.0 for lab in labels]
+        all_values += values
+        offsets = y + i * height - 0.4 + height / 2
+        bars = ax.barh(offsets, values, height, label=_label(r))
+        ax.plot(values, offsets, "o", color=bars.patches[0].get_facecolor() if bars.patches else None, markersize=4)
     ax.axvline(0, color="black", linewidth=0.8, linestyle="--")
-    ax.set_yticks(y, [f"{names[lab]} ({lab})" for lab in labels], fontsize=7)
+    ax.set_yticks(y, [_plain(f"{names[lab]} ({lab})") for lab in labels], fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("Δ acc@1 counterfactual − original (points)")
-    ax.set_title("Per-class Δ acc@1")
+    if all_values and all(v == 0 for v in all_values):
+        ax.set_xlim(-1, 1)
+        ax.set_title("Per-class paired Δ acc@1: 0 for every class (no edit changed a top-1 prediction)")
+    else:
+        ax.set_title("Per-class paired Δ acc@1")
+    if not labels:
+        ax.text(0.5, 0.5, "no paired counterfactuals", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("paired Δ acc@1, counterfactual − its original (points)")
     if results:
         ax.legend(fontsize=7, loc="best")
     return _save(fig, path)
 
 
 def plot_acc_scatter(results: list[dict[str, Any]], path: Path) -> Path:
-    """Scatter of acc@1 on original (x) against acc@1 on counterfactual (y), one point per model, y = x dashed."""
-    plt = _pyplot()
-    results = [r for r in _ok(results) if "original" in r["metrics"] and "counterfactual" in r["metrics"]]
-    fig, ax = plt.subplots(figsize=(5, 5), dpi=100)
-    xs = [r["metrics"]["original"]["acc1"] for r in results]
-    ys = [r["metrics"]["counterfactual"]["acc1"] for r in results]
+    """Scatter of paired acc@1 on originals (x) against their counterfactuals (y), one point per model, y = x dashed."""
+    from .robustness import paired_accuracies
+
+    points = [(r, paired_accuracies(r)) for r in _ok(results)]
+    points = [(r, acc) for r, acc in points if acc is not None]
+    fig, ax = _figure(figsize=(5, 5), dpi=100)
+    xs = [acc[0] for _, acc in points]
+    ys = [acc[1] for _, acc in points]
     ax.scatter(xs, ys, s=25)
-    for r, x, y in zip(results, xs, ys, strict=True):
+    for (r, _), x, y in zip(points, xs, ys, strict=True):
         ax.annotate(_label(r), (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
     lo = min([0.0, *xs, *ys])
     hi = max([100.0, *xs, *ys])
     ax.plot([lo, hi], [lo, hi], "k--", linewidth=0.8)
-    ax.set_xlabel("acc@1 original (%)")
-    ax.set_ylabel("acc@1 counterfactual (%)")
+    ax.set_xlabel("acc@1 on the originals (%, paired)")
+    ax.set_ylabel("acc@1 on their counterfactuals (%)")
     ax.set_title("Original vs counterfactual accuracy")
+    return _save(fig, path)
+
+
+def plot_effective_robustness(results: list[dict[str, Any]], fit: dict[str, Any], path: Path) -> Path:
+    """Probit-scaled scatter of counterfactual against original accuracy, the linear fit and y = x (Taori et al.)."""
+    import numpy as np
+    from scipy.stats import norm
+
+    from .results import is_complete
+    from .robustness import paired_accuracies, probit
+
+    points = [(r, paired_accuracies(r)) for r in _ok(results) if is_complete(r)]
+    points = [(r, acc) for r, acc in points if acc is not None]
+    fig, ax = _figure(figsize=(5.5, 5), dpi=100)
+    if points:
+        x = probit([a[0] for _, a in points], [a[2] for _, a in points])
+        y = probit([a[1] for _, a in points], [a[2] for _, a in points])
+        ax.scatter(x, y, s=25)
+        for (r, _), xi, yi in zip(points, x, y, strict=True):
+            ax.annotate(_label(r), (xi, yi), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        lo, hi = float(min(x.min(), y.min())) - 0.3, float(max(x.max(), y.max())) + 0.3
+        grid = np.linspace(lo, hi, 50)
+        ax.plot(grid, grid, "k--", linewidth=0.8, label="y = x")
+        if fit.get("slope") is not None:
+            ax.plot(grid, fit["slope"] * grid + fit["intercept"], "r-", linewidth=1, label="linear fit (probit)")
+        ticks = [t for t in (1, 5, 10, 25, 50, 75, 90, 95, 99) if lo <= norm.ppf(t / 100) <= hi]
+        ax.set_xticks([norm.ppf(t / 100) for t in ticks], [str(t) for t in ticks])
+        ax.set_yticks([norm.ppf(t / 100) for t in ticks], [str(t) for t in ticks])
+        ax.legend(fontsize=7, loc="best")
+    else:
+        ax.text(0.5, 0.5, "no complete results", ha="center", va="center", transform=ax.transAxes)
+    note = "" if fit.get("slope") is not None else f" ({fit.get('reason')})"
+    ax.set_title(_plain("Effective robustness" + note) if len(note) < 40 else "Effective robustness (no fit)")
+    ax.set_xlabel("acc@1 on the originals (%, probit scale)")
+    ax.set_ylabel("acc@1 on the counterfactuals (%, probit scale)")
+    return _save(fig, path)
+
+
+def plot_shift_correlation(correlations: dict[str, Any], path: Path) -> Path:
+    """One panel per real shift: paired Delta acc@1 here (x) against the published top-1 drop on the shift (y)."""
+    shifts = list(correlations["by_shift"].items())
+    fig, axes = _figure(nrows=1, ncols=max(1, len(shifts)), figsize=(3.2 * max(1, len(shifts)), 3.4), dpi=100)
+    axes = list(axes) if hasattr(axes, "__len__") else [axes]
+    models = correlations["models"]
+    for ax, (shift, entry) in zip(axes, shifts, strict=False):
+        xs = [m["delta_here"] for m in models]
+        ys = [m["drops"][shift] for m in models]
+        ax.scatter(xs, ys, s=16)
+        rho = entry["spearman"]
+        ax.set_title(f"{entry['name']}: ρ = {rho:.2f}" if rho is not None else f"{entry['name']}: ρ n/a", fontsize=9)
+        ax.set_xlabel("paired Δ acc@1 here", fontsize=8)
+        ax.set_ylabel("top-1 drop on the shift", fontsize=8)
+    if not models:
+        axes[0].text(
+            0.5, 0.5, "no models with published figures", ha="center", va="center", transform=axes[0].transAxes
+        )
     return _save(fig, path)
 
 

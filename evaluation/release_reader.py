@@ -7,6 +7,7 @@ space and shard list, and the WebDataset shards ``data/CONFIG/test-NNNNNN.tar`` 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -33,6 +34,8 @@ class Release:
     spec: str
     revision: str | None = None
     shards: dict[str, list[Path]] = field(default_factory=dict)
+    # the manifest's entry (path, sha256, samples) of every listed shard, by its local path
+    shard_entries: dict[Path, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -69,15 +72,24 @@ class Release:
         names = self.label_names
         return names[label] if 0 <= label < len(names) else str(label)
 
+    @property
+    def source_name(self) -> str:
+        """Where the release came from without the machine's paths: the Hub id, or the local directory's name."""
+        if self.revision is not None or not Path(self.spec).expanduser().is_dir():
+            return _HUB_SPEC.sub(lambda m: m.group("repo"), self.spec)
+        return Path(self.spec).expanduser().resolve().name
+
     def describe(self) -> dict[str, Any]:
-        """What the results JSON records about the release."""
+        """What the results JSON records about the release (no absolute paths: results are published)."""
         space = self.manifest.get("label_space") or {}
+        tool = self.manifest.get("tool") or {}
         return {
             "name": self.name,
             "version": self.version,
             "manifest_sha256": self.manifest_sha256,
             "config_hash": self.manifest.get("config_hash"),
-            "source": self.spec,
+            "built_with": {"name": tool.get("name"), "version": tool.get("version")},
+            "source": self.source_name,
             "revision": self.revision,
             "configs": self.configs,
             "label_space": {"name": space.get("name"), "num_classes": self.num_classes},
@@ -123,9 +135,13 @@ def open_release(spec: str | Path, revision: str | None = None) -> Release:
             f"this evaluator reads format_version {rf.FORMAT_VERSION}"
         )
     release = Release(root=root, manifest=manifest, spec=spec_str, revision=revision)
-    release.shards = _list_shards(root, manifest)
+    release.shard_entries = _list_shards(root, manifest, spec_str)
+    release.shards = {}
+    for path, entry in release.shard_entries.items():
+        release.shards.setdefault(entry["config"], []).append(path)
+    release.shards = {c: release.shards[c] for c in rf.CONFIG_NAMES if c in release.shards}
     if not release.shards:
-        raise ValueError(f"release {spec_str!r} lists no shards under {root / rf.DATA_DIR}")
+        raise ValueError(f"release {spec_str!r} lists no shards with samples in its {rf.MANIFEST_NAME}")
     logger.info(
         "release %s %s: %s",
         release.name,
@@ -137,7 +153,14 @@ def open_release(spec: str | Path, revision: str | None = None) -> Release:
 
 def _download(repo_id: str, revision: str | None) -> Path:
     from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     # HF_ENDPOINT is read now, not when huggingface_hub was imported (as `lance-cf publish` does), so a self-hosted
     # hub set later in the same process is honoured.
@@ -166,63 +189,160 @@ def _download(repo_id: str, revision: str | None) -> Path:
         raise ValueError(
             f"release {where} does not exist, or is private and needs a token (HF_TOKEN or `hf auth login`)"
         ) from error
+    except (LocalEntryNotFoundError, OfflineModeIsEnabled) as error:
+        # offline mode (HF_HUB_OFFLINE) with nothing cached, or the Hub unreachable and nothing cached
+        offline = constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+        fix = "unset HF_HUB_OFFLINE to download it" if offline else "check the network or HF_ENDPOINT"
+        why = "offline mode" if offline else "the Hub is unreachable"
+        raise ValueError(
+            f"release {where} is not in the local cache and cannot be downloaded ({why}): {fix}, or pass a local "
+            "release directory to --release"
+        ) from error
+    except (
+        HfHubHTTPError,
+        OSError,
+        *_http_client_errors(),
+    ) as error:  # connection refused, DNS, timeouts, server errors
+        first = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
+        raise ValueError(
+            f"release {where} could not be downloaded ({type(error).__name__}: {first}); check the network or "
+            "HF_ENDPOINT, or pass a local release directory to --release"
+        ) from error
     return Path(local)
 
 
-def _list_shards(root: Path, manifest: dict[str, Any]) -> dict[str, list[Path]]:
-    shards: dict[str, list[Path]] = {}
-    listed = manifest.get("shards") or []
-    for entry in listed:
-        if entry.get("samples", 1) == 0:
+def _http_client_errors() -> tuple[type[BaseException], ...]:
+    """The base error of whichever HTTP client huggingface_hub uses (httpx2, httpx or requests)."""
+    import importlib
+
+    for module, name in (("httpx2", "HTTPError"), ("httpx", "HTTPError"), ("requests", "RequestException")):
+        try:
+            return (getattr(importlib.import_module(module), name),)
+        except (ImportError, AttributeError):
+            continue
+    return ()
+
+
+def _list_shards(root: Path, manifest: dict[str, Any], spec: str) -> dict[Path, dict[str, Any]]:
+    """The manifest's shard entries by local path, in config and shard order (empty shards left out).
+
+    The manifest's list is the only source: its sha256 per shard is what evaluation checks the bytes against.
+    """
+    listed = manifest.get("shards")
+    if not isinstance(listed, list) or not listed:
+        raise ValueError(f"release {spec!r}: its {rf.MANIFEST_NAME} lists no shards; rebuild or re-download it")
+    entries: dict[Path, dict[str, Any]] = {}
+    for entry in sorted(
+        listed,
+        key=lambda e: (
+            rf.CONFIG_NAMES.index(e["config"]) if e.get("config") in rf.CONFIG_NAMES else len(rf.CONFIG_NAMES),
+            e.get("path", ""),
+        ),
+    ):
+        if entry.get("config") not in rf.CONFIG_NAMES or entry.get("samples", 1) == 0:
             continue
         shard = root / entry["path"]
         if not shard.is_file():
-            raise ValueError(f"release shard {entry['path']} listed in the manifest is missing under {root}")
-        shards.setdefault(entry["config"], []).append(shard)
-    if not listed:  # tolerate a manifest without a shard list: fall back to the documented layout
-        for config in rf.CONFIG_NAMES:
-            found = sorted(root.glob(rf.shard_glob(config)))
-            if found:
-                shards[config] = found
-    return {c: sorted(shards[c]) for c in rf.CONFIG_NAMES if c in shards}
+            raise ValueError(f"release shard {entry['path']} listed in the manifest is missing under {spec}")
+        entries[shard] = entry
+    return entries
+
+
+class ReleaseIntegrityError(ValueError):
+    """A shard's bytes are not the ones the manifest sealed: the release was modified after it was built."""
+
+
+class _HashingReader:
+    """A read-only file wrapper that hashes every byte read through it (tar stream mode reads sequentially)."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+        self.digest = hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.raw.read(size)
+        self.digest.update(data)
+        return data
+
+    def drain(self) -> str:
+        """Read (and hash) what is left; return the hex digest of the whole file."""
+        while self.read(1 << 20):
+            pass
+        return self.digest.hexdigest()
 
 
 def iter_shard_samples(
-    path: Path, image_ext: str, select: Any = None, start_index: int = 0
+    path: Path,
+    image_ext: str,
+    select: Any = None,
+    start_index: int = 0,
+    *,
+    max_samples: int | None = None,
+    expected_sha256: str | None = None,
+    shard_name: str | None = None,
 ) -> Iterator[tuple[int, dict[str, bytes] | None]]:
-    """Yield ``(index, {ext: bytes})`` for each sample of one WebDataset shard, in shard order.
+    """Yield ``(index, {ext: bytes})`` for each sample of one WebDataset shard, in shard order, in one pass.
 
     Args:
         path: the shard.
         image_ext: the release's image extension.
         select: optional predicate on the running sample index; an unselected sample is yielded as ``(index, None)``
-            without reading its bytes (the tar file is seeked past them), which lets DataLoader workers stride over
-            a shard.
+            (its bytes are read past, not kept), which lets DataLoader workers stride over a shard.
         start_index: index given to the shard's first sample.
+        max_samples: yield only the shard's first ``max_samples`` samples (``--limit``); the rest is still read, so
+            the whole file is hashed.
+        expected_sha256: the manifest's hash of the shard. The bytes are hashed as they stream (no second pass) and,
+            after the last sample, a mismatch raises :class:`ReleaseIntegrityError`.
+        shard_name: how errors name the shard (its path in the release).
+
+    A shard that ends early or is not a tar archive yields ``(index, {"__error__": reason, "__key__": key})`` for the
+    sample being read (and stops), so that the caller can fail that sample, not the whole model.
     """
     wanted = {image_ext, rf.LABEL_EXT, rf.METADATA_EXT}
+    name = shard_name or str(path)
     index = start_index - 1
+    taken = 0
     current_key: str | None = None
     sample: dict[str, bytes] = {}
     keep = False
-    with tarfile.open(path, mode="r") as tar:
-        for member in tar:
-            if not member.isfile():
-                continue
-            name = member.name.rsplit("/", 1)[-1]
-            key, _, ext = name.partition(".")
-            if key != current_key:
-                if current_key is not None:
-                    yield index, (sample if keep else None)
-                current_key, sample = key, {}
-                index += 1
-                keep = select is None or select(index)
-            if keep and ext in wanted:
-                handle = tar.extractfile(member)
-                assert handle is not None
-                sample[ext] = handle.read()
-        if current_key is not None:
-            yield index, (sample if keep else None)
+    with open(path, "rb") as raw:
+        reader = _HashingReader(raw)
+        try:
+            with tarfile.open(fileobj=reader, mode="r|") as tar:
+                for member in tar:
+                    if not member.isfile():
+                        continue
+                    key, _, ext = member.name.rsplit("/", 1)[-1].partition(".")
+                    if key != current_key:
+                        if current_key is not None and (max_samples is None or taken <= max_samples):
+                            yield index, (sample if keep else None)
+                        current_key, sample = key, {}
+                        taken += 1
+                        if max_samples is not None and taken > max_samples:
+                            keep = False
+                            continue
+                        index += 1
+                        keep = select is None or select(index)
+                    if keep and ext in wanted:
+                        handle = tar.extractfile(member)
+                        assert handle is not None
+                        sample[ext] = handle.read()
+            if current_key is not None and (max_samples is None or taken <= max_samples):
+                yield index, (sample if keep else None)
+        except (tarfile.TarError, EOFError, OSError) as error:
+            reason = f"shard {name} is truncated or corrupt ({type(error).__name__}: {error})"
+            if current_key is not None:
+                if keep:  # the sample being read is this reader's (and within --limit): it fails, not the model
+                    yield index, {"__error__": reason.encode(), "__key__": current_key.encode()}
+            elif select is None or select(index + 1):
+                yield index + 1, {"__error__": reason.encode(), "__key__": b"?"}
+        actual = reader.drain()
+    if expected_sha256 is not None and actual != expected_sha256:
+        raise ReleaseIntegrityError(
+            f"shard {name} does not match the manifest (sha256 {actual[:16]}… instead of {expected_sha256[:16]}…): "
+            "the release was modified after it was built; run `lance-cf verify` on it, rebuild or re-download it, or "
+            "pass --no-verify to score it anyway (recorded in the results)"
+        )
 
 
 def read_samples(release: Release, config: str, keys: set[str] | None = None) -> dict[str, dict[str, bytes]]:

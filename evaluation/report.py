@@ -6,13 +6,16 @@ linked by relative paths, so the folder can be moved or served as is. The page l
 
 from __future__ import annotations
 
+import hashlib
 import html
 import logging
 from pathlib import Path
 from string import Template
 from typing import Any
 
+from .leaderboard import fmt_number
 from .release_reader import Release, read_samples
+from .results import model_label
 
 logger = logging.getLogger(__name__)
 
@@ -22,15 +25,15 @@ TEMPLATE_PATH = Path(__file__).with_name("report_template.html")
 def _fmt(value: Any, digits: int = 2) -> str:
     if value is None:
         return "–"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
+    if isinstance(value, (int, float)):
+        return fmt_number(value, digits)
     return html.escape(str(value))
 
 
 def _ci(entry: dict[str, Any], name: str) -> str:
     ci = entry.get(f"{name}_ci")
     text = _fmt(entry.get(name))
-    return f"{text} <span class='meta'>[{ci[0]:.2f}, {ci[1]:.2f}]</span>" if ci else text
+    return f"{text} <span class='meta'>[{_fmt(ci[0])}, {_fmt(ci[1])}]</span>" if ci else text
 
 
 def highlight(text: str | None, span: str | None) -> str:
@@ -46,12 +49,23 @@ def highlight(text: str | None, span: str | None) -> str:
 
 
 def _headline_table(results: dict[str, Any]) -> str:
-    head = "<tr><th class='text'>config</th><th>n</th><th>acc@1</th><th>acc@5</th><th>Δ acc@1</th><th>Δ acc@5</th></tr>"
+    """Per config: n, acc@1/5 with intervals, the paired Delta (each sample against its own original) first and the
+    unpaired difference of the two sets labelled as such (it is confounded by how many edits each class kept)."""
+    few_classes = (((results.get("release") or {}).get("label_space") or {}).get("num_classes") or 6) < 6
+    head = (
+        "<tr><th class='text'>config</th><th>n</th><th>acc@1</th><th>acc@5</th><th>paired Δ acc@1</th>"
+        "<th>pairs</th><th>unpaired Δ acc@1 (set difference)</th></tr>"
+    )
+    pairs = {"counterfactual": (results.get("sensitivity") or {}).get("overall") or {}}
+    pairs |= {c: (s or {}).get("overall") or {} for c, s in (results.get("sensitivity_by_config") or {}).items()}
     body = []
     for config, entry in results["metrics"].items():
+        acc5 = "n/a (&lt;6 classes)" if few_classes else _ci(entry, "acc5")
+        paired = pairs.get(config) or {}
         body.append(
-            f"<tr><td class='text'>{config}</td><td>{entry['n']}</td><td>{_ci(entry, 'acc1')}</td>"
-            f"<td>{_ci(entry, 'acc5')}</td><td>{_ci(entry, 'delta_acc1')}</td><td>{_ci(entry, 'delta_acc5')}</td></tr>"
+            f"<tr><td class='text'>{html.escape(config)}</td><td>{entry['n']}</td><td>{_ci(entry, 'acc1')}</td>"
+            f"<td>{acc5}</td><td>{_ci(paired, 'paired_delta_acc1') if paired else '–'}</td>"
+            f"<td>{paired.get('n', '–')}</td><td>{_ci(entry, 'delta_acc1')}</td></tr>"
         )
     return f"<table>{head}{''.join(body)}</table>"
 
@@ -76,6 +90,18 @@ def _sensitivity_table(results: dict[str, Any]) -> str:
                 f"<td>{_ci(stats, 'flip_rate')}</td><td>{_ci(stats, 'paired_delta_acc1')}</td></tr>"
             )
     return f"<table>{head}{''.join(body)}</table>" if body else "<p>No paired samples.</p>"
+
+
+MAX_ASSET_STEM = 100
+
+
+def asset_name(kind: str, key: str, ext: str) -> str:
+    """The gallery file name of a sample: bounded (a key built from a 245-character class name must not exceed the
+    file system's 255 bytes), still unique through a hash of the full key."""
+    stem = f"{kind}-{key}"
+    if len(stem) > MAX_ASSET_STEM:
+        stem = f"{stem[: MAX_ASSET_STEM - 13]}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    return f"{stem}.{ext}"
 
 
 def _top5_list(top: list[int], probs: list[float], label: int, release: Release) -> str:
@@ -103,14 +129,18 @@ def _gallery(rows: list[dict[str, Any]], release: Release, assets: Path, size: i
     ext = release.image_ext
     blocks = []
     for cf, orig in pairs:
-        (assets / f"original-{orig['key']}.{ext}").write_bytes(orig_samples[orig["key"]][ext])
-        (assets / f"counterfactual-{cf['key']}.{ext}").write_bytes(cf_samples[cf["key"]][ext])
+        if orig["key"] not in orig_samples or cf["key"] not in cf_samples:
+            continue
+        orig_file = asset_name("original", orig["key"], ext)
+        cf_file = asset_name("counterfactual", cf["key"], ext)
+        (assets / orig_file).write_bytes(orig_samples[orig["key"]][ext])
+        (assets / cf_file).write_bytes(cf_samples[cf["key"]][ext])
         delta = (orig["p_gt"] - cf["p_gt"]) * 100.0
         blocks.append(
-            f"<div class='pair'><figure><img src='assets/original-{orig['key']}.{ext}' alt='original {orig['key']}'>"
+            f"<div class='pair'><figure><img src='assets/{orig_file}' alt='original {html.escape(orig['key'])}'>"
             f"<figcaption>original · {highlight(cf['caption'], cf['original_span'])}"
             f"{_top5_list(orig['top5'], orig['top5_prob'], orig['label'], release)}</figcaption></figure>"
-            f"<figure><img src='assets/counterfactual-{cf['key']}.{ext}' alt='counterfactual {cf['key']}'>"
+            f"<figure><img src='assets/{cf_file}' alt='counterfactual {html.escape(cf['key'])}'>"
             f"<figcaption>{html.escape(cf['edit_type'] or 'edit')} · "
             f"{highlight(cf['edited_caption'], cf['edited_span'])}"
             f"{_top5_list(cf['top5'], cf['top5_prob'], cf['label'], release)}</figcaption></figure>"
@@ -160,7 +190,7 @@ def write_model_report(
         plots.append(plot_acc_scatter([results], assets / "acc_original_vs_counterfactual.png"))
     plot_html = "\n".join(f"<img src='assets/{p.name}' alt='{p.stem}'>" for p in plots)
     page = Template(TEMPLATE_PATH.read_text(encoding="utf-8")).substitute(
-        title=html.escape(f"{results['model']['name']} on {release.name} {release.version}"),
+        title=html.escape(f"{model_label(results)} on {release.name} {release.version}"),
         release_name=html.escape(release.name),
         release_version=html.escape(release.version),
         manifest_sha256=html.escape(release.manifest_sha256[:16]),

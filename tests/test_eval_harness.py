@@ -264,7 +264,8 @@ def test_rerun_skips_same_weights_and_reruns_new_weights(scored, tmp_path, caplo
     from safetensors.torch import load_file, save_file
 
     base = ["eval", "--release", str(scored["root"]), "--model", "test_vit", "--output", str(scored["out"])]
-    opts = ["--workers", "0", "--bootstrap", "0", "--no-insights", "--no-report"]
+    # same result options as the fixture's run (workers and batch size only change rounding: not part of the key)
+    opts = ["--workers", "0", "--batch-size", "3", "--bootstrap", str(BOOT), "--no-insights", "--no-report"]
     results_file = scored["out"] / scored["slug"] / "results.json"
     before = results_file.stat().st_mtime_ns
     args = parse([*base, "--checkpoint", str(scored["ckpt"]), *opts])
@@ -272,6 +273,7 @@ def test_rerun_skips_same_weights_and_reruns_new_weights(scored, tmp_path, caplo
     assert args.func(args) == 0
     assert results_file.stat().st_mtime_ns == before
     assert "skipping" in caplog.text
+    opts = ["--workers", "0", "--bootstrap", "0", "--no-insights", "--no-report"]
     state = load_file(str(scored["ckpt"]))
     state["head.bias"] = state["head.bias"] + 1.0
     other = tmp_path / "other.safetensors"
@@ -453,17 +455,23 @@ def test_insights_match_independent_clip_kmeans(scored, tmp_path):
             assert cluster["examples"][0]["delta_p_gt"] == pytest.approx(worst, rel=1e-4, abs=1e-6)
 
 
-def test_missing_clip_model_records_insight_error_but_scores_the_model(scored, tmp_path):
+def test_missing_clip_model_is_one_line_before_any_output_and_later_runs_are_not_skipped(scored, tmp_path, capsys):
+    """An insights model that cannot be loaded stops the run before anything is written, with one line saying what
+    to do; it leaves nothing that would make a later run skip the model."""
+    from builder.cli import main
+
     out = tmp_path / "out"
-    args = parse(
-        ["eval", "--release", str(scored["root"]), "--model", "test_vit", "--checkpoint", str(scored["ckpt"])]
-        + ["--output", str(out), "--workers", "0", "--bootstrap", "0", "--no-report"]
-        + ["--clip-model", "no-such-clip-model"]
-    )
-    assert args.func(args) == 0
+    common = ["eval", "--release", str(scored["root"]), "--model", "test_vit", "--checkpoint", str(scored["ckpt"])]
+    common += ["--output", str(out), "--workers", "0", "--bootstrap", "0", "--no-report"]
+    capsys.readouterr()
+    assert main([*common, "--clip-model", "no-such-clip-model"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert "no-such-clip-model" in err[0] and "--no-insights" in err[0] and "--clip-model DIR" in err[0]
+    assert not out.exists()
+    assert main([*common, "--no-insights"]) == 0
     results = json.loads((out / scored["slug"] / "results.json").read_text())
-    assert results["status"] == "ok"
-    assert "no-such-clip-model" in results["insights"]["error"]
+    assert results["status"] == "ok" and "insights" not in results
     assert results["metrics"]["original"]["acc1"] == pytest.approx(scored["results"]["metrics"]["original"]["acc1"])
 
 

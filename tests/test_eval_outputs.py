@@ -55,27 +55,53 @@ def test_leaderboard_tables_match_results(evaluated):
     assert list(df.columns[: len(TIMM_COLUMNS)]) == TIMM_COLUMNS
     assert len(df) == 3
     assert df.iloc[-1]["model"] == "definitely_not_a_model" and df.iloc[-1]["status"] == "error"
-    assert "Unknown model" in df.iloc[-1]["error"]
+    assert "Unknown model" in df.iloc[-1]["error"] and pd.isna(df.iloc[-1]["rank"])
     ok = df[df["status"] == "ok"]
-    assert list(ok["top1"]) == sorted(ok["top1"], reverse=True)
+    # ranked on the paired Delta (higher = more robust), then counterfactual top-1
+    keys = list(zip(ok["paired_top1_diff"], ok["top1"], strict=True))
+    assert keys == sorted(keys, key=lambda k: (-k[0], -k[1]))
+    assert list(ok["rank"]) == [1, 2]
     for _, row in ok.iterrows():
         r = results[row["model"]]
         cf, orig = r["metrics"]["counterfactual"], r["metrics"]["original"]
+        overall = r["sensitivity"]["overall"]
         assert row["top1"] == pytest.approx(cf["acc1"], abs=1e-3)
         assert row["top5_err"] == pytest.approx(100 - cf["acc5"], abs=1e-3)
         assert row["original_top1"] == pytest.approx(orig["acc1"], abs=1e-3)
-        assert row["top1_diff"] == pytest.approx(cf["acc1"] - orig["acc1"], abs=2e-3)
-        assert row["delta_p_gt_mean"] == pytest.approx(r["sensitivity"]["overall"]["delta_p_gt_mean"], abs=1e-3)
+        assert row["unpaired_top1_diff"] == pytest.approx(cf["acc1"] - orig["acc1"], abs=2e-3)
+        assert row["paired_top1_diff"] == pytest.approx(overall["paired_delta_acc1"], abs=1e-6)
+        assert row["paired_counterfactual_top1"] - row["paired_original_top1"] == pytest.approx(
+            row["paired_top1_diff"], abs=1e-6
+        )
+        assert row["delta_p_gt_mean"] == pytest.approx(overall["delta_p_gt_mean"], abs=1e-6)
         assert row["img_size"] == r["model"]["data_config"]["input_size"][-1]
         assert row["param_count"] == pytest.approx(r["model"]["param_count"])
         assert row["n_counterfactual"] == cf["n"] == 9
+        assert row["complete"]
+    # integers stay integers even with a failed row (no 288.0), and no "-0.00" anywhere
+    raw = (evaluated["lb"] / "leaderboard.csv").read_text().splitlines()
+    img_size_at = raw[0].split(",").index("img_size")
+    assert all("." not in line.split(",")[img_size_at] for line in raw[1:])
     parquet = pd.read_parquet(evaluated["lb"] / "leaderboard.parquet")
     assert list(parquet["model"]) == list(df["model"])
-    markdown = (evaluated["lb"] / "leaderboard.md").read_text().splitlines()
-    assert len(markdown) == 2 + len(df) and markdown[0].startswith("| model | img_size | top1 |")
+    assert str(parquet["img_size"].dtype) == "Int64"
+    text = (evaluated["lb"] / "leaderboard.md").read_text()
+    assert "-0.00" not in text
+    compact, full = text.split("## Full table")
+    compact_rows = [ln for ln in compact.splitlines() if ln.startswith("| ") and "---" not in ln]
+    assert compact_rows[0].startswith("| rank | model | original acc@1 | counterfactual acc@1 | paired Δ acc@1")
     top = ok.iloc[0]
-    assert markdown[2].startswith(f"| {top['model']} | {int(top['img_size'])} | {top['top1']:.2f} |")
-    for name in ("edit_type_sensitivity", "class_delta_acc", "acc_original_vs_counterfactual"):
+    assert compact_rows[1].startswith(f"| 1 | {top['model'].replace('_', chr(92) + '_')} (random weights) |")
+    full_rows = [ln for ln in full.splitlines() if ln.startswith("| ")]
+    assert full_rows[0].startswith("| model | img_size | top1 |") and len(full_rows) == 1 + len(df)
+    assert full_rows[1].startswith(f"| {top['model'].replace('_', chr(92) + '_')} | {int(top['img_size'])} |")
+    for name in (
+        "edit_type_sensitivity",
+        "class_delta_acc",
+        "acc_original_vs_counterfactual",
+        "effective_robustness",
+        "shift_correlation",
+    ):
         with Image.open(evaluated["lb"] / f"{name}.png") as image:
             assert image.width > 100 and np.asarray(image.convert("L")).std() > 0
 

@@ -1,0 +1,115 @@
+"""The results JSON of ``lance-cf eval``: its schema tag, its one validation, and what it says about a run.
+
+This module is the owner of the results format (docs/evaluation.md, "results.json schema"); the leaderboard, the card
+and ``publish-results`` read results through it. It imports nothing heavy, so publishing and card rendering can use it
+without torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+RESULTS_SCHEMA = "lance-cf/eval-results"
+RESULTS_SCHEMA_VERSION = 2
+"""2: ``tool``, ``options`` (every option that changes results), ``limit``, ``run.key``, ``failures``, release source
+without machine paths. Version 1 files are still read."""
+
+READABLE_SCHEMA_VERSIONS = (1, 2)
+AMP_DTYPES = ("bfloat16", "float16")  # --amp-dtype
+MODEL_DTYPES = ("float32", "bfloat16", "float16")  # --model-dtype
+STATUSES = ("ok", "error")
+
+
+def is_results(obj: Any) -> bool:
+    """True when ``obj`` claims to be an evaluation results JSON (it carries the schema tag).
+
+    A file that claims to be results but fails :func:`validate_results` is an error, not something to skip.
+    """
+    return isinstance(obj, dict) and obj.get("schema") == RESULTS_SCHEMA
+
+
+def _require(obj: dict[str, Any], path: str, kind: type | tuple[type, ...]) -> Any:
+    value: Any = obj
+    walked = []
+    for part in path.split("."):
+        walked.append(part)
+        if not isinstance(value, dict) or part not in value:
+            raise ValueError(f"results JSON has no '{'.'.join(walked)}' (expected the output of `lance-cf eval`)")
+        value = value[part]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):  # True is an int to Python
+        names = " or ".join(k.__name__ for k in kinds)
+        raise ValueError(f"results JSON field '{path}' must be {names}, got {type(value).__name__} {value!r:.60}")
+    return value
+
+
+def validate_results(obj: Any) -> None:
+    """Check that ``obj`` is a well-formed results JSON; raise ``ValueError`` naming the first bad field.
+
+    Checked: the schema tag and a readable schema version; ``status``; ``model.name``; ``release.name``,
+    ``release.version`` and ``release.manifest_sha256``; for ``status == "ok"``: ``metrics`` with, per config, integer
+    ``n`` and numeric (or null) ``acc1``; for schema version 2 also ``tool.version``, ``options`` and ``limit``.
+    """
+    if not isinstance(obj, dict):
+        raise ValueError(f"results JSON must be an object, got {type(obj).__name__}")
+    if obj.get("schema") != RESULTS_SCHEMA:
+        raise ValueError(f"results JSON has schema {obj.get('schema')!r}; expected {RESULTS_SCHEMA!r}")
+    version = _require(obj, "schema_version", int)
+    if version not in READABLE_SCHEMA_VERSIONS:
+        raise ValueError(
+            f"results JSON has schema_version {version}; this version of lance-cf reads {READABLE_SCHEMA_VERSIONS}"
+        )
+    status = _require(obj, "status", str)
+    if status not in STATUSES:
+        raise ValueError(f"results JSON field 'status' must be one of {STATUSES}, got {status!r}")
+    _require(obj, "model.name", str)
+    for field in ("release.name", "release.version", "release.manifest_sha256"):
+        _require(obj, field, str)
+    if status == "error":
+        _require(obj, "error", str)
+        return
+    metrics = _require(obj, "metrics", dict)
+    if not metrics:
+        raise ValueError("results JSON field 'metrics' is empty (a successful run scores at least one config)")
+    for config, entry in metrics.items():
+        if not isinstance(entry, dict):
+            raise ValueError(f"results JSON field 'metrics.{config}' must be an object")
+        _require(obj, f"metrics.{config}.n", int)
+        acc1 = entry.get("acc1")
+        if acc1 is not None and (isinstance(acc1, bool) or not isinstance(acc1, (int, float))):
+            raise ValueError(f"results JSON field 'metrics.{config}.acc1' must be a number or null, got {acc1!r:.60}")
+    if version >= 2:
+        _require(obj, "tool.version", str)
+        _require(obj, "options", dict)
+        if "limit" not in obj:
+            raise ValueError("results JSON has no 'limit' (null for a full run, N for a --limit N run)")
+        limit = obj["limit"]
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise ValueError(f"results JSON field 'limit' must be null or a positive integer, got {limit!r}")
+
+
+def is_complete(obj: dict[str, Any]) -> bool:
+    """True when the run scored every sample of the release: no ``--limit`` and no sample that failed to decode.
+
+    A run that is not complete may be shown, but never ranked or published as a leaderboard entry.
+    """
+    return obj.get("status") == "ok" and obj.get("limit") is None and not obj.get("failures")
+
+
+def model_label(obj: dict[str, Any]) -> str:
+    """How a model is named in tables and plots: its timm name, plus how its weights differ from the pretrained ones.
+
+    Never the results folder's slug (which may carry a hash).
+    """
+    model = obj.get("model") or {}
+    return display_name(str(model.get("name") or "?"), (model.get("weights") or {}).get("id"))
+
+
+def display_name(name: str, weights_id: str | None) -> str:
+    """``name``, or ``name (random weights)`` / ``name (checkpoint <sha256 prefix>)`` for non-pretrained weights."""
+    weights = str(weights_id or "")
+    if weights.startswith("random"):
+        return f"{name} (random weights)"
+    if weights.startswith("checkpoint:"):
+        return f"{name} (checkpoint {weights.rsplit(':', 1)[-1][:12]})"
+    return name
