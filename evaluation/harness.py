@@ -122,9 +122,10 @@ class ShardSampleDataset(torch.utils.data.IterableDataset):
         self.transform = transform
         self.image_shape = image_shape
 
-    def _failed(self, config: str, shard: str, key: str, reason: str):
+    def _failed(self, config: str, shard: str, key: str, reason: str, integrity: bool = False):
         meta = json.dumps({"key": key, "shard": shard})
-        return torch.zeros(self.image_shape, dtype=torch.uint8), -1, config, meta, f"{shard} {key}: {reason}"
+        problem = self.INTEGRITY_PREFIX + reason if integrity else f"{shard} {key}: {reason}"
+        return torch.zeros(self.image_shape, dtype=torch.uint8), -1, config, meta, problem
 
     def __iter__(self):
         from PIL import Image
@@ -159,7 +160,7 @@ class ShardSampleDataset(torch.utils.data.IterableDataset):
                         continue
                     yield self._decode(sample, config, name, Image)
             except ReleaseIntegrityError as error:  # crosses the worker boundary as data: one line, no traceback
-                yield self._failed(config, name, "-", self.INTEGRITY_PREFIX + str(error))
+                yield self._failed(config, name, "-", str(error), integrity=True)
                 return
 
     def _decode(self, sample: dict[str, bytes], config: str, shard: str, image_module: Any):
