@@ -14,7 +14,7 @@ from pathlib import Path
 
 # Modules that add subcommands, in the order `--help` lists them. A module that is not installed is skipped.
 SUBCOMMAND_MODULES = (
-    "builder.cli",  # build, verify, presets
+    "builder.cli",  # build, validate, verify, presets
     "builder.cli_perturber",  # perturber
     "builder.cli_interfaces",  # interfaces learn-tokens
     "evaluation.cli",  # eval, leaderboard
@@ -95,7 +95,23 @@ def register(subparsers) -> None:
         "--workers", type=_positive_int, default=1, metavar="N", help="Ray actors (one GPU each on cuda)"
     )
     build.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_allow_code(build)
     build.set_defaults(func=run_build)
+
+    validate = subparsers.add_parser(
+        "validate",
+        help="check a config or preset without loading any model",
+        description="Construct every stage from its options and check the stage graph (every field a stage consumes "
+        "is produced by an earlier stage; every release config has a stage that writes it), the source spec and the "
+        "config's values, in seconds and without loading a model. `build` runs the same checks first.",
+    )
+    validate.add_argument("config", metavar="PRESET_OR_CONFIG", help="a preset name or a YAML file")
+    validate.add_argument("--source", metavar="SPEC", help="the source spec the build would use (lists it)")
+    validate.add_argument(
+        "--configs", type=_comma_list, metavar="LIST", help="configs to build (default: the config's)"
+    )
+    _add_allow_code(validate)
+    validate.set_defaults(func=run_validate)
 
     verify = subparsers.add_parser(
         "verify",
@@ -115,6 +131,47 @@ def register(subparsers) -> None:
     )
     presets.add_argument("--show", metavar="NAME", help="print this preset (or YAML file) resolved, with comments")
     presets.set_defaults(func=run_presets)
+
+
+def _add_allow_code(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--allow-code",
+        action="store_true",
+        default=None,
+        help="let the config name Python code as a stage type (module:attr); configs are data otherwise. Also "
+        "LANCE_CF_ALLOW_CODE=1. Recorded in the manifest",
+    )
+
+
+def _allow_code(args: argparse.Namespace) -> bool:
+    from builder.validation import allow_code_from_env
+
+    return bool(args.allow_code) or allow_code_from_env()
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    from builder.config import apply_overrides, load_config
+    from builder.sources import create_source
+    from builder.validation import describe_validation, validate_build
+
+    config = load_config(args.config)
+    config = apply_overrides(config, source=args.source, configs=args.configs)
+    if config.source is None:  # validate the stages anyway; the source is checked when one is given
+        config = apply_overrides(config, source="demo")
+        source_line = "source: none given (pass --source SPEC to check it)"
+    else:
+        source_line = None
+    validated = validate_build(config, allow_code=_allow_code(args))
+    if source_line is None:
+        source = create_source(config.source, config.source_options)
+        source_line = (
+            f"source: {config.source} ({len(source.samples)} images, {source.label_space.num_classes} classes)"
+        )
+    sys.stdout.write(f"valid: {config.name} {config.version}, configs {','.join(config.configs)}\n")
+    for line in describe_validation(validated):
+        sys.stdout.write(line + "\n")
+    sys.stdout.write(source_line + "\n")
+    return 0
 
 
 def run_build(args: argparse.Namespace) -> int:
@@ -141,7 +198,13 @@ def run_build(args: argparse.Namespace) -> int:
     )
     device = resolve_device(args.device)
     manifest = build(
-        config, args.output, device=device, progress=not args.no_progress, engine=args.engine, workers=args.workers
+        config,
+        args.output,
+        device=device,
+        progress=not args.no_progress,
+        engine=args.engine,
+        workers=args.workers,
+        allow_code=_allow_code(args),
     )
     counts = ", ".join(f"{c}: {manifest['counts'][c]['total']}" for c in manifest["configs"])
     failures = len(manifest["failures"])

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from builder import images
-from builder.config import BuildConfig, StageConfig
+from builder.config import BuildConfig
 from builder.ledger import Ledger
 from builder.release_format import (
     WORK_DIR,
@@ -31,6 +31,15 @@ from builder.release_format import (
     is_valid_key,
 )
 from builder.sources import Source, SourceSample, create_source
+from builder.validation import ValidatedBuild, ValidatedStage, validate_build
+from lance_pipeline.stage import (
+    SOURCE_FIELDS,
+    DeclaredRecord,
+    ReleaseOutput,
+    SampleFailure,
+    StageContractError,
+    check_update,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -69,27 +78,28 @@ class _Batch:
 
 
 class _StageRunner:
-    """A configured stage, created lazily and loaded on first use (a fully resumed build loads no model)."""
+    """A validated stage, created lazily and loaded on first use (a fully resumed build loads no model)."""
 
-    def __init__(self, config: StageConfig, device: str, ledger: Ledger):
-        self.config = config
+    def __init__(self, validated: ValidatedStage, device: str, ledger: Ledger | None):
+        self.validated = validated
+        self.config = validated.config
         self.device = device
         self.ledger = ledger
         self._stage = None
         self._loaded = False
         self._references: dict[str, str] = {}
+        # What the stage may read: the source fields and what it declares (lance_pipeline.stage.DeclaredRecord).
+        self._readable = frozenset(SOURCE_FIELDS) | frozenset(validated.contract.consumes)
         self.ever_succeeded = False  # the stage has processed at least one batch without failing on all of it
 
     @property
     def stage(self):
         if self._stage is None:
             from builder.models import resolve_model_references
-            from builder.registry import STAGES
 
-            cls = STAGES.resolve(self.config.type)
             options, self._references = resolve_model_references(self.config.options)
             try:
-                self._stage = cls(**options)
+                self._stage = self.validated.cls(**options)
             except TypeError as err:
                 raise ValueError(f"stage {self.config.name!r} ({self.config.type}): bad options: {err}") from err
         return self._stage
@@ -110,7 +120,7 @@ class _StageRunner:
         from builder.models import restore_model_references
 
         described = restore_model_references(self.stage.describe(), self._references)
-        return {"type": self.config.type, **described}
+        return {"type": self.config.type, "version": self.validated.contract.version, **described}
 
     def remember_description(self) -> None:
         self.ledger.set_meta(f"describe:{self.config.name}", json.dumps(self._description()))
@@ -123,12 +133,13 @@ class _StageRunner:
         defer the batch until the stage has worked on another one (then ``record_errors=True`` records them), and
         stop with the error, recording nothing, if it never does.
         """
-        from lance_pipeline.stage import SampleFailure
-
         self.ensure_loaded()
         name = self.config.name
+        records = [DeclaredRecord(r, name, self._readable) for r in records]
         try:
             results = self.stage.process(records)
+        except StageContractError:
+            raise  # a programming error: it stops the build, never becomes a sample's failure
         except Exception as batch_error:  # isolate the sample(s) that break the batch
             logger.warning("stage %s failed on a batch (%s); retrying its samples one by one", name, batch_error)
             results = []
@@ -136,6 +147,8 @@ class _StageRunner:
             for record in records:
                 try:
                     results.extend(self.stage.process([record]))
+                except StageContractError:
+                    raise
                 except Exception as err:
                     errors.append(err)
                     results.append(SampleFailure(f"stage {name} error: {type(err).__name__}: {err}"))
@@ -149,6 +162,7 @@ class _StageRunner:
             if isinstance(result, SampleFailure):
                 failures[record["key"]] = result.reason
             elif isinstance(result, dict):
+                check_update(name, self.validated.contract.produces, result)
                 updates[record["key"]] = result
             else:
                 raise TypeError(f"stage {name} returned {type(result).__name__}; expected dict or SampleFailure")
@@ -216,8 +230,14 @@ def _decode_batch(batch: _Batch, source: Source, config: BuildConfig, num_classe
     return batch
 
 
-def _emit(config: BuildConfig, record: dict[str, Any], label_name: str) -> list[tuple[str, str, str, bytes, bytes]]:
-    """A finished record's release samples: (config, key, source_key, metadata, image bytes)."""
+# Metadata fields a ``many`` output's items carry into their samples (the rest come from the source record).
+ITEM_METADATA_FIELDS = ("edit_type", "edited_caption", "original_span", "edited_span", "self_replace")
+
+
+def _emit(
+    config: BuildConfig, outputs: tuple[ReleaseOutput, ...], record: dict[str, Any], label_name: str
+) -> list[tuple[str, str, str, bytes, bytes]]:
+    """A finished record's release samples, as its stages declared them: (config, key, source_key, metadata, image)."""
     key, fmt = record["key"], config.image_format
     rows = []
 
@@ -226,20 +246,21 @@ def _emit(config: BuildConfig, record: dict[str, Any], label_name: str) -> list[
 
     base = empty_metadata(key, key, record["label"], label_name, record["seed"])
     base["caption"] = record.get("caption")
-    if "original" in config.configs:
-        row("original", key, record["image"], base)
-    if "reconstructed" in config.configs and record.get("reconstruction") is not None:
-        row("reconstructed", f"{key}_rec", record["reconstruction"], {**base, "key": f"{key}_rec"})
-    for config_name, field_name, tag in (("counterfactual", "counterfactuals", "cf"), ("lance_r", "lance_r", "lr")):
-        if config_name not in config.configs:
+    for output in outputs:
+        value = record.get(output.field)
+        if value is None:
+            continue  # the sample failed before the stage that writes this config
+        if not output.many:
+            sample_key = output.sample_key(key)
+            row(output.config, sample_key, value, {**base, "key": sample_key})
             continue
-        for i, edit in enumerate(record.get(field_name) or []):
-            sample_key = f"{key}_{tag}{i:03d}"
+        for i, item in enumerate(value):
+            sample_key = output.sample_key(key, i)
             meta = {**base, "key": sample_key}
-            for name in ("edit_type", "edited_caption", "original_span", "edited_span", "self_replace"):
-                meta[name] = edit.get(name)
-            meta["scores"] = {**base["scores"], **(edit.get("scores") or {})}
-            row(config_name, sample_key, edit["image"], meta)
+            for name in ITEM_METADATA_FIELDS:
+                meta[name] = item.get(name)
+            meta["scores"] = {**base["scores"], **(item.get("scores") or {})}
+            row(output.config, sample_key, item["image"], meta)
     return rows
 
 
@@ -251,6 +272,7 @@ def build(
     progress: bool = True,
     engine: str = "local",
     workers: int = 1,
+    allow_code: bool | None = None,
 ) -> dict[str, Any]:
     """Build (or resume) a release into ``output``; returns the manifest.
 
@@ -259,7 +281,7 @@ def build(
     """
     from builder.release import write_release
 
-    config.validate()
+    validated = validate_build(config, allow_code=allow_code)
     output = Path(output)
     config_hash = config.config_hash()
     _check_output_dir(output, config_hash)
@@ -280,17 +302,18 @@ def build(
                 f"source {config.source!r} no longer gives the samples this build started with; "
                 "use a new --output directory"
             )
-        runners = [_StageRunner(s, device, ledger) for s in config.active_stages()]
-        _run_batches(config, source, plan, ledger, runners, progress, engine, workers)
+        runners = [_StageRunner(s, device, ledger) for s in validated.active]
+        _run_batches(validated, source, plan, ledger, runners, progress, engine, workers)
         # Stage descriptions without loading models (a resumed build may have loaded none).
         stage_info = {r.config.name: r.describe() for r in runners}
-        return write_release(output, config, config_hash, source, ledger, stage_info)
+        build_record = {"code": validated.code_targets}
+        return write_release(output, config, config_hash, source, ledger, stage_info, build_record)
     finally:
         ledger.close()
 
 
 def _run_batches(
-    config: BuildConfig,
+    validated: ValidatedBuild,
     source: Source,
     plan: list[tuple[str, int, int, str, int]],
     ledger: Ledger,
@@ -301,6 +324,7 @@ def _run_batches(
 ) -> None:
     from tqdm.auto import tqdm
 
+    config = validated.config
     by_key = {s.key: s for s in source.samples}
     batches: dict[int, list[tuple[str, int]]] = {}
     for key, batch, _label, _origin, seed in plan:
@@ -330,7 +354,7 @@ def _run_batches(
             bar.update(len(batch.samples))
             bar.set_postfix(failures=failures)
 
-        run_batches_on_ray(config, todo, decode, ledger, runners, label_names, workers, on_batch_done)
+        run_batches_on_ray(validated, todo, decode, ledger, runners, label_names, workers, on_batch_done)
         bar.close()
         return
     if engine != "local":
@@ -349,7 +373,7 @@ def _run_batches(
                 else None
             )
             try:
-                failures += _run_batch(config, batch, ledger, runners, label_names)
+                failures += _run_batch(validated, batch, ledger, runners, label_names)
             except StageNotWorking as err:
                 logger.warning("%s; deferring batch %d until the stage works on another batch", err, batch.index)
                 deferred.append((batch, err))
@@ -359,7 +383,7 @@ def _run_batches(
             # The stage works: the deferred batches' errors belong to their samples.
             while deferred:
                 late, _ = deferred.pop(0)
-                failures += _run_batch(config, late, ledger, runners, label_names, record_errors=True)
+                failures += _run_batch(validated, late, ledger, runners, label_names, record_errors=True)
                 bar.update(len(late.samples))
                 bar.set_postfix(failures=failures)
     if deferred:
@@ -438,20 +462,20 @@ def commit_stage(ledger: Ledger, batch_index: int, runner: _StageRunner, result:
 
 
 def finish_batch(
-    config: BuildConfig, batch: _Batch, ledger: Ledger, records: dict[str, dict[str, Any]], label_names: list[str]
+    validated: ValidatedBuild, batch: _Batch, ledger: Ledger, records: dict[str, dict[str, Any]], label_names: list[str]
 ) -> None:
     """Write the batch's release samples and mark it done, in one transaction."""
     rows = []
     for sample in batch.samples:
         if sample.key in records:
             record = records[sample.key]
-            rows += _emit(config, record, label_names[record["label"]])
+            rows += _emit(validated.config, validated.outputs, record, label_names[record["label"]])
     with ledger.transaction():
         ledger.record_outputs(batch.index, rows)
 
 
 def _run_batch(
-    config: BuildConfig,
+    validated: ValidatedBuild,
     batch: _Batch,
     ledger: Ledger,
     runners: list[_StageRunner],
@@ -468,5 +492,5 @@ def _run_batch(
         on_stage_done=lambda result: commit_stage(ledger, batch.index, by_name[result[0]], result),
         record_errors=record_errors,
     )
-    finish_batch(config, batch, ledger, records, label_names)
+    finish_batch(validated, batch, ledger, records, label_names)
     return len(batch.failures) + len(stage_failed)

@@ -15,8 +15,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from builder.config import BuildConfig
-
 logger = logging.getLogger(__name__)
 
 INSTALL_HINT = "the Ray engine needs Ray: pip install 'lance-counterfactuals[ray]'"
@@ -33,10 +31,10 @@ def _import_ray():
 class StageWorker:
     """One Ray actor: the active stages, loaded once on this actor's device."""
 
-    def __init__(self, stage_configs: list[Any], device: str):
+    def __init__(self, stages: list[Any], device: str):
         from builder.engine import _StageRunner
 
-        self.runners = [_StageRunner(s, device, ledger=None) for s in stage_configs]
+        self.runners = [_StageRunner(s, device, ledger=None) for s in stages]
 
     def run(
         self,
@@ -52,7 +50,7 @@ class StageWorker:
 
 
 def run_batches_on_ray(
-    config: BuildConfig,
+    validated: Any,
     todo: list[int],
     decode: Callable[[int], Any],
     ledger: Any,
@@ -69,7 +67,7 @@ def run_batches_on_ray(
     device = runners[0].device if runners else "cpu"
     gpus = 1 if device.startswith("cuda") else 0
     actor_cls = ray.remote(num_gpus=gpus, num_cpus=1)(StageWorker)
-    actors = [actor_cls.remote([r.config for r in runners], device) for _ in range(max(1, workers))]
+    actors = [actor_cls.remote([r.validated for r in runners], device) for _ in range(max(1, workers))]
     by_name = {r.config.name: r for r in runners}
     idle = list(actors)
     in_flight: dict[Any, tuple[Any, Any, dict, set[str]]] = {}  # object ref -> (actor, batch, records, failed)
@@ -83,7 +81,7 @@ def run_batches_on_ray(
             batch = decode(item) if isinstance(item, int) else item
             records, stage_failed, start = _prepare_batch(batch, ledger, runners, label_names)
             if start == len(runners) or not records:
-                finish_batch(config, batch, ledger, records, label_names)
+                finish_batch(validated, batch, ledger, records, label_names)
                 on_batch_done(batch, len(batch.failures) + len(stage_failed))
                 continue
             actor = idle.pop()
@@ -118,7 +116,7 @@ def run_batches_on_ray(
             for key, update in updates.items():
                 records[key].update(update)
             stage_failed |= set(failures)
-        finish_batch(config, batch, ledger, records, label_names)
+        finish_batch(validated, batch, ledger, records, label_names)
         on_batch_done(batch, len(batch.failures) + len(stage_failed))
         submit()
     for actor in actors:

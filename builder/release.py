@@ -113,7 +113,10 @@ def write_release(
     source: Source,
     ledger: Ledger,
     stage_info: dict[str, Any],
+    build_record: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """``build_record``: how the build ran (engine's ``build_record``: code allowed, threads, errors, version
+    changes), stored under the manifest's ``build`` key."""
     shards: list[dict[str, Any]] = []
     counts: dict[str, Any] = {}
     for config_name in config.configs:
@@ -155,6 +158,8 @@ def write_release(
         "failures": failures,
         "shards": shards,
     }
+    if build_record is not None:
+        manifest["build"] = build_record
     manifest["manifest_sha256"] = manifest_digest(manifest)
     _atomic_write(output / TIMM_INFO_NAME, canonical_json(timm_info(manifest)))
     _atomic_write(output / MANIFEST_NAME, canonical_json(manifest))

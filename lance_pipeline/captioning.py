@@ -95,6 +95,9 @@ class LabelConditionedCaptioner:
     """
 
     name = "caption"
+    version = "1"
+    consumes = {"image": "image", "label_name": "str"}
+    produces = {"caption": "str"}
 
     def __init__(
         self,

@@ -47,7 +47,7 @@ from lance_pipeline.sd_components import (  # noqa: F401
     StableDiffusionComponents,
     load_stable_diffusion_components,
 )
-from lance_pipeline.stage import SCORE_NAMES, Record, SampleFailure
+from lance_pipeline.stage import SCORE_NAMES, Record, ReleaseOutput, SampleFailure
 
 logger = logging.getLogger(__name__)
 
@@ -139,8 +139,8 @@ class InversionStage(_ImageStage):
     """``invert``: inversion of ``record["image"]`` with ``record["caption"]`` (method: option ``inversion``)."""
 
     name = "invert"
-    consumes = ("image", "caption")
-    produces = ("inversion",)
+    consumes = {"image": "image", "caption": "str"}
+    produces = {"inversion": "dict"}
 
     def process(self, records: list[Record]) -> list[Record | SampleFailure]:
         import torch
@@ -164,8 +164,9 @@ class ReconstructionStage(_ImageStage):
     """``reconstruct``: the inverted image regenerated with its own caption (config ``reconstructed``)."""
 
     name = "reconstruct"
-    consumes = ("caption", "inversion")
-    produces = ("reconstruction",)
+    consumes = {"inversion": "dict", "caption": "str"}
+    produces = {"reconstruction": "image"}
+    outputs = (ReleaseOutput("reconstructed", "reconstruction", "rec"),)
 
     def process(self, records: list[Record]) -> list[Record | SampleFailure]:
         editor = self._require_editor()
@@ -188,12 +189,13 @@ class CounterfactualEditStage(_ImageStage):
 
     name = "edit"
     uses_clip = True
+    consumes = {"key": "str", "caption": "str", "inversion": "dict", "edits": "list"}
+    produces = {"counterfactuals": "list", "edit_candidates": "list"}
+    outputs = (ReleaseOutput("counterfactual", "counterfactuals", "cf", many=True),)
     edits_field = "edits"
     output_field = "counterfactuals"
     candidates_field = "edit_candidates"
     word_check = False
-    consumes = ("caption", "inversion", "edits")
-    produces = ("counterfactuals", "edit_candidates")
 
     def describe(self) -> dict[str, Any]:
         description = {**super().describe(), "prompt_to_prompt": self._editing_description()}
@@ -289,11 +291,12 @@ class LanceREditStage(CounterfactualEditStage):
     """
 
     name = "lance_r_edit"
+    consumes = {"key": "str", "caption": "str", "inversion": "dict", "random_edits": "list"}
+    produces = {"lance_r": "list", "lance_r_candidates": "list"}
+    outputs = (ReleaseOutput("lance_r", "lance_r", "lr", many=True),)
     edits_field = "random_edits"
     output_field = "lance_r"
     candidates_field = "lance_r_candidates"
-    consumes = ("caption", "inversion", "random_edits")
-    produces = ("lance_r", "lance_r_candidates")
 
     @property
     def word_check(self) -> bool:  # type: ignore[override]

@@ -98,6 +98,9 @@ class LabelPreservationCheck:
     """
 
     name = "label_check"
+    version = "1"
+    consumes = {"edits": "list", "label_name": "str"}
+    produces = {"edits": "list"}  # the same edits with scores, kept and reject_reason added
 
     def __init__(
         self,

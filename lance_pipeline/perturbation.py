@@ -403,6 +403,9 @@ class PromptPerturber:
     """
 
     name = "perturb"
+    version = "1"
+    consumes = {"caption": "str", "label_name": "str", "seed": "int"}
+    produces = {"edits": "list", "perturb_stats": "dict"}
 
     def __init__(
         self,

@@ -100,6 +100,9 @@ class RandomWordEditor:
     """
 
     name = "random_edit"
+    version = "1"
+    consumes = {"caption": "str", "label_name": "str", "seed": "int"}
+    produces = {"random_edits": "list"}
 
     def __init__(
         self,

@@ -4,6 +4,17 @@ A stage is one step of LANCE (Prabhu et al., NeurIPS 2023, Algorithm 1): caption
 perturbation, label-preservation checks, inversion, editing. The builder owns all I/O and bookkeeping
 (sources, ledger, shards, manifest); a stage only turns plain records into plain updates, in batches.
 
+Declarations (class attributes, checked by ``lance-cf validate`` and before every build, without loading a model):
+
+- ``version``: a string recorded in the manifest; bump it when the same inputs and options give different outputs.
+- ``consumes`` / ``produces``: every record field the stage reads / returns, with its kind (``FIELD_KINDS``). Every
+  consumed field must be a source field (``SOURCE_FIELDS``) or produced by an earlier active stage. At run time a
+  stage sees a ``DeclaredRecord`` (reading an undeclared field raises ``StageContractError``) and its updates are
+  checked against ``produces``: a wrong key is a programming error that stops the build, never per-sample data.
+- ``outputs``: the ``ReleaseOutput``s (record field -> release config) the engine writes from this stage's fields.
+- ``options_class`` (optional): a dataclass of the stage's options; without it the options type is derived from the
+  constructor's annotated signature (``options_type``). Options are weight-free: constructing a stage loads nothing.
+
 Life cycle, driven by the builder:
 
 1. The stage object is created from its options (no weights are touched: ``--help``, config validation
@@ -13,7 +24,8 @@ Life cycle, driven by the builder:
    builder's fields (see ``SOURCE_FIELDS``) plus every field earlier stages returned. It returns, in the
    same order, either an *update* (a dict of new fields, merged into the record and persisted in the
    ledger so a resumed build never recomputes it) or a ``SampleFailure`` (recorded with its reason; the
-   sample skips the remaining stages but its ``original`` image is still released).
+   sample skips the remaining stages but its ``original`` image is still released). A ``SampleFailure`` is
+   final; an *exception* raised on a sample is recorded as an error and retried when the build is re-run.
 4. ``describe()`` returns what the manifest records about the stage: model ids, revisions, constants.
 
 Values allowed in an update: JSON types (str, int, float, bool, None, lists, dicts with str keys),
@@ -27,27 +39,30 @@ landed in.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import functools
+import inspect
+import types
+import typing
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 Record = dict[str, Any]
 
-# Fields the builder puts into every record before the first stage runs.
-SOURCE_FIELDS = (
-    "key",  # source key, only [A-Za-z0-9_-]
-    "image",  # PIL.Image.Image, RGB, already centre-cropped/resized to the build's image_size
-    "label",  # int, index in the release's label space
-    "label_name",  # str, human-readable class name (e.g. "dog sled")
-    "seed",  # int, per-sample seed
-)
+# The kinds a record field may hold. Stages declare the kind of every field they read and write; validation checks
+# that a consumer's kind matches its producer's, and the engine checks every update's values at run time.
+FIELD_KINDS = ("str", "int", "float", "bool", "image", "tensor", "list", "dict", "any")
 
-# Fields the builder reads back when it writes the release (all optional; see docs/release-format.md).
-#   caption: str
-#   reconstruction: PIL image                      -> config "reconstructed"
-#   counterfactuals: list[dict]                    -> config "counterfactual" (one sample each)
-#   lance_r: list[dict]                            -> config "lance_r" (one sample each)
-# Each dict in counterfactuals / lance_r holds "image" plus the metadata fields edit_type, edited_caption,
-# original_span, edited_span, self_replace and scores (a dict with any of SCORE_NAMES).
+# Fields the builder puts into every record before the first stage runs.
+SOURCE_FIELDS: dict[str, str] = {
+    "key": "str",  # source key, only [A-Za-z0-9_-]
+    "image": "image",  # PIL.Image.Image, RGB, already centre-cropped/resized to the build's image_size
+    "label": "int",  # index in the release's label space
+    "label_name": "str",  # human-readable class name (e.g. "dog sled")
+    "seed": "int",  # per-sample seed
+}
+
 SCORE_NAMES = (
     "label_similarity",
     "span_similarity",
@@ -67,14 +82,271 @@ class SampleFailure:
     reason: str
 
 
+@dataclass(frozen=True)
+class ReleaseOutput:
+    """A record field that becomes samples of a release config (declared by the stage that produces the field).
+
+    Attributes:
+        config: Release config name, e.g. ``"counterfactual"``.
+        field: The record field. ``many=False``: one image; ``many=True``: a list of dicts, each holding ``"image"``
+            plus per-sample metadata fields (``edit_type``, ``edited_caption``, spans, ``self_replace``, ``scores``).
+        key_suffix: Sample key suffix: ``KEY_<suffix>`` (one) or ``KEY_<suffix>000``, ``KEY_<suffix>001``...
+            (many); ``None`` keeps the source key (only the source's own ``original``).
+        many: Whether the field holds a list of samples.
+    """
+
+    config: str
+    field: str
+    key_suffix: str | None
+    many: bool = False
+
+    def sample_key(self, source_key: str, index: int = 0) -> str:
+        if self.key_suffix is None:
+            return source_key
+        return f"{source_key}_{self.key_suffix}{index:03d}" if self.many else f"{source_key}_{self.key_suffix}"
+
+
+# What the builder releases straight from the source, before any stage.
+SOURCE_OUTPUTS = (ReleaseOutput("original", "image", None),)
+
+
+class StageContractError(TypeError):
+    """A stage broke its declared contract (read or wrote an undeclared field, wrong kind): a programming error."""
+
+
 @runtime_checkable
 class Stage(Protocol):
-    """What every method stage implements. See the module docstring for the life cycle."""
+    """What every method stage implements. See the module docstring for the life cycle and the declarations."""
 
     name: str
+    version: str
+    consumes: dict[str, str]
+    produces: dict[str, str]
+    outputs: tuple[ReleaseOutput, ...]
 
     def load(self, device: str) -> None: ...
 
     def process(self, records: list[Record]) -> list[Record | SampleFailure]: ...
 
     def describe(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class StageContract:
+    """A stage class's declarations, checked for internal consistency."""
+
+    version: str
+    consumes: dict[str, str]
+    produces: dict[str, str]
+    outputs: tuple[ReleaseOutput, ...]
+
+
+def contract_of(cls: type) -> StageContract:
+    """The declared contract of a stage class; raises ``StageContractError`` naming what is missing or wrong."""
+    where = f"stage class {cls.__module__}.{cls.__qualname__}"
+    missing = [a for a in ("version", "consumes", "produces") if not hasattr(cls, a)]
+    if missing:
+        raise StageContractError(f"{where} does not declare {', '.join(missing)} (see lance_pipeline/stage.py)")
+    version, consumes, produces = cls.version, dict(cls.consumes), dict(cls.produces)
+    outputs = tuple(getattr(cls, "outputs", ()))
+    if not isinstance(version, str) or not version:
+        raise StageContractError(f"{where}: version must be a non-empty string, got {version!r}")
+    for what, fields in (("consumes", consumes), ("produces", produces)):
+        for name, kind in fields.items():
+            if kind not in FIELD_KINDS:
+                raise StageContractError(f"{where}: {what}[{name!r}] = {kind!r}; kinds are {', '.join(FIELD_KINDS)}")
+    clobbered = sorted(set(produces) & set(SOURCE_FIELDS))
+    if clobbered:
+        raise StageContractError(f"{where} produces source field(s) {clobbered}; stages may only add fields")
+    for output in outputs:
+        if not isinstance(output, ReleaseOutput):
+            raise StageContractError(f"{where}: outputs must hold ReleaseOutput, got {output!r}")
+        expected = "list" if output.many else "image"
+        if produces.get(output.field) != expected:
+            raise StageContractError(
+                f"{where}: output {output.config!r} reads field {output.field!r}, which the stage must produce "
+                f"as {expected!r} (produces: {produces})"
+            )
+        if output.key_suffix is None:
+            raise StageContractError(f"{where}: output {output.config!r} needs a key_suffix")
+    return StageContract(version, consumes, produces, outputs)
+
+
+# -- options -----------------------------------------------------------------------------------------------------------
+@functools.cache
+def options_type(cls: type) -> type:
+    """The stage's options as a dataclass: ``cls.options_class`` if declared, else derived from ``__init__``'s signature.
+
+    The derived dataclass has one field per keyword parameter, with its annotation and default: one definition of the
+    options (the constructor), one typed structure that validation checks before any weight is loaded.
+    """
+    declared = getattr(cls, "options_class", None)
+    if declared is not None:
+        if not dataclasses.is_dataclass(declared):
+            raise StageContractError(f"{cls.__qualname__}.options_class must be a dataclass")
+        return declared
+    hints = typing.get_type_hints(cls.__init__)
+    fields = []
+    for name, parameter in inspect.signature(cls.__init__).parameters.items():
+        if name == "self" or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        annotation = hints.get(name, Any)
+        if parameter.default is parameter.empty:
+            fields.append((name, annotation))
+        else:
+            default = parameter.default
+            fields.append((name, annotation, dataclasses.field(default_factory=lambda d=default: d)))
+    return dataclasses.make_dataclass(f"{cls.__name__}Options", fields)
+
+
+def check_options(cls: type, options: dict[str, Any], where: str) -> Any:
+    """Check ``options`` against the stage's options type; returns the typed options (defaults filled in).
+
+    Raises ``ValueError`` naming ``where`` and the option: unknown names (with "did you mean"), missing required ones
+    and values of the wrong type. Nothing is loaded.
+    """
+    if not isinstance(options, dict):
+        raise ValueError(f"{where}: options must be a mapping of name: value, got {type(options).__name__}")
+    kind = options_type(cls)
+    fields = {f.name: f for f in dataclasses.fields(kind) if f.init}
+    for name in options:
+        if name not in fields:
+            close = difflib.get_close_matches(str(name), list(fields), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; options are {', '.join(fields)}"
+            raise ValueError(f"{where}: unknown option {name!r}{hint}")
+    hints = typing.get_type_hints(kind)
+    for name, value in options.items():
+        annotation = hints.get(name, Any)
+        if not _matches(value, annotation):
+            raise ValueError(f"{where}: option {name} = {value!r}: expected {_describe_type(annotation)}")
+    required = [
+        n
+        for n, f in fields.items()
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and n not in options
+    ]
+    if required:
+        raise ValueError(f"{where}: missing option(s) {', '.join(required)}")
+    try:
+        return kind(**options)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{where}: {err}") from err
+
+
+def _matches(value: Any, annotation: Any) -> bool:
+    """Whether a value loaded from YAML fits an annotation (lists stand for tuples; ints for floats)."""
+    if annotation is Any or annotation is object:
+        return True
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, a) for a in args)
+    if origin is typing.Literal:
+        return value in args
+    if annotation is type(None):
+        return value is None
+    if annotation is bool:
+        return isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if annotation is str:
+        return isinstance(value, str)
+    if origin in (list, tuple, typing.Sequence, typing.Iterable) or annotation in (list, tuple):
+        if not isinstance(value, list | tuple):
+            return False
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return len(value) == len(args) and all(_matches(v, a) for v, a in zip(value, args, strict=True))
+        item = args[0] if args else Any
+        return all(_matches(v, item) for v in value)
+    if origin is dict or annotation is dict:
+        if not isinstance(value, dict):
+            return False
+        key_type, value_type = args if args else (Any, Any)
+        return all(_matches(k, key_type) and _matches(v, value_type) for k, v in value.items())
+    if isinstance(annotation, type):
+        return isinstance(value, annotation)
+    return True  # an annotation this checker does not understand is left to the stage's own checks
+
+
+def _describe_type(annotation: Any) -> str:
+    text = getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
+    return text or str(annotation).replace("typing.", "")
+
+
+# -- records at run time -----------------------------------------------------------------------------------------------
+def kind_of(value: Any) -> str:
+    """The field kind of a value (see ``FIELD_KINDS``)."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        return "str"
+    if isinstance(value, list | tuple):
+        return "list"
+    if isinstance(value, dict):
+        return "dict"
+    if type(value).__module__.startswith("PIL.") or hasattr(value, "getpixel"):
+        return "image"
+    if type(value).__module__.startswith("torch"):
+        return "tensor"
+    return type(value).__name__
+
+
+def check_update(stage: str, produces: dict[str, str], update: dict[str, Any]) -> None:
+    """Raise ``StageContractError`` if an update writes an undeclared field or a value of the wrong kind.
+
+    ``None`` is accepted for any declared field (an optional result).
+    """
+    for name, value in update.items():
+        if name not in produces:
+            close = difflib.get_close_matches(name, list(produces), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise StageContractError(
+                f"stage {stage} returned field {name!r}, which it does not declare in produces{hint}"
+            )
+        declared, actual = produces[name], kind_of(value)
+        if value is not None and declared != "any" and not (declared == "float" and actual == "int"):
+            if actual != declared:
+                raise StageContractError(f"stage {stage} returned {name}={actual}, but declares it as {declared}")
+
+
+class DeclaredRecord(dict):
+    """A record as one stage sees it: reading a field the stage did not declare is a ``StageContractError``.
+
+    Reads are checked (``record["x"]``, ``record.get("x")``, ``"x" in record``) so that a stage which forgot a field
+    in ``consumes`` fails on its first batch, instead of reading ``None`` and turning a bug into per-sample data.
+    """
+
+    __slots__ = ("_stage", "_allowed")
+
+    def __init__(self, data: dict[str, Any], stage: str, allowed: frozenset[str]):
+        super().__init__(data)
+        self._stage = stage
+        self._allowed = allowed
+
+    def _check(self, name: Any) -> None:
+        if name not in self._allowed:
+            raise StageContractError(
+                f"stage {self._stage} read record field {name!r}, which it does not declare in consumes"
+            )
+
+    def __getitem__(self, name: str) -> Any:
+        self._check(name)
+        return super().__getitem__(name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        self._check(name)
+        return super().get(name, default)
+
+    def __contains__(self, name: object) -> bool:
+        self._check(name)
+        return super().__contains__(name)
+
+    def __reduce__(self):  # crosses to Ray actors as itself
+        return (DeclaredRecord, (dict(self), self._stage, self._allowed))

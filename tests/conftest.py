@@ -10,6 +10,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Test configs name test-only stage classes by ``module:attr`` (tests.fake_stages), which is code: allowed for the
+# suite; tests of the refusal unset it (tests/test_builder_contract.py).
+os.environ.setdefault("LANCE_CF_ALLOW_CODE", "1")
 
 # Tiny demo components are built into a per-session cache, not the user's ~/.cache/lance-cf.
 if "LANCE_CF_CACHE" not in os.environ:

@@ -7,11 +7,14 @@ import time
 import numpy as np
 from PIL import Image, ImageOps
 
-from lance_pipeline.stage import SampleFailure
+from lance_pipeline.stage import ReleaseOutput, SampleFailure
 
 
 class FakeCaptionStage:
     name = "caption"
+    version = "1"
+    consumes = {"label_name": "str", "seed": "int"}
+    produces = {"caption": "str"}
 
     def __init__(self, delay: float = 0.0, fail_keys: list[str] | None = None):
         self.delay = delay
@@ -38,6 +41,14 @@ class FakeEditStage:
     """Returns a reconstruction (the image inverted) and two counterfactuals with scores of varied JSON types."""
 
     name = "edit"
+    version = "1"
+    consumes = {"caption": "str"}
+    produces = {"reconstruction": "image", "counterfactuals": "list", "lance_r": "list"}
+    outputs = (
+        ReleaseOutput("reconstructed", "reconstruction", "rec"),
+        ReleaseOutput("counterfactual", "counterfactuals", "cf", many=True),
+        ReleaseOutput("lance_r", "lance_r", "lr", many=True),
+    )
 
     def __init__(self, delay: float = 0.0, refuse_keys: list[str] | None = None):
         self.delay = delay
@@ -96,3 +107,38 @@ class FakeEditStage:
 
     def describe(self):
         return {"model": "fake-editor"}
+
+
+class MirrorStage:
+    """Writes a release config of its own ("mirrored"), which the core does not know: outputs are declared."""
+
+    name = "mirror"
+    version = "1"
+    consumes = {"caption": "str"}
+    produces = {"mirrored": "image"}
+    outputs = (ReleaseOutput("mirrored", "mirrored", "mir"),)
+
+    def load(self, device: str) -> None:
+        pass
+
+    def process(self, records):
+        return [{"mirrored": ImageOps.mirror(r["image"])} for r in records]
+
+    def describe(self):
+        return {}
+
+
+class ReadsUndeclaredField(MirrorStage):
+    """Reads ``caption`` without declaring it: a programming error the engine must stop on, not data."""
+
+    consumes = {}
+
+    def process(self, records):
+        return [SampleFailure("no caption") if r.get("caption") is None else {} for r in records]
+
+
+class WritesUndeclaredField(FakeCaptionStage):
+    """Returns a misspelt field: the engine must stop on it at the first batch."""
+
+    def process(self, records):
+        return [{"captoin": "a photo"} for _ in records]

@@ -1,0 +1,214 @@
+"""Validate a build config against the stage contract before anything is loaded or written.
+
+``lance-cf validate`` and every ``lance-cf build`` run this first. It constructs every stage from its options (stages
+load no weights when constructed; ``demo:``/``pkg:`` model references stay unresolved) and checks:
+
+1. every stage's options against its typed options (unknown names with "did you mean", wrong types);
+2. the field graph of the active stages, in order: each consumed field is a source field or produced by an earlier
+   active stage, with the same kind;
+3. the release configs: each selected config is written by exactly one active stage (or is the source's
+   ``original``), and each stage's ``configs`` names only configs some stage writes.
+
+It takes seconds and imports no model library; a typo in the last stage's options fails before the first one loads.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from builder.config import BuildConfig, StageConfig
+from lance_pipeline.stage import (
+    SOURCE_FIELDS,
+    SOURCE_OUTPUTS,
+    ReleaseOutput,
+    StageContract,
+    StageContractError,
+    check_options,
+    contract_of,
+)
+
+ALLOW_CODE_ENV = "LANCE_CF_ALLOW_CODE"
+
+
+def allow_code_from_env() -> bool:
+    return os.environ.get(ALLOW_CODE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class ValidatedStage:
+    config: StageConfig
+    cls: type
+    contract: StageContract
+    is_code: bool  # named by ``module:attr`` instead of a registered name (ran only with --allow-code)
+
+
+@dataclass(frozen=True)
+class ValidatedBuild:
+    config: BuildConfig
+    stages: tuple[ValidatedStage, ...]  # every stage of the config, in order
+    active: tuple[ValidatedStage, ...]  # the stages the selected configs need, in order
+    outputs: tuple[ReleaseOutput, ...]  # how records become samples of the selected configs
+    known_configs: tuple[str, ...]  # every config this config's stages can write
+
+    @property
+    def code_targets(self) -> list[str]:
+        """Stage types that name Python code (``module:attr``): recorded in the manifest."""
+        return [s.config.type for s in self.stages if s.is_code]
+
+
+def resolve_stage_class(stage: StageConfig, allow_code: bool) -> tuple[type, bool]:
+    """The stage class a config names; a ``module:attr`` type is code and needs ``allow_code``."""
+    from builder.registry import STAGES
+
+    where = f"stage {stage.name!r}"
+    if not isinstance(stage.type, str) or not stage.type:
+        raise ValueError(f"{where}: type must be a registered stage name ({', '.join(STAGES.names())})")
+    is_code = stage.type not in STAGES.names() and ":" in stage.type
+    if is_code and not allow_code:
+        raise ValueError(
+            f"{where}: type {stage.type!r} names Python code, not a registered stage; configs are data, so code runs "
+            f"only with --allow-code (or {ALLOW_CODE_ENV}=1) when you trust this config"
+        )
+    try:
+        cls = STAGES.resolve(stage.type)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"{where}: cannot import {stage.type!r} ({err})") from err
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from err
+    if not isinstance(cls, type):
+        raise ValueError(f"{where}: {stage.type!r} is not a stage class")
+    return cls, is_code
+
+
+def validate_build(config: BuildConfig, *, allow_code: bool | None = None) -> ValidatedBuild:
+    """Check everything about ``config`` that can be checked without data or models; raises ``ValueError``."""
+    if allow_code is None:
+        allow_code = allow_code_from_env()
+    config.validate()
+    stages = []
+    for stage in config.stages:
+        cls, is_code = resolve_stage_class(stage, allow_code)
+        where = f"stage {stage.name!r} ({stage.type})"
+        try:
+            contract = contract_of(cls)
+        except StageContractError as err:
+            raise ValueError(f"{where}: {err}") from err
+        check_options(cls, stage.options, where)
+        try:
+            cls(**stage.options)  # the stage's own range checks; loads nothing
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{where}: {err}") from err
+        stages.append(ValidatedStage(stage, cls, contract, is_code))
+
+    writers: dict[str, list[tuple[ValidatedStage, ReleaseOutput]]] = {}
+    for validated in stages:
+        for output in validated.contract.outputs:
+            writers.setdefault(output.config, []).append((validated, output))
+    known = [o.config for o in SOURCE_OUTPUTS] + [c for c in writers if c not in {o.config for o in SOURCE_OUTPUTS}]
+    _check_config_names(config, known)
+
+    selected = set(config.configs)
+    active = [s for s in stages if set(s.config.configs) & selected]
+    _check_field_graph(active, stages)
+
+    outputs: list[ReleaseOutput] = [o for o in SOURCE_OUTPUTS if o.config in selected]
+    for name in config.configs:
+        if name in {o.config for o in SOURCE_OUTPUTS}:
+            continue
+        candidates = writers.get(name, [])
+        if len(candidates) > 1:
+            names = ", ".join(repr(s.config.name) for s, _ in candidates)
+            raise ValueError(f"config {name!r} is written by several stages ({names}); keep one")
+        stage, output = candidates[0]
+        if name not in stage.config.configs:
+            raise ValueError(
+                f"config {name!r} is written by stage {stage.config.name!r}, whose configs "
+                f"{stage.config.configs} do not include it; add {name!r} to them"
+            )
+        outputs.append(output)
+    return ValidatedBuild(config, tuple(stages), tuple(active), tuple(outputs), tuple(known))
+
+
+def _check_config_names(config: BuildConfig, known: list[str]) -> None:
+    def unknown(name: str, where: str) -> ValueError:
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return ValueError(f"{where}config {name!r}: expected one of {', '.join(known)}{hint}")
+
+    for name in config.configs:
+        if name not in known:
+            if not config.stages and name in _DEFAULT_METHOD_CONFIGS:
+                raise ValueError(
+                    f"configs [{name!r}] need method stages, but build {config.name!r} defines none for them; "
+                    "build only --configs original, or use a preset with stages (demo, hardimagenet)"
+                )
+            raise unknown(name, "")
+    for stage in config.stages:
+        for name in stage.configs:
+            if name not in known:
+                raise unknown(name, f"stage {stage.name!r}: ")
+
+
+# The method's configs, named in the error for a stage-less config that asks for them.
+_DEFAULT_METHOD_CONFIGS = ("reconstructed", "counterfactual", "lance_r")
+
+
+def _check_field_graph(active: list[ValidatedStage], every: list[ValidatedStage]) -> None:
+    available: dict[str, tuple[str, str]] = {name: (kind, "the source") for name, kind in SOURCE_FIELDS.items()}
+    for stage in active:
+        name = stage.config.name
+        for field, kind in stage.contract.consumes.items():
+            if field not in available:
+                raise ValueError(
+                    f"stage {name!r} consumes field {field!r}, but {_why_missing(field, stage, active, every)}"
+                )
+            produced_kind, producer = available[field]
+            if "any" not in (kind, produced_kind) and kind != produced_kind:
+                raise ValueError(
+                    f"stage {name!r} consumes {field!r} as {kind}, but {producer} produces it as {produced_kind}"
+                )
+        for field, kind in stage.contract.produces.items():
+            if field in available and "any" not in (kind, available[field][0]) and kind != available[field][0]:
+                raise ValueError(
+                    f"stage {name!r} produces {field!r} as {kind}, but {available[field][1]} already produced it "
+                    f"as {available[field][0]}"
+                )
+            available[field] = (kind, f"stage {name!r}")
+
+
+def _why_missing(
+    field: str, consumer: ValidatedStage, active: list[ValidatedStage], every: list[ValidatedStage]
+) -> str:
+    producers = [s for s in every if field in s.contract.produces]
+    if not producers:
+        return "no stage produces it (check the field name and the stage types)"
+    for producer in producers:
+        if producer in active:
+            return f"stage {producer.config.name!r}, which produces it, runs after it; move it earlier"
+    producer = producers[0]
+    missing = sorted(set(consumer.config.configs) - set(producer.config.configs))
+    return (
+        f"stage {producer.config.name!r}, which produces it, is not active for configs {missing}; "
+        f"add them to its configs"
+    )
+
+
+def describe_validation(validated: ValidatedBuild) -> list[str]:
+    """Human-readable lines: the stages that will run, what each consumes and produces, and the configs."""
+    lines = []
+    for stage in validated.active:
+        contract = stage.contract
+        writes = ", ".join(o.config for o in contract.outputs)
+        lines.append(
+            f"  {stage.config.name} ({stage.config.type} v{contract.version}): "
+            f"{', '.join(contract.consumes) or '-'} -> {', '.join(contract.produces) or '-'}"
+            + (f" => {writes}" if writes else "")
+        )
+    return lines
+
+
+def stage_versions(validated: ValidatedBuild) -> dict[str, Any]:
+    return {s.config.name: s.contract.version for s in validated.active}
