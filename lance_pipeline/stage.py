@@ -122,7 +122,7 @@ class Stage(Protocol):
     version: str
     consumes: dict[str, str]
     produces: dict[str, str]
-    outputs: tuple[ReleaseOutput, ...]
+    # Optional: ``outputs: tuple[ReleaseOutput, ...]`` (default none) and ``options_class`` (a dataclass).
 
     def load(self, device: str) -> None: ...
 
