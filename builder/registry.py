@@ -52,6 +52,10 @@ STAGES = Registry(
         "reconstruction": "lance_pipeline.image_editing:ReconstructionStage",
         "prompt_to_prompt_edit": "lance_pipeline.image_editing:CounterfactualEditStage",
         "lance_r_edit": "lance_pipeline.image_editing:LanceREditStage",
+        "dillema_keywords": "lance_pipeline.dillema_text:KeywordStage",
+        "dillema_alternatives": "lance_pipeline.dillema_text:AlternativesStage",
+        "dillema_counterfactual": "lance_pipeline.dillema_text:CounterfactualStage",
+        "controlnet_edit": "lance_pipeline.controlnet_editing:ControlNetEditStage",
     },
 )
 
@@ -83,6 +87,7 @@ DEMO_COMPONENTS = Registry(
         "tiny-lora-adapter": "lance_pipeline.tiny_text_components:create_tiny_lora",
         "tiny-stable-diffusion": "lance_pipeline.tiny_image_components:create_tiny_stable_diffusion",
         "tiny-open-clip": "lance_pipeline.tiny_clip_components:create_tiny_open_clip",
+        "tiny-controlnet": "lance_pipeline.tiny_controlnet_components:create_tiny_controlnet",
     },
 )
 

@@ -290,6 +290,9 @@ def _reject_reason(
 
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+# Loaded (model, tokenizer) pairs shared by every perturber-backed stage in the process, keyed by model, revision,
+# adapter, dtype and device.
+_LOADED_LMS: dict[tuple, tuple] = {}
 
 
 def resolve_adapter(adapter: str, revision: str | None) -> str:
@@ -477,6 +480,13 @@ class PromptPerturber:
         dtype = self.dtype
         if dtype == "auto":
             dtype = "bfloat16" if str(device).startswith("cuda") else "float32"
+        # Stages that use the same LLM (e.g. the three DILLEMA text stages) share one loaded copy; generation
+        # settings stay per stage (they are attributes of this object, not of the model).
+        key = (self.model_id, self.revision, self.adapter, self.adapter_revision, dtype, str(device))
+        if key in _LOADED_LMS:
+            model, tokenizer = _LOADED_LMS[key]
+            self._finish_load(model, tokenizer, device)
+            return
         logger.info("loading perturber %s (revision %s) on %s", self.model_id, self.revision, device)
         tokenizer = AutoTokenizer.from_pretrained(self.model_id, revision=self.revision)
         tokenizer.padding_side = "left"
@@ -494,6 +504,10 @@ class PromptPerturber:
             adapter_dir = resolve_adapter(self.adapter, self.adapter_revision)
             model = PeftModel.from_pretrained(model, adapter_dir)
         model.to(device).eval()
+        _LOADED_LMS[key] = (model, tokenizer)
+        self._finish_load(model, tokenizer, device)
+
+    def _finish_load(self, model, tokenizer, device: str) -> None:
         style = self.prompt_style
         if style == "auto":
             style = "alpaca" if self.adapter is not None or not tokenizer.chat_template else "chat"
@@ -524,6 +538,22 @@ class PromptPerturber:
         }
 
     # -- prompts ------------------------------------------------------------------------------------
+    def chat_prompt(self, system: str, user: str, response_header: str = "Response") -> str:
+        """The prompt text for one system + user message in the loaded prompt style.
+
+        Chat style goes through the tokenizer's chat template; Alpaca style puts both messages into the
+        instruction and opens a ``### {response_header}:`` section.
+        """
+        if self._tokenizer is None:
+            raise RuntimeError("PromptPerturber.load(device) must be called before chat_prompt()")
+        if self._style == "alpaca":
+            return (
+                "Below is an instruction that describes a task. Write a response that appropriately completes the "
+                f"request.\n\n### Instruction:\n{system}\n{user}\n\n### {response_header}:\n"
+            )
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        return self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
     def build_prompt(self, caption: str, edit_type: str, label_name: str | None) -> str:
         """The full prompt text for one (caption, edit type), in the loaded prompt style."""
         if self._tokenizer is None:
