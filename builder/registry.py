@@ -65,6 +65,7 @@ EDITORS = Registry(
     "editor",
     {
         "prompt_to_prompt": "lance_pipeline.prompt_to_prompt:PromptToPromptEditor",
+        "controlnet": "lance_pipeline.controlnet_editing:ControlNetEditor",
     },
 )
 

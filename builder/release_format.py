@@ -12,7 +12,8 @@ import re
 from typing import Any
 
 # The method's vocabulary, defined once beside the stage contract (importing it pulls in nothing heavy).
-from lance_pipeline.stage import EDIT_TYPES, SCORE_NAMES
+from lance_pipeline.stage import RELEASE_EDIT_TYPES as EDIT_TYPES  # the six of LANCE and DILLEMA's "multi"
+from lance_pipeline.stage import SCORE_NAMES
 
 FORMAT_VERSION = 1
 SPLIT = "test"

@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lance_pipeline.candidate_selection import Candidate, CandidateSelector, EditRequest, SweepResult
+from lance_pipeline.image_editing import CounterfactualEditStage
 from lance_pipeline.stage import SCORE_NAMES, Record, SampleFailure
 
 logger = logging.getLogger(__name__)
@@ -233,15 +235,21 @@ class ControlNetEditorOptions:
 # ---------------------------------------------------------------------------------------------- the editor
 
 
-@dataclass
-class ControlNetCandidate:
-    """One rendered candidate: which edit, which seed and conditioning scale, and the image."""
+@dataclass(frozen=True)
+class ControlNetVariant:
+    """What distinguishes the candidates of one edit: the image index (hence the seed) and the conditioning scale."""
 
-    request_index: int
     image_index: int
     seed: int
     conditioning_scale: float
-    image: Any
+
+
+@dataclass
+class ControlNetSweep(SweepResult):
+    """A ``SweepResult`` whose candidates also carry their variant (``variants[k]`` belongs to ``candidates[k]``)."""
+
+    variants: list[ControlNetVariant] = field(default_factory=list)
+    condition: Any = None
 
 
 @dataclass
@@ -284,11 +292,18 @@ def load_scheduler_config(model: str, revision: str | None, cache_dir: str | Non
 class ControlNetEditor:
     """Renders caption edits of one image with SD + ControlNet through ``StableDiffusionControlNetPipeline``.
 
+    Implements ``candidate_selection.Editor`` (registered as ``EDITORS["controlnet"]``): ``render`` returns every
+    (edit, seed, conditioning scale) candidate, and the source image itself as the image the CLIP gates compare
+    against (there is no reconstruction: nothing is inverted).
+
     Args:
-        components: Loaded Stable Diffusion components (``image_editing.StableDiffusionComponents``); never modified.
+        components: Loaded Stable Diffusion components (``sd_components.StableDiffusionComponents``); never modified.
         controlnet: A loaded ``ControlNetModel`` for the components' UNet.
         options: The editor options.
+        scheduler_config: The checkpoint's scheduler config (default: the components' DDIM config).
     """
+
+    name = EDITOR_NAME
 
     def __init__(self, components, controlnet, options: ControlNetEditorOptions, scheduler_config=None) -> None:
         from diffusers import StableDiffusionControlNetPipeline, UniPCMultistepScheduler
@@ -299,7 +314,9 @@ class ControlNetEditor:
         # The pipeline itself requires multiples of 8; the latents must also survive the UNet's downsampling.
         multiple = math.lcm(8, components.latent_multiple)
         if options.image_size % multiple:
-            raise ValueError(f"image_size must be a multiple of {multiple} for {components.model}, got {options.image_size}")
+            raise ValueError(
+                f"image_size must be a multiple of {multiple} for {components.model}, got {options.image_size}"
+            )
         # A fresh scheduler from the checkpoint's own scheduler config (as DILLEMA: ``from_config(pipe.scheduler
         # .config)``); the shared components stay untouched.
         self.scheduler = UniPCMultistepScheduler.from_config(scheduler_config or components.scheduler_config)
@@ -317,6 +334,111 @@ class ControlNetEditor:
         )
         self.pipeline.set_progress_bar_config(disable=True)
         self.counts = ForwardCounts()
+
+    @classmethod
+    def load(cls, options: ControlNetEditorOptions, device: str) -> ControlNetEditor:
+        """Load (or share) the SD components, load the ControlNet and the scheduler config, build the editor."""
+        from lance_pipeline.sd_components import load_stable_diffusion_components
+
+        o = options
+        components = load_stable_diffusion_components(o.model, o.revision, o.dtype, device, o.cache_dir)
+        controlnet = load_controlnet(o.controlnet, o.controlnet_revision, o.dtype, device, o.cache_dir)
+        return cls(components, controlnet, o, load_scheduler_config(o.model, o.revision, o.cache_dir))
+
+    # ------------------------------------------------------------------------------------------ Editor interface
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        return self.components.tokenizer.model_max_length
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.components.tokenizer(text).input_ids)
+
+    def check_source(self, record: Record) -> str | None:
+        from PIL import Image
+
+        if not isinstance(record.get("image"), Image.Image):
+            return "record has no source image to take the condition from"
+        if not isinstance(record.get("caption"), str) or not record["caption"].strip():
+            return "record has no caption (the caption stage must run first)"
+        seed = record.get("seed")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            return f"record has no integer seed (got {seed!r})"
+        return None
+
+    def render(self, record: Record, requests: list[EditRequest]) -> ControlNetSweep:
+        """Every request at every (seed, conditioning scale); the gates compare against the source image."""
+        o = self.options
+        image = record["image"].convert("RGB")
+        if image.size != (o.image_size, o.image_size):
+            image = image.resize((o.image_size, o.image_size))
+        condition = o.condition_image(image)
+        variants = [
+            ControlNetVariant(i, candidate_seed(record["seed"], i), scale)
+            for i in range(o.images_per_edit)
+            for scale in o.conditioning_scales
+        ]
+        jobs = [(r, v) for r in range(len(requests)) for v in variants]
+        rendered: dict[tuple[int, ControlNetVariant], Any] = {}
+        for scale in o.conditioning_scales:  # one conditioning scale per pipeline call
+            scale_jobs = [job for job in jobs if job[1].conditioning_scale == scale]
+            for start in range(0, len(scale_jobs), o.batch_size):
+                chunk = scale_jobs[start : start + o.batch_size]
+                images = self.generate(
+                    condition, [requests[r].edited_caption for r, _ in chunk], [v.seed for _, v in chunk], scale
+                )
+                rendered.update(zip(chunk, images, strict=True))
+        sweep = ControlNetSweep(reconstruction=image, condition=condition)
+        for r, v in jobs:
+            sweep.candidates.append(Candidate(request_index=r, self_replace=None, image=rendered[(r, v)]))
+            sweep.variants.append(v)
+        return sweep
+
+    def describe(self) -> dict[str, Any]:
+        o = self.options
+        config = self.scheduler.config
+        return {
+            "editor": self.name,
+            "pipeline": "diffusers StableDiffusionControlNetPipeline (safety checker off, as DILLEMA)",
+            "scheduler": {
+                "class": type(self.scheduler).__name__,
+                **{
+                    k: config.get(k)
+                    for k in (
+                        "beta_start",
+                        "beta_end",
+                        "beta_schedule",
+                        "num_train_timesteps",
+                        "prediction_type",
+                        "solver_order",
+                        "solver_type",
+                        "predict_x0",
+                        "timestep_spacing",
+                        "steps_offset",
+                    )
+                },
+            },
+            "num_inference_steps": o.num_inference_steps,
+            "guidance_scale": o.guidance_scale,
+            "negative_prompt": o.negative_prompt,
+            "condition": {
+                "name": o.condition,
+                "implementation": "cv2.Canny on the RGB image, edges repeated into 3 channels",
+                "low_threshold": o.canny_low_threshold,
+                "high_threshold": o.canny_high_threshold,
+            },
+            "candidates": {
+                "images_per_edit": o.images_per_edit,
+                "conditioning_scales": list(o.conditioning_scales),
+                "seed": "sha256(sample seed, image index), CPU generator: all edits of a sample share their noise",
+                "keep_per_edit": o.keep_per_edit,
+                "batch_size": o.batch_size,
+            },
+            "gates_compare_against": "the source image",
+            "vae_scaling_factor": self.components.vae.config.scaling_factor,
+        }
+
+    # ------------------------------------------------------------------------------------------ sampling
 
     @contextmanager
     def _counting(self):
@@ -341,7 +463,7 @@ class ControlNetEditor:
             for handle in handles:
                 handle.remove()
 
-    def render(self, condition, prompts: list[str], seeds: list[int], conditioning_scale: float) -> list:
+    def generate(self, condition, prompts: list[str], seeds: list[int], conditioning_scale: float) -> list:
         """One image per (prompt, seed), all with the same condition and conditioning scale (one pipeline call).
 
         Returns:
@@ -371,170 +493,98 @@ class ControlNetEditor:
             )
         return list(output.images)
 
-    def candidates(self, image, prompts: list[str], sample_seed: int) -> tuple[Any, list[ControlNetCandidate]]:
-        """The condition of ``image`` and every candidate of every prompt, in (prompt, seed, scale) order."""
-        o = self.options
-        condition = o.condition_image(image.convert("RGB").resize((o.image_size, o.image_size)))
-        jobs = [
-            (request, image_index, scale)
-            for request in range(len(prompts))
-            for image_index in range(o.images_per_edit)
-            for scale in o.conditioning_scales
-        ]
-        rendered: dict[tuple[int, int, float], Any] = {}
-        for scale in o.conditioning_scales:
-            chunk_jobs = [job for job in jobs if job[2] == scale]
-            for start in range(0, len(chunk_jobs), o.batch_size):
-                chunk = chunk_jobs[start : start + o.batch_size]
-                images = self.render(
-                    condition,
-                    [prompts[r] for r, _, _ in chunk],
-                    [candidate_seed(sample_seed, i) for _, i, _ in chunk],
-                    scale,
-                )
-                rendered.update(zip(chunk, images, strict=True))
-        return condition, [
-            ControlNetCandidate(r, i, candidate_seed(sample_seed, i), s, rendered[(r, i, s)]) for r, i, s in jobs
-        ]
-
 
 # ---------------------------------------------------------------------------------------------- selection
-
-
-def _span(edit: dict, key: str) -> str:
-    value = edit.get(key)
-    return value if isinstance(value, str) else ""
-
 
 # Fields of a caption edit that are copied onto its counterfactual sample (the DILLEMA trace; absent for LANCE).
 TRACE_FIELDS = ("llm_keywords", "llm_alternatives", "llm_applied_alternatives")
 
 
-def select_controlnet_candidates(
-    edits: list[dict],
-    candidates: list[ControlNetCandidate],
-    clip_scores: list[dict],
-    thresholds,
-    keep_per_edit: int = 1,
-) -> tuple[list[dict], list[dict]]:
-    """The CLIP gates and the choice of LANCE, over ControlNet candidates (a seed and a conditioning scale each).
+class ControlNetSelector(CandidateSelector):
+    """LANCE's gates and choice (``CandidateSelector``), plus what a ControlNet candidate is and the LLM trace.
 
-    Per edit, the passing candidates are ranked by CLIP directional similarity (ties keep the earlier candidate) and
-    the best ``keep_per_edit`` become counterfactual samples.
-
-    Returns:
-        ``(chosen samples with their image, every candidate's record without image)``.
+    Candidate records gain ``editor``, ``seed`` and ``conditioning_scale``; chosen samples gain ``editor``,
+    ``controlnet_seed``, ``controlnet_scale``, ``condition`` and the edit's trace fields. With ``keep_per_edit`` > 1
+    the next-best passing candidates of an edit (by CLIP directional similarity, ties to the earlier) become
+    samples too (DILLEMA kept 5 images per counterfactual).
     """
-    from lance_pipeline.clip_gates import gate_failures
 
-    records = []
-    for candidate, scores in zip(candidates, clip_scores, strict=True):
-        edit = edits[candidate.request_index]
-        failures = gate_failures(scores, thresholds)
-        label_scores = edit.get("scores") or {}
-        merged = {**{k: label_scores.get(k) for k in ("label_similarity", "span_similarity")}, **scores}
-        records.append(
-            {
-                "edit_index": candidate.request_index,
-                "edit_type": edit.get("edit_type"),
-                "edited_caption": edit["edited_caption"],
-                "original_span": _span(edit, "original_span"),
-                "edited_span": _span(edit, "edited_span"),
-                "editor": EDITOR_NAME,
-                "seed": candidate.seed,
-                "conditioning_scale": candidate.conditioning_scale,
-                "scores": merged,
-                "passed": not failures,
-                "chosen": False,
-                "reject_reason": "; ".join(failures) if failures else None,
-            }
-        )
-    chosen_samples = []
-    for edit_index, edit in enumerate(edits):
-        passing = [k for k, r in enumerate(records) if r["edit_index"] == edit_index and r["passed"]]
-        # Stable sort: a tie keeps the earlier candidate, so the choice is deterministic.
-        ranked = sorted(passing, key=lambda k: -records[k]["scores"]["clip_directional"])
-        kept = ranked[:keep_per_edit]
-        for k in kept:
-            records[k]["chosen"] = True
-        for k in ranked[keep_per_edit:]:
-            records[k]["reject_reason"] = (
-                f"not selected: clip_directional={records[k]['scores']['clip_directional']:.6f} below the "
-                f"{keep_per_edit} best of this edit"
-            )
-        for k in kept:
-            best = records[k]
-            sample = {
-                "image": candidates[k].image,
-                "edit_type": best["edit_type"],
-                "edited_caption": best["edited_caption"],
-                "original_span": best["original_span"],
-                "edited_span": best["edited_span"],
-                "self_replace": None,
-                "scores": {name: best["scores"].get(name) for name in SCORE_NAMES},
-                "editor": EDITOR_NAME,
-                "controlnet_seed": best["seed"],
-                "controlnet_scale": best["conditioning_scale"],
-            }
-            sample.update({name: edit.get(name) for name in TRACE_FIELDS})
-            chosen_samples.append(sample)
-    return chosen_samples, records
+    def __init__(self, scorer, thresholds, keep_per_edit: int = 1, condition: str = "canny") -> None:
+        super().__init__(scorer, thresholds, selection="best_directional")
+        self.keep_per_edit = keep_per_edit
+        self.condition = condition
+
+    def describe(self) -> str:
+        best = super().describe()
+        return best if self.keep_per_edit == 1 else f"{best}; the {self.keep_per_edit} best per edit"
+
+    def select(self, caption: str, edits: list[dict], sweep: ControlNetSweep) -> tuple[list[dict], list[dict]]:
+        _, records = super().select(caption, edits, sweep)
+        for record, variant in zip(records, sweep.variants, strict=True):
+            record.update(editor=EDITOR_NAME, seed=variant.seed, conditioning_scale=variant.conditioning_scale)
+        chosen_samples = []
+        for edit_index, edit in enumerate(edits):
+            passing = [k for k, r in enumerate(records) if r["edit_index"] == edit_index and r["passed"]]
+            ranked = sorted(passing, key=lambda k: -records[k]["scores"]["clip_directional"])  # stable: ties keep order
+            kept = ranked[: self.keep_per_edit]
+            for k in ranked:
+                records[k]["chosen"] = k in kept
+                records[k]["reject_reason"] = (
+                    None
+                    if k in kept
+                    else f"not selected: clip_directional={records[k]['scores']['clip_directional']:.6f} below the "
+                    f"{self.keep_per_edit} best of this edit"
+                )
+            for k in kept:
+                record, variant = records[k], sweep.variants[k]
+                sample = {
+                    "image": sweep.candidates[k].image,
+                    "edit_type": record["edit_type"],
+                    "edited_caption": record["edited_caption"],
+                    "original_span": record["original_span"],
+                    "edited_span": record["edited_span"],
+                    "self_replace": None,
+                    "scores": {name: record["scores"].get(name) for name in SCORE_NAMES},
+                    "editor": EDITOR_NAME,
+                    "controlnet_seed": variant.seed,
+                    "controlnet_scale": variant.conditioning_scale,
+                    "condition": self.condition,
+                }
+                sample.update({name: edit.get(name) for name in TRACE_FIELDS})
+                chosen_samples.append(sample)
+        return chosen_samples, records
 
 
 # ---------------------------------------------------------------------------------------------- the stage
 
 
-class ControlNetEditStage:
+class ControlNetEditStage(CounterfactualEditStage):
     """``controlnet_edit``: the kept caption edits regenerated with SD + ControlNet, gated and chosen like LANCE's.
 
-    Returns ``{"counterfactuals": [...], "edit_candidates": [...]}``. A record whose edits all fail the gates gets
-    empty lists (not a failure): the rejected candidates with their reasons are the record's data.
+    Returns ``{"counterfactuals": [...], "edit_candidates": [...]}`` like ``edit`` (``prompt_to_prompt_edit``); the
+    length check, rendering, gates and candidate records are the inherited stage's. A record whose edits all fail
+    the gates gets empty lists (not a failure).
     """
 
-    name = "edit"
-    edits_field = "edits"
-    output_field = "counterfactuals"
-    candidates_field = "edit_candidates"
+    editor_name = EDITOR_NAME
+    options_class = ControlNetEditorOptions
+    Options = ControlNetEditorOptions
+    version = "1"
+    consumes = ("image", "caption", "seed", "edits")
+    produces = ("counterfactuals", "edit_candidates")
 
-    def __init__(self, scorer=None, **options: Any) -> None:
-        try:
-            self.options = ControlNetEditorOptions(**options)
-        except TypeError as err:
-            known = ", ".join(f.name for f in dataclasses.fields(ControlNetEditorOptions))
-            raise ValueError(f"{type(self).__name__}: {err}; known options: {known}") from err
-        self.scorer = scorer
-        self.editor: ControlNetEditor | None = None
-
-    def load(self, device: str) -> None:
-        from lance_pipeline.image_editing import load_stable_diffusion_components
-
+    def _selector(self) -> ControlNetSelector:
         o = self.options
-        components = load_stable_diffusion_components(o.model, o.revision, o.dtype, device, o.cache_dir)
-        controlnet = load_controlnet(o.controlnet, o.controlnet_revision, o.dtype, device, o.cache_dir)
-        self.editor = ControlNetEditor(components, controlnet, o, load_scheduler_config(o.model, o.revision, o.cache_dir))
-        if self.scorer is None:
-            from lance_pipeline.clip_gates import ClipScorer
-
-            self.scorer = ClipScorer(
-                model=o.clip_model,
-                pretrained=o.clip_pretrained,
-                revision=o.clip_revision,
-                batch_size=o.clip_batch_size,
-                cache_dir=o.cache_dir,
-            )
-        self.scorer.load(device)
-
-    def _require_editor(self) -> ControlNetEditor:
-        if self.editor is None:
-            raise RuntimeError(f"{type(self).__name__}.load(device) must be called before process()")
-        return self.editor
+        return ControlNetSelector(self.scorer, o.gate_thresholds(), o.keep_per_edit, o.condition)
 
     def describe(self) -> dict[str, Any]:
         """Editor, models, revisions, scheduler, condition, candidates and gates for the manifest."""
         o = self.options
         local_model, local_controlnet = os.path.isdir(o.model), os.path.isdir(o.controlnet)
-        description: dict[str, Any] = {
+        editor = self.editor.describe() if self.editor is not None else {"editor": self.editor_name}
+        return {
             "name": self.name,
+            "version": self.version,
             "editor": EDITOR_NAME,
             "model": Path(o.model).name if local_model else o.model,
             "revision": None if local_model else o.revision,
@@ -542,123 +592,15 @@ class ControlNetEditStage:
             "controlnet_revision": None if local_controlnet else o.controlnet_revision,
             "dtype": o.dtype,
             "image_size": o.image_size,
-            "num_inference_steps": o.num_inference_steps,
-            "guidance_scale": o.guidance_scale,
-            "negative_prompt": o.negative_prompt,
-            "condition": {
-                "name": o.condition,
-                "implementation": "cv2.Canny on the RGB image, edges repeated into 3 channels",
-                "low_threshold": o.canny_low_threshold,
-                "high_threshold": o.canny_high_threshold,
+            "controlnet_editing": {
+                **editor,
+                "selection": self._selector().describe(),
+                "gates": dataclasses.asdict(o.gate_thresholds()),
+                "clip": self.scorer.describe()
+                if self.scorer is not None and hasattr(self.scorer, "describe")
+                else None,
             },
-            "candidates": {
-                "images_per_edit": o.images_per_edit,
-                "conditioning_scales": list(o.conditioning_scales),
-                "seed": "sha256(sample seed, image index); CPU generator",
-                "keep_per_edit": o.keep_per_edit,
-                "batch_size": o.batch_size,
-            },
-            "selection": "max clip_directional among gate-passing candidates (against the source image)",
-            "gates": dataclasses.asdict(o.gate_thresholds()),
-            "clip": self.scorer.describe() if self.scorer is not None and hasattr(self.scorer, "describe") else None,
         }
-        if self.editor is not None:
-            config = self.editor.scheduler.config
-            description["scheduler"] = {
-                "class": type(self.editor.scheduler).__name__,
-                **{
-                    k: config.get(k)
-                    for k in (
-                        "beta_start",
-                        "beta_end",
-                        "beta_schedule",
-                        "num_train_timesteps",
-                        "prediction_type",
-                        "solver_order",
-                        "solver_type",
-                        "predict_x0",
-                        "timestep_spacing",
-                    )
-                },
-            }
-            description["vae_scaling_factor"] = self.editor.components.vae.config.scaling_factor
-            import diffusers
-
-            description["diffusers"] = diffusers.__version__
-        return description
-
-    def _edits(self, record: Record) -> list[dict]:
-        return [e for e in record.get(self.edits_field) or [] if e.get("kept")]
-
-    def _refuse_too_long(self, edits: list[dict]) -> tuple[list[int], list[dict]]:
-        """Positions of the edits whose caption fits the text encoder, and rejection records for the others."""
-        tokenizer = self._require_editor().components.tokenizer
-        limit = tokenizer.model_max_length
-        positions, rejected = [], []
-        for index, edit in enumerate(edits):
-            length = len(tokenizer(edit["edited_caption"]).input_ids)
-            if length <= limit:
-                positions.append(index)
-                continue
-            label_scores = edit.get("scores") or {}
-            rejected.append(
-                {
-                    "edit_index": index,
-                    "edit_type": edit.get("edit_type"),
-                    "edited_caption": edit["edited_caption"],
-                    "original_span": _span(edit, "original_span"),
-                    "edited_span": _span(edit, "edited_span"),
-                    "editor": EDITOR_NAME,
-                    "seed": None,
-                    "conditioning_scale": None,
-                    "scores": {k: label_scores.get(k) for k in ("label_similarity", "span_similarity")},
-                    "passed": False,
-                    "chosen": False,
-                    "reject_reason": f"edited caption is {length} tokens, more than the text encoder's {limit}: "
-                    "the edit would not reach the image",
-                }
-            )
-        return positions, rejected
-
-    def process(self, records: list[Record]) -> list[Record | SampleFailure]:
-        editor = self._require_editor()
-        thresholds = self.options.gate_thresholds()
-        out: list[Record | SampleFailure] = []
-        for record in records:
-            caption = record.get("caption")
-            if not isinstance(caption, str) or not caption.strip():
-                out.append(SampleFailure(f"{self.name}: record has no caption (the caption stage must run first)"))
-                continue
-            edits = self._edits(record)
-            for index, edit in enumerate(edits):
-                if not isinstance(edit.get("edited_caption"), str) or not edit["edited_caption"].strip():
-                    raise ValueError(f"{self.edits_field}[{index}] of {record.get('key')!r} has no edited_caption")
-            positions, too_long = self._refuse_too_long(edits)
-            if not positions:
-                out.append({self.output_field: [], self.candidates_field: too_long})
-                continue
-            in_context = [edits[i] for i in positions]
-            _, candidates = editor.candidates(
-                record["image"], [e["edited_caption"] for e in in_context], int(record["seed"])
-            )
-            n = len(candidates)
-            clip_scores = self.scorer.edit_scores(
-                [record["image"]] * n,
-                [c.image for c in candidates],
-                [caption] * n,
-                [in_context[c.request_index]["edited_caption"] for c in candidates],
-            )
-            chosen, candidate_records = select_controlnet_candidates(
-                in_context, candidates, clip_scores, thresholds, self.options.keep_per_edit
-            )
-            for candidate in candidate_records:  # index into the record's edits, not the in-context subset
-                candidate["edit_index"] = positions[candidate["edit_index"]]
-            candidate_records = sorted(candidate_records + too_long, key=lambda c: c["edit_index"])
-            for sample in chosen:
-                sample["condition"] = self.options.condition
-            logger.debug("%s %s: %d counterfactuals from %d edits", self.name, record.get("key"), len(chosen), len(edits))
-            out.append({self.output_field: chosen, self.candidates_field: candidate_records})
-        return out
 
 
 @dataclass
@@ -667,14 +609,14 @@ class BenchResult:
 
     edits: int
     candidates: int
-    counts: ForwardCounts = field(default_factory=ForwardCounts)
-    seconds: float = 0.0
+    counts: ForwardCounts
+    seconds: float
 
 
 def bench_controlnet_edit(stage: ControlNetEditStage, record: Record) -> BenchResult:
-    """Run the loaded stage on one record and report UNet/ControlNet sample-forwards and wall seconds.
+    """Run the loaded stage on one record; report UNet/ControlNet sample-forwards and wall seconds.
 
-    For ``benchmarks/bench_edit.py``: the counts are machine-independent; the seconds are this machine's.
+    For ``benchmarks/bench_edit.py``: the counts are machine-independent, the seconds are this machine's.
     """
     import time
 
@@ -685,5 +627,4 @@ def bench_controlnet_edit(stage: ControlNetEditStage, record: Record) -> BenchRe
     seconds = time.perf_counter() - start
     if isinstance(result, SampleFailure):
         raise ValueError(f"bench record {record.get('key')!r} failed: {result.reason}")
-    edits = len(stage._edits(record))
-    return BenchResult(edits, len(result[stage.candidates_field]), editor.counts, seconds)
+    return BenchResult(len(stage._edits(record)), len(result[stage.candidates_field]), editor.counts, seconds)

@@ -48,7 +48,7 @@ from typing import Any
 
 from lance_pipeline.edit_spans import STRIP_CHARS, diff_captions, tokenize_caption
 from lance_pipeline.perturbation import DEFAULT_PERTURBER, DEFAULT_PERTURBER_REVISION, PromptPerturber
-from lance_pipeline.stage import EDIT_TYPES, Record, SampleFailure
+from lance_pipeline.stage import EDIT_TYPES, MULTI_EDIT_TYPE, Record, SampleFailure
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,6 @@ DILLEMA_TEMPERATURE = 0.1
 DILLEMA_TOP_P = 0.85
 # DILLEMA samples min(#keywords, 3) keywords per counterfactual.
 DILLEMA_MAX_KEYWORDS_PER_EDIT = 3
-MULTI_EDIT_TYPE = "multi"
 SPAN_SEPARATOR = "; "
 
 SYSTEM_PROMPT = (
@@ -67,7 +66,7 @@ SYSTEM_PROMPT = (
     "aspect but still show the same class. Follow the requested answer format exactly and add nothing else."
 )
 KEYWORDS_PROMPT = (
-    "Task: {task}. The image's class is \"{label}\".\n"
+    'Task: {task}. The image\'s class is "{label}".\n'
     'Caption of the image: "{caption}"\n'
     "Which words of the caption can be changed without changing the class of the image? Never include the class "
     "name or a word of it. For each word, name the aspect of the image it describes: one of {aspects}.\n"
@@ -96,6 +95,11 @@ PARSE_OUTCOMES = ("json", "repaired", "salvaged", "unparseable", "empty")
 _FENCE_RE = re.compile(r"```(?:json|python)?", re.I)
 _BULLET_RE = re.compile(r"^\s*(?:[-*•·–]+\s*|\(?\d{1,2}\s*[.):\]]\s*)")
 _TRAILING_COMMA_RE = re.compile(r",\s*([\]}])")
+_NOT_AN_ITEM_RE = re.compile(r"^(?:i|i'm|here|sure|sorry|certainly|okay|ok|note|as an|unfortunately)\b", re.I)
+# A label the model puts before its rewrite ("Rewritten caption: ...").
+_REWRITE_LABEL_RE = re.compile(
+    r"^\s*(?:rewritten|revised|new|counterfactual|edited|modified)?\s*(?:caption|sentence)\s*:\s*", re.I | re.M
+)
 _SMART_QUOTES = str.maketrans({"“": '"', "”": '"', "‘": "'", "’": "'"})
 
 
@@ -152,7 +156,9 @@ def _clean_item(item: str) -> str:
 
 
 def _salvage(body: str, expect: type) -> Any:
-    lines = [line for line in body.splitlines() if line.strip()]
+    # Preambles ("Here are the words:") and refusals ("I am not sure ...") are no items.
+    lines = [line for line in body.splitlines() if line.strip() and not line.rstrip().endswith(":")]
+    lines = [line for line in lines if not _NOT_AN_ITEM_RE.match(_clean_item(line))]
     if expect is dict:
         out = {}
         for line in lines:
@@ -489,8 +495,7 @@ class DillemaKeywordStage(_DillemaStage):
                 stats[i]["fallback"] = len(keywords)
             if not keywords:
                 results[i] = SampleFailure(
-                    f"{self.step}: no usable keyword in {attempts[j]} answer(s) "
-                    f"({_describe_stats(stats[i])})"
+                    f"{self.step}: no usable keyword in {attempts[j]} answer(s) ({_describe_stats(stats[i])})"
                 )
                 continue
             results[i] = {"keywords": keywords, "keyword_stats": stats[i]}
@@ -686,7 +691,7 @@ class DillemaCounterfactualStage(_DillemaStage):
         from lance_pipeline.perturbation import parse_perturber_output
 
         parsed = parse_perturber_output(
-            text,
+            _REWRITE_LABEL_RE.sub("", text) if isinstance(text, str) else text,
             caption,
             n=1,
             truncated=truncated,

@@ -1,0 +1,101 @@
+"""The ControlNet editor's presets: stages construct without weights, and the offline demo builds a valid release."""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+
+import pytest
+from builder_helpers import cli
+
+from builder.config import list_presets, load_config
+from builder.registry import STAGES
+from builder.release_format import EDIT_TYPES
+from builder.verify import verify_release
+
+
+def _construct(config, tmp_path):
+    instances = {}
+    for stage in config.stages:
+        options = {
+            k: (str(tmp_path) if isinstance(v, str) and v[:4] in ("demo", "pkg:") else v)
+            for k, v in stage.options.items()
+        }
+        instances[stage.name] = STAGES.resolve(stage.type)(**options)
+    return instances
+
+
+@pytest.mark.parametrize("preset", ["demo-controlnet", "hardimagenet-controlnet"])
+def test_controlnet_presets_construct_without_weights(preset, tmp_path):
+    assert preset in list_presets()
+    config = load_config(preset)
+    instances = _construct(config, tmp_path)
+    assert [s.type for s in config.stages][-1] == "controlnet_edit"
+    assert {s.name for s in config.stages} == {"caption", "keywords", "alternatives", "rewrite", "label_check", "edit"}
+    for name, instance in instances.items():
+        assert instance.name == name
+    if preset == "hardimagenet-controlnet":
+        for stage in config.stages:
+            for key in ("revision", "controlnet_revision"):
+                if key in stage.options:
+                    assert re.fullmatch(r"[0-9a-f]{40}", stage.options[key]), f"{stage.name}: unpinned {key}"
+
+
+def test_hardimagenet_controlnet_shares_classes_captions_and_label_check_with_hardimagenet():
+    lance, controlnet = load_config("hardimagenet"), load_config("hardimagenet-controlnet")
+    assert controlnet.source_options == lance.source_options and controlnet.image_size == lance.image_size
+    for name in ("caption", "label_check"):
+        assert (
+            next(s for s in controlnet.stages if s.name == name).options
+            == next(s for s in lance.stages if s.name == name).options
+        )
+    perturber = next(s for s in lance.stages if s.name == "perturb").options
+    for name in ("keywords", "alternatives", "rewrite"):
+        stage = next(s for s in controlnet.stages if s.name == name).options
+        assert (stage["model"], stage["revision"]) == (perturber["model"], perturber["revision"])
+
+
+@pytest.fixture(scope="module")
+def demo_controlnet(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo-controlnet") / "release"
+    cli("build", "demo-controlnet", "--output", str(out), "--no-progress", "--device", "cpu")
+    return out
+
+
+def test_demo_controlnet_builds_verifies_and_loads(demo_controlnet, tmp_path):
+    import datasets
+
+    assert verify_release(demo_controlnet) == []
+    manifest = json.loads((demo_controlnet / "manifest.json").read_text())
+    assert manifest["failures"] == []
+    assert manifest["counts"]["counterfactual"]["total"] == 10  # 5 photos x 2 counterfactual captions
+    edit = manifest["stages"]["edit"]
+    assert edit["type"] == "controlnet_edit" and edit["editor"] == "controlnet"
+    assert edit["controlnet_editing"]["scheduler"]["class"] == "UniPCMultistepScheduler"
+    assert manifest["stages"]["keywords"]["step"] == "keywords"
+    rows = list(datasets.load_dataset(str(demo_controlnet), "counterfactual", split="test", cache_dir=str(tmp_path)))
+    assert len(rows) == 10
+    for row in rows:
+        meta = row["json"]
+        assert meta["edit_type"] in EDIT_TYPES and meta["edited_caption"] != meta["caption"]
+        assert meta["self_replace"] is None and isinstance(meta["scores"]["clip_directional"], float)
+        assert row["png"].size == (64, 64)
+
+
+def test_demo_controlnet_ledger_keeps_the_llm_trace(demo_controlnet):
+    db = sqlite3.connect(demo_controlnet / ".lance-cf" / "ledger.sqlite")
+    stages = {stage for (stage,) in db.execute("select distinct stage from stage_outputs")}
+    assert {"keywords", "alternatives", "rewrite", "edit"} <= stages
+    payloads = [bytes(p) for (p,) in db.execute("select payload from stage_outputs where stage = 'edit'")]
+    text = b"".join(payloads).decode("utf-8", "replace")
+    assert '"editor": "controlnet"' in text and '"llm_applied_alternatives"' in text
+
+
+def test_demo_controlnet_rebuild_is_byte_identical(demo_controlnet, tmp_path, monkeypatch):
+    from builder_helpers import release_files
+
+    monkeypatch.setenv("LANCE_CF_CACHE", str(tmp_path / "other-cache"))
+    again = tmp_path / "again"
+    cli("build", "demo-controlnet", "--output", str(again), "--no-progress", "--device", "cpu")
+    assert release_files(again) == release_files(demo_controlnet)
