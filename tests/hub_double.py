@@ -218,12 +218,12 @@ class HubDouble:
                     elif kind == "delete":
                         if path not in current:
                             raise HubError(404, f"A file with this name doesn't exist: {path}")
-                        self.git(gdir, "update-index", "--force-remove", path, env=env)
+                        self._remove_from_index(gdir, path, env)
                         current.discard(path)
                     else:
                         prefix = path.rstrip("/") + "/"
                         for existing in [p for p in current if p.startswith(prefix)]:
-                            self.git(gdir, "update-index", "--force-remove", existing, env=env)
+                            self._remove_from_index(gdir, existing, env)
                             current.discard(existing)
                 tree = self.git(gdir, "write-tree", env=env).decode().strip()
             message = summary + (f"\n\n{description}" if description else "")
@@ -231,6 +231,10 @@ class HubDouble:
             sha = self.git(gdir, "commit-tree", tree, *parents, "-m", message).decode().strip()
             self.git(gdir, "update-ref", f"refs/heads/{branch}", sha, head or ZERO_SHA)
             return sha
+
+    def _remove_from_index(self, gdir: Path, path: str, env: dict[str, str]) -> None:
+        # `update-index --force-remove` needs a work tree; a mode-0 `--index-info` entry removes the path in a bare repo.
+        self.git(gdir, "update-index", "--index-info", data=f"0 {ZERO_SHA}\t{path}\n".encode(), env=env)
 
     def commits(self, repo_type: str, repo_id: str, rev: str = "main") -> list[dict[str, Any]]:
         sha = self.resolve(repo_type, repo_id, rev)

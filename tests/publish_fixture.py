@@ -99,3 +99,38 @@ def make_release(
     (release / rf.WORK_DIR).mkdir(exist_ok=True)
     (release / rf.WORK_DIR / "ledger.sqlite").write_bytes(b"SQLite format 3\0 not for upload")
     return release, manifest
+
+
+def make_results(manifest: dict[str, Any], model: str, cf_acc: float, **overrides: Any) -> dict[str, Any]:
+    """A results JSON as ``lance-cf eval`` writes it (schema v2, a full run) for a model on ``manifest``'s release.
+
+    Original accuracy 80, counterfactual accuracy ``cf_acc`` on 9 pairs; ``overrides`` replace top-level fields.
+    """
+    slug = model.replace(":", "-").replace("/", "_")
+    paired = round(cf_acc - 80.0, 4)
+    result: dict[str, Any] = {
+        "schema": "lance-cf/eval-results",
+        "schema_version": 2,
+        "status": "ok",
+        "tool": {"name": "lance-counterfactuals", "version": "0.1.0"},
+        "options": {"batch_size": 8, "bootstrap": 0, "seed": 0},
+        "limit": None,
+        "failures": [],
+        "model": {"name": model, "slug": slug, "weights": {"id": "pretrained"}},
+        "release": {
+            "name": manifest["name"],
+            "version": manifest["version"],
+            "manifest_sha256": manifest["manifest_sha256"],
+            "source": "demo",
+        },
+        "metrics": {
+            "original": {"acc1": 80.0, "acc5": 95.0, "n": 6},
+            "counterfactual": {"acc1": cf_acc, "acc5": 90.0, "n": 9, "delta_acc1": paired, "delta_acc5": -5.0},
+        },
+        "sensitivity": {
+            "overall": {"n": 9, "orig_acc1": 80.0, "acc1": cf_acc, "paired_delta_acc1": paired, "flip_rate": 0.25},
+            "by_edit_type": {"subject": {"paired_delta_acc1": -30.0}, "weather": {"paired_delta_acc1": -2.0}},
+        },
+    }
+    result.update(overrides)
+    return result

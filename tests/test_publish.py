@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from hub_double import HubDouble
-from publish_fixture import make_release
+from publish_fixture import make_release, make_results
 
 from builder import release_format as rf
 from builder.publish import PublishError, plan_release, publish_release
@@ -51,6 +51,36 @@ for spec in sys.argv[1:]:
     })
 print("RESULT" + json.dumps(out))
 """
+
+
+LEADERBOARD_SCRIPT = r"""
+import json, sys
+import datasets
+ds = datasets.load_dataset(sys.argv[1], "leaderboard", split="train")
+print("RESULT" + json.dumps([row["json"] for row in ds]))
+"""
+
+
+def split_card(text: str) -> tuple[dict, str]:
+    """The card's YAML front matter (parsed) and its body."""
+    import yaml
+
+    _, front, body = text.split("---\n", 2)
+    return yaml.safe_load(front), body
+
+
+def load_leaderboard_over_http(hub: HubDouble, tmp_path: Path) -> list[dict]:
+    proc = subprocess.run(
+        [sys.executable, "-c", LEADERBOARD_SCRIPT, REPO],
+        env=_client_env(hub, tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT"))
+    return json.loads(line[len("RESULT") :])
 
 
 def _client_env(hub: HubDouble, tmp_path: Path) -> dict[str, str]:
@@ -323,29 +353,8 @@ def test_publish_results_adds_leaderboard_without_moving_tags(hub_env, tmp_path,
     # The layout `lance-cf eval --output OUT` writes: OUT/<model slug>/results.json, plus other files.
     results_dir = tmp_path / "eval-out"
     for model, cf_acc in (("resnet18", 61.5), ("hf-hub:org/vit_tiny", 70.25)):
-        slug = model.replace(":", "-").replace("/", "_")
-        result = {
-            "schema": "lance-cf/eval-results",
-            "model": {"name": model, "slug": slug},
-            "release": {
-                "name": manifest["name"],
-                "version": manifest["version"],
-                "manifest_sha256": manifest["manifest_sha256"],
-            },
-            "metrics": {
-                "original": {"acc1": 80.0, "acc5": 95.0, "n": 6},
-                "counterfactual": {
-                    "acc1": cf_acc,
-                    "acc5": 90.0,
-                    "n": 9,
-                    "delta_acc1": cf_acc - 80.0,
-                    "delta_acc5": -5.0,
-                },
-            },
-            "sensitivity": {
-                "by_edit_type": {"subject": {"paired_delta_acc1": -30.0}, "weather": {"paired_delta_acc1": -2.0}}
-            },
-        }
+        result = make_results(manifest, model, cf_acc)
+        slug = result["model"]["slug"]
         (results_dir / slug).mkdir(parents=True)
         (results_dir / slug / "results.json").write_text(json.dumps(result))
     (results_dir / "run-config.json").write_text(json.dumps({"batch_size": 64}))  # not a results file: ignored
@@ -366,16 +375,48 @@ def test_publish_results_adds_leaderboard_without_moving_tags(hub_env, tmp_path,
     table = hub.read_file("datasets", REPO, main["results/leaderboard.md"]).decode()
     assert "## Leaderboard" in card and "| `hf-hub:org/vit_tiny` | v1.0.0 | 80.00 | 70.25 | -9.75" in card
     assert card.index("hf-hub:org/vit_tiny") < card.index("`resnet18`")  # best counterfactual accuracy first
-    assert "`resnet18`" in table and "subject (-30.00)" in table
+    # The Markdown table is evaluation's ranked table, one section per release (best paired delta first).
+    assert table.startswith("# Leaderboard\n\n## lance-demo v1.0.0\n")
+    assert table.index("vit\\_tiny") < table.index("| resnet18 |")
     assert set(p for p in main if p.startswith("results/")) == {
         "results/leaderboard.md",
+        "results/leaderboard.parquet",
+        "results/leaderboard.tar",
         "results/v1.0.0/resnet18.json",
         "results/v1.0.0/hf-hub-org_vit_tiny.json",
     }
     tagged_card = hub.read_file("datasets", REPO, hub.entries("datasets", REPO, "v1.0.0")["README.md"]).decode()
     assert "## Leaderboard" not in tagged_card
-    # The rest of the card is untouched.
-    assert card.replace(card[card.index("## Leaderboard") : card.index("## How it was built")], "") == tagged_card
+    # The rest of the card is untouched: the same prose, and the same YAML plus the `leaderboard` config.
+    front, body = split_card(card)
+    tagged_front, tagged_body = split_card(tagged_card)
+    assert body.replace(body[body.index("## Leaderboard") : body.index("## How it was built")], "") == tagged_body
+    leaderboard_config = {
+        "config_name": "leaderboard",
+        "data_files": [{"split": "train", "path": "results/leaderboard.tar"}],
+    }
+    assert front["configs"] == [*tagged_front["configs"], leaderboard_config]
+    assert front["dataset_info"][:-1] == tagged_front["dataset_info"]
+    assert front["dataset_info"][-1]["config_name"] == "leaderboard"
+    assert front["dataset_info"][-1]["splits"] == [{"name": "train", "num_examples": 2}]
+    assert {k: v for k, v in front.items() if k not in ("configs", "dataset_info")} == {
+        k: v for k, v in tagged_front.items() if k not in ("configs", "dataset_info")
+    }
+    # The table loads over HTTP as the `leaderboard` config: one row per model and config, the same rows as the
+    # Parquet file beside it.
+    rows = load_leaderboard_over_http(hub, tmp_path)
+    assert sorted((r["model"], r["config"], r["acc1"], r["paired_delta_acc1"], r["release_version"]) for r in rows) == [
+        ("hf-hub:org/vit_tiny", "counterfactual", 70.25, -9.75, "1.0.0"),
+        ("resnet18", "counterfactual", 61.5, -18.5, "1.0.0"),
+    ]
+    assert all(r["complete"] and r["limit"] is None for r in rows)
+    import io
+
+    import pandas as pd
+
+    parquet = pd.read_parquet(io.BytesIO(hub.read_file("datasets", REPO, main["results/leaderboard.parquet"])))
+    assert sorted(parquet["model"]) == sorted(r["model"] for r in rows)
+    assert sorted(parquet["acc1"]) == sorted(r["acc1"] for r in rows)
 
     # Re-running with the same results is a no-op: no new commit.
     commits = len(hub.commits("datasets", REPO))

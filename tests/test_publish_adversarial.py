@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from hub_double import HubDouble
-from publish_fixture import make_release
+from publish_fixture import make_release, make_results
 from test_publish import REPO, ROOT, TOKEN, _client_env, release, release_files
 
 from builder import release_format as rf
@@ -394,3 +395,117 @@ def test_gating_that_does_not_hold_stops_before_the_upload(hub_env, tmp_path):
     assert cli("publish", str(release_dir), "--repo-id", REPO) == 1
     assert len(hub.commits("datasets", REPO)) == 1
     assert publish_release(release_dir, REPO).gated == "auto"  # re-running completes
+
+
+# --------------------------------------------------------------------------------- publish-results (issues 9, 10, 13)
+def write_results(directory: Path, *results: dict) -> Path:
+    for result in results:
+        (directory / result["model"]["slug"]).mkdir(parents=True, exist_ok=True)
+        (directory / result["model"]["slug"] / "results.json").write_text(json.dumps(result))
+    return directory
+
+
+def test_incomplete_or_invalid_results_are_refused(hub_env, tmp_path, capsys, caplog):
+    import logging
+
+    hub = hub_env
+    release_dir, manifest = release(tmp_path)
+    publish_release(release_dir, REPO)
+    commits = len(hub.commits("datasets", REPO))
+    cases = [
+        (make_results(manifest, "resnet18", 60.0, limit=5), "results of a --limit 5 run"),
+        (
+            make_results(manifest, "resnet18", 60.0, failures=[{"key": "src000", "reason": "truncated"}]),
+            "1 sample(s) could not be scored",
+        ),
+    ]
+    for i, (result, message) in enumerate(cases):
+        directory = write_results(tmp_path / f"case{i}", result)
+        assert cli("publish-results", str(directory), "--repo-id", REPO) == 1
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+    # A file that claims to be results but fails evaluation's validation: ValueError naming the file and the field.
+    broken = make_results(manifest, "resnet18", 60.0)
+    del broken["release"]["manifest_sha256"]
+    directory = write_results(tmp_path / "broken", broken)
+    with pytest.raises(ValueError, match=r"resnet18/results\.json: .*'release\.manifest_sha256'"):
+        cli("publish-results", str(directory), "--repo-id", REPO)
+    # A failed evaluation is left out with a warning; with nothing else there is nothing to publish.
+    caplog.set_level(logging.WARNING)
+    failed = make_results(manifest, "vit_tiny", 0.0, status="error", error="CUDA out of memory")
+    failed.pop("metrics")
+    directory = write_results(tmp_path / "failed", failed)
+    assert cli("publish-results", str(directory), "--repo-id", REPO) == 1
+    assert "no publishable results among 1 file(s)" in capsys.readouterr().err
+    assert "the evaluation of this model failed (CUDA out of memory)" in caplog.text
+    assert len(hub.commits("datasets", REPO)) == commits
+
+
+def test_results_machine_paths_are_stripped(hub_env, tmp_path, caplog):
+    import logging
+
+    hub = hub_env
+    release_dir, manifest = release(tmp_path)
+    publish_release(release_dir, REPO)
+    result = make_results(manifest, "resnet18", 60.0)
+    result["release"]["source"] = "/home/alice/releases/lance-demo"
+    result["model"]["class_map"] = "/home/alice/maps/imagenet-5.txt"
+    result["weights"] = {"checkpoint": "/srv/alice/ckpt/resnet18-ft.safetensors"}
+    caplog.set_level(logging.WARNING)
+    assert cli("publish-results", str(write_results(tmp_path / "out", result)), "--repo-id", REPO) == 0
+    assert (
+        "machine paths removed before publishing from model.class_map, release.source, weights.checkpoint"
+        in caplog.text
+    )
+    stored = hub.entries("datasets", REPO, "main")
+    published = json.loads(hub.read_file("datasets", REPO, stored["results/v1.0.0/resnet18.json"]))
+    assert published["release"]["source"] == "lance-demo"
+    assert published["model"]["class_map"] == "imagenet-5.txt"
+    assert published["weights"]["checkpoint"] == "resnet18-ft.safetensors"
+    assert b"/home/alice" not in hub_bytes(hub) and b"/srv/alice" not in hub_bytes(hub)
+
+
+def test_leaderboard_over_two_releases(hub_env, tmp_path):
+    from test_publish import load_leaderboard_over_http, split_card
+
+    hub = hub_env
+    v1_dir, v1 = release(tmp_path, "1.0.0")
+    publish_release(v1_dir, REPO)
+    out1 = write_results(
+        tmp_path / "out1", make_results(v1, "resnet18", 61.5), make_results(v1, "hf-hub:org/vit_tiny", 70.25)
+    )
+    assert cli("publish-results", str(out1), "--repo-id", REPO) == 0
+    v2_dir, v2 = release(tmp_path, "2.0.0", drop_classes=(4,))
+    publish_release(v2_dir, REPO)
+    assert (
+        cli(
+            "publish-results",
+            str(write_results(tmp_path / "out2", make_results(v2, "resnet18", 50.0))),
+            "--repo-id",
+            REPO,
+        )
+        == 0
+    )
+
+    rows = load_leaderboard_over_http(hub, tmp_path)
+    assert sorted((r["release_version"], r["rank"], r["model"], r["acc1"]) for r in rows) == [
+        ("1.0.0", 1, "hf-hub:org/vit_tiny", 70.25),
+        ("1.0.0", 2, "resnet18", 61.5),
+        ("2.0.0", 1, "resnet18", 50.0),
+    ]
+    main = hub.entries("datasets", REPO, "main")
+    # v2 has fewer shards than v1: the release commit deleted v1's extra files; results stayed.
+    assert (
+        {p for p in main if p.startswith("data/")}
+        == {s["path"] for s in v2["shards"]}
+        != {s["path"] for s in v1["shards"]}
+    )
+    table = hub.read_file("datasets", REPO, main["results/leaderboard.md"]).decode()
+    assert table.index("## lance-demo v2.0.0") < table.index("## lance-demo v1.0.0")
+    # The card on main describes v2: its leaderboard lists the v2 result only.
+    card = hub.read_file("datasets", REPO, main[rf.CARD_NAME]).decode()
+    section = card[card.index("## Leaderboard") : card.index("## How it was built")]
+    assert "resnet18" in section and "vit_tiny" not in section and "v1.0.0 |" not in section
+    front, _ = split_card(card)
+    assert [c["config_name"] for c in front["configs"]].count("leaderboard") == 1
+    assert front["dataset_info"][-1]["splits"] == [{"name": "train", "num_examples": 3}]
