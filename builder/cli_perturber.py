@@ -348,6 +348,9 @@ def _register_collect(actions) -> None:
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per HTTP request")
     parser.add_argument("--concurrency", type=int, default=4, help="HTTP requests in flight")
     parser.add_argument("--device", default="auto", help="device of a transformers teacher or the captioner")
+    parser.add_argument(
+        "--license", default="other", help="the card's licence id, e.g. cc-by-4.0 (default: other, the sources' terms)"
+    )
     parser.add_argument("--push-to-hub", default=None, metavar="ORG/NAME", help="upload the dataset to this repo")
     parser.add_argument("--private", action="store_true", help="create the Hub repo private")
     parser.set_defaults(func=run_collect)
@@ -391,7 +394,7 @@ def run_collect(args: argparse.Namespace) -> int:
         )
     items, description = _read_captions(args, device)
     result = collect_edits(items, teacher, args.edit_types, args.n, args.test_fraction, args.seed)
-    write_instruction_dataset(result, args.output, teacher.describe(), description, package_versions())
+    write_instruction_dataset(result, args.output, teacher.describe(), description, package_versions(), args.license)
     stats = result.stats
     sys.stdout.write(
         f"collected {args.output}: {stats['captions']} captions, {stats['requests']} requests "

@@ -515,7 +515,12 @@ STATS_NAME = "collect_stats.json"
 
 
 def write_instruction_dataset(
-    result: CollectResult, output: str | Path, teacher: dict[str, Any], captions_from: str, versions: dict[str, str]
+    result: CollectResult,
+    output: str | Path,
+    teacher: dict[str, Any],
+    captions_from: str,
+    versions: dict[str, str],
+    license: str = "other",  # noqa: A002 - the Hub card field's name
 ) -> Path:
     """Write the rows as a Hub-ready ``datasets`` folder: Parquet per split, a card, the collection stats.
 
@@ -527,6 +532,8 @@ def write_instruction_dataset(
         teacher: The teacher's ``describe()`` (never contains the key or URL).
         captions_from: A short public description of where the captions came from (no local paths).
         versions: Package versions to record.
+        license: The card's licence (a Hub licence id such as ``cc-by-4.0``); ``other`` points at the captions'
+            and the teacher's terms.
     """
     import datasets
 
@@ -562,7 +569,7 @@ def write_instruction_dataset(
             )
             splits[split] = len(rows)
     stats = {**result.stats, "splits": splits, "teacher_config": teacher, "captions_from": captions_from,
-             "versions": versions}  # fmt: skip
+             "versions": versions, "license": license}  # fmt: skip
     (output / STATS_NAME).write_text(json.dumps(stats, indent=2, sort_keys=True) + "\n")
     (output / CARD_NAME).write_text(render_dataset_card(stats, splits))
     return output
@@ -573,8 +580,11 @@ def render_dataset_card(stats: dict[str, Any], splits: dict[str, int]) -> str:
     config_lines = "".join(f"  - split: {s}\n    path: data/{s}-*.parquet\n" for s in splits)
     teacher = stats["teacher_config"]
     reasons = "".join(f"| `{k}` | {v} |\n" for k, v in stats["rejected_by_reason"].items()) or "| (none) | 0 |\n"
+    license_lines = f"license: {stats['license']}\n"
+    if stats["license"] == "other":
+        license_lines += "license_name: caption-source-and-teacher-terms\n"
     return (
-        "---\nlicense: other\ntask_categories:\n- text-generation\ntags:\n- lance\n- counterfactual\n"
+        "---\n" + license_lines + "task_categories:\n- text-generation\ntags:\n- lance\n- counterfactual\n"
         "- caption-editing\nconfigs:\n- config_name: default\n  data_files:\n"
         f"{config_lines}---\n\n"
         "# Caption perturbations for finetuning a LANCE perturber\n\n"

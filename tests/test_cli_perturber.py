@@ -287,3 +287,80 @@ def test_train_refuses_bad_values(tiny_lm, tmp_path) -> None:
     args = _parse(["perturber", "collect", "--teacher", "openai:m", "--output", str(tmp_path / "d")])
     with pytest.raises(ValueError, match="exactly one caption input"):
         args.func(args)
+
+
+# -- the Hub: push the data and the adapter, load the adapter by its Hub id ------------------------------------
+
+HUB_TOKEN = "hf_double_secret_token_perturber_42"
+HUB_LOAD_SCRIPT = r"""
+import json, sys
+import datasets
+import torch
+torch.set_num_threads(1)
+from lance_pipeline.perturbation import PromptPerturber
+base, adapter, data = sys.argv[1:4]
+rows = datasets.load_dataset(data, split="train")
+perturber = PromptPerturber(model=base, revision=None, adapter=adapter, adapter_revision="main",
+                            edit_types=["domain"], max_new_tokens=12)
+perturber.load("cpu")
+raw = perturber.perturb_detailed(["a photo of a girl in the park"], None, ["girl"])[0]["raw"]
+print("RESULT" + json.dumps({"rows": len(rows), "raw": raw, "style": perturber.describe()["prompt_style"]}))
+"""
+
+
+def test_push_data_and_adapter_then_load_the_adapter_by_hub_id(chat_double, tiny_lm, tmp_path, monkeypatch) -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from huggingface_hub import constants
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from hub_double import HubDouble
+
+    hub = HubDouble(tmp_path / "hub", token=HUB_TOKEN).start()
+    try:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        monkeypatch.setenv("HF_TOKEN", HUB_TOKEN)
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home_pusher"))
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+        monkeypatch.setattr(constants, "HF_HUB_DISABLE_PROGRESS_BARS", True)
+        captions = tmp_path / "captions.txt"
+        captions.write_text("a photo of a dog in the snow\tdog\na photo of a cat in the city\tcat\n")
+        data, adapter = tmp_path / "data", tmp_path / "adapter"
+        for step in (
+            ["collect", "--captions-file", str(captions), "--teacher", "openai:m", "--edit-types", "domain",
+             "--output", str(data), "--test-fraction", "0", "--push-to-hub", "org/perturber-data"],
+            ["train", "--model", str(tiny_lm), "--data", str(data), "--output", str(adapter), "--batch-size", "2",
+             "--grad-accum", "1", "--max-steps", "2", "--save-steps", "1", "--lr", "0.05", "--device", "cpu",
+             "--no-progress", "--push-to-hub", "org/perturber-lora"],
+        ):  # fmt: skip
+            args = _parse(["perturber", *step])
+            assert args.func(args) == 0, step
+        pushed = sorted(
+            hub.entries("models", "org/perturber-lora", hub.resolve("models", "org/perturber-lora", "main"))
+        )
+        assert not any(name.startswith("checkpoints") for name in pushed)
+        assert {"README.md", "adapter_config.json", "adapter_model.safetensors", "lance_training.json"} <= set(pushed)
+
+        local = PromptPerturber(model=str(tiny_lm), revision=None, adapter=str(adapter), edit_types=["domain"],
+                                max_new_tokens=12)  # fmt: skip
+        local.load("cpu")
+        expected = local.perturb_detailed(["a photo of a girl in the park"], None, ["girl"])[0]["raw"]
+
+        env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy") and not k.startswith("HF_")}
+        env.update(HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf_home_reader"), HF_HUB_OFFLINE="0",
+                   HF_DATASETS_OFFLINE="0", HF_HUB_DISABLE_XET="1", HF_HUB_DISABLE_TELEMETRY="1",
+                   NO_PROXY="127.0.0.1,localhost", PYTHONPATH=str(Path(__file__).resolve().parents[1]),
+                   OMP_NUM_THREADS="1")  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-c", HUB_LOAD_SCRIPT, str(tiny_lm), "org/perturber-lora", "org/perturber-data"],
+            env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        result = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))[len("RESULT") :])
+        assert result == {"rows": 2, "raw": expected, "style": "alpaca"}
+    finally:
+        hub.stop()
