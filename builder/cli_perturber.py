@@ -227,7 +227,8 @@ def _read_captions(args: argparse.Namespace, device: str | None = None):
         description = f"the test split of `{_public(args.data)}`"
     else:
         items = _captions_from_source(args, device or "cpu")
-        description = f"{args.source.partition(':')[0]} source images captioned by `{args.captioner or 'the default'}`"
+        captioner = _public(args.captioner) if args.captioner else "the default captioner"
+        description = f"{args.source.partition(':')[0]} source images captioned by `{captioner}`"
     if args.limit is not None:
         items = items[: args.limit]
     if not items:

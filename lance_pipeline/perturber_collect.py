@@ -199,7 +199,9 @@ class TransformersTeacher:
 
     def describe(self) -> dict[str, Any]:
         described = self.perturber.describe()
-        return {"kind": "transformers", "model": self.perturber.model_id, "revision": self.perturber.revision,
+        model = self.perturber.model_id
+        model = Path(model).name if os.path.isdir(model) else model  # a local directory: its name, not the path
+        return {"kind": "transformers", "model": model, "revision": self.perturber.revision,
                 "do_sample": described["do_sample"], "temperature": described["temperature"],
                 "max_new_tokens": described["max_new_tokens"]}  # fmt: skip
 

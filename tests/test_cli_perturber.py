@@ -364,3 +364,38 @@ def test_push_data_and_adapter_then_load_the_adapter_by_hub_id(chat_double, tiny
         assert result == {"rows": 2, "raw": expected, "style": "alpaca"}
     finally:
         hub.stop()
+
+
+def test_collect_from_a_local_teacher_over_captioned_source_images(tiny_lm, tmp_path, monkeypatch, capsys) -> None:
+    from lance_pipeline.tiny_text_components import create_tiny_blip2
+
+    blip2 = create_tiny_blip2(tmp_path / "tiny-blip2")
+    prompts_seen = []
+
+    def rule_generate(self, prompts, seeds):
+        prompts_seen.extend(prompts)
+        answers = []
+        for prompt in prompts:
+            caption = prompt.rsplit("Caption: ", 1)[1].split("<|end|>")[0].strip()
+            answers.append(("\n".join(caption.replace("photo", d, 1) for d in ("painting", "sketch")), False))
+        return answers
+
+    monkeypatch.setattr(PromptPerturber, "generate", rule_generate)
+    output = tmp_path / "data"
+    args = _parse(
+        ["perturber", "collect", "--source", "demo", "--captioner", str(blip2), "--limit", "3", "--teacher",
+         str(tiny_lm), "--edit-types", "domain", "--n", "2", "--output", str(output), "--device", "cpu",
+         "--test-fraction", "0"]
+    )  # fmt: skip
+    assert args.func(args) == 0
+    assert "3 captions, 3 requests (0 failed), 6 variations accepted" in capsys.readouterr().out
+    # The local teacher got the perturb stage's few-shot chat prompt.
+    assert len(prompts_seen) == 3 and all(
+        p.startswith("<|system|>") and p.endswith("<|assistant|>\n") for p in prompts_seen
+    )
+    stats = json.loads((output / "collect_stats.json").read_text())
+    assert stats["teacher_config"]["kind"] == "transformers" and stats["teacher_config"]["model"] == "tiny-causal-lm"
+    assert stats["captions_from"] == "demo source images captioned by `tiny-blip2`"
+    for path in output.rglob("*"):  # local model directories are named, never their (private) paths
+        assert path.is_dir() or str(tmp_path).encode() not in path.read_bytes(), path
+        assert path.is_dir() or str(tiny_lm.parent).encode() not in path.read_bytes(), path

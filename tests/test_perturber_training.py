@@ -281,3 +281,13 @@ def test_evaluate_perturber_counts(tiny_lm: Path, monkeypatch: pytest.MonkeyPatc
     assert result["rejected_by_reason"] == {"not_a_weather_change": 1}
     assert result["diversity"] == 2.0  # dog: painting, sketch, "at night"; cat: painting
     assert result["label_preservation"] is None
+
+
+def test_same_seed_same_adapter_bytes_and_another_seed_differs(trained, tiny_lm, instruction_data, tmp_path) -> None:
+    again = train_perturber_lora(str(tiny_lm), str(instruction_data), tmp_path / "again", _tiny_config(), device="cpu")
+    for name in ("adapter_model.safetensors", "adapter_config.json", "README.md", "lance_training.json"):
+        assert (again.adapter_dir / name).read_bytes() == (trained.adapter_dir / name).read_bytes(), name
+    other = train_perturber_lora(str(tiny_lm), str(instruction_data), tmp_path / "other", _tiny_config(seed=1),
+                                 device="cpu")  # fmt: skip
+    weights = "adapter_model.safetensors"
+    assert (other.adapter_dir / weights).read_bytes() != (trained.adapter_dir / weights).read_bytes()
