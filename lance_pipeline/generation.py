@@ -178,7 +178,7 @@ class ShiftGenerationStage:
     version = "1"
     consumes = {"label": "int", "label_name": "str", "seed": "int", "prompt_template": "str"}
     produces = {"generated": "image", "prompt": "str", "token": "any"}
-    Options = GenerationOptions
+    options_class = GenerationOptions
 
     def __init__(self, **options: Any) -> None:
         self.options = GenerationOptions(**options)
@@ -245,7 +245,7 @@ class ShiftFilterStage:
     consumes = {"generated": "image", "shift": "str", "object_caption": "str", "shift_caption": "any",
                 "shift_threshold": "any"}  # fmt: skip
     produces = {"shift_scores": "dict", "release_config": "any"}
-    Options = ShiftFilterOptions
+    options_class = ShiftFilterOptions
 
     def __init__(self, **options: Any) -> None:
         self.options = ShiftFilterOptions(**options)

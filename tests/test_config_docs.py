@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import re
 
@@ -31,22 +30,10 @@ def test_every_top_level_key_is_documented():
 
 
 def _stage_options(stage_type: str) -> list[str]:
-    """Option names a stage type accepts: its options dataclass if it declares one, else its constructor."""
-    cls = STAGES.resolve(stage_type)
-    options_cls = getattr(cls, "Options", None) or getattr(cls, "options_class", None)
-    if options_cls is None and stage_type in STAGES.names():
-        module = inspect.getmodule(cls)
-        options_cls = (
-            getattr(module, "ImageEditorOptions", None) if "scorer" in inspect.signature(cls).parameters else None
-        )
-    if options_cls is not None and dataclasses.is_dataclass(options_cls):
-        return [f.name for f in dataclasses.fields(options_cls) if not f.name.startswith("_")]
-    skip = {"self", "scorer"}
-    return [
-        p.name
-        for p in inspect.signature(cls.__init__).parameters.values()
-        if p.name not in skip and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
-    ]
+    """Option names a stage type accepts, from its declared options (``lance_pipeline.stage.options_type``)."""
+    from lance_pipeline.stage import options_type
+
+    return [f.name for f in dataclasses.fields(options_type(STAGES.resolve(stage_type))) if not f.name.startswith("_")]
 
 
 @pytest.mark.parametrize("stage_type", STAGES.names())
