@@ -350,8 +350,29 @@ def stage_release(
         for p in staging.rglob("*")
         if p.is_file() and not p.is_symlink() and p.relative_to(staging).as_posix() not in listed
     )
+    _check_recorded_assets(staging, manifest, [rel for rel in card_files if rel != rf.CARD_NAME])
     files = [PlannedFile(rel, staging / rel, (staging / rel).stat().st_size) for rel in sorted({*listed, *card_files})]
     return files, card_files
+
+
+def _check_recorded_assets(staging: Path, manifest: dict[str, Any], rendered: list[str]) -> None:
+    """A manifest that records the card's assets (format v2) must get exactly those bytes from the card rendered for
+    the repo: the gallery does not depend on the repo, so a difference means the renderer changed since the build, and
+    the published release would fail ``verify``."""
+    recorded = {str(a["path"]): a for a in manifest.get("assets") or []}
+    if not recorded and int(manifest.get("format_version", 1)) < 2:
+        return
+    import hashlib
+
+    differ = sorted(set(recorded) ^ set(rendered))
+    for rel in sorted(set(recorded) & set(rendered)):
+        if hashlib.sha256((staging / rel).read_bytes()).hexdigest() != recorded[rel].get("sha256"):
+            differ.append(rel)
+    if differ:
+        raise PublishError(
+            f"the card assets rendered for the repo differ from those manifest.json records ({', '.join(differ[:5])}); "
+            "rebuild the release with this version of lance-cf"
+        )
 
 
 def check_loadable(staging: Path, manifest: dict[str, Any], release_dir: Path) -> None:

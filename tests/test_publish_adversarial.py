@@ -509,3 +509,39 @@ def test_leaderboard_over_two_releases(hub_env, tmp_path):
     front, _ = split_card(card)
     assert [c["config_name"] for c in front["configs"]].count("leaderboard") == 1
     assert front["dataset_info"][-1]["splits"] == [{"name": "train", "num_examples": 3}]
+
+
+def test_recorded_card_assets_must_match_the_rendered_ones(hub_env, tmp_path, monkeypatch):
+    """Format v2 records the gallery's hashes in the manifest: publish uploads a re-rendered card, whose assets must be
+    those bytes (the gallery does not depend on the repo), or the published release would fail verify."""
+    from release_fixture import write_manifest
+
+    import dataset_cards
+
+    hub = hub_env
+    release_dir, manifest = release(tmp_path)
+    manifest.pop("manifest_sha256")
+    manifest["assets"] = [
+        {
+            "path": p.relative_to(release_dir).as_posix(),
+            "sha256": hashlib.sha256(p.read_bytes()).hexdigest(),
+            "bytes": p.stat().st_size,
+        }
+        for p in sorted((release_dir / "assets").glob("gallery-*.png"))
+    ]
+    assert len(manifest["assets"]) == 6
+    render_release_card(release_dir, write_manifest(release_dir, manifest), repo_id=REPO)
+    assert {f.path_in_repo for f in plan_release(release_dir, REPO).files} == expected_upload(manifest)
+
+    real_render = dataset_cards.render_release_card
+
+    def drifted_render(directory, manifest, **kwargs):  # a renderer whose gallery changed since the build
+        text = real_render(directory, manifest, **kwargs)
+        with open(Path(directory) / "assets" / "gallery-03.png", "ab") as f:
+            f.write(b"\0")
+        return text
+
+    monkeypatch.setattr(dataset_cards, "render_release_card", drifted_render)
+    with pytest.raises(PublishError, match=r"card assets rendered for the repo differ .*\(assets/gallery-03\.png\)"):
+        publish_release(release_dir, REPO)
+    assert not hub.exists("datasets", REPO)
