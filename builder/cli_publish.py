@@ -70,11 +70,15 @@ def hub_error_message(exc: BaseException) -> str | None:
 
     The token never appears: huggingface_hub's messages name the URL and the server's answer, not the headers.
     """
-    from huggingface_hub.errors import HfHubHTTPError
+    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
     from builder.publish import create_api, redact_url
 
     endpoint = redact_url(create_api().endpoint)
+    if isinstance(exc, OfflineModeIsEnabled):
+        return (
+            f"offline mode is on (HF_HUB_OFFLINE=1) and this command needs the Hub at {endpoint}: unset HF_HUB_OFFLINE"
+        )
     if isinstance(exc, HfHubHTTPError):
         status = exc.response.status_code if exc.response is not None else None
         lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip() and "developer.mozilla.org" not in ln]
@@ -132,10 +136,13 @@ def _talk_to_hub(command: str, action):
     except PublishError as exc:
         sys.stderr.write(f"lance-cf {command}: {redact_url(str(exc))}\n")
     except Exception as exc:  # noqa: BLE001 - only Hub/HTTP errors are turned into one line; others re-raised
-        message = hub_error_message(exc)
-        if message is None:
-            raise
-        sys.stderr.write(f"lance-cf {command}: {message}\n")
+        message = hub_error_message(exc)  # first: some Hub errors (400) are also ValueErrors
+        if message is not None:
+            sys.stderr.write(f"lance-cf {command}: {message}\n")
+            return None
+        if isinstance(exc, ValueError) and redact_url(str(exc)) != str(exc):
+            raise ValueError(redact_url(str(exc))) from None  # bad input: the CLI prints it as one line
+        raise
     return None
 
 

@@ -226,6 +226,19 @@ def test_endpoint_credentials_never_printed(hub_env, tmp_path, monkeypatch, caps
     assert not hub.exists("datasets", REPO)
 
 
+def test_offline_mode_is_one_line_and_the_dry_run_still_works(hub_env, tmp_path, monkeypatch, capsys):
+    from huggingface_hub import constants
+
+    release_dir, _ = release(tmp_path)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert cli("publish", str(release_dir), "--repo-id", REPO, "--dry-run") == 0  # needs no network
+    capsys.readouterr()
+    assert cli("publish", str(release_dir), "--repo-id", REPO) == 1
+    err = capsys.readouterr().err
+    assert "offline mode is on (HF_HUB_OFFLINE=1)" in err and "unset HF_HUB_OFFLINE" in err and err.count("\n") == 1
+    assert hub_env.log == []
+
+
 # ---------------------------------------------------------------------- 2. releases load_dataset could not open
 def test_empty_required_config_is_refused_before_any_remote_change(hub_env, tmp_path, capsys):
     hub = hub_env
