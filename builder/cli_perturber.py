@@ -213,8 +213,9 @@ def _read_captions(args: argparse.Namespace, device: str | None = None):
             items.append(CaptionItem(caption.strip(), label.strip() or None))
         description = f"the text file `{path.name}`"
     elif which == "captions_dataset":
-        items = _captions_from_dataset(args.captions_dataset, args.caption_column, args.label_column)
-        description = f"the dataset `{_public(args.captions_dataset)}`"
+        name, split = _dataset_spec(args.captions_dataset)
+        items = _captions_from_dataset(name, split, args.caption_column, args.label_column)
+        description = f"the dataset `{_public(name)}`" + (f" (split {split})" if split != "train" else "")
     elif which == "data":
         from lance_pipeline.perturber_training import load_instruction_rows
 
@@ -240,12 +241,18 @@ def _public(reference: str) -> str:
     return Path(reference).name if Path(reference).exists() else reference
 
 
-def _captions_from_dataset(spec: str, caption_column: str, label_column: str | None):
-    from lance_pipeline.perturber_collect import CaptionItem, load_dataset_split
-
-    name, split = spec, "train"
+def _dataset_spec(spec: str) -> tuple[str, str]:
+    """``NAME[:SPLIT]`` -> ``(NAME, SPLIT)``; the split defaults to ``train``."""
     if ":" in spec and not Path(spec).exists():
         name, split = spec.rsplit(":", 1)
+        return name, split
+    return spec, "train"
+
+
+def _captions_from_dataset(name: str, split: str, caption_column: str, label_column: str | None):
+    from lance_pipeline.perturber_collect import CaptionItem, load_dataset_split
+
+    spec = f"{_public(name)}:{split}"
     dataset = load_dataset_split(name, split)
     for column in (caption_column, label_column):
         if column and column not in dataset.column_names:

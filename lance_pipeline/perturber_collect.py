@@ -28,6 +28,7 @@ import os
 import re
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -310,10 +311,15 @@ class OpenAIChatTeacher:
                     error = f"HTTP {exc.code}: {detail}"
                     logger.warning("teacher answered HTTP %d (attempt %d): %s", exc.code, attempt + 1, detail)
                     continue
-                hint = f" (check {TEACHER_KEY_ENV})" if exc.code in (401, 403) else ""
-                raise TeacherError(
-                    f"the teacher at {self.url} refused the request: HTTP {exc.code} {detail}{hint}"
-                ) from None
+                if exc.code in (401, 403, 404):  # wrong key, model or URL: every request would fail alike
+                    hint = f" (check {TEACHER_KEY_ENV})" if exc.code in (401, 403) else f" (check {TEACHER_URL_ENV})"
+                    raise TeacherError(
+                        f"the teacher at {_redact(self.url)} refused the request: HTTP {exc.code} {detail}{hint}"
+                    ) from None
+                # Another client error concerns this request (too long, rejected content): no retry, next row.
+                self.counts["client_errors"] += 1
+                self.counts["failed_requests"] += 1
+                return TeacherAnswer(None, error=f"HTTP {exc.code}: {detail}")
             except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
                 self.counts["server_errors"] += 1
                 error = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
@@ -328,6 +334,13 @@ class OpenAIChatTeacher:
             return TeacherAnswer(text, truncated=finish_reason == "length")
         self.counts["failed_requests"] += 1
         return TeacherAnswer(None, error=f"gave up after {self.max_retries + 1} attempt(s): {error}")
+
+
+def _redact(url: str) -> str:
+    """``url`` without user info, query or fragment (where keys hide), for messages."""
+    parts = urllib.parse.urlsplit(url)
+    netloc = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def _chat_content(payload: bytes) -> tuple[str | None, str | None]:

@@ -11,6 +11,7 @@ import pytest
 
 from builder import cli_perturber
 from lance_pipeline.perturbation import PromptPerturber
+from lance_pipeline.perturber_collect import load_dataset_split
 from lance_pipeline.tiny_text_components import create_tiny_causal_lm
 
 CAPTION = "a photo of a husky pulling a sled in the snow"
@@ -109,7 +110,7 @@ KEY = "sk-test-do-not-leak-1234"
 class ChatDouble:
     """An OpenAI chat-completions endpoint on 127.0.0.1 that answers by rule, with scripted faults.
 
-    ``faults`` maps a caption to the answers its first requests get instead of a good one: ``500`` (server error),
+    ``faults`` maps a caption to the answers its first requests get instead of a good one: an HTTP status (``500``),
     ``"malformed"`` (a 200 whose body has no ``choices``), ``"junk"`` (a well-formed answer with no usable line).
     """
 
@@ -136,8 +137,8 @@ class ChatDouble:
                     fault = double.faults.get(caption, []).pop(0) if double.faults.get(caption) else None
                 if self.path != "/v1/chat/completions":
                     return self._send(404, b'{"error": "not found"}')
-                if fault == 500:
-                    return self._send(500, b'{"error": {"message": "overloaded"}}')
+                if isinstance(fault, int):  # an HTTP error status
+                    return self._send(fault, b'{"error": {"message": "scripted fault"}}')
                 if fault == "malformed":
                     return self._send(200, b'{"id": "x", "object": "chat.completion"}')
                 text = "I cannot help with that." if fault == "junk" else _rule_answer(body["messages"][-1]["content"])
@@ -298,6 +299,7 @@ import datasets
 import torch
 torch.set_num_threads(1)
 from lance_pipeline.perturbation import PromptPerturber
+from lance_pipeline.perturber_collect import load_dataset_split
 base, adapter, data = sys.argv[1:4]
 rows = datasets.load_dataset(data, split="train")
 perturber = PromptPerturber(model=base, revision=None, adapter=adapter, adapter_revision="main",
@@ -399,3 +401,47 @@ def test_collect_from_a_local_teacher_over_captioned_source_images(tiny_lm, tmp_
     for path in output.rglob("*"):  # local model directories are named, never their (private) paths
         assert path.is_dir() or str(tmp_path).encode() not in path.read_bytes(), path
         assert path.is_dir() or str(tiny_lm.parent).encode() not in path.read_bytes(), path
+
+
+def test_a_client_error_fails_only_its_row_and_urls_are_redacted(chat_double) -> None:
+    from lance_pipeline.perturber_collect import CaptionItem, OpenAIChatTeacher, _redact, collect_edits
+
+    chat_double.faults["a photo of a dog in a field"] = [400]
+    teacher = OpenAIChatTeacher("teacher-model", backoff_s=0)
+    result = collect_edits([CaptionItem("a photo of a dog in a field", "dog"), CaptionItem("a photo of a cat", "cat")],
+                           teacher, ["domain"], test_fraction=0)  # fmt: skip
+    assert [bool(r["variations"]) for r in result.rows] == [False, True]
+    assert result.rows[0]["teacher_error"].startswith("HTTP 400") and result.stats["failed_requests"] == 1
+    assert teacher.counts == {"requests": 2, "client_errors": 1, "failed_requests": 1}  # a 400 is not retried
+    assert _redact("https://user:sk-1@api.example.com:8443/v1/chat/completions?key=sk-2") == (
+        "https://api.example.com:8443/v1/chat/completions"
+    )
+
+
+def test_collect_reads_captions_and_class_names_from_a_datasets_dataset(chat_double, tmp_path, capsys) -> None:
+    import datasets
+
+    source = tmp_path / "my-captions"
+    source.mkdir()
+    features = datasets.Features({"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["dog", "cat"])})
+    datasets.Dataset.from_dict(
+        {"text": ["a photo of a dog in the snow", "a photo of a cat on a sofa", "a photo of a dog in a park"],
+         "label": [0, 1, 0]}, features=features,
+    ).to_parquet(str(source / "train.parquet"))  # fmt: skip
+    output = tmp_path / "data"
+    args = _parse(
+        ["perturber", "collect", "--captions-dataset", f"{source}:train", "--caption-column", "text", "--label-column",
+         "label", "--limit", "2", "--teacher", "openai:m", "--edit-types", "domain", "--output", str(output),
+         "--test-fraction", "0"]
+    )  # fmt: skip
+    assert args.func(args) == 0
+    rows = load_dataset_split(str(output), "train")
+    assert list(zip(rows["caption"], rows["label_name"], strict=True)) == [
+        ("a photo of a dog in the snow", "dog"),
+        ("a photo of a cat on a sofa", "cat"),
+    ]
+    assert json.loads((output / "collect_stats.json").read_text())["captions_from"] == "the dataset `my-captions`"
+    bad = _parse(["perturber", "collect", "--captions-dataset", str(source), "--caption-column", "caption",
+                  "--teacher", "openai:m", "--output", str(output)])  # fmt: skip
+    with pytest.raises(ValueError, match="no column 'caption'.*text, label"):
+        bad.func(bad)
