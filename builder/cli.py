@@ -196,7 +196,8 @@ def run_build(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         source_options=source_options,
     )
-    device = resolve_device(args.device)
+    # Without an active stage nothing runs on a device: no torch import (seconds) for an `original`-only build.
+    device = resolve_device(args.device) if config.active_stages() else "cpu"
     manifest = build(
         config,
         args.output,

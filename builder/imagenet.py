@@ -1,16 +1,20 @@
 """ImageNet-1k label space: synsets (WordNet ids) to indices and readable class names.
 
-Indices and synsets come from timm's bundled ImageNet metadata (``timm.data.ImageNetInfo``), the same order every
+Both lists ship with this package (``builder/imagenet_classes.json``), so reading a label space imports neither torch,
+timm nor open_clip. Indices and synsets are timm's ImageNet metadata (``timm.data.ImageNetInfo``), the order every
 ImageNet-1k classifier in timm uses. Readable names are OpenAI CLIP's cleaned class names as bundled by open_clip
 (``"dog sled"`` rather than ``"dogsled, dog sled, dog sleigh"``): the label-preservation check compares edit spans
-against these names, so they must read like words, not WordNet glosses.
+against these names, so they must read like words, not WordNet glosses. A test checks the file against both packages.
 """
 
 from __future__ import annotations
 
 import difflib
 import functools
+import json
 import re
+from importlib import resources
+from typing import Any
 
 NUM_CLASSES = 1000
 SYNSET_PATTERN = re.compile(r"^n\d{8}$")
@@ -36,26 +40,30 @@ HARD_IMAGENET_CLASSES = {
 }
 
 
-@functools.cache
-def _info():
-    from timm.data import ImageNetInfo
+CLASSES_FILE = "imagenet_classes.json"
 
-    return ImageNetInfo("imagenet-1k")
+
+@functools.cache
+def _classes() -> dict[str, Any]:
+    data = json.loads((resources.files("builder") / CLASSES_FILE).read_text(encoding="utf-8"))
+    for field in ("synsets", "names"):
+        if len(data[field]) != NUM_CLASSES:  # a damaged installation, not a user error
+            raise RuntimeError(
+                f"builder/{CLASSES_FILE}: {field} has {len(data[field])} entries, expected {NUM_CLASSES}"
+            )
+    return data
 
 
 @functools.cache
 def class_names() -> tuple[str, ...]:
     """Readable ImageNet-1k class names, index order."""
-    from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES
-
-    if len(IMAGENET_CLASSNAMES) != NUM_CLASSES:
-        raise RuntimeError(f"open_clip's ImageNet class list has {len(IMAGENET_CLASSNAMES)} names, expected 1000")
-    return tuple(IMAGENET_CLASSNAMES)
+    return tuple(_classes()["names"])
 
 
 @functools.cache
 def synsets() -> tuple[str, ...]:
-    return tuple(_info().label_names())
+    """WordNet synsets (``n01440764``), index order."""
+    return tuple(_classes()["synsets"])
 
 
 @functools.cache

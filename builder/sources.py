@@ -14,6 +14,17 @@
 A source lists its samples cheaply (``list_samples``), sorted by key, and reads a sample's bytes on demand
 (``read``); decoding is the builder's job (builder.images), so every source gets the same malformed-input handling.
 Listing never opens images: a corrupt file becomes a per-sample failure at decode time, never a crash.
+
+What a source guarantees (docs/sources.md has the long form):
+
+- Keys, and so seeds and bytes, do not depend on where the source sits: names are Unicode-normalised (NFC), and the
+  hash that tells colliding names apart is taken over the path relative to the source root.
+- One input never takes the machine down: image files and shard members are size-checked before they are read,
+  labels are checked against a bounded label space (out-of-space labels are per-sample failures), compressed shards
+  are decompressed once.
+- Nothing is dropped silently: a folder reached twice (a symbolic link to an ancestor or a sibling), a duplicate tar
+  member, an oversized member or a bad label becomes a sample with a ``problem``, recorded as a failure.
+- ``public_spec`` (what the manifest and card show) holds no machine path: the folder's or dataset's own name.
 """
 
 from __future__ import annotations
@@ -21,13 +32,23 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import lzma
+import math
+import numbers
 import os
+import re
+import shutil
 import tarfile
+import tempfile
+import types
+import typing
+import unicodedata
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from builder import imagenet
 from builder.release_format import sanitize_key
@@ -40,13 +61,20 @@ IMAGE_EXTENSIONS = (
 )  # fmt: skip
 WDS_IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 
+# Limits that keep one input from taking the machine down. Each is a source option where a user may need more.
+MAX_IMAGE_BYTES = (
+    256 << 20
+)  # one image file or shard member; a 89-megapixel 16-bit TIFF is about 512 MiB, a JPEG far less
+MAX_LABEL_BYTES = 1024  # a .cls member holds one integer
+MAX_CLASSES = 100_000  # a label space larger than this is refused up front (ImageNet-21k has 21,843 classes)
+
 
 @dataclass(frozen=True)
 class SourceSample:
     key: str  # release key, [A-Za-z0-9_-]
-    label: int  # may be out of range: that is reported as a per-sample failure, not here
-    origin: str  # where it came from (path, dataset row, shard member) for error messages
-    problem: str | None = None  # known at listing time (unreadable folder, bad label file): recorded as a failure
+    label: int  # -1 when ``problem`` says why there is no usable label
+    origin: str  # where it came from (local path, dataset row, shard member), for the user's own error messages
+    problem: str | None = None  # known at listing time (unreadable folder, bad label, ...): recorded as a failure
 
 
 @dataclass
@@ -68,7 +96,12 @@ def imagenet_label_space() -> LabelSpace:
 
 @dataclass
 class Source:
-    """Base class: subclasses fill ``samples`` (sorted by key) and implement ``read``."""
+    """Base class: subclasses fill ``samples`` (sorted by key) and implement ``read``.
+
+    ``spec`` is what the user typed (it may hold local paths, and is used only in messages to that user);
+    ``public_spec`` is what the manifest and dataset card record: the same spec with every local path reduced to the
+    name of the folder, file or dataset, so that nothing about the machine is published.
+    """
 
     spec: str
     kind: str = ""
@@ -76,13 +109,19 @@ class Source:
     samples: list[SourceSample] = field(default_factory=list)
     imagenet_derived: bool = False
     license: str = "The source data's own terms apply."
+    public_spec: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.public_spec:
+            self.public_spec = public_spec(self.spec)
 
     def read(self, sample: SourceSample) -> bytes:
         raise NotImplementedError
 
     def describe(self) -> dict[str, Any]:
+        """What the manifest records about the source (no local paths)."""
         return {
-            "spec": self.spec,
+            "spec": self.public_spec,
             "kind": self.kind,
             "num_samples": len(self.samples),
             "imagenet_derived": self.imagenet_derived,
@@ -96,103 +135,231 @@ IMAGENET_LICENSE = (
 )
 
 
-def _unique_keys(raw: list[tuple[str, str]]) -> dict[str, str]:
-    """Map (identity, proposed key) pairs to unique keys: colliding keys get a hash of their identity appended."""
+# -- names and keys that do not depend on the machine ---------------------------------------------------------------
+def _nfc(text: str) -> str:
+    """One spelling of a name: NFC, with bytes that are not UTF-8 (kept by Python as surrogates) made visible."""
+    text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return unicodedata.normalize("NFC", text)
+
+
+def _path_name(path: str) -> str:
+    """The last component of a local path, as a public name (``/home/me/my photos/`` -> ``my photos``)."""
+    return _nfc(os.path.basename(os.path.abspath(os.path.expanduser(path))) or "root")
+
+
+def public_spec(spec: str) -> str:
+    """``spec`` without machine paths: a local path becomes the name of its last component.
+
+    Remote names (a Hub dataset id) are kept: they are what a reader needs to find the data.
+    """
+    scheme, sep, arg = spec.partition(":")
+    if not sep or not arg:
+        return spec
+    if scheme in ("imagefolder", "imagenet"):
+        return f"{scheme}:{_path_name(arg)}"
+    if scheme == "hf":
+        name, sep, split = arg.partition(":")
+        if os.path.isabs(os.path.expanduser(name)) or os.path.exists(name) or name.startswith("."):
+            name = _path_name(name)
+        return f"hf:{name}{sep}{split}"
+    if scheme == "wds":
+        return f"wds:{os.path.basename(arg.rstrip('/')) or arg}"
+    return f"{scheme}:{_path_name(arg)}"
+
+
+def _hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def _unique_keys(raw: list[tuple[str, str, str]]) -> dict[str, str]:
+    """Unique release keys for (identity, public identity, proposed key) triples, keyed by identity.
+
+    The public identity is the sample's location inside the source (relative path, NFC; shard name and member), so
+    it is the same wherever the source sits. Keys that collide get a short hash of it appended; two samples whose
+    public identities are equal (the NFC and NFD spellings of one name side by side) are then told apart by a hash
+    of their exact identity.
+    """
     counts: dict[str, int] = {}
-    for _, key in raw:
+    for _, _, key in raw:
         counts[key] = counts.get(key, 0) + 1
-    out = {}
-    for identity, key in raw:
+    public_counts: dict[str, int] = {}
+    for _, public, _ in raw:
+        public_counts[public] = public_counts.get(public, 0) + 1
+    out: dict[str, str] = {}
+    for identity, public, key in raw:
         if counts[key] > 1:
-            key = f"{key}-{hashlib.sha256(identity.encode()).hexdigest()[:8]}"
+            key = f"{key}-{_hash(public)[:8]}"
+            if public_counts[public] > 1:
+                key = f"{key}-{_hash(identity)[:8]}"
         out[identity] = key
+    if len(set(out.values())) != len(out):  # a proposed key that happens to equal a suffixed one
+        seen: dict[str, int] = {}
+        for key in out.values():
+            seen[key] = seen.get(key, 0) + 1
+        out = {i: (f"{k}-{_hash(i)[:16]}" if seen[k] > 1 else k) for i, k in out.items()}
+        if len(set(out.values())) != len(out):
+            raise RuntimeError("could not make unique sample keys")  # needs a 64-bit hash collision
     return out
 
 
+def check_label(value: Any, label_space: LabelSpace, where: str) -> tuple[int, str | None]:
+    """``(label, problem)`` for a raw label value: an integer inside the label space, or -1 and the reason.
+
+    Integral floats (``2.0``, as pandas writes an int column with gaps) are integers; ``1.5`` is not truncated.
+    The returned label always fits the ledger's 64-bit column.
+    """
+    if value is None:
+        return -1, f"no label ({where} is empty)"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return -1, f"label {str(value)[:40]!r} ({where}) is not an integer class index"
+    if not isinstance(value, numbers.Integral):
+        if not math.isfinite(value) or value != math.floor(value):
+            return -1, f"label {value!r} ({where}) is not an integer class index"
+    label = int(value)
+    if not 0 <= label < label_space.num_classes:
+        shown = str(label) if len(str(label)) <= 40 else f"{str(label)[:20]}…"
+        return -1, f"label {shown} out of range [0, {label_space.num_classes}) of the {label_space.name} label space"
+    return label, None
+
+
+# -- image folders ------------------------------------------------------------------------------------------------------
 def _list_class_folders(root: Path, spec: str) -> list[Path]:
     if not root.is_dir():
-        raise ValueError(f"source {spec!r}: {root} is not a directory")
+        raise ValueError(f"source {spec!r}: {root} is not a directory (expected ROOT/CLASS/IMAGE files)")
     try:
-        folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+        folders = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
     except OSError as err:
         raise ValueError(f"source {spec!r}: cannot list {root}: {err.strerror or err}") from err
     if not folders:
         raise ValueError(f"source {spec!r}: {root} has no class folders (expected ROOT/CLASS/IMAGE files)")
-    return folders
+    by_name: dict[str, list[str]] = {}
+    for folder in folders:
+        by_name.setdefault(_nfc(folder.name), []).append(folder.name)
+    twins = [names for names in by_name.values() if len(names) > 1]
+    if twins:
+        raise ValueError(
+            f"source {spec!r}: class folders {[ascii(n) for n in twins[0]]} are two spellings of one name "
+            "(Unicode NFC and NFD); merge or rename them"
+        )
+    return sorted(folders, key=lambda p: _nfc(p.name))
 
 
-def _list_images(folder: Path) -> list[tuple[Path, str | None]]:
-    """Every path with an image extension under ``folder``, with a problem for those that cannot be read.
+class _FolderWalk:
+    """Lists image files under a source root. Every folder is listed once across the whole source: a folder reached
+    a second time (a symbolic link to an ancestor, a sibling or itself) becomes an entry with a problem instead of
+    releasing its images again under another class."""
 
-    Nothing is dropped silently: an unreadable sub-folder, a broken symbolic link, a FIFO or a folder named like an
-    image become entries with a problem (recorded as failures by the builder); a file that is not really an image
-    fails at decode time. Symbolic links to folders are followed (once: cycles are cut). Files with other
-    extensions are counted in the log.
-    """
-    found: list[tuple[Path, str | None]] = []
-    skipped: dict[str, int] = {}
-    visited: set[str] = set()
+    def __init__(self, root: Path):
+        self.root = root
+        self.first_reached: dict[str, Path] = {os.path.realpath(root): root}
 
-    def walk(directory: Path) -> None:
-        real = os.path.realpath(directory)
-        if real in visited:
-            return
-        visited.add(real)
-        try:
-            entries = sorted(os.scandir(directory), key=lambda e: e.name)
-        except OSError as err:
-            found.append((directory, f"unreadable folder: {err.strerror or err}"))
-            return
-        for entry in entries:
-            path = Path(entry.path)
-            is_image_name = path.suffix.lower() in IMAGE_EXTENSIONS
+    def relative(self, path: Path) -> str:
+        """The path inside the source, '/'-separated and NFC: the same wherever the source sits."""
+        return _nfc(os.path.relpath(path, self.root).replace(os.sep, "/"))
+
+    def images(self, folder: Path) -> list[tuple[Path, str | None]]:
+        """Every path with an image extension under ``folder``, with a problem for those that cannot be used.
+
+        An unreadable sub-folder, a folder reached twice, a broken symbolic link, a FIFO or a folder named like an
+        image become entries with a problem (recorded as failures by the builder); a file that is not really an
+        image fails at decode time. Files with other extensions are counted in the log.
+        """
+        found: list[tuple[Path, str | None]] = []
+        skipped: dict[str, int] = {}
+
+        def walk(directory: Path) -> None:
+            real = os.path.realpath(directory)
+            first = self.first_reached.get(real)
+            if first is not None:
+                where = "the source root" if first == self.root else f"{self.relative(first)!r}"
+                found.append(
+                    (directory, f"folder is {where} again (through a symbolic link); its images are listed once, there")
+                )
+                return
+            self.first_reached[real] = directory
             try:
-                is_dir = entry.is_dir()
-            except OSError:
-                is_dir = False
-            if is_dir:
-                if is_image_name:
-                    found.append((path, "a folder named like an image, not an image file"))
+                entries = sorted(os.scandir(directory), key=lambda e: e.name)
+            except OSError as err:
+                found.append((directory, f"unreadable folder: {err.strerror or err}"))
+                return
+            for entry in entries:
+                path = Path(entry.path)
+                is_image_name = path.suffix.lower() in IMAGE_EXTENSIONS
+                try:
+                    is_dir = entry.is_dir()
+                except OSError:
+                    is_dir = False
+                if is_dir:
+                    if is_image_name:
+                        found.append((path, "a folder named like an image, not an image file"))
+                    else:
+                        walk(path)
+                elif not is_image_name:
+                    skipped[path.suffix.lower() or "(none)"] = skipped.get(path.suffix.lower() or "(none)", 0) + 1
+                elif entry.is_file():
+                    found.append((path, None))
+                elif entry.is_symlink():
+                    found.append((path, "broken symbolic link"))
                 else:
-                    walk(path)
-            elif not is_image_name:
-                skipped[path.suffix.lower() or "(none)"] = skipped.get(path.suffix.lower() or "(none)", 0) + 1
-            elif entry.is_file():
-                found.append((path, None))
-            elif entry.is_symlink():
-                found.append((path, "broken symbolic link"))
-            else:
-                found.append((path, "not a regular file"))
+                    found.append((path, "not a regular file"))
 
-    walk(folder)
-    if skipped:
-        summary = ", ".join(f"{ext} ({n})" for ext, n in sorted(skipped.items()))
-        logger.info("%s: skipped %d file(s) without an image extension: %s", folder, sum(skipped.values()), summary)
-    return sorted(found)
+        walk(folder)
+        if skipped:
+            summary = ", ".join(f"{ext} ({n})" for ext, n in sorted(skipped.items()))
+            logger.info("%s: skipped %d file(s) without an image extension: %s", folder, sum(skipped.values()), summary)
+        return sorted(found, key=lambda entry: (self.relative(entry[0]), str(entry[0])))
+
+
+def _read_bounded(path: Path, limit: int, where: str) -> bytes:
+    """A file's bytes, refusing (before reading) one larger than ``limit``."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > limit:
+                raise ValueError(f"{where}: {size} bytes, over the {limit}-byte limit for one image (max_image_bytes)")
+            data = f.read(limit + 1)
+    except OSError as err:
+        raise ValueError(f"{where}: cannot read the file: {err.strerror or type(err).__name__}") from err
+    if len(data) > limit:  # grew since it was opened
+        raise ValueError(f"{where}: over the {limit}-byte limit for one image (max_image_bytes)")
+    return data
+
+
+def _check_positive(spec: str, name: str, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise ValueError(f"source {spec!r}: option {name} = {value!r} must be an integer >= 1")
 
 
 class _FileSource(Source):
     paths: dict[str, Path]
+    relative: dict[str, str]
+    max_image_bytes: int = MAX_IMAGE_BYTES
 
-    def _fill(self, entries: list[tuple[tuple[Path, str | None], int, str]]) -> None:
+    def _fill(self, walk: _FolderWalk, entries: list[tuple[tuple[Path, str | None], int, str]]) -> None:
         """entries: ((path, problem), label, class folder name)."""
-        raw = [(str(path), sanitize_key(f"{folder}_{path.stem}")) for (path, _), _, folder in entries]
+        raw = [
+            (str(path), walk.relative(path), sanitize_key(f"{_nfc(folder)}_{_nfc(path.stem)}"))
+            for (path, _), _, folder in entries
+        ]
         keys = _unique_keys(raw)
-        self.paths = {}
+        self.paths, self.relative = {}, {}
         samples = []
         for (path, problem), label, _ in entries:
             key = keys[str(path)]
             self.paths[key] = path
-            samples.append(SourceSample(key, label, str(path), problem))
+            self.relative[key] = walk.relative(path)
+            samples.append(SourceSample(key, -1 if problem else label, str(path), problem))
         self.samples = sorted(samples, key=lambda s: s.key)
 
     def read(self, sample: SourceSample) -> bytes:
-        return self.paths[sample.key].read_bytes()
+        return _read_bounded(self.paths[sample.key], self.max_image_bytes, self.relative[sample.key])
 
 
 class ImageFolderSource(_FileSource):
-    def __init__(self, spec: str, path: str):
+    def __init__(self, spec: str, path: str, max_image_bytes: int = MAX_IMAGE_BYTES):
         super().__init__(spec=spec, kind="imagefolder")
+        _check_positive(spec, "max_image_bytes", max_image_bytes)
+        self.max_image_bytes = max_image_bytes
         root = Path(path).expanduser()
         folders = _list_class_folders(root, spec)
         synset = [imagenet.is_synset(f.name) for f in folders]
@@ -202,29 +369,41 @@ class ImageFolderSource(_FileSource):
                 f"source {spec!r}: some class folders are ImageNet synsets and some are not ({bad}); "
                 "use one naming scheme"
             )
+        walk = _FolderWalk(root)
         entries = []
         if all(synset):
             self.label_space = imagenet_label_space()
             self.imagenet_derived = False  # synset folders do not prove the pixels come from ImageNet
             for folder in folders:
                 label = imagenet.synset_to_index()[folder.name]
-                entries += [(p, label, folder.name) for p in _list_images(folder)]
+                entries += [(p, label, folder.name) for p in walk.images(folder)]
         else:
-            self.label_space = LabelSpace("custom", [f.name for f in folders])
+            self.label_space = LabelSpace("custom", [_nfc(f.name) for f in folders])
             for label, folder in enumerate(folders):
-                entries += [(p, label, folder.name) for p in _list_images(folder)]
-        self._fill(entries)
+                entries += [(p, label, folder.name) for p in walk.images(folder)]
+        self._fill(walk, entries)
 
 
 class ImageNetSource(_FileSource):
-    def __init__(self, spec: str, path: str, classes: list[Any] | None = None, per_class: int | None = None):
+    def __init__(
+        self,
+        spec: str,
+        path: str,
+        classes: list[str | int] | None = None,
+        per_class: int | None = None,
+        max_image_bytes: int = MAX_IMAGE_BYTES,
+    ):
         super().__init__(spec=spec, kind="imagenet", imagenet_derived=True, license=IMAGENET_LICENSE)
+        _check_positive(spec, "per_class", per_class)
+        _check_positive(spec, "max_image_bytes", max_image_bytes)
+        self.max_image_bytes = max_image_bytes
         root = Path(path).expanduser()
         folders = _list_class_folders(root, spec)
         not_synsets = [f.name for f in folders if not imagenet.is_synset(f.name)]
         if not_synsets:
             raise ValueError(
-                f"source {spec!r}: expected ImageNet synset folders (n01440764/...), found {not_synsets[:3]}"
+                f"source {spec!r}: expected ImageNet synset folders (n01440764/...), found {not_synsets[:3]}; "
+                "for other class folders use imagefolder:PATH"
             )
         by_index = {imagenet.synset_to_index()[f.name]: f for f in folders}
         wanted = sorted({imagenet.resolve_class(str(c)) for c in classes}) if classes else sorted(by_index)
@@ -232,32 +411,41 @@ class ImageNetSource(_FileSource):
         if missing:
             raise ValueError(f"source {spec!r}: class folder(s) {missing} not found under {root}")
         self.label_space = imagenet_label_space()
+        walk = _FolderWalk(root)
         entries = []
         for index in wanted:
-            files = _list_images(by_index[index])
+            files = walk.images(by_index[index])
             if per_class is not None:
                 files = files[:per_class]
             entries += [(p, index, by_index[index].name) for p in files]
-        self._fill(entries)
+        self._fill(walk, entries)
 
 
 class DemoSource(_FileSource):
     """A few real photos that ship inside Python packages, with honest ImageNet labels (see demo_images/SOURCES)."""
 
     def __init__(self, spec: str = "demo", path: str = ""):
-        super().__init__(spec=spec, kind="demo")
+        super().__init__(spec=spec, kind="demo", public_spec="demo")
         root = Path(str(resources.files("builder") / "demo_images"))
         self.label_space = imagenet_label_space()
+        walk = _FolderWalk(root)
         entries = []
         for folder in _list_class_folders(root, spec):
             label = imagenet.synset_to_index()[folder.name]
-            entries += [(p, label, folder.name) for p in _list_images(folder)]
-        self._fill(entries)
+            entries += [(p, label, folder.name) for p in walk.images(folder)]
+        self._fill(walk, entries)
         self.license = "Photos from public-domain or permissively licensed package sample data; see SOURCES.md."
 
 
+# -- datasets -----------------------------------------------------------------------------------------------------------
 class HFDatasetSource(Source):
-    """Any ``datasets`` dataset with an image column and an integer/ClassLabel label column."""
+    """Any ``datasets`` dataset with an image column and an integer/ClassLabel label column.
+
+    The label space is, in this order: ``label_space: imagenet-1k``; ``class_names``; ``num_classes`` (names
+    ``"0"`` … ``"N-1"``); the ClassLabel names of the label column; or, for a plain integer column, ``0`` … the
+    largest label. Any of them larger than ``max_classes`` is refused up front; labels outside it are per-sample
+    failures.
+    """
 
     def __init__(
         self,
@@ -267,22 +455,45 @@ class HFDatasetSource(Source):
         label_column: str | None = None,
         key_column: str | None = None,
         label_space: str | None = None,
+        class_names: list[str] | None = None,
+        num_classes: int | None = None,
+        max_classes: int = MAX_CLASSES,
         revision: str | None = None,
     ):
         super().__init__(spec=spec, kind="hf")
         import datasets
 
         name, _, split = path.partition(":")
+        if not name:
+            raise ValueError(f"source {spec!r}: expected hf:NAME_OR_PATH[:SPLIT] (e.g. hf:user/dataset:test)")
         split = split or "test"
+        _check_positive(spec, "max_classes", max_classes)
+        _check_positive(spec, "num_classes", num_classes)
+        if label_space not in (None, "imagenet-1k", "custom"):
+            raise ValueError(f"source {spec!r}: option label_space = {label_space!r}: expected imagenet-1k or custom")
         local = Path(name).expanduser()
         if (local / "dataset_info.json").exists() or (local / "state.json").exists():
-            loaded = datasets.load_from_disk(str(local))
-            ds = loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
+            try:
+                loaded = datasets.load_from_disk(str(local))
+            except Exception as err:  # datasets raises many types; the message names the directory
+                raise ValueError(f"source {spec!r}: cannot load {local} ({_first_line(err)})") from err
+            if isinstance(loaded, datasets.DatasetDict):
+                if split not in loaded:
+                    raise ValueError(
+                        f"source {spec!r}: no split {split!r} (splits: {', '.join(loaded)}); use hf:{name}:SPLIT"
+                    )
+                ds = loaded[split]
+            else:
+                ds = loaded
         else:
             try:
                 ds = datasets.load_dataset(name, split=split, revision=revision)
             except Exception as err:  # datasets raises many types; the message names the dataset
-                raise ValueError(f"source {spec!r}: cannot load dataset {name!r} split {split!r}: {err}") from err
+                hint = f"; choose it with hf:{name}:SPLIT" if "split" in str(err).lower() else ""
+                raise ValueError(
+                    f"source {spec!r}: cannot load dataset {name!r} split {split!r}: {_first_line(err)}{hint}"
+                ) from err
+        public_name = public_spec(f"hf:{name}").removeprefix("hf:")
         image_column = image_column or _pick_column(ds, ("image", "img", "jpg", "png"), datasets.Image, spec, "image")
         label_column = label_column or _pick_column(ds, ("label", "labels", "cls", "class"), None, spec, "label")
         for column in (image_column, label_column, key_column):
@@ -292,25 +503,71 @@ class HFDatasetSource(Source):
         if isinstance(ds.features[image_column], datasets.Image):
             ds = ds.cast_column(image_column, datasets.Image(decode=False))
         feature = ds.features[label_column]
-        if label_space == "imagenet-1k" or (label_space is None and _looks_like_imagenet(feature)):
-            self.label_space = imagenet_label_space()
-        elif isinstance(feature, datasets.ClassLabel):
-            self.label_space = LabelSpace("custom", list(feature.names))
-        else:
-            labels = sorted({int(v) for v in ds[label_column] if v is not None and int(v) >= 0})
-            self.label_space = LabelSpace("custom", [str(i) for i in range(max(labels, default=-1) + 1)])
+        _check_label_feature(feature, label_column, spec)
+        labels = ds[label_column]
+        self.label_space = self._label_space(
+            feature, labels, label_column, spec, label_space, class_names, num_classes, max_classes
+        )
         self._ds = ds
         self._image_column = image_column
         keys = ds[key_column] if key_column else [f"{split}_{i:08d}" for i in range(len(ds))]
-        raw = [(str(i), sanitize_key(str(k))) for i, k in enumerate(keys)]
+        raw = [(str(i), str(i), sanitize_key(_nfc(str(k)))) for i, k in enumerate(keys)]
         unique = _unique_keys(raw)
-        labels = ds[label_column]
-        samples = [
-            SourceSample(unique[str(i)], -1 if labels[i] is None else int(labels[i]), f"{name}[{split}][{i}]")
-            for i in range(len(ds))
-        ]
+        samples = []
+        where = f"label column {label_column!r}"
+        for i in range(len(ds)):
+            label, problem = check_label(labels[i], self.label_space, where)
+            samples.append(SourceSample(unique[str(i)], label, f"{public_name}[{split}][{i}]", problem))
         self._row = {s.key: i for i, s in enumerate(samples)}
         self.samples = sorted(samples, key=lambda s: s.key)
+
+    @staticmethod
+    def _label_space(
+        feature: Any,
+        labels: list[Any],
+        column: str,
+        spec: str,
+        label_space: str | None,
+        class_names: list[str] | None,
+        num_classes: int | None,
+        max_classes: int,
+    ) -> LabelSpace:
+        if label_space == "imagenet-1k" or (
+            label_space is None and class_names is None and num_classes is None and _looks_like_imagenet(feature)
+        ):
+            return imagenet_label_space()
+        if class_names is not None:
+            space = LabelSpace("custom", [_nfc(n) for n in class_names])
+        elif num_classes is not None:
+            if num_classes > max_classes:
+                raise ValueError(
+                    f"source {spec!r}: num_classes {num_classes} for label column {column!r} is over the limit of "
+                    f"{max_classes} classes; raise source_options.max_classes if that many classes are meant"
+                )
+            space = LabelSpace("custom", [str(i) for i in range(num_classes)])
+        elif getattr(feature, "names", None):
+            space = LabelSpace("custom", [_nfc(str(n)) for n in feature.names])
+        else:
+            # A plain integer column: 0 .. the largest label, if that is a sensible size. The bound is checked
+            # before any name is made, so a stray 2**62 costs nothing.
+            largest, row = -1, -1
+            for i, v in enumerate(labels):
+                if isinstance(v, numbers.Real) and not isinstance(v, bool) and _is_integral(v) and int(v) > largest:
+                    largest, row = int(v), i
+            if largest + 1 > max_classes:
+                raise ValueError(
+                    f"source {spec!r}: label column {column!r} holds label {largest} (row {row}), which would make a "
+                    f"label space of {largest + 1} classes, over the limit of {max_classes}; declare the label space "
+                    "with source_options.num_classes or class_names (labels outside it become per-sample failures), "
+                    "or raise source_options.max_classes"
+                )
+            return LabelSpace("custom", [str(i) for i in range(largest + 1)])
+        if space.num_classes > max_classes:
+            raise ValueError(
+                f"source {spec!r}: the label space of label column {column!r} has {space.num_classes} classes, over "
+                f"the limit of {max_classes}; raise source_options.max_classes if that many classes are meant"
+            )
+        return space
 
     def read(self, sample: SourceSample) -> bytes:
         value = self._ds[self._row[sample.key]][self._image_column]
@@ -318,7 +575,9 @@ class HFDatasetSource(Source):
             if value.get("bytes") is not None:
                 return value["bytes"]
             if value.get("path"):
-                return Path(value["path"]).read_bytes()
+                return _read_bounded(
+                    Path(value["path"]), MAX_IMAGE_BYTES, f"{sample.origin} ({Path(value['path']).name})"
+                )
             raise ValueError(f"{sample.origin}: image cell holds neither bytes nor a path")
         if isinstance(value, bytes | bytearray):
             return bytes(value)
@@ -327,6 +586,32 @@ class HFDatasetSource(Source):
             value.save(buf, format="PNG")
             return buf.getvalue()
         raise ValueError(f"{sample.origin}: unsupported image cell of type {type(value).__name__}")
+
+
+def _is_integral(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) or (math.isfinite(value) and value == math.floor(value))
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip() or type(err).__name__
+    return text.splitlines()[0]
+
+
+def _check_label_feature(feature: Any, column: str, spec: str) -> None:
+    """Refuse, up front and naming the column, a label column that cannot hold one class index per image."""
+    import datasets
+
+    if isinstance(feature, datasets.ClassLabel):
+        return
+    dtype = getattr(feature, "dtype", None) if isinstance(feature, datasets.Value) else None
+    if dtype is not None and dtype.startswith(("int", "uint", "float")):
+        return
+    shown = f"{dtype} values" if dtype else f"{type(feature).__name__} values"
+    raise ValueError(
+        f"source {spec!r}: label column {column!r} holds {shown}, not integer class indices; "
+        f"encode it first (ds.class_encode_column({column!r}) turns strings into a ClassLabel) "
+        "or choose another column with source_options.label_column"
+    )
 
 
 def _looks_like_imagenet(feature: Any) -> bool:
@@ -348,110 +633,236 @@ def _pick_column(ds: Any, candidates: tuple[str, ...], feature_type: Any, spec: 
     )
 
 
-class WebDatasetSource(Source):
-    """Local WebDataset shards. Members are grouped by key as in webdataset (key = path up to the first dot)."""
-
-    def __init__(self, spec: str, path: str, label_space: str = "imagenet-1k", class_names: list[str] | None = None):
-        super().__init__(spec=spec, kind="wds")
-        import braceexpand
-
-        shards = [Path(p).expanduser() for pattern in [path] for p in braceexpand.braceexpand(pattern)]
-        missing = [str(p) for p in shards if not p.is_file()]
-        if missing:
-            raise ValueError(f"source {spec!r}: shard(s) not found: {missing[:3]}")
-        if label_space == "imagenet-1k":
-            self.label_space = imagenet_label_space()
-        elif class_names:
-            self.label_space = LabelSpace("custom", list(class_names))
-        else:
-            raise ValueError(f"source {spec!r}: a custom label space needs source_options.class_names")
-        self._members: dict[str, tuple[Path, tuple[int, int] | str | None]] = {}
-        raw: list[tuple[str, str]] = []
-        labels: dict[str, int] = {}
-        origins: dict[str, str] = {}
-        problems: dict[str, str | None] = {}
-        for shard in shards:
-            for base, members in _group_tar(shard, spec).items():
-                identity = f"{shard}::{base}"
-                image_member = next((members[e] for e in WDS_IMAGE_EXTS if e in members), None)
-                label, problem = -1, None
-                if image_member is None:
-                    problem = f"no image member (expected {base}.jpg|jpeg|png|webp; found {sorted(members)})"
-                elif "cls" not in members:
-                    problem = f"no label member {base}.cls (found {sorted(members)})"
-                else:
-                    text = _read_span(shard, members["cls"]).decode("utf-8", errors="replace").strip()
-                    try:
-                        label = int(text)
-                    except ValueError:
-                        problem = f"label member {base}.cls holds {text[:20]!r}, not an integer"
-                raw.append((identity, sanitize_key(base.rsplit("/", 1)[-1])))
-                self._members[identity] = (shard, image_member)
-                labels[identity] = label
-                problems[identity] = problem
-                origins[identity] = identity
-        unique = _unique_keys(raw)
-        self._by_key = {unique[i]: self._members[i] for i, _ in raw}
-        self.samples = sorted(
-            (SourceSample(unique[i], labels[i], origins[i], problems[i]) for i, _ in raw), key=lambda s: s.key
-        )
-
-    def read(self, sample: SourceSample) -> bytes:
-        shard, member = self._by_key[sample.key]
-        if member is None:
-            raise ValueError(f"{sample.origin}: no image member (expected one of {', '.join(WDS_IMAGE_EXTS)})")
-        return _read_span(shard, member)
-
-
+# -- WebDataset shards --------------------------------------------------------------------------------------------------
 COMPRESSED_MAGIC = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00")
 
 
-def _group_tar(shard: Path, spec: str) -> dict[str, dict[str, tuple[int, int] | str]]:
-    """Members of a shard grouped by sample key: {key: {ext: location}}.
+@dataclass
+class _WdsSample:
+    """One sample's members in a shard, as found by the single pass over it."""
 
-    For a plain tar the location is (data offset, size), so reads seek straight to the bytes; for a compressed
-    shard (gzip, bz2, xz) it is the member name, read through tarfile.
+    images: dict[str, tuple[str, int, int]] = field(default_factory=dict)  # ext -> ("shard" | "spool", offset, size)
+    label_text: str | None = None
+    members: list[str] = field(default_factory=list)  # extensions seen, for messages
+    problems: list[str] = field(default_factory=list)
+
+
+class WebDatasetSource(Source):
+    """Local WebDataset shards. Members are grouped by key as in webdataset (key = path up to the first dot).
+
+    Each shard is read once, at listing. Headers give every member's size before its data is read, so an oversized
+    member is skipped unread (and the sample is a recorded failure). A plain ``.tar`` is then read in place, by
+    offset. A compressed shard (gzip, bzip2, xz) cannot be read by offset: its image members are copied, during that
+    same pass, to an anonymous temporary file (in ``$TMPDIR``, removed when the source is closed or the process
+    ends), so that reading a sample never decompresses the archive again. Image bytes do not compress, so that file
+    is about the size of the shards.
     """
-    with open(shard, "rb") as f:
-        compressed = f.read(6).startswith(COMPRESSED_MAGIC)
-    groups: dict[str, dict[str, tuple[int, int] | str]] = {}
-    try:
-        with tarfile.open(shard) as tar:
-            for info in tar:
-                if not info.isfile():
-                    continue
-                name = info.name
-                slash = name.rfind("/")
-                dot = name.find(".", slash + 1)
-                if dot < 0:
-                    continue
-                location = name if compressed else (info.offset_data, info.size)
-                groups.setdefault(name[:dot], {})[name[dot + 1 :].lower()] = location
-    except (tarfile.TarError, EOFError, OSError) as err:
-        raise ValueError(f"source {spec!r}: {shard} is not a readable tar archive ({err})") from err
-    return groups
+
+    def __init__(
+        self,
+        spec: str,
+        path: str,
+        label_space: str | None = None,
+        class_names: list[str] | None = None,
+        max_image_bytes: int = MAX_IMAGE_BYTES,
+    ):
+        super().__init__(spec=spec, kind="wds")
+        import braceexpand
+
+        _check_positive(spec, "max_image_bytes", max_image_bytes)
+        self.max_image_bytes = max_image_bytes
+        try:
+            shards = [Path(p).expanduser() for p in braceexpand.braceexpand(path)]
+        except ValueError as err:  # UnbalancedBracesError
+            raise ValueError(f"source {spec!r}: {err} (brace patterns look like shard-{{000000..000009}}.tar)") from err
+        missing = [str(p) for p in shards if not p.is_file()]
+        if missing:
+            raise ValueError(f"source {spec!r}: shard(s) not found: {missing[:3]}")
+        if label_space not in (None, "imagenet-1k", "custom"):
+            raise ValueError(f"source {spec!r}: option label_space = {label_space!r}: expected imagenet-1k or custom")
+        if class_names is not None and label_space != "imagenet-1k":
+            self.label_space = LabelSpace("custom", [_nfc(n) for n in class_names])
+        elif label_space == "custom":
+            raise ValueError(f"source {spec!r}: a custom label space needs source_options.class_names")
+        elif class_names is not None:
+            raise ValueError(f"source {spec!r}: class_names and label_space imagenet-1k contradict; give one of them")
+        else:
+            self.label_space = imagenet_label_space()
+        common = os.path.commonpath([os.path.abspath(p.parent) for p in shards])
+        self._spool: BinaryIO | None = None
+        self._shards: dict[str, Path] = {}
+        self._images: dict[str, tuple[str, str, int, int] | None] = {}
+        raw: list[tuple[str, str, str]] = []
+        found: dict[str, tuple[str, _WdsSample]] = {}
+        for shard in shards:
+            shard_name = _nfc(os.path.relpath(os.path.abspath(shard), common).replace(os.sep, "/"))
+            self._shards[shard_name] = shard
+            for base, sample in self._scan(shard, shard_name).items():
+                identity = f"{shard_name}::{base}"
+                raw.append((identity, _nfc(identity), sanitize_key(_nfc(base.rsplit("/", 1)[-1]))))
+                found[identity] = (shard_name, sample)
+        unique = _unique_keys(raw)
+        samples = []
+        for identity, (shard_name, sample) in found.items():
+            label, problem = -1, None
+            if sample.problems:
+                problem = "; ".join(sample.problems)
+            elif not sample.images:
+                problem = (
+                    f"no image member (expected one of {', '.join(WDS_IMAGE_EXTS)}; found {sorted(sample.members)})"
+                )
+            elif sample.label_text is None:
+                problem = f"no label member .cls (found {sorted(sample.members)})"
+            elif not re.fullmatch(r"[+-]?[0-9]+", sample.label_text):
+                problem = f"label member .cls holds {sample.label_text[:20]!r}, not an integer"
+            else:
+                label, problem = check_label(int(sample.label_text), self.label_space, "member .cls")
+            # Several image members: the first of jpg, jpeg, png, webp, as webdataset readers pick.
+            ext = next((e for e in WDS_IMAGE_EXTS if e in sample.images), None)
+            self._images[unique[identity]] = None if ext is None else (shard_name, *sample.images[ext])
+            samples.append(SourceSample(unique[identity], label, f"{identity}.{ext or 'cls'}", problem))
+        self.samples = sorted(samples, key=lambda s: s.key)
+
+    def _scan(self, shard: Path, shard_name: str) -> dict[str, _WdsSample]:
+        """One pass over a shard: its samples' members, sizes and labels, reading no member over the limits."""
+        groups: dict[str, _WdsSample] = {}
+        seen: dict[str, int] = {}
+        try:
+            with open(shard, "rb") as raw:
+                compressed = raw.read(6).startswith(COMPRESSED_MAGIC)
+                raw.seek(0)
+                # "r|*" streams (each byte decompressed once); "r:" seeks over member data it does not read.
+                with tarfile.open(fileobj=raw, mode="r|*" if compressed else "r:") as tar:
+                    for info in tar:
+                        self._add_member(tar, info, compressed, groups, seen, shard_name)
+        except (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError) as err:
+            raise ValueError(
+                f"source {self.spec!r}: {shard} is not a readable tar archive ({_first_line(err)}); "
+                "repair or leave out that shard"
+            ) from err
+        return groups
+
+    def _add_member(
+        self,
+        tar: tarfile.TarFile,
+        info: tarfile.TarInfo,
+        compressed: bool,
+        groups: dict[str, _WdsSample],
+        seen: dict[str, int],
+        shard_name: str,
+    ) -> None:
+        name = info.name
+        slash = name.rfind("/")
+        dot = name.find(".", slash + 1)
+        if dot < 0:
+            return
+        base, ext = name[:dot], name[dot + 1 :].lower()
+        if info.isdir() and ext not in WDS_IMAGE_EXTS and ext != "cls":
+            return
+        sample = groups.setdefault(base, _WdsSample())
+        sample.members.append(ext)
+        seen[name] = seen.get(name, 0) + 1
+        if seen[name] == 2:
+            sample.problems.append(f"member {name} appears more than once in {shard_name}")
+        if ext not in WDS_IMAGE_EXTS and ext != "cls":
+            return  # captions, metadata: not needed, not read
+        if not info.isfile():
+            sample.problems.append(f"member {name} is not a regular file")
+            return
+        if ext == "cls":
+            if info.size > MAX_LABEL_BYTES:
+                sample.problems.append(f"label member {name} is {info.size} bytes, not one integer")
+                return
+            data = tar.extractfile(info).read()  # type: ignore[union-attr]
+            sample.label_text = data.decode("utf-8", errors="replace").strip()
+            return
+        if info.size > self.max_image_bytes:
+            sample.problems.append(
+                f"image member {name} is {info.size} bytes, over the {self.max_image_bytes}-byte limit "
+                "(source option max_image_bytes)"
+            )
+            return
+        if compressed:
+            spool = self._spool_file()
+            offset = spool.seek(0, os.SEEK_END)
+            shutil.copyfileobj(tar.extractfile(info), spool, 1 << 20)  # type: ignore[arg-type]
+            sample.images[ext] = ("spool", offset, info.size)
+        else:
+            sample.images[ext] = ("shard", info.offset_data, info.size)
+
+    def _spool_file(self) -> BinaryIO:
+        if self._spool is None:
+            self._spool = tempfile.TemporaryFile(prefix="lance-cf-wds-")  # noqa: SIM115 (lives as long as the source)
+        return self._spool
+
+    def read(self, sample: SourceSample) -> bytes:
+        location = self._images[sample.key]
+        if location is None:
+            raise ValueError(f"{sample.origin}: no image member (expected one of {', '.join(WDS_IMAGE_EXTS)})")
+        shard_name, where, offset, size = location
+        if where == "spool":
+            assert self._spool is not None
+            self._spool.flush()
+            data = os.pread(self._spool.fileno(), size, offset)
+        else:
+            try:
+                with open(self._shards[shard_name], "rb") as f:
+                    f.seek(offset)
+                    data = f.read(size)
+            except OSError as err:
+                raise ValueError(f"{shard_name}: cannot read: {err.strerror or type(err).__name__}") from err
+        if len(data) != size:
+            raise ValueError(f"{sample.origin}: {len(data)} of {size} bytes could be read (shard changed or truncated)")
+        return data
+
+    def close(self) -> None:
+        if self._spool is not None:
+            self._spool.close()
+            self._spool = None
 
 
-def _read_span(shard: Path, location: tuple[int, int] | str) -> bytes:
-    if isinstance(location, str):
-        with tarfile.open(shard) as tar:
-            member = tar.extractfile(location)
-            if member is None:
-                raise ValueError(f"{shard}::{location} is not a regular file")
-            return member.read()
-    offset, size = location
-    with open(shard, "rb") as f:
-        f.seek(offset)
-        return f.read(size)
+# -- creating a source --------------------------------------------------------------------------------------------------
+def _type_name(expected: Any, plural: bool = False) -> str:
+    """``list[str | int] | None`` -> "a list (of strings or integers) or null"."""
+    origin = typing.get_origin(expected)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a, plural) for a in typing.get_args(expected))
+    if origin is list:
+        return f"a list (of {_type_name(typing.get_args(expected)[0], plural=True)})"
+    singular, many = {str: ("a string", "strings"), int: ("an integer", "integers"), type(None): ("null", "null")}.get(
+        expected, (getattr(expected, "__name__", "?"), getattr(expected, "__name__", "?"))
+    )
+    return many if plural else singular
+
+
+def _matches(value: Any, expected: Any) -> bool:
+    origin = typing.get_origin(expected)
+    if expected is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, a) for a in typing.get_args(expected))
+    if origin is list:
+        (item,) = typing.get_args(expected)
+        return isinstance(value, list) and all(_matches(v, item) for v in value)
+    if expected is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if expected is type(None):
+        return value is None
+    return isinstance(value, expected)
 
 
 def create_source(spec: str, options: dict[str, Any] | None = None) -> Source:
-    """Build a source from ``SCHEME:ARG`` and its options."""
+    """Build a source from ``SCHEME:ARG`` and its options; a bad spec or option is a one-line ``ValueError``."""
     from builder.registry import SOURCES
 
+    if not isinstance(spec, str):
+        raise ValueError(f"source {spec!r}: expected a string SCHEME:ARG (e.g. imagefolder:/data/images)")
+    if options is not None and not isinstance(options, dict):
+        raise ValueError(f"source_options {options!r}: expected a mapping of option names to values")
     scheme, sep, arg = spec.partition(":")
     if scheme == "demo":
-        arg = ""
+        if arg:
+            raise ValueError(f"source {spec!r}: demo takes no argument; write --source demo")
     elif not sep or not arg:
         raise ValueError(
             f"source {spec!r}: expected SCHEME:ARG with SCHEME one of {', '.join(SOURCES.names())} "
@@ -465,4 +876,14 @@ def create_source(spec: str, options: dict[str, Any] | None = None) -> Source:
     if unknown:
         takes = f"it takes {', '.join(accepted)}" if accepted else "it takes none"
         raise ValueError(f"source {spec!r} does not take option(s) {', '.join(unknown)} ({scheme} sources: {takes})")
+    try:
+        hints = typing.get_type_hints(cls.__init__)
+    except Exception:  # a custom source with annotations that do not resolve: its own checks apply
+        hints = {}
+    for name, value in (options or {}).items():
+        if name in hints and not _matches(value, hints[name]):
+            raise ValueError(
+                f"source {spec!r}: option {name} = {value!r} should be {_type_name(hints[name])} "
+                "(set it in source_options)"
+            )
     return cls(spec, arg, **(options or {}))

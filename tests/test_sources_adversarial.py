@@ -1,0 +1,469 @@
+"""Hostile sources (issue 10 §1-2, 9 §5, 11 §3/§5): folder cycles, where the source sits, Unicode spellings,
+unbounded labels, oversized and duplicate shard members, compressed shards, bad specs, and what a release publishes
+about the machine it was built on.
+
+Big inputs are never written: a tar header claims 2 GiB over a sparse file, a gzip stream of zeros expands in memory
+only if the reader is wrong, and ``tracemalloc`` shows what the reader allocated.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tracemalloc
+import unicodedata
+from pathlib import Path
+
+import pytest
+from builder_helpers import REPO, cli, env, make_imagefolder, photo, release_files, write_config
+
+from builder.config import load_config
+from builder.engine import build
+from builder.sources import MAX_IMAGE_BYTES, create_source, public_spec
+from builder.verify import verify_release
+
+
+def _png(seed: int) -> bytes:
+    buf = io.BytesIO()
+    photo(seed).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _build(tmp_path: Path, source: str, name: str = "out", **fields) -> tuple[Path, dict]:
+    cfg = write_config(tmp_path / f"{name}.yaml", source, **fields)
+    out = tmp_path / name
+    return out, build(load_config(str(cfg)), out, progress=False)
+
+
+def _reasons(manifest: dict) -> dict[str, str]:
+    return {f["source_key"]: f["reason"] for f in manifest["failures"]}
+
+
+def _tar(path: Path, members: list[tuple[str, bytes]], mode: str = "w") -> Path:
+    with tarfile.open(path, mode) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+# -- 1. folder cycles: every folder is listed once across the whole source ---------------------------------------------
+def test_a_class_folder_linked_to_an_ancestor_does_not_release_images_twice(tmp_path):
+    src = make_imagefolder(tmp_path / "src", ["apple", "pear"], per_class=2)
+    os.symlink(src, src / "loop")  # a class folder that is the source root itself
+    os.symlink(src / "apple", src / "pear" / "more")  # a sub-folder that is a sibling class
+    os.symlink(src / "pear", src / "pear" / "self")  # a sub-folder that is its own ancestor
+    out, manifest = _build(tmp_path, f"imagefolder:{src}")
+    # Four photos, each once, under its own class; "loop" is a class (it is a folder) with no image of its own.
+    assert manifest["label_space"]["names"] == ["apple", "loop", "pear"]
+    assert manifest["counts"]["original"]["by_class"] == {"0": 2, "2": 2}
+    reasons = _reasons(manifest)
+    assert reasons == {
+        "loop_loop": "folder is the source root again (through a symbolic link); its images are listed once, there",
+        "pear_more": "folder is 'apple' again (through a symbolic link); its images are listed once, there",
+        "pear_self": "folder is 'pear' again (through a symbolic link); its images are listed once, there",
+    }
+    assert verify_release(out) == []
+
+
+# -- 1. keys, seeds and bytes do not depend on where the source sits or how its names are spelled ---------------------
+def _photo_tree(root: Path, form: str) -> Path:
+    """The same photos and names, spelled in Unicode normal form ``form``; two names collide (same stem)."""
+    files = {"crème": ["café.png", "café.jpg", "plain.png"], "zebra": ["z.png"]}
+    for c, (folder, names) in enumerate(files.items()):
+        (root / unicodedata.normalize(form, folder)).mkdir(parents=True)
+        for i, name in enumerate(names):
+            path = root / unicodedata.normalize(form, folder) / unicodedata.normalize(form, name)
+            photo(c * 10 + i).save(path, format="JPEG" if name.endswith(".jpg") else "PNG", quality=90)
+    return root
+
+
+def test_the_same_photos_at_two_locations_and_spellings_give_byte_identical_releases(tmp_path):
+    one = _photo_tree(tmp_path / "first" / "deeper" / "photos", "NFC")
+    two = _photo_tree(tmp_path / "second" / "photos", "NFD")
+    assert {p.name for p in one.rglob("*")} != {p.name for p in two.rglob("*")}  # really spelled differently
+    out1, m1 = _build(tmp_path, f"imagefolder:{one}", name="one")
+    out2, m2 = _build(tmp_path, f"imagefolder:{two}", name="two")
+    keys = sorted(m1["counts"]["original"]["by_class"])
+    assert keys and m1["counts"] == m2["counts"] and m1["label_space"] == m2["label_space"]
+    assert m1["label_space"]["names"] == ["crème", "zebra"]  # NFC in the release whatever the disk held
+    assert m1["source"] == m2["source"] and m1["source"]["spec"] == "imagefolder:photos"
+    files1, files2 = release_files(out1), release_files(out2)
+    shards = [name for name in files1 if name.startswith("data/")]
+    assert shards and all(files1[name] == files2[name] for name in shards)
+    # The manifest and card differ only in what the config records (`config.source`, and so the config hash).
+    for manifest in (m1, m2):
+        for name in ("config", "config_hash", "manifest_sha256", "build"):
+            manifest.pop(name, None)
+    assert m1 == m2
+
+
+def test_colliding_keys_are_told_apart_by_the_relative_path(tmp_path):
+    one = _photo_tree(tmp_path / "a" / "photos", "NFC")
+    two = _photo_tree(tmp_path / "elsewhere" / "x" / "photos", "NFD")
+    keys1 = [s.key for s in create_source(f"imagefolder:{one}").samples]
+    keys2 = [s.key for s in create_source(f"imagefolder:{two}").samples]
+    assert keys1 == keys2
+    assert sum("caf" in k for k in keys1) == 2 and len(set(keys1)) == 4
+
+
+def test_nfc_and_nfd_spellings_side_by_side_stay_two_samples(tmp_path):
+    folder = tmp_path / "src" / "cls"
+    folder.mkdir(parents=True)
+    photo(1).save(folder / unicodedata.normalize("NFC", "café.png"))
+    photo(2).save(folder / unicodedata.normalize("NFD", "café.png"))
+    if len(list(folder.iterdir())) != 2:
+        pytest.skip("this file system normalises names itself")
+    keys = [s.key for s in create_source(f"imagefolder:{tmp_path / 'src'}").samples]
+    assert len(set(keys)) == 2
+
+
+def test_webdataset_keys_do_not_depend_on_where_the_shards_sit(tmp_path):
+    keys = []
+    for place in ("a", "b/c"):
+        shards = tmp_path / place / "shards"
+        shards.mkdir(parents=True)
+        for i in range(2):  # the same member name in both shards: keys need the (relative) shard name
+            _tar(shards / f"s-{i}.tar", [("x.png", _png(i)), ("x.cls", b"1")])
+        keys.append([s.key for s in create_source(f"wds:{shards}/s-{{0..1}}.tar").samples])
+    assert keys[0] == keys[1] and len(set(keys[0])) == 2
+
+
+# -- 2. hf: labels are bounded, typed and checked ---------------------------------------------------------------------
+def _hf_dataset(tmp_path: Path, labels: list, dtype: str = "int64", **features) -> Path:
+    import datasets
+
+    feats = datasets.Features({"image": datasets.Image(), "label": datasets.Value(dtype), **features})
+    images = [{"bytes": _png(i), "path": None} for i in range(len(labels))]
+    path = tmp_path / "hfds"
+    datasets.Dataset.from_dict({"image": images, "label": labels}, features=feats).save_to_disk(str(path))
+    return path
+
+
+@pytest.mark.parametrize("big", [2**62, 10**7])
+def test_hf_a_huge_label_is_refused_up_front_naming_the_column(tmp_path, big):
+    path = _hf_dataset(tmp_path, [0, 1, big, 2])
+    with pytest.raises(ValueError) as err:
+        create_source(f"hf:{path}")
+    message = str(err.value)
+    assert "label column 'label'" in message and f"label {big} (row 2)" in message and "num_classes" in message
+    assert "\n" not in message
+
+
+def test_hf_declared_label_space_makes_outliers_per_sample_failures(tmp_path):
+    path = _hf_dataset(tmp_path, [0, 2, 2**62, -1, 1])
+    out, manifest = _build(tmp_path, f"hf:{path}", source_options={"num_classes": 3})
+    assert manifest["label_space"]["names"] == ["0", "1", "2"]
+    assert manifest["counts"]["original"]["by_class"] == {"0": 1, "1": 1, "2": 1}
+    reasons = _reasons(manifest)
+    assert reasons["test_00000002"].startswith("label 4611686018427387904 out of range [0, 3)")
+    assert reasons["test_00000003"].startswith("label -1 out of range [0, 3)")
+    assert verify_release(out) == []
+    with pytest.raises(ValueError, match=r"num_classes 200000 for label column 'label' is over the limit of 100000"):
+        create_source(f"hf:{path}", {"num_classes": 200_000})
+    with pytest.raises(ValueError, match=r"label column 'label' has 3 classes, over the limit of 2"):
+        create_source(f"hf:{path}", {"class_names": ["a", "b", "c"], "max_classes": 2})
+
+
+def test_hf_float_labels_are_not_truncated(tmp_path):
+    path = _hf_dataset(tmp_path, [0.0, 1.5, 2.0, None, float("nan")], dtype="float64")
+    source = create_source(f"hf:{path}", {"num_classes": 3})
+    by_row = {s.origin.rsplit("[", 1)[1].rstrip("]"): s for s in source.samples}
+    assert (by_row["0"].label, by_row["0"].problem) == (0, None)
+    assert (by_row["2"].label, by_row["2"].problem) == (2, None)
+    assert (
+        by_row["1"].label == -1
+        and by_row["1"].problem == "label 1.5 (label column 'label') is not an integer class index"
+    )
+    assert by_row["3"].problem == "no label (label column 'label' is empty)"
+    assert "nan" in by_row["4"].problem and by_row["4"].label == -1
+
+
+def test_hf_string_labels_are_refused_naming_the_column(tmp_path):
+    import datasets
+
+    feats = datasets.Features({"image": datasets.Image(), "species": datasets.Value("string")})
+    ds = datasets.Dataset.from_dict({"image": [{"bytes": _png(1), "path": None}], "species": ["cat"]}, features=feats)
+    ds.save_to_disk(str(tmp_path / "hfds"))
+    cfg = write_config(tmp_path / "c.yaml", f"hf:{tmp_path / 'hfds'}", source_options={"label_column": "species"})
+    proc = cli("build", str(cfg), "--output", str(tmp_path / "out"), check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "label column 'species' holds string values, not integer class indices" in proc.stderr
+    assert "class_encode_column('species')" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_hf_failure_reasons_and_spec_carry_no_machine_path(tmp_path, monkeypatch):
+    """A local image-folder dataset keeps absolute file paths in its cells; one file vanishes before it is read."""
+    import builder.engine
+
+    for i, cls in enumerate(["ant", "bee"]):
+        (tmp_path / "my_data" / "test" / cls).mkdir(parents=True)
+        photo(i).save(tmp_path / "my_data" / "test" / cls / f"{cls}.png")
+    create = builder.engine.create_source
+
+    def create_then_lose_a_file(spec, options=None):
+        source = create(spec, options)
+        (tmp_path / "my_data" / "test" / "bee" / "bee.png").unlink()
+        return source
+
+    monkeypatch.setattr(builder.engine, "create_source", create_then_lose_a_file)
+    out, manifest = _build(tmp_path, f"hf:{tmp_path / 'my_data'}:test")
+    assert manifest["source"]["spec"] == "hf:my_data:test"
+    (reason,) = _reasons(manifest).values()
+    assert reason == "unreadable: my_data[test][1] (bee.png): cannot read the file: No such file or directory"
+    assert str(tmp_path) not in json.dumps(manifest["source"]) + json.dumps(manifest["failures"])
+    assert str(tmp_path) not in (out / "README.md").read_text()
+
+
+# -- 2. wds: members are size-checked before reading, labels range-checked, shards streamed once -------------------------
+def _sparse_tar_with_huge_member(path: Path, huge_size: int) -> Path:
+    """A plain tar whose member ``huge.png`` claims ``huge_size`` bytes, written sparse (nothing is allocated)."""
+    good = _png(3)
+    with open(path, "wb") as f:
+        for name, size in (("good.png", len(good)), ("good.cls", 1), ("huge.png", huge_size), ("huge.cls", 1)):
+            info = tarfile.TarInfo(name)
+            info.size = size
+            f.write(info.tobuf(tarfile.GNU_FORMAT))
+            padded = -(-size // 512) * 512
+            if name == "huge.png":
+                f.seek(padded, os.SEEK_CUR)
+            else:
+                data = {"good.png": good, "good.cls": b"4", "huge.cls": b"5"}[name]
+                f.write(data + b"\0" * (padded - size))
+        f.write(b"\0" * 1024)
+    return path
+
+
+def test_wds_a_2gib_member_is_refused_unread(tmp_path):
+    shard = _sparse_tar_with_huge_member(tmp_path / "s.tar", 2 << 30)
+    tracemalloc.start()
+    try:
+        source = create_source(f"wds:{shard}")
+        data = [source.read(s) for s in source.samples if not s.problem]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 32 << 20  # the member is 2 GiB
+    problems = {s.key: s.problem for s in source.samples}
+    assert problems["good"] is None and data == [_png(3)]
+    assert problems["huge"] == (
+        f"image member huge.png is {2 << 30} bytes, over the {MAX_IMAGE_BYTES}-byte limit (source option max_image_bytes)"
+    )
+
+
+def test_wds_compressed_oversized_member_is_skipped_without_holding_it(tmp_path):
+    zeros = 64 << 20
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in [("a.png", _png(1)), ("a.cls", b"1")]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        info = tarfile.TarInfo("bomb.png")
+        info.size = zeros
+        tar.addfile(info, io.BytesIO(bytes(zeros)))
+        info = tarfile.TarInfo("bomb.cls")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"2"))
+    shard = tmp_path / "s.tar.gz"
+    shard.write_bytes(gzip.compress(buf.getvalue(), compresslevel=1))
+    del buf
+    assert shard.stat().st_size < 1 << 20
+    tracemalloc.start()
+    try:
+        source = create_source(f"wds:{shard}", {"max_image_bytes": 1 << 20})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20  # the member is 64 MiB
+    problems = {s.key: s.problem for s in source.samples}
+    assert problems["a"] is None and source.read(next(s for s in source.samples if s.key == "a")) == _png(1)
+    assert "bomb.png is 67108864 bytes, over the 1048576-byte limit" in problems["bomb"]
+
+
+def test_wds_huge_cls_values_are_failures_not_ledger_crashes(tmp_path):
+    shard = _tar(
+        tmp_path / "s.tar",
+        [
+            ("ok.png", _png(1)),
+            ("ok.cls", b"7"),
+            ("huge.png", _png(2)),
+            ("huge.cls", b"99999999999999999999"),
+            ("float.png", _png(3)),
+            ("float.cls", b"1.5"),
+            ("long.png", _png(4)),
+            ("long.cls", b"1" * 5000),
+            ("arabic.png", _png(5)),
+            ("arabic.cls", "٣".encode()),
+        ],
+    )
+    out, manifest = _build(tmp_path, f"wds:{shard}")
+    reasons = _reasons(manifest)
+    assert reasons["huge"] == "label 99999999999999999999 out of range [0, 1000) of the imagenet-1k label space"
+    assert reasons["float"] == "label member .cls holds '1.5', not an integer"
+    assert reasons["long"] == "label member long.cls is 5000 bytes, not one integer"
+    assert reasons["arabic"].startswith("label member .cls holds")
+    assert manifest["counts"]["original"]["by_class"] == {"7": 1}
+    assert verify_release(out) == []
+
+
+def test_wds_duplicate_and_non_file_members_are_reported(tmp_path):
+    shard = tmp_path / "s.tar"
+    _tar(shard, [("a.png", _png(1)), ("a.cls", b"1"), ("a.png", _png(2)), ("b.png", _png(3)), ("b.cls", b"2")])
+    with tarfile.open(shard, "a") as tar:
+        link = tarfile.TarInfo("c.png")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tar.addfile(link)
+        info = tarfile.TarInfo("c.cls")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"3"))
+    source = create_source(f"wds:{shard}")
+    problems = {s.key: s.problem for s in source.samples}
+    assert problems == {
+        "a": "member a.png appears more than once in s.tar",
+        "b": None,
+        "c": "member c.png is not a regular file",
+    }
+
+
+def test_wds_compressed_shard_is_decompressed_once(tmp_path):
+    members = []
+    for i in range(1000):
+        members += [(f"k{i:04d}.png", f"image {i}".encode()), (f"k{i:04d}.cls", str(i % 10).encode())]
+    plain = _tar(tmp_path / "plain.tar", members)
+    packed = tmp_path / "packed.tar.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    source = create_source(f"wds:{packed}")
+    packed.rename(tmp_path / "moved.tar.gz")  # every read below must come from the one pass made at listing
+    data = {s.key: source.read(s) for s in source.samples}
+    assert len(data) == 1000 and data["k0123"] == b"image 123"
+    reference = create_source(f"wds:{plain}")
+    assert {s.key: reference.read(s) for s in reference.samples} == data
+    source.close()
+
+
+# -- 9 §5: ImageNet class names are package data ----------------------------------------------------------------------
+def test_imagenet_class_list_matches_timm_and_open_clip():
+    from builder import imagenet
+
+    timm_data = pytest.importorskip("timm.data")
+    metadata = pytest.importorskip("open_clip.zero_shot_metadata")
+    assert imagenet.synsets() == tuple(timm_data.ImageNetInfo("imagenet-1k").label_names())
+    assert imagenet.class_names() == tuple(metadata.IMAGENET_CLASSNAMES)
+
+
+def test_pyproject_ships_the_class_list():
+    import tomllib
+
+    data = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert "imagenet_classes.json" in data["tool"]["setuptools"]["package-data"]["builder"]
+
+
+BUILD_AND_LIST_MODULES = """
+import json, sys
+from builder.cli import main
+code = main(sys.argv[1:])
+print(json.dumps({"code": code, "modules": sorted(m for m in ("torch", "timm", "open_clip") if m in sys.modules)}))
+"""
+
+
+@pytest.mark.parametrize("scheme", ["imagenet", "imagefolder"])
+def test_building_original_imports_no_model_library(tmp_path, scheme):
+    src = make_imagefolder(tmp_path / "val", ["n01440764", "n03218198"], per_class=1)
+    args = ["build", "demo", "--configs", "original", "--source", f"{scheme}:{src}", "--output", str(tmp_path / "o")]
+    proc = subprocess.run(
+        [sys.executable, "-c", BUILD_AND_LIST_MODULES, *args, "--no-progress"],
+        capture_output=True,
+        text=True,
+        env=env(),
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result == {"code": 0, "modules": []}
+
+
+# -- 11 §3: bad specs and options are one line naming the input and the fix ------------------------------------------
+def _error_line(tmp_path: Path, source: str, options: dict | None = None) -> str:
+    cfg = write_config(tmp_path / "c.yaml", source, source_options=options or {})
+    proc = cli("build", str(cfg), "--output", str(tmp_path / "out"), check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "out").exists()
+    return proc.stderr.strip()
+
+
+@pytest.fixture
+def synset_folder(tmp_path):
+    return make_imagefolder(tmp_path / "val", ["n01440764"], per_class=1)
+
+
+def test_bad_specs_give_one_line(tmp_path, synset_folder):
+    (tmp_path / "junk.tar").write_bytes(b"this is not a tar archive\n")
+    cases = {
+        "demo:photos": "demo takes no argument; write --source demo",
+        "wds:s-{000..001.tar": "Unbalanced braces",
+        f"wds:{tmp_path / 'junk.tar'}": "is not a readable tar archive",
+        "hf::test": "expected hf:NAME_OR_PATH[:SPLIT]",
+        "imagefolder:": "expected SCHEME:ARG",
+        f"imagefolder:{tmp_path / 'nowhere'}": "is not a directory",
+    }
+    for spec, expected in cases.items():
+        assert expected in _error_line(tmp_path, spec), spec
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"classes": 5}, "option classes = 5 should be a list (of strings or integers) or null"),
+        ({"classes": "tench"}, "option classes = 'tench' should be a list (of strings or integers) or null"),
+        ({"per_class": "x"}, "option per_class = 'x' should be an integer or null"),
+        ({"per_class": 0}, "option per_class = 0 must be an integer >= 1"),
+        ({"per_class": True}, "option per_class = True should be an integer or null"),
+        ({"max_image_bytes": -1}, "option max_image_bytes = -1 must be an integer >= 1"),
+    ],
+)
+def test_bad_source_options_give_one_line(tmp_path, synset_folder, options, expected):
+    line = _error_line(tmp_path, f"imagenet:{synset_folder}", options)
+    assert expected in line and "imagenet:" in line
+
+
+def test_wds_label_space_options_contradicting_are_refused(tmp_path):
+    shard = _tar(tmp_path / "s.tar", [("a.png", _png(1)), ("a.cls", b"0")])
+    with pytest.raises(ValueError, match="contradict"):
+        create_source(f"wds:{shard}", {"label_space": "imagenet-1k", "class_names": ["x"]})
+    with pytest.raises(ValueError, match="expected imagenet-1k or custom"):
+        create_source(f"wds:{shard}", {"label_space": "imagenet-21k"})
+    source = create_source(f"wds:{shard}", {"class_names": ["cat", "dog"]})  # class names alone mean custom
+    assert source.label_space.names == ["cat", "dog"]
+
+
+# -- 11 §5: nothing about the machine in what a release records about its source --------------------------------------
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("imagefolder:/home/me/my photos/", "imagefolder:my photos"),
+        ("imagenet:/data/imagenet/val", "imagenet:val"),
+        ("hf:/srv/data/ds:validation", "hf:ds:validation"),
+        ("hf:user/dataset:test", "hf:user/dataset:test"),  # a Hub id is what a reader needs
+        ("wds:/data/shards/val-{000000..000009}.tar", "wds:val-{000000..000009}.tar"),
+        ("demo", "demo"),
+    ],
+)
+def test_public_spec_drops_machine_paths(spec, expected):
+    assert public_spec(spec) == expected
+
+
+def test_release_records_the_folder_name_not_its_path(tmp_path):
+    src = make_imagefolder(tmp_path / "private" / "my_photos", ["a", "b"], per_class=1)
+    out, manifest = _build(tmp_path, f"imagefolder:{src}")
+    assert manifest["source"]["spec"] == "imagefolder:my_photos"
+    assert "Source: `imagefolder:my_photos`" in (out / "README.md").read_text()
+    assert str(tmp_path) not in json.dumps(manifest["source"]) + json.dumps(manifest["failures"])
