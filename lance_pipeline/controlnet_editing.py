@@ -568,10 +568,9 @@ class ControlNetEditStage(CounterfactualEditStage):
 
     editor_name = EDITOR_NAME
     options_class = ControlNetEditorOptions
-    Options = ControlNetEditorOptions
     version = "1"
-    consumes = ("image", "caption", "seed", "edits")
-    produces = ("counterfactuals", "edit_candidates")
+    consumes = {"key": "str", "image": "image", "caption": "str", "seed": "int", "edits": "list"}
+    produces = {"counterfactuals": "list", "edit_candidates": "list"}
 
     def _selector(self) -> ControlNetSelector:
         o = self.options

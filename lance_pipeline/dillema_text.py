@@ -37,6 +37,7 @@ would also cover the unchanged words between them, the class name included, and 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import difflib
 import hashlib
 import json
@@ -44,6 +45,7 @@ import logging
 import random
 import re
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 from lance_pipeline.edit_spans import STRIP_CHARS, diff_captions, tokenize_caption
@@ -273,13 +275,19 @@ def _count_drops(stats: dict[str, Any], dropped: Counter) -> None:
         stats["dropped"][reason] = stats["dropped"].get(reason, 0) + count
 
 
-# ---------------------------------------------------------------------------------------------- the stages
+# ---------------------------------------------------------------------------------------------- options
 
 
-class _DillemaStage:
-    """The LLM backend and the ask-parse-retry loop shared by the three stages.
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
 
-    Args:
+
+@dataclass
+class DillemaLLMOptions:
+    """The LLM options the three stages share (their backend is ``perturbation.PromptPerturber``).
+
+    Attributes:
         model: Hub id or local directory of a causal LM (default: the perturber's instruction model).
         revision: Hub revision of ``model``.
         adapter, adapter_revision: Optional PEFT LoRA adapter (safetensors) and its revision.
@@ -291,46 +299,113 @@ class _DillemaStage:
             repeat itself).
     """
 
+    model: str = DEFAULT_PERTURBER
+    revision: str | None = DEFAULT_PERTURBER_REVISION
+    adapter: str | None = None
+    adapter_revision: str | None = None
+    prompt_style: str = "auto"
+    task: str = DILLEMA_TASK
+    do_sample: bool = True
+    temperature: float = DILLEMA_TEMPERATURE
+    top_p: float = DILLEMA_TOP_P
+    repetition_penalty: float = 1.0
+    max_new_tokens: int = 128
+    batch_size: int = 8
+    dtype: str = "auto"
+    max_attempts: int = 3
+
+    def __post_init__(self) -> None:
+        _positive_int("max_attempts", self.max_attempts)
+        if not isinstance(self.task, str) or not self.task.strip():
+            raise ValueError(f"task must be a non-empty string naming the classification task, got {self.task!r}")
+
+
+@dataclass
+class DillemaKeywordOptions(DillemaLLMOptions):
+    """Options of ``dillema_keywords`` (see ``DillemaKeywordStage``)."""
+
+    max_new_tokens: int = 128
+    max_keywords: int = 8
+    max_keyword_words: int = 3
+    fallback_to_caption_words: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _positive_int("max_keywords", self.max_keywords)
+        _positive_int("max_keyword_words", self.max_keyword_words)
+
+
+@dataclass
+class DillemaAlternativesOptions(DillemaLLMOptions):
+    """Options of ``dillema_alternatives`` (see ``DillemaAlternativesStage``)."""
+
+    max_new_tokens: int = 64
+    n_alternatives: int = 4
+    max_alternative_words: int = 5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _positive_int("n_alternatives", self.n_alternatives)
+        _positive_int("max_alternative_words", self.max_alternative_words)
+
+
+@dataclass
+class DillemaCounterfactualOptions(DillemaLLMOptions):
+    """Options of ``dillema_counterfactual`` (see ``DillemaCounterfactualStage``)."""
+
+    max_new_tokens: int = 96
+    n_counterfactuals: int = 1
+    max_keywords_per_edit: int = DILLEMA_MAX_KEYWORDS_PER_EDIT
+    vary_keyword_count: bool = False
+    require_alternatives: bool = True
+    require_class_kept: bool = True
+    max_span_words: int = 24
+    min_shared_fraction: float = 0.3
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _positive_int("n_counterfactuals", self.n_counterfactuals)
+        _positive_int("max_keywords_per_edit", self.max_keywords_per_edit)
+        _positive_int("max_span_words", self.max_span_words)
+        if not 0.0 <= float(self.min_shared_fraction) <= 1.0:
+            raise ValueError(f"min_shared_fraction must be in [0, 1], got {self.min_shared_fraction!r}")
+
+
+# ---------------------------------------------------------------------------------------------- the stages
+
+
+class _DillemaStage:
+    """The LLM backend and the ask-parse-retry loop shared by the three stages (options: ``DillemaLLMOptions``)."""
+
     name = "dillema"
     step = "base"
+    version = "1"
+    options_class = DillemaLLMOptions
 
-    def __init__(
-        self,
-        model: str = DEFAULT_PERTURBER,
-        revision: str | None = DEFAULT_PERTURBER_REVISION,
-        adapter: str | None = None,
-        adapter_revision: str | None = None,
-        prompt_style: str = "auto",
-        task: str = DILLEMA_TASK,
-        do_sample: bool = True,
-        temperature: float = DILLEMA_TEMPERATURE,
-        top_p: float = DILLEMA_TOP_P,
-        repetition_penalty: float = 1.0,
-        max_new_tokens: int = 128,
-        batch_size: int = 8,
-        dtype: str = "auto",
-        max_attempts: int = 3,
-    ) -> None:
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-            raise ValueError(f"max_attempts must be a positive int, got {max_attempts!r}")
-        if not isinstance(task, str) or not task.strip():
-            raise ValueError(f"task must be a non-empty string naming the classification task, got {task!r}")
+    def __init__(self, **options: Any) -> None:
+        try:
+            o = self.options_class(**options)
+        except TypeError as err:
+            known = ", ".join(f.name for f in dataclasses.fields(self.options_class))
+            raise ValueError(f"{type(self).__name__}: {err}; known options: {known}") from err
+        self.options = o
+        # The options are read as the stage's attributes (self.max_keywords, ...); the backend gets the LLM ones.
+        for f in dataclasses.fields(o):
+            setattr(self, f.name, getattr(o, f.name))
         self.backend = PromptPerturber(
-            model=model,
-            revision=revision,
-            adapter=adapter,
-            adapter_revision=adapter_revision,
-            prompt_style=prompt_style,
-            batch_size=batch_size,
-            max_new_tokens=max_new_tokens,
-            do_sample=do_sample,
-            temperature=temperature,
-            top_p=top_p,
-            repetition_penalty=repetition_penalty,
-            dtype=dtype,
+            model=o.model,
+            revision=o.revision,
+            adapter=o.adapter,
+            adapter_revision=o.adapter_revision,
+            prompt_style=o.prompt_style,
+            batch_size=o.batch_size,
+            max_new_tokens=o.max_new_tokens,
+            do_sample=o.do_sample,
+            temperature=o.temperature,
+            top_p=o.top_p,
+            repetition_penalty=o.repetition_penalty,
+            dtype=o.dtype,
         )
-        self.task = task
-        self.max_attempts = max_attempts
 
     def load(self, device: str) -> None:
         """Load the LLM (shared with every other stage that uses the same model on the same device)."""
@@ -392,27 +467,15 @@ class DillemaKeywordStage(_DillemaStage):
         fallback_to_caption_words: When no answer yields a keyword, use the caption's words that do not name the
             class (content words first) with no aspect, counted as ``fallback``. Off by default; the offline demo,
             whose random LLM never writes JSON, turns it on.
-        **backend: See ``_DillemaStage``.
+        LLM options: see ``DillemaLLMOptions``.
     """
 
     name = "keywords"
     step = "keywords"
 
-    def __init__(
-        self,
-        max_keywords: int = 8,
-        max_keyword_words: int = 3,
-        fallback_to_caption_words: bool = False,
-        **backend: Any,
-    ) -> None:
-        backend.setdefault("max_new_tokens", 128)
-        super().__init__(**backend)
-        for name, value in (("max_keywords", max_keywords), ("max_keyword_words", max_keyword_words)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        self.max_keywords = max_keywords
-        self.max_keyword_words = max_keyword_words
-        self.fallback_to_caption_words = bool(fallback_to_caption_words)
+    options_class = DillemaKeywordOptions
+    consumes = {"caption": "str", "label_name": "str", "seed": "int"}
+    produces = {"keywords": "dict", "keyword_stats": "dict"}
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -511,20 +574,15 @@ class DillemaAlternativesStage(_DillemaStage):
     Args:
         n_alternatives: Alternatives asked for and kept per keyword.
         max_alternative_words: Longest alternative, in words.
-        **backend: See ``_DillemaStage``.
+        LLM options: see ``DillemaLLMOptions``.
     """
 
     name = "alternatives"
     step = "alternatives"
 
-    def __init__(self, n_alternatives: int = 4, max_alternative_words: int = 5, **backend: Any) -> None:
-        backend.setdefault("max_new_tokens", 64)
-        super().__init__(**backend)
-        for name, value in (("n_alternatives", n_alternatives), ("max_alternative_words", max_alternative_words)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        self.n_alternatives = n_alternatives
-        self.max_alternative_words = max_alternative_words
+    options_class = DillemaAlternativesOptions
+    consumes = {"caption": "str", "label_name": "str", "seed": "int", "keywords": "dict"}
+    produces = {"alternatives": "dict", "alternative_stats": "dict"}
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -625,37 +683,15 @@ class DillemaCounterfactualStage(_DillemaStage):
         require_alternatives: Reject a rewrite that does not contain every applied alternative.
         require_class_kept: Reject a rewrite that drops the class name where the caption had it.
         max_span_words, min_shared_fraction: Rewrite sanity limits (see ``parse_perturber_output``).
-        **backend: See ``_DillemaStage``.
+        LLM options: see ``DillemaLLMOptions``.
     """
 
     name = "rewrite"
     step = "rewrite"
 
-    def __init__(
-        self,
-        n_counterfactuals: int = 1,
-        max_keywords_per_edit: int = DILLEMA_MAX_KEYWORDS_PER_EDIT,
-        vary_keyword_count: bool = False,
-        require_alternatives: bool = True,
-        require_class_kept: bool = True,
-        max_span_words: int = 24,
-        min_shared_fraction: float = 0.3,
-        **backend: Any,
-    ) -> None:
-        backend.setdefault("max_new_tokens", 96)
-        super().__init__(**backend)
-        for name, value in (("n_counterfactuals", n_counterfactuals), ("max_keywords_per_edit", max_keywords_per_edit)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if not 0.0 <= float(min_shared_fraction) <= 1.0:
-            raise ValueError(f"min_shared_fraction must be in [0, 1], got {min_shared_fraction!r}")
-        self.n_counterfactuals = n_counterfactuals
-        self.max_keywords_per_edit = max_keywords_per_edit
-        self.vary_keyword_count = bool(vary_keyword_count)
-        self.require_alternatives = bool(require_alternatives)
-        self.require_class_kept = bool(require_class_kept)
-        self.max_span_words = int(max_span_words)
-        self.min_shared_fraction = float(min_shared_fraction)
+    options_class = DillemaCounterfactualOptions
+    consumes = {"caption": "str", "label_name": "str", "seed": "int", "keywords": "dict", "alternatives": "dict"}
+    produces = {"edits": "list", "rewrite_stats": "dict"}
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -31,6 +31,8 @@ def test_controlnet_presets_construct_without_weights(preset, tmp_path):
     assert preset in list_presets()
     config = load_config(preset)
     instances = _construct(config, tmp_path)
+    validated = cli("validate", preset)  # the declared field graph, without loading a model
+    assert "controlnet_edit v1" in validated.stdout and "=> counterfactual" in validated.stdout
     assert [s.type for s in config.stages][-1] == "controlnet_edit"
     assert {s.name for s in config.stages} == {"caption", "keywords", "alternatives", "rewrite", "label_check", "edit"}
     for name, instance in instances.items():
