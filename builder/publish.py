@@ -197,12 +197,11 @@ def _check_inside(root: Path, rel: str) -> None:
 def find_left_out(release_dir: Path, published: set[str]) -> list[str]:
     """Every entry under ``release_dir`` that is not published (the work directory aside), as ``path (reason)``.
 
-    A directory holding nothing published is named once (``.git/ (directory, 12 files)``); links are named, never
+    A directory holding nothing published is named once (``.git/ (directory, 12 files, ...)``); links are named, never
     followed.
     """
     root = Path(release_dir)
-    needed_dirs = {str(PurePosixPath(p).parent) for p in published}
-    needed_dirs |= {str(parent) for p in published for parent in PurePosixPath(p).parents}
+    needed_dirs = {str(parent) for p in published for parent in PurePosixPath(p).parents}
     collapsed: dict[str, int] = {}
     items: list[str] = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
@@ -210,22 +209,16 @@ def find_left_out(release_dir: Path, published: set[str]) -> list[str]:
         if base == PurePosixPath("."):
             dirnames[:] = [d for d in dirnames if d != rf.WORK_DIR]
         for name in sorted(dirnames):
-            rel = str(base / name) if str(base) != "." else name
-            if os.path.islink(root / rel):
-                items.append(f"{rel} (symbolic link, not followed)")
+            if os.path.islink(Path(dirpath) / name):
+                items.append(f"{base / name} (symbolic link, not followed)")
         dirnames[:] = sorted(d for d in dirnames if not os.path.islink(Path(dirpath) / d))
         for name in sorted(filenames):
-            rel = str(base / name) if str(base) != "." else name
+            rel = str(base / name)
             if rel in published:
                 continue
-            top = next(
-                (
-                    str(PurePosixPath(*PurePosixPath(rel).parts[:i]))
-                    for i in range(1, len(PurePosixPath(rel).parts))
-                    if str(PurePosixPath(*PurePosixPath(rel).parts[:i])) not in needed_dirs
-                ),
-                None,
-            )
+            parts = PurePosixPath(rel).parts
+            outer = [str(PurePosixPath(*parts[:i])) for i in range(1, len(parts))]
+            top = next((d for d in outer if d not in needed_dirs), None)
             if top is not None:
                 collapsed[top] = collapsed.get(top, 0) + 1
             elif os.path.islink(root / rel):
