@@ -581,6 +581,7 @@ def publish_release(
         plan = _stage(release_dir, repo_id, revision, Path(tmp), manifest, notes, previous_manifest, *args)
         for item in plan.left_out:
             logger.warning("left out of the upload: %s", item)
+        _check_card_metadata(api, (Path(tmp) / "release" / rf.CARD_NAME).read_text(encoding="utf-8"))
         # 3. Remote changes: the repo, its gating (before any data lands in it), one commit, the tag.
         repo_url = _retry(
             "create_repo",
@@ -602,6 +603,33 @@ def publish_release(
         )
     logger.info("published %s at %s (commit %s)", plan.tag, redact_url(str(repo_url)), info.oid)
     return PublishResult(repo_id, plan.tag, info.oid, redact_url(str(repo_url)), len(plan.files), plan.gated)
+
+
+def _check_card_metadata(api: Any, card_text: str) -> None:
+    """Ask the Hub to validate the card's YAML (``/api/validate-yaml``, what ``create_commit`` asks later), so that a
+    card the Hub refuses stops the publish before the repo is created.
+
+    Raises:
+        PublishError: with the Hub's messages.
+    """
+    from huggingface_hub import get_session
+    from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
+
+    response = _retry(
+        "validate card metadata",
+        lambda: get_session().post(
+            f"{api.endpoint}/api/validate-yaml",
+            json={"content": card_text, "repoType": REPO_TYPE},
+            headers=build_hf_headers(token=api.token),
+        ),
+    )
+    if response.status_code == 400:
+        try:
+            errors = [str(e.get("message")) for e in response.json().get("errors", [])]
+        except ValueError:
+            errors = [response.text[:200]]
+        raise PublishError(f"the Hub refuses the card's metadata: {'; '.join(errors) or 'no reason given'}")
+    hf_raise_for_status(response)
 
 
 def _remote_refs(api: Any, repo_id: str, revision: str) -> tuple[str | None, dict[str, str]]:

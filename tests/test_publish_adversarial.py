@@ -283,6 +283,25 @@ def test_release_load_dataset_cannot_open_is_refused(hub_env, tmp_path, monkeypa
     assert not any(method != "GET" for method, _, _ in hub.log)  # only reads (refs) happened
 
 
+def test_card_metadata_the_hub_refuses_stops_before_the_repo_is_created(hub_env, tmp_path, monkeypatch, capsys):
+    import dataset_cards
+
+    hub = hub_env
+    release_dir, _ = release(tmp_path)
+    real_render = dataset_cards.render_release_card
+
+    def bad_metadata(directory, manifest, **kwargs):
+        text = real_render(directory, manifest, **kwargs).replace("- n<1K", "- tiny", 1)
+        (Path(directory) / rf.CARD_NAME).write_text(text, encoding="utf-8")
+        return text
+
+    monkeypatch.setattr(dataset_cards, "render_release_card", bad_metadata)
+    assert cli("publish", str(release_dir), "--repo-id", REPO) == 1
+    err = capsys.readouterr().err
+    assert "the Hub refuses the card's metadata" in err and "'tiny' is not one of" in err and err.count("\n") == 1
+    assert not hub.exists("datasets", REPO)
+
+
 # ------------------------------------------------------------------------------------ 3. a read-only release dir
 def _snapshot(directory: Path) -> dict[str, tuple]:
     snap = {}
