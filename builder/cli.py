@@ -18,6 +18,7 @@ SUBCOMMAND_MODULES = (
     "builder.cli_perturber",  # perturber
     "builder.cli_interfaces",  # interfaces learn-tokens
     "evaluation.cli",  # eval, leaderboard
+    "evaluation.fidelity",  # compare-editors
     "builder.cli_discover",  # discover
     "builder.cli_publish",  # publish, publish-results
 )

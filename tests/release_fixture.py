@@ -17,6 +17,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from builder import release_format as rf
+from lance_pipeline.stage import EDIT_TYPES as LANCE_EDIT_TYPES  # the six the perturber writes (rf's add "multi")
 
 _EDITS = {
     "subject": ("dog", "cat"),
@@ -120,7 +121,7 @@ def write_release(
         labels: the label indices used by the samples.
         label_names: the full label space; the ImageNet-1k names from timm when omitted.
         originals_per_class: original images per label.
-        edits_per_original: counterfactuals per original; their edit types cycle through ``EDIT_TYPES``.
+        edits_per_original: counterfactuals per original; their edit types cycle through LANCE's six.
         image_size: side of the square images.
         shard_size: samples per shard (several shards per config once a config holds more).
         configs: the configs to write.
@@ -153,7 +154,7 @@ def write_release(
                 rec_meta["caption"] = caption
                 rows["reconstructed"].append((f"{source_key}-rec", _png(image), label, rec_meta))
             for j in range(edits_per_original):
-                edit_type = rf.EDIT_TYPES[edit_counter % len(rf.EDIT_TYPES)]
+                edit_type = LANCE_EDIT_TYPES[edit_counter % len(LANCE_EDIT_TYPES)]
                 edit_counter += 1
                 span, new_span = _EDITS[edit_type]
                 for config, suffix in (("counterfactual", "cf"), ("lance_r", "lr")):
