@@ -189,6 +189,10 @@ class PromptToPromptController:
     The caller sets ``cur_step`` before each UNet call (the denoising step index). ``layer_calls`` counts attention
     layer calls that went through a prompt-to-prompt processor (``calls``: those that reached the controller), so
     a run in which the processors were not used can be detected.
+
+    The per-target tables (token mappers, alphas, equalisers) are stacked and moved to the attention's device and
+    dtype once (``_tables``), not per layer call; ``set_targets`` replaces the targets (a sweep that forks a new
+    branch) and rebuilds them. Replace is refine with the identity mapper and alphas 1, so one gather serves both.
     """
 
     def __init__(
@@ -198,13 +202,49 @@ class PromptToPromptController:
         classifier_free_guidance: bool = True,
         store: AttentionStore | None = None,
     ) -> None:
-        self.targets = targets
         self.self_replace_max_tokens = self_replace_max_tokens
         self.classifier_free_guidance = classifier_free_guidance
         self.store = store
         self.cur_step = 0
         self.calls = 0
         self.layer_calls = 0
+        self.set_targets(targets)
+
+    def set_targets(self, targets: list[EditTarget]) -> None:
+        """Use these targets from now on (rows ``1 .. len(targets)`` of the conditional half)."""
+        self.targets = list(targets)
+        self._table_key: tuple | None = None
+        self._table: tuple | None = None
+        self._row_index: dict[tuple, torch.Tensor] = {}
+
+    def _tables(self, device, dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(mapper [n, K] long, alphas [n, K], equalizer [n, K])`` on ``device``/``dtype``, built once."""
+        key = (device, dtype)
+        if self._table_key != key:
+            mappers, alphas, equalizers = [], [], []
+            for target in self.targets:
+                length = target.alignment.mapper.shape[0]
+                if target.mode == "replace":
+                    mappers.append(torch.arange(length))
+                    alphas.append(torch.ones(length))
+                else:
+                    mappers.append(target.alignment.mapper)
+                    alphas.append(target.alignment.alphas)
+                equalizers.append(target.equalizer if target.equalizer is not None else torch.ones(length))
+            self._table = (
+                torch.stack(mappers).to(device),
+                torch.stack(alphas).to(device, dtype),
+                torch.stack(equalizers).to(device, dtype),
+            )
+            self._table_key = key
+            self._row_index = {}
+        return self._table
+
+    def _rows(self, rows: tuple[int, ...], device) -> torch.Tensor:
+        index = self._row_index.get(rows)
+        if index is None:
+            index = self._row_index[rows] = torch.tensor(rows, dtype=torch.long, device=device)
+        return index
 
     def needs_probabilities(self, is_cross: bool, query_tokens: int) -> bool:
         """Whether a layer must materialise its attention probabilities (else it may use fused attention)."""
@@ -240,22 +280,22 @@ class PromptToPromptController:
         out = probs.clone()
         source = probs[half]
         step = self.cur_step
-        for index, target in enumerate(self.targets):
-            row = half + 1 + index
-            if is_cross:
-                if step >= target.cross_replace_steps:
-                    continue
-                alignment = target.alignment
-                if target.mode == "replace":
-                    new = source.clone()
-                else:
-                    alphas = alignment.alphas.to(probs.device, probs.dtype)
-                    new = source[..., alignment.mapper.to(probs.device)] * alphas + probs[row] * (1 - alphas)
-                if target.equalizer is not None:
-                    new = new * target.equalizer.to(probs.device, probs.dtype)
-                out[row] = new
-            elif step < target.self_replace_steps and probs.shape[2] <= self.self_replace_max_tokens:
-                out[row] = source
+        if is_cross:
+            active = tuple(k for k, t in enumerate(self.targets) if step < t.cross_replace_steps)
+            if not active:
+                return out
+            mapper, alphas, equalizer = self._tables(probs.device, probs.dtype)
+            index = self._rows(active, probs.device)
+            rows = index + (half + 1)
+            # source[..., mapper[k]] for every active target k: [heads, q, n, K] -> [n, heads, q, K]
+            mapped = source[..., mapper.index_select(0, index)].permute(2, 0, 1, 3)
+            blend = alphas.index_select(0, index)[:, None, None, :]
+            new = mapped * blend + probs.index_select(0, rows) * (1 - blend)
+            out[rows] = new * equalizer.index_select(0, index)[:, None, None, :]
+        elif probs.shape[2] <= self.self_replace_max_tokens:
+            active = tuple(k for k, t in enumerate(self.targets) if step < t.self_replace_steps)
+            if active:
+                out[self._rows(active, probs.device) + (half + 1)] = source
         return out
 
 

@@ -49,7 +49,8 @@ class ImageEditorOptions:
         refine_padding: How refine maps the target's padding positions: ``"source_order"`` (ours: padding copies
             the source's padding in order) or ``"same_position"`` (prompt-to-prompt's and the authors' rule).
         self_replace_max_tokens: Self-attention is injected only in layers with at most this many query tokens.
-        edit_batch_size: Target prompts (edit x sweep value) per sampling run, besides the shared source prompt.
+        edit_batch_size: Target rows (edit x distinct sweep value) per sampling run, besides the shared source;
+            ``None`` (default): as many as half the free memory of the device holds (estimated per row).
         selection: Which gate-passing candidate of an edit is kept: ``"best_directional"`` (highest CLIP
             directional similarity) or ``"largest_passing"`` (largest self_replace, the authors' code in effect).
         clip_model, clip_pretrained, clip_revision, clip_batch_size: The CLIP scorer (``clip_gates.ClipScorer``).
@@ -73,7 +74,7 @@ class ImageEditorOptions:
     attention_edit: str = "auto"
     refine_padding: str = "source_order"
     self_replace_max_tokens: int = 32**2
-    edit_batch_size: int = 6
+    edit_batch_size: int | None = None
     selection: str = "best_directional"
     clip_model: str = "ViT-L-14"
     clip_pretrained: str | None = "openai"
@@ -96,13 +97,20 @@ class ImageEditorOptions:
         for name in (
             "image_size",
             "num_inference_steps",
-            "edit_batch_size",
             "clip_batch_size",
             "self_replace_max_tokens",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.edit_batch_size is not None and (
+            isinstance(self.edit_batch_size, bool)
+            or not isinstance(self.edit_batch_size, int)
+            or self.edit_batch_size < 1
+        ):
+            raise ValueError(
+                f"edit_batch_size must be a positive int or null (by memory), got {self.edit_batch_size!r}"
+            )
         if (
             isinstance(self.num_inner_steps, bool)
             or not isinstance(self.num_inner_steps, int)

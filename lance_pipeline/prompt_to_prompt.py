@@ -13,6 +13,7 @@ eta = 0 is deterministic given the inverted latent, so the same inputs give the 
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from lance_pipeline.candidate_selection import Candidate, EditRequest, SweepResult
@@ -38,6 +39,7 @@ class PromptToPromptEditor:
     def __init__(self, components: StableDiffusionComponents, options: ImageEditorOptions) -> None:
         self.components = components
         self.options = options
+        self._auto_batch: int | None = None
         if options.image_size % components.latent_multiple:
             raise ValueError(
                 f"image_size must be a multiple of {components.latent_multiple} for {components.model}, "
@@ -156,41 +158,92 @@ class PromptToPromptEditor:
     def render(self, record: Record, requests: list[EditRequest]) -> SweepResult:
         return self.sweep(record["inversion"], requests)
 
-    def sweep(self, inversion: dict[str, Any], requests: list[EditRequest]) -> SweepResult:
-        """Render every request at every sweep value; ``edit_batch_size`` targets share each sampling run.
+    def plan_runs(self, requests: list[EditRequest]) -> list[list[tuple[int, int]]]:
+        """The sampling runs of a sweep: lists of ``(request index, self-replace steps)`` jobs.
 
-        Every run puts the source caption first, so its output (identical in each run) is the reconstruction the
-        gates compare against.
+        Sweep values that cover the same number of steps render the same image, so each is one job. A run holds at
+        most ``edit_batch_size`` target rows (the rows it has at its end). Edits are kept whole (all their cut-offs
+        in one run, so they share a trunk) as long as one edit fits; several edits share each run's source.
         """
-        from lance_pipeline.attention_control import PromptToPromptController
-        from lance_pipeline.inversion import ddim_sample, decode_latents
+        steps = sorted({steps_of(f, self.options.num_inference_steps) for f in self.options.self_replace_sweep})
+        size = self.edit_batch_size
+        if len(steps) > size:  # one edit does not fit: split its cut-offs over runs
+            jobs = [(index, s) for index in range(len(requests)) for s in steps]
+            return [jobs[start : start + size] for start in range(0, len(jobs), size)]
+        per_run = size // len(steps)
+        return [
+            [(index, s) for index in range(start, min(start + per_run, len(requests))) for s in steps]
+            for start in range(0, len(requests), per_run)
+        ]
+
+    @property
+    def edit_batch_size(self) -> int:
+        """Target rows per sampling run: the option, or (``None``) as many as the memory budget holds."""
+        if self.options.edit_batch_size is not None:
+            return self.options.edit_batch_size
+        if self._auto_batch is None:
+            self._auto_batch = auto_edit_batch_size(self.components, self.options)
+            logger.info("edit_batch_size: %d target rows per run (from the memory budget)", self._auto_batch)
+        return self._auto_batch
+
+    def sweep(self, inversion: dict[str, Any], requests: list[EditRequest]) -> SweepResult:
+        """Render every request at every sweep value, sharing what is provably identical.
+
+        * One source branch per run, shared by all the run's edits and sweep values (several edits per run).
+        * Per edit, a *trunk* runs with the largest self-attention cut-off of the run; the branch of a smaller
+          cut-off ``s`` forks from the trunk at step ``s``, where its schedule first differs (until then both inject
+          self-attention and everything else is equal, so the fork is exact).
+        * The source image is decoded once (first run), and later runs drop the source row once no target needs its
+          attention maps any more.
+
+        The source branch's output is the reconstruction the gates compare against.
+        """
+        import torch
+
+        from lance_pipeline.inversion import decode_latents
 
         o = self.options
         caption = inversion["caption"]
-        jobs = [(index, f) for index in range(len(requests)) for f in o.self_replace_sweep]
         latent = inversion["latent"].to(self.device, self.dtype)
         nulls = inversion["null_embeddings"].to(self.device, self.dtype)
+        trajectory = inversion.get("source_trajectory")
+        if trajectory is not None:
+            trajectory = trajectory.to(self.device, self.dtype)
+        source_cond = self._embed([caption])
+        conds = self._embed([r.edited_caption for r in requests]) if requests else None
+        base = {index: self.build_target(caption, request, 1.0) for index, request in enumerate(requests)}
+        images: dict[tuple[int, int], Any] = {}
         result = SweepResult(reconstruction=None)
-        for start in range(0, len(jobs), o.edit_batch_size):
-            chunk = jobs[start : start + o.edit_batch_size]
-            built = [self.build_target(caption, requests[i], f) for i, f in chunk]
-            controller = PromptToPromptController(
-                [target for target, _ in built], self_replace_max_tokens=o.self_replace_max_tokens
-            )
-            cond = self._embed([caption] + [requests[i].edited_caption for i, _ in chunk])
-            latents = ddim_sample(
+        for run_index, jobs in enumerate(self.plan_runs(requests) or [[]]):
+            per_edit: dict[int, list[int]] = {}
+            for index, s in jobs:
+                per_edit.setdefault(index, []).append(s)
+            source_latent, latents = sample_sweep(
                 self.components.unet,
                 self.components.scheduler_config,
                 latent,
-                cond,
+                source_cond,
+                {index: conds[index : index + 1] for index in per_edit},
+                {index: base[index][0] for index in per_edit},
+                per_edit,
                 nulls,
                 o.guidance_scale,
-                controller=controller,
+                o.self_replace_max_tokens,
+                keep_source_to_end=run_index == 0,
+                source_trajectory=trajectory,
             )
-            images = decode_latents(self.components.vae, latents)
-            if result.reconstruction is None:
-                result.reconstruction = images[0]
-            for (index, f), image, (target, reweighted) in zip(chunk, images[1:], built, strict=True):
+            keys = list(latents)
+            decoded = decode_latents(
+                self.components.vae,
+                torch.cat(([source_latent] if source_latent is not None else []) + [latents[k] for k in keys]),
+            )
+            if source_latent is not None:
+                result.reconstruction, decoded = decoded[0], decoded[1:]
+            images.update(zip(keys, decoded, strict=True))
+        for index in range(len(requests)):
+            target, reweighted = base[index]
+            for f in o.self_replace_sweep:
+                image = images[(index, steps_of(f, o.num_inference_steps))]
                 result.candidates.append(Candidate(index, f, image, reweighted, target.mode))
         return result
 
@@ -204,8 +257,144 @@ class PromptToPromptEditor:
             "attention_edit": o.attention_edit,
             "refine_padding": o.refine_padding,
             "self_replace_max_tokens": o.self_replace_max_tokens,
-            "edit_batch_size": o.edit_batch_size,
+            "edit_batch_size": o.edit_batch_size if o.edit_batch_size is not None else f"auto ({self.edit_batch_size})",
         }
+
+
+# Upper bound of target rows per run, and the share of free memory a run may plan for.
+MAX_AUTO_EDIT_BATCH = 64
+MEMORY_BUDGET_SHARE = 0.5
+
+
+def estimate_row_bytes(components: StableDiffusionComponents, options: ImageEditorOptions) -> int:
+    """Rough peak bytes one target row adds to a guided sampling run (two UNet samples: with and without text).
+
+    Two terms: the attention probabilities materialised in the layers prompt-to-prompt edits (heads x q^2, three
+    live copies: scores, the controller's output, the source rows it reads), and the UNet's widest activations
+    (about 64 live tensors of the first block's width at latent resolution). An estimate, not a measurement: on CUDA
+    the budget it is compared with is the free memory reported by the driver, and the chosen size is recorded.
+    """
+    element = {"float32": 4, "bfloat16": 2, "float16": 2}[options.dtype]
+    latent = options.image_size // components.vae_scale_factor
+    config = components.unet.config
+    heads = config.attention_head_dim if isinstance(config.attention_head_dim, int) else max(config.attention_head_dim)
+    query = min(options.self_replace_max_tokens, (latent // 2) ** 2)
+    attention = 3 * heads * query * query * element
+    activations = 64 * config.block_out_channels[0] * latent * latent * element
+    return 2 * (attention + activations)
+
+
+def auto_edit_batch_size(components: StableDiffusionComponents, options: ImageEditorOptions) -> int:
+    """Target rows per run that fit ``MEMORY_BUDGET_SHARE`` of the free memory of the UNet's device."""
+    import torch
+
+    device = components.unet.device
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+    else:
+        try:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            free = 8 * 2**30
+    rows = int(free * MEMORY_BUDGET_SHARE // estimate_row_bytes(components, options))
+    return max(1, min(MAX_AUTO_EDIT_BATCH, rows))
+
+
+def sample_sweep(
+    unet,
+    scheduler_config: dict,
+    latent,
+    source_cond,
+    edit_conds: dict,
+    edit_targets: dict,
+    self_steps: dict[int, list[int]],
+    null_embeddings,
+    guidance_scale: float,
+    self_replace_max_tokens: int,
+    keep_source_to_end: bool = True,
+    source_trajectory=None,
+):
+    """Guided DDIM sampling of a source and several edits x self-attention cut-offs under prompt-to-prompt control.
+
+    Row 0 of every UNet call is the source; per edit, a trunk row runs with the edit's largest cut-off and the row of
+    each smaller cut-off ``s`` is forked from the trunk just before step ``s`` (the first step whose schedule
+    differs). Rows never interact except through the source's attention maps, so every row's result equals a
+    separate run of that (edit, cut-off) within float tolerance (batch composition changes the arithmetic order).
+
+    Args:
+        unet: The UNet.
+        scheduler_config: The DDIM scheduler config.
+        latent: ``x_T`` ``[1, C, h, w]``, shared by all rows.
+        source_cond: Source caption embedding ``[1, tokens, dim]``.
+        edit_conds: ``edit -> [1, tokens, dim]`` embedding of its edited caption.
+        edit_targets: ``edit -> EditTarget`` (its ``self_replace_steps`` is ignored: set per row).
+        self_steps: ``edit -> self-attention cut-offs`` (steps) to render, distinct.
+        null_embeddings: ``[steps, tokens, dim]``; the number of steps is taken from here.
+        guidance_scale: Classifier-free guidance scale.
+        self_replace_max_tokens: Self-attention is injected only in layers with at most this many query tokens.
+        keep_source_to_end: Run the source branch to the last step (its result is the reconstruction); otherwise
+            the source row is dropped once no target needs its attention maps.
+        source_trajectory: ``[steps, C, h, w]``: pin the source row to it after every step (direct inversion).
+
+    Returns:
+        ``(final source latent [1, C, h, w] or None, {(edit, cut-off): final latent [1, C, h, w]})``.
+    """
+    import dataclasses
+
+    import torch
+
+    from lance_pipeline.attention_control import PromptToPromptController, attention_control
+    from lance_pipeline.inversion import make_schedulers
+
+    num_steps = null_embeddings.shape[0]
+    sampler, _ = make_schedulers(scheduler_config, num_steps, latent.device)
+    rows: list[tuple[int, int]] = []  # (edit, cut-off) of target rows 1..n
+    forks: dict[int, list[tuple[int, int]]] = {}
+    for edit, cutoffs in self_steps.items():
+        ordered = sorted(cutoffs)
+        if len(set(ordered)) != len(ordered):
+            raise ValueError(f"self-attention cut-offs of edit {edit} must be distinct, got {cutoffs}")
+        rows.append((edit, ordered[-1]))  # the trunk
+        for s in ordered[:-1]:
+            forks.setdefault(s, []).append((edit, s))
+    targets = {
+        (edit, s): dataclasses.replace(edit_targets[edit], self_replace_steps=s)
+        for edit, cutoffs in self_steps.items()
+        for s in cutoffs
+    }
+    # The source's maps are needed while any target injects cross- or self-attention.
+    source_needed_until = max([max(t.cross_replace_steps, t.self_replace_steps) for t in targets.values()] or [0])
+    latents = latent.expand(1 + len(rows), *latent.shape[1:]).clone()
+    conds = [source_cond] + [edit_conds[edit] for edit, _ in rows]
+    controller = PromptToPromptController([targets[r] for r in rows], self_replace_max_tokens=self_replace_max_tokens)
+    has_source = True
+    with torch.no_grad(), attention_control(unet, controller if rows else None):
+        for i, t in enumerate(sampler.timesteps):
+            if has_source and not keep_source_to_end and i >= source_needed_until and rows:
+                latents, conds, has_source = latents[1:], conds[1:], False
+            new_rows = forks.get(i, [])
+            if new_rows:
+                offset = 1 if has_source else 0
+                trunk_row: dict[int, int] = {}
+                for k, (edit, _) in enumerate(rows):
+                    trunk_row.setdefault(edit, offset + k)  # an edit's first row is its trunk
+                latents = torch.cat([latents] + [latents[trunk_row[edit]][None] for edit, _ in new_rows])
+                conds = conds + [edit_conds[edit] for edit, _ in new_rows]
+                rows = rows + new_rows
+                controller.set_targets([targets[r] for r in rows])
+            controller.cur_step = i
+            n = latents.shape[0]
+            context = torch.cat([null_embeddings[i : i + 1].expand(n, -1, -1).to(source_cond.dtype), *conds])
+            noise_uncond, noise_cond = unet(
+                torch.cat([latents, latents]), t, encoder_hidden_states=context
+            ).sample.chunk(2)
+            noise = noise_uncond + guidance_scale * (noise_cond - noise_uncond)
+            latents = sampler.step(noise, t, latents).prev_sample
+            if source_trajectory is not None and has_source:
+                latents[0] = source_trajectory[i]
+    offset = 1 if has_source else 0
+    finals = {row: latents[offset + k : offset + k + 1] for k, row in enumerate(rows)}
+    return (latents[0:1] if has_source else None), finals
 
 
 # The name this class had before the editor was split out of image_editing.py.

@@ -438,3 +438,85 @@ def test_largest_passing_selection_is_offered_and_recorded(record, sd_dir):
         assert [c["passed"] for c in update["edit_candidates"]] == [False, True, True, True, False, False]
         assert stage.describe()["prompt_to_prompt"]["selection"] == selection
     assert chosen == {"best_directional": 0.6, "largest_passing": 0.7}
+
+
+def test_shared_prefix_sweep_equals_one_run_per_sweep_value_and_counts_match(record, sd_dir):
+    """The exact savings: same latents as the reference (one run per sweep value) within float tolerance."""
+    from lance_pipeline.editing_cost import count_unet_evaluations, reference_sweep
+    from lance_pipeline.editing_options import steps_of
+    from lance_pipeline.prompt_to_prompt import sample_sweep
+
+    steps = 10
+    stage = CounterfactualEditStage(**options(sd_dir, num_inference_steps=steps), scorer=StubScorer())
+    stage.load("cpu")
+    editor = stage.editor
+    invert = InversionStage(**options(sd_dir, num_inference_steps=steps, num_inner_steps=2))
+    invert.load("cpu")
+    (update,) = invert.process([dict(record)])
+    inversion = update["inversion"]
+    requests = [
+        EditRequest(CAPTION.replace("dog", "cat"), "cat"),
+        EditRequest(CAPTION + " on a snowy day", "on a snowy day"),
+        EditRequest("a photo of a dog", ""),
+    ]
+    with count_unet_evaluations(editor.components.unet) as reference_count:
+        reference = reference_sweep(editor, inversion, requests)
+    cutoffs = sorted({steps_of(f, steps) for f in SWEEP})
+    source_cond = editor._embed([CAPTION])
+    conds = {i: editor._embed([r.edited_caption]) for i, r in enumerate(requests)}
+    targets = {i: editor.build_target(CAPTION, r, 1.0)[0] for i, r in enumerate(requests)}
+    with count_unet_evaluations(editor.components.unet) as shared_count:
+        source, latents = sample_sweep(
+            editor.components.unet,
+            editor.components.scheduler_config,
+            inversion["latent"],
+            source_cond,
+            conds,
+            targets,
+            {i: list(cutoffs) for i in range(len(requests))},
+            inversion["null_embeddings"],
+            7.5,
+            editor.options.self_replace_max_tokens,
+        )
+    for (index, f), expected in reference.items():
+        torch.testing.assert_close(latents[(index, steps_of(f, steps))], expected, rtol=0, atol=1e-4)
+    assert shared_count.forwards == 2 * (steps + 3 * (steps + (6 + 5 + 4 + 3 + 2)))  # 2 * 70 = 140: worked by hand
+    # Counted by the hook: the reference runs 2 prompts x CFG per (edit, value); the shared run one source plus, per
+    # edit, a trunk over all steps and one branch per smaller cut-off from its fork step on.
+    assert reference_count.forwards == len(requests) * len(SWEEP) * steps * 2 * 2
+    expected = 2 * (steps + len(requests) * (steps + sum(steps - s for s in cutoffs[:-1])))
+    assert shared_count.forwards == expected and shared_count.backwards == 0
+    assert reference_count.forwards / shared_count.forwards > 2.5
+
+    # The editor's sweep (several runs when edit_batch_size is small) gives the same images as one big run.
+    small = CounterfactualEditStage(
+        **options(sd_dir, num_inference_steps=steps, edit_batch_size=4), scorer=StubScorer()
+    )
+    small.load("cpu")
+    big = CounterfactualEditStage(**options(sd_dir, num_inference_steps=steps, edit_batch_size=64), scorer=StubScorer())
+    big.load("cpu")
+    with count_unet_evaluations(editor.components.unet) as small_count:
+        first = small.editor.sweep(inversion, requests)
+    second = big.editor.sweep(inversion, requests)
+    assert np.abs(pixels(first.reconstruction) - pixels(second.reconstruction)).max() <= 1
+    for a, b in zip(first.candidates, second.candidates, strict=True):
+        assert (a.request_index, a.self_replace) == (b.request_index, b.self_replace)
+        assert np.abs(pixels(a.image) - pixels(b.image)).max() <= 1
+    # edit_batch_size 4 < 6 cut-offs: each edit's cut-offs are split over runs (a trunk per run). Later runs drop
+    # the source row once no target needs its maps (cross-attention until step 8 here, self until the cut-off).
+    runs = small.editor.plan_runs(requests)
+    assert [len(run) for run in runs] == [4, 4, 4, 4, 2]
+    cross = steps_of(0.8, steps)
+    expected_small = 0
+    for number, run in enumerate(runs):
+        cut = [s for _, s in run]
+        expected_small += 2 * (steps if number == 0 else max(cross, max(cut)))
+        for edit_index in {i for i, _ in run}:
+            mine = sorted(s for i, s in run if i == edit_index)
+            expected_small += 2 * (steps + sum(steps - s for s in mine[:-1]))
+    assert small_count.forwards == expected_small
+    # Whole edits are packed into runs as long as one fits; the memory-based default is recorded.
+    assert CounterfactualEditStage(**options(sd_dir, edit_batch_size=13)).options.edit_batch_size == 13
+    assert len(CounterfactualEditStage(**options(sd_dir), scorer=StubScorer()).options.__dict__) > 0
+    assert [len(r) for r in big.editor.plan_runs(requests)] == [18]
+    assert stage.editor.edit_batch_size >= 1 and "auto" in stage.describe()["prompt_to_prompt"]["edit_batch_size"]
