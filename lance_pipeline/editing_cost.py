@@ -60,7 +60,7 @@ def count_unet_evaluations(unet) -> Iterator[UnetCount]:
 
 def reference_reconstruction(editor, inversion: dict[str, Any]):
     """The reconstruction as a separate guided sampling pass of the caption (what the authors ran)."""
-    return editor.reconstruct(inversion)
+    return editor.render_reconstruction(inversion)
 
 
 def reference_sweep(editor, inversion: dict[str, Any], requests) -> dict[tuple[int, float], Any]:

@@ -15,9 +15,10 @@ is in the pieces they assemble,
 Stages (``lance_pipeline.stage.Stage``):
 
 * ``InversionStage`` (``invert``): ``{"inversion": {"latent", "null_embeddings", "caption", "method",
-  "inner_steps"}}``.
+  "inner_steps", ...}}`` (see ``inversion.InversionMethod``), the stage's batch inverted together.
 * ``ReconstructionStage`` (``reconstruct``): ``{"reconstruction": PIL image}``, the inversion regenerated with its
-  own caption.
+  own caption: decoded from the inversion's ``reconstruction_latent`` when the method computed the source branch
+  anyway (null-text does), sampled otherwise.
 * ``CounterfactualEditStage`` (``edit``): ``{"counterfactuals": [...], "edit_candidates": [...]}``.
 * ``LanceREditStage`` (``lance_r_edit``): ``{"lance_r": [...], "lance_r_candidates": [...]}``.
 """
@@ -146,17 +147,21 @@ class InversionStage(_ImageStage):
         import torch
 
         editor = self._require_editor()
-        out: list[Record | SampleFailure] = []
-        for record in records:
+        out: list[Record | SampleFailure | None] = [None] * len(records)
+        todo = []
+        for position, record in enumerate(records):
             caption = record.get("caption")
             if not isinstance(caption, str) or not caption.strip():
-                out.append(SampleFailure("invert: record has no caption (the caption stage must run first)"))
-                continue
-            inversion = editor.invert(record["image"], caption)
+                out[position] = SampleFailure("invert: record has no caption (the caption stage must run first)")
+            else:
+                todo.append(position)
+        # The whole batch is inverted together (one UNet call per step for all its images).
+        inversions = editor.invert_batch([records[p]["image"] for p in todo], [records[p]["caption"] for p in todo])
+        for position, inversion in zip(todo, inversions, strict=True):
             if not (torch.isfinite(inversion["latent"]).all() and torch.isfinite(inversion["null_embeddings"]).all()):
-                out.append(SampleFailure("invert: inversion diverged (non-finite latent or embeddings)"))
-                continue
-            out.append({"inversion": inversion})
+                out[position] = SampleFailure("invert: inversion diverged (non-finite latent or embeddings)")
+            else:
+                out[position] = {"inversion": inversion}
         return out
 
 

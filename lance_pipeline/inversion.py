@@ -174,6 +174,98 @@ def null_text_optimization(
     return torch.stack(nulls), used
 
 
+def null_text_optimization_batched(
+    unet,
+    scheduler_config: dict,
+    pivot_latents: list[torch.Tensor],
+    cond: torch.Tensor,
+    null_init: torch.Tensor,
+    guidance_scale: float,
+    num_inner_steps: int,
+    early_stop_epsilon: float,
+) -> tuple[torch.Tensor, list[list[int]], torch.Tensor]:
+    """``null_text_optimization`` for a batch of images at once, with no host sync inside the inner loop.
+
+    Each image has its own null embedding and its own Adam state (Adam is element-wise, and the summed loss gives
+    each embedding the gradient of its own loss), so every image follows the schedule it would follow alone: the
+    same learning rate, the same early stop. An image that has stopped keeps its embedding while the others go on
+    (its row still rides along in the batch). Adam is written out (torch.optim.Adam's update with a per-image step
+    count), and the "has every image stopped?" check on CUDA reads a flag copied asynchronously one iteration
+    earlier, so the inner loop never waits for the device; an extra iteration changes nothing (stopped rows are
+    masked). Per-step iteration counts are read once per sampling step.
+
+    Args:
+        pivot_latents: ``[z*_0, ..., z*_T]``, each ``[n, C, h, w]``.
+        cond: Caption embeddings ``[n, tokens, dim]``.
+        null_init: Empty-prompt embedding ``[1 or n, tokens, dim]``.
+        (other arguments as ``null_text_optimization``)
+
+    Returns:
+        ``(null embeddings [n, steps, tokens, dim], inner steps per image per step, final latents [n, C, h, w])``;
+        the final latents are the reconstruction's: the guided step with the optimised embedding is the
+        reconstruction sampler's step.
+    """
+    beta1, beta2, eps = 0.9, 0.999, 1e-8  # torch.optim.Adam defaults
+    num_steps = len(pivot_latents) - 1
+    n = cond.shape[0]
+    device = cond.device
+    sampler, _ = make_schedulers(scheduler_config, num_steps, device)
+    null = null_init.detach().expand(n, -1, -1).clone()
+    current = pivot_latents[-1]
+    nulls, used = [], [[] for _ in range(n)]
+    shape = (n,) + (1,) * (null.ndim - 1)
+    use_event = device.type == "cuda"
+    for i, t in enumerate(sampler.timesteps):
+        target = pivot_latents[num_steps - i - 1]
+        lr = NULL_TEXT_LR * (1.0 - i / NULL_TEXT_LR_DECAY_STEPS)
+        threshold = early_stop_epsilon + i * EARLY_STOP_GROWTH_PER_STEP
+        with torch.no_grad():
+            noise_cond = unet(current, t, encoder_hidden_states=cond).sample
+        exp_avg = torch.zeros_like(null, dtype=torch.float32)
+        exp_avg_sq = torch.zeros_like(null, dtype=torch.float32)
+        adam_steps = torch.zeros(shape, device=device)
+        active = torch.ones(n, dtype=torch.bool, device=device)
+        flag, event = None, None
+        for _ in range(num_inner_steps):
+            if flag is not None and (not use_event or event.query()) and not bool(flag):
+                break  # every image stopped (flag copied one iteration ago; stopped rows would not move anyway)
+            variable = null.detach().requires_grad_(True)
+            noise_uncond = unet(current, t, encoder_hidden_states=variable).sample
+            noise = noise_uncond + guidance_scale * (noise_cond - noise_uncond)
+            previous = sampler.step(noise, t, current).prev_sample
+            # Per image exactly as the one-image code computes it (same reduction), so a batch of one matches it.
+            loss = torch.stack([torch.nn.functional.mse_loss(previous[k], target[k]) for k in range(n)])
+            (grad,) = torch.autograd.grad(loss.sum(), [variable])
+            grad = grad.float()
+            mask = active.view(shape)
+            adam_steps = adam_steps + mask
+            exp_avg = torch.where(mask, exp_avg.lerp(grad, 1 - beta1), exp_avg)
+            exp_avg_sq = torch.where(mask, exp_avg_sq * beta2 + (1 - beta2) * grad * grad, exp_avg_sq)
+            # Bias corrections in float64, as torch.optim.Adam computes them from Python floats.
+            count = adam_steps.clamp(min=1).double()
+            step_size = (lr / (1 - beta1**count)).float()
+            correction = (1 - beta2**count).sqrt().float()
+            denom = exp_avg_sq.sqrt() / correction + eps
+            null = torch.where(mask, (null.float() - step_size * (exp_avg / denom)).to(null.dtype), null)
+            active = active & ~(loss.detach() < threshold)
+            if use_event:
+                flag = torch.empty((), dtype=torch.bool, pin_memory=True)
+                flag.copy_(active.any(), non_blocking=True)
+                event = torch.cuda.Event()
+                event.record()
+            else:
+                flag = active.any()
+        nulls.append(null.detach())
+        for k, value in enumerate(adam_steps.flatten().tolist()):  # one read per sampling step
+            used[k].append(int(value))
+        with torch.no_grad():
+            batch = torch.cat([current, current])
+            noise_uncond, noise_cond = unet(batch, t, encoder_hidden_states=torch.cat([null, cond])).sample.chunk(2)
+            noise = noise_uncond + guidance_scale * (noise_cond - noise_uncond)
+            current = sampler.step(noise, t, current).prev_sample
+    return torch.stack(nulls, dim=1), used, current
+
+
 def ddim_sample(
     unet,
     scheduler_config: dict,
@@ -287,7 +379,10 @@ class InversionMethod(Protocol):
     * ``method``: the registry name;
     * ``inner_steps``: optimisation iterations per step (``[]`` for methods without optimisation);
     * optionally ``source_trajectory``: ``[steps, C, h, w]``, the latent the source branch must hold after each
-      sampling step (the sampler pins branch 0 to it; direct inversion).
+      sampling step (the sampler pins branch 0 to it; direct inversion);
+    * optionally ``reconstruction_latent``: ``[1, C, h, w]``, the final latent of the source branch (guided sampling
+      from ``latent`` with the caption and ``null_embeddings``) when the method computed it anyway; the
+      reconstruction stage then only decodes it.
 
     ``describe()`` returns the method's settings for the manifest.
     """
@@ -309,32 +404,37 @@ class NullTextMethod:
         self.options = options
 
     def invert(self, images: list[Image.Image], captions: list[str]) -> list[dict[str, Any]]:
+        """Invert a batch of images together (``null_text_optimization_batched``)."""
         c, o = self.components, self.options
-        inverter = NullTextInversion(
+        if not images:
+            return []
+        dtype = c.unet.dtype
+        latent = torch.cat([encode_image(c.vae, image, o.image_size) for image in images]).to(dtype)
+        cond = encode_prompts(c.tokenizer, c.text_encoder, list(captions)).to(dtype)
+        null_init = encode_prompts(c.tokenizer, c.text_encoder, [""]).to(dtype)
+        pivots = ddim_inversion(c.unet, c.scheduler_config, latent, cond, o.num_inference_steps)
+        nulls, used, final = null_text_optimization_batched(
             c.unet,
-            c.vae,
-            c.text_encoder,
-            c.tokenizer,
             c.scheduler_config,
-            num_inference_steps=o.num_inference_steps,
-            guidance_scale=o.guidance_scale,
-            num_inner_steps=o.num_inner_steps,
-            early_stop_epsilon=o.early_stop_epsilon,
-            image_size=o.image_size,
+            pivots,
+            cond,
+            null_init,
+            o.guidance_scale,
+            o.num_inner_steps,
+            o.early_stop_epsilon,
         )
-        out = []
-        for image, caption in zip(images, captions, strict=True):
-            result = inverter.invert(image, caption)
-            out.append(
-                {
-                    "latent": result.latent.detach().float().cpu(),
-                    "null_embeddings": result.null_embeddings.detach().float().cpu(),
-                    "caption": caption,
-                    "method": self.name,
-                    "inner_steps": list(result.inner_steps),
-                }
-            )
-        return out
+        logger.debug("null-text inversion of %d images: %d Adam steps", len(images), sum(map(sum, used)))
+        return [
+            {
+                "latent": pivots[-1][k : k + 1].detach().float().cpu(),
+                "null_embeddings": nulls[k].detach().float().cpu(),
+                "caption": caption,
+                "method": self.name,
+                "inner_steps": used[k],
+                "reconstruction_latent": final[k : k + 1].detach().float().cpu(),
+            }
+            for k, caption in enumerate(captions)
+        ]
 
     def describe(self) -> dict[str, Any]:
         o = self.options

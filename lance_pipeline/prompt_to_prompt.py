@@ -78,8 +78,12 @@ class PromptToPromptEditor:
 
     def invert(self, image, caption: str) -> dict[str, Any]:
         """Invert one image with the configured method; returns the ``inversion`` record (tensors on CPU)."""
-        (inversion,) = self.inversion_method().invert([image], [caption])
+        (inversion,) = self.invert_batch([image], [caption])
         return inversion
+
+    def invert_batch(self, images: list, captions: list[str]) -> list[dict[str, Any]]:
+        """Invert several images together with the configured method."""
+        return self.inversion_method().invert(list(images), list(captions)) if images else []
 
     def check_inversion(self, inversion: Any, caption: str) -> str | None:
         """Why a stored inversion cannot be used with these options and caption (None if it can)."""
@@ -106,7 +110,19 @@ class PromptToPromptEditor:
         return encode_prompts(self.components.tokenizer, self.components.text_encoder, prompts).to(self.dtype)
 
     def reconstruct(self, inversion: dict[str, Any]):
-        """Regenerate the inverted image with its own caption (PIL image)."""
+        """The inverted image regenerated with its own caption (PIL image).
+
+        When the inversion method already ran the source branch (``reconstruction_latent``), it is only decoded.
+        """
+        from lance_pipeline.inversion import decode_latents
+
+        final = inversion.get("reconstruction_latent")
+        if final is not None:
+            return decode_latents(self.components.vae, final.to(self.device, self.dtype))[0]
+        return self.render_reconstruction(inversion)
+
+    def render_reconstruction(self, inversion: dict[str, Any]):
+        """The reconstruction by a separate guided sampling pass (PIL image)."""
         from lance_pipeline.inversion import ddim_sample, decode_latents
 
         latents = ddim_sample(

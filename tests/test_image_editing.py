@@ -60,7 +60,14 @@ def record(sd_dir):
     rec.update(update)
     reconstruct = ReconstructionStage(**options(sd_dir))
     reconstruct.load("cpu")
-    (update,) = reconstruct.process([rec])
+    from lance_pipeline.editing_cost import count_unet_evaluations
+
+    with count_unet_evaluations(reconstruct.editor.components.unet) as count:
+        (update,) = reconstruct.process([rec])
+    assert count.forwards == 0  # null-text computed the source branch already: the stage only decodes it
+    # ... and it is the image a separate sampling pass gives.
+    rendered = reconstruct.editor.render_reconstruction(rec["inversion"])
+    assert np.abs(pixels(rendered) - pixels(update["reconstruction"])).max() <= 1
     rec.update(update)
     return rec
 
