@@ -9,9 +9,14 @@ model, batch size, workers and device, each after one warm-up forward of the mod
 3. timm validate: timm's validate.py is not shipped in the timm wheel (nor its sdist), so its evaluation loop is
    reproduced here faithfully: ``timm.data.create_dataset`` on an ImageFolder of the same images (PNG files),
    ``timm.data.create_loader`` with the prefetcher and the model's resolved data config, and validate.py's loop
-   (inference_mode, model(input), CrossEntropyLoss, ``timm.utils.accuracy`` top-1/5, AverageMeters).
+   (inference_mode, ``amp_autocast()`` around model(input), CrossEntropyLoss, ``timm.utils.accuracy`` top-1/5,
+   AverageMeters), with validate.py's CUDA settings (``torch.backends.cuda.matmul.allow_tf32 = True``,
+   ``torch.backends.cudnn.benchmark = True``).
 
-The last line printed is ``ratio_vs_forward=X ratio_vs_timm_validate=Y`` (harness images/s divided by the other's).
+The headline is like for like: validate.py run with the harness's memory layout (channels_last unless
+``--no-channels-last``, as validate.py ``--channels-last``) and the same precision (``--amp``/``--amp-dtype`` on both
+sides). validate.py's defaults (NCHW, and no AMP) are timed too, for information. The last line printed is
+``ratio_like_for_like=X ratio_vs_forward=Y ratio_vs_validate_defaults=Z`` (harness images/s divided by the other's).
 Not a test: run it by hand, ``python benchmarks/bench_eval.py --model resnet18 --originals 48``.
 """
 
@@ -46,14 +51,25 @@ def write_imagefolder(release_root: Path, target: Path) -> int:
 
 
 def timm_validate_loop(
-    model, folder: Path, batch_size: int, workers: int, device, channels_last: bool = False
+    model, folder: Path, batch_size: int, workers: int, device, channels_last: bool = False, amp_dtype=None
 ) -> tuple[int, float, float]:
-    """validate.py's dataset, loader and loop (``--channels-last`` optional, off as in validate.py); returns
-    (images, seconds, top1)."""
+    """validate.py's dataset, loader and loop (``--channels-last`` and ``--amp --amp-dtype`` optional, off as in
+    validate.py's defaults); returns (images, seconds, top1)."""
+    import contextlib
+    import functools
+
     import torch
     from timm.data import create_dataset, create_loader, resolve_data_config
     from timm.utils import AverageMeter, accuracy
 
+    if device.type == "cuda":  # validate.py sets these unconditionally
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.benchmark = True
+    amp_autocast = (
+        functools.partial(torch.autocast, device_type=device.type, dtype=amp_dtype)
+        if amp_dtype is not None
+        else contextlib.nullcontext
+    )
     data_config = resolve_data_config({}, model=model, use_test_size=True)
     dataset = create_dataset(root=str(folder), name="", split="validation")
     criterion = torch.nn.CrossEntropyLoss().to(device)
@@ -82,7 +98,8 @@ def timm_validate_loop(
         for inputs, target in loader:
             if channels_last:
                 inputs = inputs.contiguous(memory_format=torch.channels_last)
-            output = model(inputs)
+            with amp_autocast():
+                output = model(inputs)
             loss = criterion(output, target)
             acc1, acc5 = accuracy(output.detach(), target, topk=(1, 5))
             losses.update(loss.item(), inputs.size(0))
@@ -105,10 +122,11 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--no-channels-last", action="store_true", help="harness and forward in NCHW layout")
     parser.add_argument(
-        "--also-channels-last-validate", action="store_true", help="also time validate.py with --channels-last"
+        "--no-channels-last", action="store_true", help="harness, forward and the like-for-like validate.py in NCHW"
     )
+    parser.add_argument("--amp", action="store_true", help="autocast on both sides (validate.py --amp)")
+    parser.add_argument("--amp-dtype", default="bfloat16", choices=("bfloat16", "float16"))
     parser.add_argument("--repeats", type=int, default=3, help="rounds; the best of each measurement is kept")
     args = parser.parse_args()
 
@@ -148,7 +166,13 @@ def main() -> None:
             batch_size=args.batch_size,
             workers=args.workers,
             channels_last=not args.no_channels_last,
+            amp=args.amp,
+            amp_dtype=args.amp_dtype,
+            insights=False,
+            report=False,
+            verify=True,  # the sha256 of every shard is checked as it streams, as in a real run
         )
+        amp_dtype = getattr(torch, args.amp_dtype) if args.amp else None
 
         transform = create_transform(**data_config)
         tensors = []
@@ -161,11 +185,16 @@ def main() -> None:
         batches = [torch.stack(tensors[i : i + args.batch_size]) for i in range(0, n, args.batch_size)]
 
         def run_forward() -> float:
-            # the same model and memory layout as the harness (channels_last by default)
+            # the same model, memory layout and precision as the harness
+            import contextlib
+
             start = time.perf_counter()
             fmt = torch.contiguous_format if args.no_channels_last else torch.channels_last
             net = model.to(memory_format=fmt)
-            with torch.inference_mode():
+            autocast = (
+                torch.autocast(device_type=device.type, dtype=amp_dtype) if args.amp else contextlib.nullcontext()
+            )
+            with torch.inference_mode(), autocast:
                 for batch in batches:
                     x = batch.to(device, non_blocking=True).contiguous(memory_format=fmt)
                     net(x).float().softmax(dim=1).cpu()
@@ -179,37 +208,43 @@ def main() -> None:
             assert len(rows) == n
             return time.perf_counter() - start
 
-        def run_validate(channels_last: bool = False) -> float:
+        def run_validate(channels_last: bool, amp) -> float:
             images, seconds, _ = timm_validate_loop(
-                model, tmp / "folder", args.batch_size, args.workers, device, channels_last=channels_last
+                model, tmp / "folder", args.batch_size, args.workers, device, channels_last=channels_last, amp_dtype=amp
             )
             assert images == n
             return seconds
 
-        # Rounds interleave the three measurements so that load from other processes hits them alike; best of N.
-        best = {"harness": float("inf"), "forward": float("inf"), "validate": float("inf"), "validate_cl": float("inf")}
+        # Rounds interleave the measurements so that load from other processes hits them alike; best of N.
+        best = dict.fromkeys(("harness", "forward", "validate_like", "validate_defaults"), float("inf"))
         for _ in range(args.repeats):
             best["harness"] = min(best["harness"], run_harness())
             best["forward"] = min(best["forward"], run_forward())
-            best["validate"] = min(best["validate"], run_validate())
-            if args.also_channels_last_validate:
-                best["validate_cl"] = min(best["validate_cl"], run_validate(channels_last=True))
-        harness_best, forward_best, validate_best = best["harness"], best["forward"], best["validate"]
+            best["validate_like"] = min(best["validate_like"], run_validate(not args.no_channels_last, amp_dtype))
+            best["validate_defaults"] = min(best["validate_defaults"], run_validate(False, None))
 
-    harness_ips, forward_ips, validate_ips = n / harness_best, n / forward_best, n / validate_best
+    ips = {k: n / v for k, v in best.items()}
+    layout = "NCHW" if args.no_channels_last else "channels_last"
+    precision = f"amp {args.amp_dtype}" if args.amp else "float32"
     print(
         f"model={args.model} device={args.device} images={n} image_size={args.image_size} "
         f"input_size={tuple(data_config['input_size'])} batch_size={args.batch_size} workers={args.workers} "
-        f"torch_threads={torch.get_num_threads()}"
+        f"torch_threads={torch.get_num_threads()} layout={layout} precision={precision}"
     )
-    print(f"harness: {harness_ips:.2f} images/s ({harness_best:.2f}s)")
-    print(f"forward on pre-decoded tensors: {forward_ips:.2f} images/s ({forward_best:.2f}s)")
-    print(f"timm validate.py loop (ImageFolder): {validate_ips:.2f} images/s ({validate_best:.2f}s)")
-    if args.also_channels_last_validate:
-        print(
-            f"timm validate.py loop --channels-last: {n / best['validate_cl']:.2f} images/s ({best['validate_cl']:.2f}s)"
-        )
-    print(f"ratio_vs_forward={harness_ips / forward_ips:.3f} ratio_vs_timm_validate={harness_ips / validate_ips:.3f}")
+    print(f"harness: {ips['harness']:.2f} images/s ({best['harness']:.2f}s)")
+    print(f"forward on pre-decoded tensors: {ips['forward']:.2f} images/s ({best['forward']:.2f}s)")
+    print(
+        f"timm validate.py loop, {layout}, {precision}: {ips['validate_like']:.2f} images/s ({best['validate_like']:.2f}s)"
+    )
+    print(
+        f"timm validate.py loop, defaults (NCHW, float32): {ips['validate_defaults']:.2f} images/s "
+        f"({best['validate_defaults']:.2f}s)"
+    )
+    print(
+        f"ratio_like_for_like={ips['harness'] / ips['validate_like']:.3f} "
+        f"ratio_vs_forward={ips['harness'] / ips['forward']:.3f} "
+        f"ratio_vs_validate_defaults={ips['harness'] / ips['validate_defaults']:.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -261,5 +261,5 @@ def run_leaderboard(args: argparse.Namespace) -> int:
     _check_positive("--bootstrap", args.bootstrap, 0)
     written = write_leaderboard(args.results, args.output, n_boot=args.bootstrap, seed=args.seed)
     sys.stdout.write(f"leaderboard written to {args.output}: {written['markdown'].name}, {written['html'].name}\n")
-    logger.info("wrote %s", ", ".join(str(p) for p in written.values()))
+    logger.debug("wrote %s", ", ".join(str(p) for p in written.values()))
     return 0

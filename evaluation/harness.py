@@ -508,7 +508,7 @@ def evaluate_model(
     model = create_eval_model(spec)
     label_indices = resolve_label_indices(spec, model.num_classes, release.num_classes)
     data_config = resolve_data_config({}, model=model, use_test_size=True)
-    logger.info("%s: data config %s", spec.name, data_config)
+    logger.debug("%s: data config %s", spec.name, data_config)
     rows, timing = predict_release(model, release, data_config, options, label_indices)
     failures = timing.pop("failures")
     if not rows:
@@ -597,17 +597,35 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
+@contextlib.contextmanager
+def _quiet_root_logger():
+    """Drop records logged on the root logger itself (third-party libraries that call ``logging.error``) for a while."""
+
+    def drop_root(record: logging.LogRecord) -> bool:
+        return record.name != "root"
+
+    handlers = list(logging.getLogger().handlers)
+    for handler in handlers:
+        handler.addFilter(drop_root)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(drop_root)
+
+
 def prepare_insights(release: Release, options: EvalOptions) -> dict[str, Any]:
     """The release's edit clusters, computed before any model runs. A CLIP model that cannot be loaded is a one-line
     ``ValueError`` saying what to do, raised before anything is written."""
     from .insights import cluster_release_edits
 
     try:
-        return cluster_release_edits(release, options)
+        with _quiet_root_logger():  # open_clip logs download failures on the root logger; our one line says it all
+            return cluster_release_edits(release, options)
     except (OSError, RuntimeError, ValueError) as error:
         offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
         hint = "unset HF_HUB_OFFLINE to download it, " if offline else "check the network (or set HF_HUB_OFFLINE=1), "
-        first_line = str(error).strip().splitlines()[0][:120] if str(error).strip() else type(error).__name__
+        first_line = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
         raise ValueError(
             f"insights: CLIP model {options.clip_model!r} ({options.clip_pretrained or 'no tag'}) could not be loaded "
             f"({type(error).__name__}: {first_line}); {hint}pass a local open_clip directory with --clip-model DIR, "

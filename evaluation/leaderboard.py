@@ -591,7 +591,7 @@ def write_leaderboard(paths: list[str | Path], output_dir: Path, n_boot: int = 1
     )
     written["shift_correlation_plot"] = plot_shift_correlation(correlations, output_dir / "shift_correlation.png")
     written["html"].write_text(_html_page(release, df, fit, correlations, written), encoding="utf-8")
-    logger.info("leaderboard of %d rows written to %s", len(df), output_dir)
+    logger.debug("leaderboard of %d rows written to %s", len(df), output_dir)
     return written
 
 

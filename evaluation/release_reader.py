@@ -142,7 +142,7 @@ def open_release(spec: str | Path, revision: str | None = None) -> Release:
     release.shards = {c: release.shards[c] for c in rf.CONFIG_NAMES if c in release.shards}
     if not release.shards:
         raise ValueError(f"release {spec_str!r} lists no shards with samples in its {rf.MANIFEST_NAME}")
-    logger.info(
+    logger.debug(
         "release %s %s: %s",
         release.name,
         release.version,
@@ -165,7 +165,7 @@ def _download(repo_id: str, revision: str | None) -> Path:
     # HF_ENDPOINT is read now, not when huggingface_hub was imported (as `lance-cf publish` does), so a self-hosted
     # hub set later in the same process is honoured.
     endpoint = os.environ.get("HF_ENDPOINT", "").rstrip("/") or constants.ENDPOINT
-    logger.info("downloading dataset %s@%s from %s", repo_id, revision or "main", endpoint)
+    logger.debug("downloading dataset %s@%s from %s", repo_id, revision or "main", endpoint)
     where = f"dataset {repo_id!r} on {endpoint}"
     try:
         local = snapshot_download(

@@ -205,5 +205,5 @@ def write_model_report(
     )
     path = out_dir / "report.html"
     path.write_text(page, encoding="utf-8")
-    logger.info("wrote report %s", path)
+    logger.debug("wrote report %s", path)
     return path

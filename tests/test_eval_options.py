@@ -326,3 +326,20 @@ def test_hostile_class_names_in_plots_and_report(tmp_path):
     (tmp_path / name).write_bytes(b"ok")  # a legal file name
     spec = ModelSpec("a" * 300, pretrained=False)
     assert len(spec.slug) <= 150 and spec.slug != ModelSpec("a" * 301, pretrained=False).slug
+
+
+def test_offline_release_and_missing_device_are_one_line_errors_with_nothing_written(setup, tmp_path, capsys):
+    out = tmp_path / "out"
+    cases = [
+        (["--release", "lance-org/not-cached@v1.0.0"], ["not in the local cache", "HF_HUB_OFFLINE", "local release"]),
+        (["--release", str(setup["root"]), "--device", "cuda:7"], ["cuda:7"]),
+    ]
+    if torch.cuda.is_available():
+        cases.pop()
+    for release_args, expected in cases:
+        capsys.readouterr()
+        argv = ["eval", *release_args, "--model", "test_vit", "--no-pretrained", "--output", str(out), "--no-insights"]
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and all(word in err[0] for word in expected), err
+        assert not out.exists()
