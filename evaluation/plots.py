@@ -78,23 +78,43 @@ def _edit_type_order(edit_types: tuple[str, ...]):
     return lambda t: (order.get(t, len(order)), t)
 
 
-def plot_class_delta_acc(results: list[dict[str, Any]], path: Path, max_classes: int = 30) -> Path:
+MIN_CLASS_PAIRS = 5
+"""A class needs at least this many counterfactual/original pairs (for every model shown) before the per-class plot
+ranks it by its Delta: with one or two pairs a class's Delta is 0 or +-50..100 points by chance."""
+
+
+def class_plot_order(results: list[dict[str, Any]], max_classes: int = 30, min_pairs: int = MIN_CLASS_PAIRS):
+    """The classes the per-class plot shows, in order: classes with at least ``min_pairs`` pairs first, by mean
+    absolute paired Delta acc@1 over the models (largest first), then the classes with fewer pairs (same order);
+    ties by label. Returns ``[(label, name, min pairs over models)]``, at most ``max_classes``."""
+    deltas: dict[str, list[float]] = {}
+    pairs: dict[str, int] = {}
+    names: dict[str, str] = {}
+    for r in _ok(results):
+        for label, cls in ((r.get("sensitivity") or {}).get("by_class") or {}).items():
+            if cls.get("paired_delta_acc1") is None:
+                continue
+            deltas.setdefault(label, []).append(abs(cls["paired_delta_acc1"]))
+            pairs[label] = min(pairs.get(label, cls.get("n") or 0), cls.get("n") or 0)
+            names[label] = (cls.get("label_name") or label).split(",")[0]
+    order = sorted(deltas, key=lambda lab: (pairs[lab] < min_pairs, -sum(deltas[lab]) / len(deltas[lab]), lab))
+    return [(lab, names[lab], pairs[lab]) for lab in order[:max_classes]]
+
+
+def plot_class_delta_acc(
+    results: list[dict[str, Any]], path: Path, max_classes: int = 30, min_pairs: int = MIN_CLASS_PAIRS
+) -> Path:
     """Per class, paired Delta acc@1 (counterfactual against its own original, points): a marker per model on a bar.
 
-    Markers are drawn as well as bars, so a class whose Delta is 0 for every model is still visible (a zero-length
-    bar alone would leave the plot blank).
+    Classes are ordered by :func:`class_plot_order`; a class with fewer than ``min_pairs`` pairs is labelled with its
+    count. Markers are drawn as well as bars, so a class whose Delta is 0 for every model is still visible (a
+    zero-length bar alone would leave the plot blank).
     """
     import numpy as np
 
     results = _ok(results)
-    by_class: dict[str, list[float]] = {}
-    names: dict[str, str] = {}
-    for r in results:
-        for label, cls in ((r.get("sensitivity") or {}).get("by_class") or {}).items():
-            if cls.get("paired_delta_acc1") is not None:
-                by_class.setdefault(label, []).append(abs(cls["paired_delta_acc1"]))
-                names[label] = (cls.get("label_name") or label).split(",")[0]
-    labels = sorted(by_class, key=lambda lab: (-float(np.mean(by_class[lab])), lab))[:max_classes]
+    shown = class_plot_order(results, max_classes, min_pairs)
+    labels = [lab for lab, _, _ in shown]
     fig, ax = _figure(figsize=(7, max(3, 0.35 * len(labels) * max(1, len(results)) ** 0.5 + 1.5)), dpi=100)
     height = 0.8 / max(1, len(results))
     y = np.arange(len(labels))
@@ -107,13 +127,14 @@ def plot_class_delta_acc(results: list[dict[str, Any]], path: Path, max_classes:
         bars = ax.barh(offsets, values, height, label=_label(r))
         ax.plot(values, offsets, "o", color=bars.patches[0].get_facecolor() if bars.patches else None, markersize=4)
     ax.axvline(0, color="black", linewidth=0.8, linestyle="--")
-    ax.set_yticks(y, [_plain(f"{names[lab]} ({lab})") for lab in labels], fontsize=7)
+    ticks = [_plain(name) + f" ({lab})" + (f" n={n}" if n < min_pairs else "") for lab, name, n in shown]
+    ax.set_yticks(y, ticks, fontsize=7)
     ax.invert_yaxis()
     if all_values and all(v == 0 for v in all_values):
         ax.set_xlim(-1, 1)
-        ax.set_title("Per-class paired Δ acc@1: 0 for every class (no edit changed a top-1 prediction)")
+        ax.set_title("Per-class paired Δ acc@1: 0 for every class (no edit changed a top-1 prediction)", fontsize=9)
     else:
-        ax.set_title("Per-class paired Δ acc@1")
+        ax.set_title(f"Per-class paired Δ acc@1 (classes with < {min_pairs} pairs last, with n)", fontsize=9)
     if not labels:
         ax.text(0.5, 0.5, "no paired counterfactuals", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("paired Δ acc@1, counterfactual − its original (points)")

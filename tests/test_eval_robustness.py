@@ -240,3 +240,22 @@ def test_a_malformed_results_file_is_an_error_naming_it(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps(bad))
     with pytest.raises(ValueError, match=r"bad\.json.*metrics"):
         lb.find_results([tmp_path])
+
+
+def test_per_class_plot_order_ranks_only_classes_with_enough_pairs_first():
+    from evaluation.plots import class_plot_order
+
+    def with_classes(name, classes):
+        r = fake_results(name, 80.0, 70.0)
+        r["sensitivity"]["by_class"] = {
+            lab: {"label_name": f"class {lab}, extra", "n": n, "paired_delta_acc1": d} for lab, (n, d) in classes.items()
+        }
+        return r
+
+    a = with_classes("a", {"0": (10, -5.0), "1": (2, -100.0), "2": (6, -20.0), "3": (5, 0.0), "4": (8, 10.0)})
+    b = with_classes("b", {"0": (10, -15.0), "1": (2, -50.0), "2": (4, -20.0), "3": (5, 0.0), "4": (8, -10.0)})
+    # mean |Delta| over models: 0 -> 10, 2 -> 20 (but only 4 pairs in b), 4 -> 10, 3 -> 0, 1 -> 75 (2 pairs)
+    order = class_plot_order([a, b], min_pairs=5)
+    assert [(lab, n) for lab, _, n in order] == [("0", 10), ("4", 8), ("3", 5), ("1", 2), ("2", 4)]
+    assert order[0][1] == "class 0"
+    assert [lab for lab, _, _ in class_plot_order([a, b], max_classes=2, min_pairs=1)] == ["1", "2"]
