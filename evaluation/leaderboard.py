@@ -68,6 +68,7 @@ COLUMNS = [
     "manifest_sha256",
     "status",
     "error",
+    "run_key",
 ]
 INTEGER_COLUMNS = [
     "img_size",
@@ -158,6 +159,7 @@ def leaderboard_row(results: dict[str, Any]) -> dict[str, Any]:
         limit=results.get("limit"),
         status=results.get("status"),
         error=results.get("error"),
+        run_key=(results.get("run") or {}).get("key"),
     )
     if results.get("status") != "ok":
         return row
@@ -425,7 +427,9 @@ def leaderboard_records(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     if not results:
         return []
     board = build_leaderboard(results)
-    by_label = {display_name(row["model"], row["weights"]): row for row in board.astype(object).to_dict("records")}
+    board_rows = board.astype(object).to_dict("records")
+    by_key = {row["run_key"]: row for row in board_rows if not _missing(row["run_key"])}
+    by_label = {display_name(row["model"], row["weights"]): row for row in board_rows}
     records = []
     for r in results:
         if r.get("status") != "ok":
@@ -437,7 +441,8 @@ def leaderboard_records(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             overall = (sections.get(config) or {}).get("overall")
             if not overall:
                 continue
-            board_row = by_label.get(label, {})
+            key = (r.get("run") or {}).get("key")
+            board_row = by_key.get(key) if key in by_key else by_label.get(label, {})
             pd_lo, pd_hi = _ci(overall, "paired_delta_acc1")
             dp_lo, dp_hi = _ci(overall, "delta_p_gt_mean")
             fl_lo, fl_hi = _ci(overall, "flip_rate")
