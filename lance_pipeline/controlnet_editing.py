@@ -12,7 +12,9 @@ What this module does, per record:
 1. The condition: a Canny edge map of the source image (``cv2.Canny`` with ControlNet's thresholds 100/200, the
    annotator ``lllyasviel/sd-controlnet-canny`` was trained with; no model weights). DILLEMA used HED edges, whose
    annotator network is a pickle checkpoint (``lllyasviel/Annotators`` ``ControlNetHED.pth``): this project loads
-   safetensors only, so ``hed`` (and ``depth``, whose annotator is not wired here) are refused with that reason.
+   safetensors only, so ``hed`` is refused with that reason. ``depth`` takes the depth map of a transformers
+   depth-estimation model (safetensors; formatted as transformers' ``depth-estimation`` pipeline does) with a depth
+   ControlNet.
 2. Candidates: every kept caption edit is rendered with ``StableDiffusionControlNetPipeline`` (diffusers) for each of
    ``images_per_edit`` seeds and each ``conditioning_scales`` value, with DILLEMA's negative prompt. A candidate's
    seed derives from (sample seed, image index) only, so all edits of a sample start from the same noise, as all of
@@ -70,15 +72,12 @@ CANNY_HIGH_THRESHOLD = 200
 DTYPES = ("float32", "float16", "bfloat16")
 
 # Conditions this editor can compute, and why the others are refused.
-CONDITIONS = ("canny",)
+CONDITIONS = ("canny", "depth")
 REFUSED_CONDITIONS = {
     "hed": (
         "condition 'hed' needs the HED annotator network (lllyasviel/Annotators ControlNetHED.pth), a pickle "
-        "checkpoint; this project loads safetensors only. Use condition 'canny' (no weights needed)"
-    ),
-    "depth": (
-        "condition 'depth' needs a depth annotator (MiDaS/DPT), which this editor does not load yet. Use condition "
-        "'canny' (no weights needed)"
+        "checkpoint; this project loads safetensors only. Use condition 'canny' (no weights needed) or 'depth' (a "
+        "transformers depth-estimation model with safetensors weights)"
     ),
 }
 
@@ -114,6 +113,33 @@ def canny_condition(image, low_threshold: int = CANNY_LOW_THRESHOLD, high_thresh
     return Image.fromarray(np.repeat(edges[:, :, None], 3, axis=2))
 
 
+def depth_condition(image, processor, model):
+    """The depth map of ``image`` as transformers' ``depth-estimation`` pipeline formats it, in 3 channels.
+
+    The model's ``predicted_depth`` is resized to the image (bicubic, ``post_process_depth_estimation``), scaled to
+    [0, 255] by its minimum and maximum and cast to uint8 (the pipeline's ``"depth"`` image, which is what the
+    diffusers depth-ControlNet examples feed), then repeated into RGB.
+
+    Args:
+        image: A PIL image (converted to RGB).
+        processor: The model's image processor (``AutoImageProcessor``).
+        model: A loaded ``AutoModelForDepthEstimation``.
+    """
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    image = image.convert("RGB")
+    inputs = processor(images=image, return_tensors="pt").to(model.device)
+    with torch.inference_mode():
+        outputs = model(**inputs)
+    depth = processor.post_process_depth_estimation(outputs, [image.size[::-1]])[0]["predicted_depth"]
+    depth = depth.detach().float().cpu().numpy()
+    span = depth.max() - depth.min()
+    depth = (depth - depth.min()) / span if span > 0 else np.zeros_like(depth)
+    return Image.fromarray(np.repeat((depth * 255).astype("uint8")[:, :, None], 3, axis=2))
+
+
 def candidate_seed(sample_seed: int, image_index: int) -> int:
     """Seed of the initial noise of a sample's ``image_index``-th image: from (sample seed, index) only."""
     digest = hashlib.sha256(f"lance-cf:controlnet:{int(sample_seed)}:{int(image_index)}".encode()).digest()
@@ -132,7 +158,10 @@ class ControlNetEditorOptions:
         revision: Pinned Hub revision of ``model``.
         controlnet: Hub id or local directory of a ``ControlNetModel`` trained for ``model`` and ``condition``.
         controlnet_revision: Pinned Hub revision of ``controlnet``.
-        condition: ``"canny"`` (``"hed"`` and ``"depth"`` are refused, see ``REFUSED_CONDITIONS``).
+        condition: ``"canny"`` or ``"depth"`` (``"hed"`` is refused, see ``REFUSED_CONDITIONS``).
+        depth_model, depth_revision: The depth estimator of ``condition: depth`` (a transformers
+            depth-estimation model with safetensors weights, e.g. a DPT/MiDaS checkpoint, as the depth ControlNet
+            was trained with MiDaS depth) and its pinned revision.
         canny_low_threshold, canny_high_threshold: Canny hysteresis thresholds (100, 200).
         dtype: Weights and compute dtype.
         image_size: Square output size in pixels (the build's image size).
@@ -155,6 +184,8 @@ class ControlNetEditorOptions:
     condition: str = "canny"
     canny_low_threshold: int = CANNY_LOW_THRESHOLD
     canny_high_threshold: int = CANNY_HIGH_THRESHOLD
+    depth_model: str | None = None
+    depth_revision: str | None = None
     dtype: str = "float32"
     image_size: int = 512
     num_inference_steps: int = DILLEMA_STEPS
@@ -185,6 +216,19 @@ class ControlNetEditorOptions:
         if self.condition not in CONDITIONS:
             known = ", ".join((*CONDITIONS, *REFUSED_CONDITIONS))
             raise ValueError(f"condition {self.condition!r} is unknown (known: {known})")
+        if self.condition == "depth":
+            if not self.depth_model:
+                raise ValueError(
+                    "condition 'depth' needs depth_model: a transformers depth-estimation model with safetensors "
+                    "weights (Hub id at a pinned depth_revision, or a local directory)"
+                )
+            if self.controlnet == DEFAULT_CONTROLNET:
+                raise ValueError(
+                    f"condition 'depth' needs a depth ControlNet; controlnet is still the Canny one "
+                    f"({DEFAULT_CONTROLNET}): set controlnet (e.g. lllyasviel/sd-controlnet-depth) and its revision"
+                )
+        elif self.depth_model is not None:
+            raise ValueError(f"depth_model is only used with condition 'depth', not {self.condition!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         for name in ("image_size", "num_inference_steps", "images_per_edit", "keep_per_edit", "batch_size"):
@@ -227,9 +271,21 @@ class ControlNetEditorOptions:
             require_edited_closer=self.require_edited_closer,
         )
 
-    def condition_image(self, image):
-        """The condition image of a source image (the options' condition at the options' thresholds)."""
-        return canny_condition(image, self.canny_low_threshold, self.canny_high_threshold)
+    def describe_condition(self) -> dict[str, Any]:
+        if self.condition == "depth":
+            local = os.path.isdir(self.depth_model)
+            return {
+                "name": "depth",
+                "implementation": "transformers depth estimation, min-max scaled to uint8, repeated into 3 channels",
+                "depth_model": Path(self.depth_model).name if local else self.depth_model,
+                "depth_revision": None if local else self.depth_revision,
+            }
+        return {
+            "name": "canny",
+            "implementation": "cv2.Canny on the RGB image, edges repeated into 3 channels",
+            "low_threshold": self.canny_low_threshold,
+            "high_threshold": self.canny_high_threshold,
+        }
 
 
 # ---------------------------------------------------------------------------------------------- the editor
@@ -277,6 +333,19 @@ def load_controlnet(controlnet: str, revision: str | None, dtype: str, device: s
     return model.requires_grad_(False).eval().to(device)
 
 
+def load_depth_estimator(model: str, revision: str | None, device: str, cache_dir: str | None = None):
+    """``(image processor, depth model)`` of a transformers depth-estimation checkpoint (safetensors only)."""
+    from transformers import AutoImageProcessor, AutoModelForDepthEstimation
+
+    local = os.path.isdir(model)
+    revision = None if local else revision
+    processor = AutoImageProcessor.from_pretrained(model, revision=revision, cache_dir=cache_dir)
+    estimator = AutoModelForDepthEstimation.from_pretrained(
+        model, revision=revision, cache_dir=cache_dir, use_safetensors=True
+    )
+    return processor, estimator.requires_grad_(False).eval().to(device)
+
+
 def load_scheduler_config(model: str, revision: str | None, cache_dir: str | None = None) -> dict:
     """The checkpoint's own scheduler config (``scheduler/scheduler_config.json``), UniPC's starting point."""
     from diffusers import UniPCMultistepScheduler
@@ -301,11 +370,14 @@ class ControlNetEditor:
         controlnet: A loaded ``ControlNetModel`` for the components' UNet.
         options: The editor options.
         scheduler_config: The checkpoint's scheduler config (default: the components' DDIM config).
+        depth_estimator: ``(image processor, depth model)`` for ``condition: depth``.
     """
 
     name = EDITOR_NAME
 
-    def __init__(self, components, controlnet, options: ControlNetEditorOptions, scheduler_config=None) -> None:
+    def __init__(
+        self, components, controlnet, options: ControlNetEditorOptions, scheduler_config=None, depth_estimator=None
+    ) -> None:
         from diffusers import StableDiffusionControlNetPipeline, UniPCMultistepScheduler
 
         self.components = components
@@ -334,6 +406,16 @@ class ControlNetEditor:
         )
         self.pipeline.set_progress_bar_config(disable=True)
         self.counts = ForwardCounts()
+        self.depth_estimator = depth_estimator
+
+    def condition_image(self, image):
+        """The condition of a source image: its Canny edges, or its depth map."""
+        o = self.options
+        if o.condition == "depth":
+            if self.depth_estimator is None:
+                raise RuntimeError("condition 'depth' needs the depth estimator: build the editor with load()")
+            return depth_condition(image, *self.depth_estimator)
+        return canny_condition(image, o.canny_low_threshold, o.canny_high_threshold)
 
     @classmethod
     def load(cls, options: ControlNetEditorOptions, device: str) -> ControlNetEditor:
@@ -343,7 +425,10 @@ class ControlNetEditor:
         o = options
         components = load_stable_diffusion_components(o.model, o.revision, o.dtype, device, o.cache_dir)
         controlnet = load_controlnet(o.controlnet, o.controlnet_revision, o.dtype, device, o.cache_dir)
-        return cls(components, controlnet, o, load_scheduler_config(o.model, o.revision, o.cache_dir))
+        depth = None
+        if o.condition == "depth":
+            depth = load_depth_estimator(o.depth_model, o.depth_revision, device, o.cache_dir)
+        return cls(components, controlnet, o, load_scheduler_config(o.model, o.revision, o.cache_dir), depth)
 
     # ------------------------------------------------------------------------------------------ Editor interface
 
@@ -372,7 +457,7 @@ class ControlNetEditor:
         image = record["image"].convert("RGB")
         if image.size != (o.image_size, o.image_size):
             image = image.resize((o.image_size, o.image_size))
-        condition = o.condition_image(image)
+        condition = self.condition_image(image)
         variants = [
             ControlNetVariant(i, candidate_seed(record["seed"], i), scale)
             for i in range(o.images_per_edit)
@@ -421,12 +506,7 @@ class ControlNetEditor:
             "num_inference_steps": o.num_inference_steps,
             "guidance_scale": o.guidance_scale,
             "negative_prompt": o.negative_prompt,
-            "condition": {
-                "name": o.condition,
-                "implementation": "cv2.Canny on the RGB image, edges repeated into 3 channels",
-                "low_threshold": o.canny_low_threshold,
-                "high_threshold": o.canny_high_threshold,
-            },
+            "condition": o.describe_condition(),
             "candidates": {
                 "images_per_edit": o.images_per_edit,
                 "conditioning_scales": list(o.conditioning_scales),

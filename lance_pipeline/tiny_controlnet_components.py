@@ -58,3 +58,36 @@ def create_tiny_controlnet(path: str | Path) -> Path:
     controlnet.save_pretrained(path, safe_serialization=True)
     logger.info("wrote tiny ControlNet to %s", path)
     return path
+
+
+def create_tiny_depth_estimator(path: str | Path) -> Path:
+    """Write a tiny random ``DPTForDepthEstimation`` with its image processor (32x32 input) to ``path``.
+
+    The real transformers class of MiDaS/DPT depth estimators (Ranftl et al., ICCV 2021), at a tiny configuration
+    after ``torch.manual_seed(0)``, loadable with ``AutoModelForDepthEstimation`` / ``AutoImageProcessor``.
+    """
+    import torch
+    from transformers import DPTConfig, DPTForDepthEstimation, DPTImageProcessor
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    config = DPTConfig(
+        image_size=32,
+        patch_size=16,
+        hidden_size=32,
+        num_hidden_layers=4,
+        backbone_out_indices=[0, 1, 2, 3],
+        num_attention_heads=4,
+        intermediate_size=37,
+        neck_hidden_sizes=[16, 16, 32, 32],
+        reassemble_factors=[4, 2, 1, 0.5],
+        fusion_hidden_size=16,
+        is_hybrid=False,
+    )
+    torch.manual_seed(0)
+    DPTForDepthEstimation(config).eval().save_pretrained(path, safe_serialization=True)
+    DPTImageProcessor(size={"height": 32, "width": 32}, keep_aspect_ratio=False, ensure_multiple_of=1).save_pretrained(
+        path
+    )
+    logger.info("wrote tiny depth estimator to %s", path)
+    return path

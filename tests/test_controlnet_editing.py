@@ -76,8 +76,12 @@ def test_options_default_to_dillema_and_refuse_what_cannot_be_loaded(tmp_path):
     assert options.model == "stable-diffusion-v1-5/stable-diffusion-v1-5" and len(options.revision) == 40
     with pytest.raises(ValueError, match="pickle checkpoint; this project loads safetensors only"):
         ControlNetEditorOptions(condition="hed")
-    with pytest.raises(ValueError, match="depth annotator"):
+    with pytest.raises(ValueError, match="condition 'depth' needs depth_model"):
         ControlNetEditorOptions(condition="depth")
+    with pytest.raises(ValueError, match="needs a depth ControlNet"):
+        ControlNetEditorOptions(condition="depth", depth_model="Intel/dpt-hybrid-midas")
+    with pytest.raises(ValueError, match="depth_model is only used with condition 'depth'"):
+        ControlNetEditorOptions(depth_model="Intel/dpt-hybrid-midas")
     with pytest.raises(ValueError, match="condition 'sobel' is unknown"):
         ControlNetEditorOptions(condition="sobel")
     with pytest.raises(ValueError, match="must not exceed"):
@@ -276,3 +280,40 @@ def test_records_that_cannot_be_edited(tiny_sd_dir, tiny_controlnet_dir, tiny_cl
     assert "more than the text encoder's 77" in results[1]["edit_candidates"][0]["reject_reason"]
     with pytest.raises(ValueError, match="has no edited_caption"):
         stage.process([{**_record(), "edits": [{"kept": True, "edited_caption": " "}]}])
+
+
+# -- depth condition ----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_depth_dir(tmp_path_factory):
+    from lance_pipeline.tiny_controlnet_components import create_tiny_depth_estimator
+
+    return create_tiny_depth_estimator(tmp_path_factory.mktemp("tiny-depth"))
+
+
+def test_depth_condition_is_the_depth_estimation_pipelines_map(tiny_depth_dir, single_thread_torch):
+    from transformers import pipeline
+
+    from lance_pipeline.controlnet_editing import depth_condition, load_depth_estimator
+
+    image = _photo(2)
+    condition = np.asarray(depth_condition(image, *load_depth_estimator(str(tiny_depth_dir), None, "cpu")))
+    expected = np.asarray(pipeline("depth-estimation", model=str(tiny_depth_dir), device="cpu")(image)["depth"])
+    assert condition.shape == (64, 64, 3) and expected.shape == (64, 64)
+    assert np.array_equal(condition[..., 0], expected) and np.array_equal(condition[..., 2], expected)
+    assert condition.min() == 0 and condition.max() == 255
+
+
+def test_stage_with_a_depth_condition(
+    tiny_sd_dir, tiny_controlnet_dir, tiny_clip_dir, tiny_depth_dir, single_thread_torch
+):
+    stage = _stage(tiny_sd_dir, tiny_controlnet_dir, tiny_clip_dir, condition="depth", depth_model=str(tiny_depth_dir))
+    first = stage.process([_record()])[0]["counterfactuals"]
+    again = stage.process([_record()])[0]["counterfactuals"]
+    assert first and first[0]["condition"] == "depth"
+    assert [_bytes(s["image"]) for s in first] == [_bytes(s["image"]) for s in again]
+    described = stage.describe()["controlnet_editing"]["condition"]
+    assert described["name"] == "depth" and described["depth_model"] == tiny_depth_dir.name
+    canny = _stage(tiny_sd_dir, tiny_controlnet_dir, tiny_clip_dir).process([_record()])[0]["counterfactuals"]
+    assert _bytes(canny[0]["image"]) != _bytes(first[0]["image"])  # another condition, another image
