@@ -154,9 +154,11 @@ def load_manifest(release_dir: Path) -> dict[str, Any]:
     path = Path(release_dir) / rf.MANIFEST_NAME
     if path.is_symlink() or not path.is_file():
         raise ValueError(f"{release_dir} is not a release directory: {rf.MANIFEST_NAME} is missing (or a link)")
-    manifest = json.loads(path.read_text(encoding="utf-8"))
-    if not SEMVER.match(str(manifest.get("version", ""))):
-        raise ValueError(f"{path}: version {manifest.get('version')!r} is not semver (expected e.g. 1.0.0)")
+    manifest = rf.read_manifest_dict(path)  # validated by the release format: a missing field is named
+    try:
+        rf.parse_release_version(manifest["version"])
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
     return manifest
 
 

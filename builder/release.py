@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import platform
@@ -12,17 +10,10 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any
 
+from builder import release_format as rf
 from builder.config import BuildConfig
 from builder.ledger import Ledger
-from builder.release_format import (
-    CARD_NAME,
-    DATA_DIR,
-    FORMAT_VERSION,
-    MANIFEST_NAME,
-    TIMM_INFO_NAME,
-    timm_info,
-)
-from builder.shards import ShardSample, group_into_shards, write_shard
+from builder.release_format import ShardSample, Tally, group_into_shards, write_shard
 from builder.sources import Source
 
 logger = logging.getLogger(__name__)
@@ -64,13 +55,9 @@ def tool_version() -> str:
         return "0+unknown"
 
 
-def canonical_json(data: Any) -> bytes:
-    return (json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n").encode()
-
-
-def manifest_digest(manifest: dict[str, Any]) -> str:
-    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
-    return hashlib.sha256(canonical_json(body)).hexdigest()
+# The manifest's encoding and digest are the release format's; these names are kept for the builder's callers.
+canonical_json = rf.canonical_json
+manifest_digest = rf.manifest_digest
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -82,28 +69,21 @@ def _atomic_write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-class _Tally:
-    """Counts of one config's samples: total, by edit type (``none`` for unedited) and by class."""
+def public_source_spec(spec: str) -> str:
+    """The source as published: ``SCHEME:ARG`` with a local path reduced to the folder or file name the user chose.
 
-    def __init__(self) -> None:
-        self.total = 0
-        self.by_edit_type: dict[str, int] = {}
-        self.by_class: dict[str, int] = {}
-
-    def add(self, sample: ShardSample, meta_bytes: bytes) -> ShardSample:
-        meta = json.loads(meta_bytes)
-        edit_type = meta["edit_type"] or "none"
-        self.by_edit_type[edit_type] = self.by_edit_type.get(edit_type, 0) + 1
-        self.by_class[str(meta["label"])] = self.by_class.get(str(meta["label"]), 0) + 1
-        self.total += 1
-        return sample
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "total": self.total,
-            "by_edit_type": dict(sorted(self.by_edit_type.items())),
-            "by_class": dict(sorted(self.by_class.items(), key=lambda kv: int(kv[0]))),
-        }
+    ``imagefolder:/home/me/photos`` becomes ``imagefolder:photos``: a manifest and a card never carry the machine's
+    paths. Hub ids (``hf:user/dataset:split``) and specs without a local path are unchanged.
+    """
+    scheme, sep, arg = spec.partition(":")
+    if not sep or not arg:
+        return spec
+    head, colon, tail = arg.partition(":") if scheme == "hf" else (arg, "", "")
+    path = Path(head).expanduser()
+    if path.is_absolute() or head.startswith((".", "~")) or path.exists():
+        name = path.resolve().name or head
+        return f"{scheme}:{name}{colon}{tail}"
+    return spec
 
 
 def write_release(
@@ -114,21 +94,40 @@ def write_release(
     ledger: Ledger,
     stage_info: dict[str, Any],
     build_record: dict[str, Any] | None = None,
+    *,
+    release_spec: rf.ReleaseSpec | None = None,
 ) -> dict[str, Any]:
-    """``build_record``: how the build ran (engine's ``build_record``: code allowed, threads, errors, version
-    changes), stored under the manifest's ``build`` key."""
-    shards: list[dict[str, Any]] = []
+    """Write shards, gallery, ``_info.json``, ``manifest.json`` and the card from a finished ledger.
+
+    Args:
+        build_record: how the build ran (engine's ``build_record``: code allowed, threads, errors, version changes),
+            stored under the manifest's ``build`` key.
+        release_spec: what the release declares (configs, extra metadata fields, vocabulary); by default the LANCE
+            configs of ``config.configs`` with the method's edit types and score names.
+
+    Returns:
+        The manifest (as JSON data).
+    """
+    from dataset_cards import render_release_card, write_gallery
+    from lance_pipeline.stage import RELEASE_EDIT_TYPES, SCORE_NAMES
+
+    spec = release_spec or rf.lance_release_spec(config.configs, RELEASE_EDIT_TYPES, SCORE_NAMES)
+    shards: list[rf.ShardRecord] = []
     counts: dict[str, Any] = {}
     for config_name in config.configs:
-        tally = _Tally()
-        samples = (
-            tally.add(ShardSample(key, config.image_format, image, json.loads(meta)["label"], meta), meta)
-            for key, _source_key, meta, image in ledger.iter_outputs(config_name)
-        )
-        for index, group in enumerate(group_into_shards(samples, config.shard_max_samples, config.shard_max_bytes)):
+        tally = Tally()
+
+        def samples(config_name: str = config_name, tally: Tally = tally):
+            for key, _source_key, meta_bytes, image in ledger.iter_outputs(config_name):
+                meta = rf.decode_metadata(meta_bytes, spec, config_name)
+                tally.add(meta.label, meta.edit_type)
+                yield ShardSample(key, config.image_format, image, meta.label, meta_bytes)
+
+        groups = group_into_shards(samples(), config.shard_max_samples, config.shard_max_bytes)
+        for index, group in enumerate(groups):
             shards.append(write_shard(output, config_name, index, group))
         counts[config_name] = tally.to_dict()
-    clean_stale_shards(output, {s["path"] for s in shards})
+    clean_stale_shards(output, {s.path for s in shards})
     # A config with no sample (every edit refused, say) has no shard: `datasets` and timm cannot open an empty
     # split, so it is left out of the release's configs and named in `empty_configs` instead.
     present = [c for c in config.configs if counts[c]["total"] > 0]
@@ -137,33 +136,50 @@ def write_release(
         logger.warning(
             "config %s has no samples: it is left out of the release (see manifest empty_configs)", config_name
         )
+    shard_dicts = [s.to_dict() for s in shards]
+    gallery = write_gallery(output, present, shard_dicts)
+    assets = []
+    for entry in gallery:
+        digest, size = rf.file_sha256(output / entry["path"])
+        assets.append({"path": entry["path"], "sha256": digest, "bytes": size})
 
     failures = [{"source_key": k, "stage": stage, "reason": reason} for k, stage, reason in ledger.failures()]
+    resolved = config.to_dict()
+    if resolved.get("source"):
+        resolved["source"] = public_source_spec(resolved["source"])
+    described = source.describe()
     manifest: dict[str, Any] = {
-        "format_version": FORMAT_VERSION,
+        "format_version": rf.FORMAT_VERSION,
         "name": config.name,
         "version": config.version,
         "tool": {"name": TOOL_NAME, "version": tool_version()},
         "image_format": config.image_format,
         "configs": present,
         "empty_configs": empty,
-        "config": config.to_dict(),
+        "release_spec": spec.to_dict(),
+        "config": resolved,
         "config_hash": config_hash,
         "seed": config.seed,
-        "source": {**source.describe(), **({"license": config.license} if config.license else {})},
+        "source": {
+            **described,
+            "spec": public_source_spec(described["spec"]),
+            **({"license": config.license} if config.license else {}),
+        },
         "label_space": source.label_space.to_dict(),
         "stages": stage_info,
         "packages": package_versions(),
         "counts": {c: counts[c] for c in present},
         "failures": failures,
-        "shards": shards,
+        "shards": shard_dicts,
+        "assets": assets,
     }
     if build_record is not None:
         manifest["build"] = build_record
-    manifest["manifest_sha256"] = manifest_digest(manifest)
-    _atomic_write(output / TIMM_INFO_NAME, canonical_json(timm_info(manifest)))
-    _atomic_write(output / MANIFEST_NAME, canonical_json(manifest))
-    write_card(output, manifest)
+    rf.seal_manifest(manifest)
+    typed = rf.Manifest.from_dict(manifest)  # the writer checks its own output against the format
+    _atomic_write(output / rf.TIMM_INFO_NAME, rf.canonical_json(rf.timm_info(typed)))
+    _atomic_write(output / rf.MANIFEST_NAME, rf.canonical_json(manifest))
+    render_release_card(output, manifest)
     logger.info(
         "release %s %s: %s; %d failure(s)",
         config.name,
@@ -174,32 +190,9 @@ def write_release(
     return manifest
 
 
-def write_card(output: Path, manifest: dict[str, Any]) -> None:
-    """Render the dataset card (dataset_cards), or a minimal valid card if the renderer is unavailable."""
-    try:
-        from dataset_cards import render_release_card
-    except ImportError:
-        render_release_card = None
-    if render_release_card is not None:
-        render_release_card(output, manifest)
-        return
-    import yaml
-
-    from builder.release_format import card_configs, card_dataset_info
-
-    header = {
-        "pretty_name": manifest["name"],
-        "tags": ["webdataset", "counterfactual", "robustness", "lance"],
-        "configs": card_configs(manifest["configs"]),
-        "dataset_info": card_dataset_info(manifest),
-    }
-    body = f"# {manifest['name']} {manifest['version']}\n\nA LANCE counterfactual release built by lance-cf.\n"
-    _atomic_write(output / CARD_NAME, f"---\n{yaml.safe_dump(header, sort_keys=False)}---\n\n{body}".encode())
-
-
 def clean_stale_shards(output: Path, keep: set[str]) -> None:
     """Remove shard files (and temporaries) that the current manifest does not list."""
-    data = output / DATA_DIR
+    data = output / rf.DATA_DIR
     if not data.exists():
         return
     for path in sorted(data.rglob("*")):

@@ -8,7 +8,6 @@ space and shard list, and the WebDataset shards ``data/CONFIG/test-NNNNNN.tar`` 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import re
@@ -51,7 +50,7 @@ class Release:
 
     @property
     def configs(self) -> list[str]:
-        return [c for c in rf.CONFIG_NAMES if c in self.shards]
+        return [c for c in self.manifest["configs"] if c in self.shards]
 
     @property
     def image_ext(self) -> str:
@@ -128,18 +127,14 @@ def open_release(spec: str | Path, revision: str | None = None) -> Release:
         raise ValueError(
             f"release {spec_str!r} has no {rf.MANIFEST_NAME} at {manifest_path}; is it a lance-cf release?"
         )
-    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    if manifest.get("format_version") != rf.FORMAT_VERSION:
-        raise ValueError(
-            f"release {spec_str!r} has format_version {manifest.get('format_version')!r}; "
-            f"this evaluator reads format_version {rf.FORMAT_VERSION}"
-        )
+    # The release format validates the manifest: any readable format version (v1 and v2), a missing field named.
+    manifest = rf.read_manifest_dict(manifest_path)
     release = Release(root=root, manifest=manifest, spec=spec_str, revision=revision)
     release.shard_entries = _list_shards(root, manifest, spec_str)
     release.shards = {}
     for path, entry in release.shard_entries.items():
         release.shards.setdefault(entry["config"], []).append(path)
-    release.shards = {c: release.shards[c] for c in rf.CONFIG_NAMES if c in release.shards}
+    release.shards = {c: release.shards[c] for c in manifest["configs"] if c in release.shards}
     if not release.shards:
         raise ValueError(f"release {spec_str!r} lists no shards with samples in its {rf.MANIFEST_NAME}")
     logger.debug(
@@ -235,11 +230,11 @@ def _list_shards(root: Path, manifest: dict[str, Any], spec: str) -> dict[Path, 
     for entry in sorted(
         listed,
         key=lambda e: (
-            rf.CONFIG_NAMES.index(e["config"]) if e.get("config") in rf.CONFIG_NAMES else len(rf.CONFIG_NAMES),
+            manifest["configs"].index(e["config"]) if e.get("config") in manifest["configs"] else len(listed),
             e.get("path", ""),
         ),
     ):
-        if entry.get("config") not in rf.CONFIG_NAMES or entry.get("samples", 1) == 0:
+        if entry.get("config") not in manifest["configs"] or entry.get("samples", 1) == 0:
             continue
         shard = root / entry["path"]
         if not shard.is_file():

@@ -1,5 +1,9 @@
 """A small synthetic release in the exact release format, so that evaluation tests do not depend on the builder.
 
+Everything is written through the release format unit (``builder.release_format``: shard writer, tally, canonical
+manifest, ``_info.json``, card YAML), so a fixture release passes ``verify``. ``format_version=1`` writes a v1 release
+as the v1 code wrote it (same shard bytes, no ``release_spec`` or ``assets``, ``cls`` declared as int64).
+
 Images are simple generated pictures (a class-coloured shape on noise); the metadata mimics what the builder writes:
 captions, edits of several types with their spans, LANCE-R edits, filter scores and seeds.
 """
@@ -9,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -48,18 +51,6 @@ def _png(image: Image.Image) -> bytes:
     return buf.getvalue()
 
 
-def _write_shard(path: Path, samples: list[tuple[str, bytes, int, dict[str, Any]]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
-        for key, png, label, meta in samples:
-            for ext, data in (("png", png), ("cls", str(label).encode()), ("json", rf.encode_metadata(meta))):
-                info = tarfile.TarInfo(f"{key}.{ext}")
-                info.size = len(data)
-                info.mtime = 0
-                info.mode = 0o644
-                tar.addfile(info, io.BytesIO(data))
-
-
 def write_shards(
     root: Path, rows: dict[str, list[tuple[str, bytes, int, dict[str, Any]]]], shard_size: int
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -67,38 +58,47 @@ def write_shards(
     shards: list[dict[str, Any]] = []
     counts: dict[str, Any] = {}
     for config, samples in rows.items():
-        for index, start in enumerate(range(0, len(samples), shard_size)):
-            rel = rf.shard_path(config, index)
-            _write_shard(root / rel, samples[start : start + shard_size])
-            data = (root / rel).read_bytes()
-            shards.append(
-                {
-                    "config": config,
-                    "path": rel,
-                    "sha256": hashlib.sha256(data).hexdigest(),
-                    "bytes": len(data),
-                    "samples": len(samples[start : start + shard_size]),
-                }
-            )
-        by_edit: dict[str, int] = {}
-        by_class: dict[str, int] = {}
-        for _, _, label, meta in samples:
-            by_edit[meta["edit_type"] or "none"] = by_edit.get(meta["edit_type"] or "none", 0) + 1
-            by_class[str(label)] = by_class.get(str(label), 0) + 1
-        counts[config] = {"total": len(samples), "by_edit_type": by_edit, "by_class": by_class}
+        tally = rf.Tally()
+        encoded = []
+        for key, png, label, meta in samples:
+            tally.add(label, meta["edit_type"])
+            encoded.append(rf.ShardSample(key, "png", png, label, rf.encode_metadata(meta)))
+        for index, start in enumerate(range(0, len(encoded), shard_size)):
+            shards.append(rf.write_shard(root, config, index, encoded[start : start + shard_size]).to_dict())
+        counts[config] = tally.to_dict()
     return shards, counts
 
 
-def canonical(manifest: dict[str, Any]) -> str:
-    return json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-
-
 def write_manifest(root: Path, manifest: dict[str, Any]) -> dict[str, Any]:
-    """Seal the manifest with its manifest_sha256 and write it with the matching _info.json."""
-    manifest["manifest_sha256"] = hashlib.sha256(canonical(manifest).encode()).hexdigest()
-    (root / rf.MANIFEST_NAME).write_text(canonical(manifest), encoding="utf-8")
-    (root / rf.TIMM_INFO_NAME).write_text(json.dumps(rf.timm_info(manifest), indent=2) + "\n", encoding="utf-8")
+    """Seal the manifest with its manifest_sha256 and write it with the matching _info.json.
+
+    A current-format manifest without a declaration gets the LANCE one for its configs, and its gallery is rendered
+    and recorded under ``assets`` as the builder does.
+    """
+    if manifest["format_version"] >= 2:
+        from dataset_cards import write_gallery
+
+        manifest.setdefault("release_spec", rf.lance_release_spec(manifest["configs"]).to_dict())
+        if "assets" not in manifest:
+            gallery = write_gallery(root, manifest["configs"], manifest["shards"])
+            manifest["assets"] = []
+            for entry in gallery:
+                digest, size = rf.file_sha256(root / entry["path"])
+                manifest["assets"].append({"path": entry["path"], "sha256": digest, "bytes": size})
+    manifest.setdefault("empty_configs", [])
+    rf.seal_manifest(manifest)
+    (root / rf.MANIFEST_NAME).write_bytes(rf.canonical_json(manifest))
+    (root / rf.TIMM_INFO_NAME).write_bytes(rf.canonical_json(rf.timm_info(manifest)))
     return manifest
+
+
+def write_card(root: Path, manifest: dict[str, Any]) -> None:
+    """A short card whose YAML is exactly what the manifest implies (what ``verify`` checks)."""
+    import yaml
+
+    front = rf.card_yaml_expected(manifest)
+    text = f"---\n{yaml.safe_dump(front, sort_keys=False)}---\n\n# {manifest['name']}\n\nSynthetic fixture release.\n"
+    (root / rf.CARD_NAME).write_text(text, encoding="utf-8")
 
 
 def write_release(
@@ -114,6 +114,7 @@ def write_release(
     name: str = "lance-fixture",
     version: str = "1.0.0",
     seed: int = 0,
+    format_version: int = rf.FORMAT_VERSION,
 ) -> Path:
     """Write a release under ``root`` and return ``root``.
 
@@ -125,6 +126,7 @@ def write_release(
         image_size: side of the square images.
         shard_size: samples per shard (several shards per config once a config holds more).
         configs: the configs to write.
+        format_version: 1 writes a v1 release (as the v1 code did), 2 the current format.
     """
     if label_names is None:
         from timm.data import ImageNetInfo
@@ -179,7 +181,7 @@ def write_release(
     build_config = {"seed": seed, "source": "fixture", "edits_per_original": edits_per_original}
     config_hash = "sha256:" + hashlib.sha256(json.dumps(build_config, sort_keys=True).encode()).hexdigest()
     manifest: dict[str, Any] = {
-        "format_version": rf.FORMAT_VERSION,
+        "format_version": format_version,
         "name": name,
         "version": version,
         "tool": {"name": "lance-counterfactuals", "version": "0.1.0"},
@@ -203,12 +205,5 @@ def write_release(
         "shards": shards,
     }
     write_manifest(root, manifest)
-    (root / rf.CARD_NAME).write_text(_card(manifest), encoding="utf-8")
+    write_card(root, manifest)
     return root
-
-
-def _card(manifest: dict[str, Any]) -> str:
-    import yaml
-
-    front = {"configs": rf.card_configs(manifest["configs"]), "dataset_info": rf.card_dataset_info(manifest)}
-    return f"---\n{yaml.safe_dump(front, sort_keys=False)}---\n\n# {manifest['name']}\n\nSynthetic fixture release.\n"

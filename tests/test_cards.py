@@ -196,9 +196,17 @@ def test_leaderboard_from_results_and_refresh(release):
     assert json.loads((release_dir / rf.MANIFEST_NAME).read_text()) == manifest  # the manifest is never rewritten
 
 
-def test_render_rejects_a_non_manifest(tmp_path):
-    with pytest.raises(ValueError, match="manifest is missing 'version'"):
+def test_render_rejects_a_non_manifest(tmp_path, release):
+    with pytest.raises(ValueError, match="format_version None is not one this tool reads"):
         render_release_card(tmp_path, {"name": "x"})
+    release_dir, manifest = release
+    for field in ("version", "seed", "stages", "failures"):
+        broken = {k: v for k, v in manifest.items() if k != field}
+        with pytest.raises(ValueError, match=f"required field '{field}' is missing"):
+            render_release_card(release_dir, broken)
+    broken = {**manifest, "source": {k: v for k, v in manifest["source"].items() if k != "spec"}}
+    with pytest.raises(ValueError, match="required field 'source.spec' is missing"):
+        render_release_card(release_dir, broken)
 
 
 def test_rendering_is_reproducible(release):

@@ -34,16 +34,20 @@ LOAD_SCRIPT = r"""
 import json, sys
 import datasets
 from datasets import Features
-from builder.release_format import hf_features
+from huggingface_hub import hf_hub_download
+from builder.release_format import card_dataset_info
 out = []
 for spec in sys.argv[1:]:
     repo, config, revision = spec.split("@")
     ds = datasets.load_dataset(repo, config, split="test", revision=revision)
+    manifest = json.load(open(hf_hub_download(repo, "manifest.json", repo_type="dataset", revision=revision)))
+    declared = {info["config_name"]: info["features"] for info in card_dataset_info(manifest)}[config]
     keys = sorted(ds["__key__"])
     out.append({
         "spec": spec,
         "num_rows": len(ds),
-        "features_declared": ds.features == Features._from_yaml_list(hf_features("png")),
+        "features_declared": ds.features == Features._from_yaml_list(declared),
+        "class_names": ds.features["cls"].names,
         "keys": keys,
         "clip_image": [r["scores"]["clip_image"] for r in ds["json"]],
         "score_types": sorted({type(v).__name__ for r in ds["json"] for v in r["scores"].values() if v is not None}),
@@ -263,6 +267,7 @@ def test_publish_versions_over_http(hub_env, tmp_path, caplog, capsys):
         assert item["num_rows"] == manifest["counts"][config]["total"], item["spec"]
         assert item["keys"] == shard_keys(release_dir, manifest, config), item["spec"]
         assert item["features_declared"], item["spec"]
+        assert item["class_names"] == manifest["label_space"]["names"], item["spec"]  # cls is a ClassLabel
         assert item["image_size"] == [manifest["config"]["image_size"]] * 2, item["spec"]
     assert loaded[1]["num_rows"] != loaded[3]["num_rows"]
     assert loaded[1]["score_types"] == ["float"]  # integral scores load as declared float64, not inferred int

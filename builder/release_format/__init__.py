@@ -1,0 +1,169 @@
+"""The release format: the single source of truth for what a release directory holds.
+
+The builder writes this format, ``lance-cf verify`` checks it, ``dataset_cards`` declares it in the card's YAML and
+``evaluation`` reads it. This package imports nothing from the rest of the project and nothing heavy at import
+(``jsonschema``, ``PIL`` and ``yaml`` are imported by ``verify_release`` only), so readers of a release do not depend
+on the build machinery. Human-readable description: docs/release-format.md.
+
+- ``layout``: file names, shard paths, keys.
+- ``spec``: what a release declares (``ReleaseSpec``: configs, their extra metadata fields, the method's vocabulary).
+- ``metadata``: the per-sample record ``SampleMetadata``; its JSON schema and ``datasets`` features are generated.
+- ``manifest``: the typed ``Manifest``, canonical JSON, digest, the one ``Tally`` of counts.
+- ``shards``: the one shard writer and the one shard reader.
+- ``hub``: the card's YAML blocks and timm's ``_info.json``, generated from the manifest.
+- ``verify``: ``verify_release``.
+"""
+
+from builder.release_format.hub import (
+    IMAGENET_TERMS,
+    KNOWN_LICENSES,
+    card_configs,
+    card_dataset_info,
+    card_licence,
+    card_yaml_expected,
+    timm_info,
+)
+from builder.release_format.layout import (
+    ASSETS_DIR,
+    CARD_NAME,
+    DATA_DIR,
+    DEFAULT_IMAGE_FORMAT,
+    IMAGE_FORMATS,
+    KEY_PATTERN,
+    LABEL_EXT,
+    MANIFEST_NAME,
+    METADATA_EXT,
+    SPLIT,
+    TIMM_INFO_NAME,
+    WORK_DIR,
+    is_valid_config_name,
+    is_valid_key,
+    sanitize_key,
+    shard_glob,
+    shard_path,
+)
+from builder.release_format.manifest import (
+    FORMAT_VERSION,
+    READABLE_FORMAT_VERSIONS,
+    AssetRecord,
+    Manifest,
+    ManifestError,
+    ShardRecord,
+    Tally,
+    canonical_json,
+    load_manifest,
+    manifest_digest,
+    read_manifest_dict,
+    seal_manifest,
+)
+from builder.release_format.metadata import (
+    METADATA_FIELDS,
+    V1_FIELD_NAMES,
+    SampleMetadata,
+    class_label_names,
+    decode_metadata,
+    empty_metadata,
+    encode_metadata,
+    hf_features,
+    metadata_json_schema,
+    normalize_metadata,
+)
+from builder.release_format.shards import (
+    ShardSample,
+    file_sha256,
+    group_into_shards,
+    iter_shard,
+    read_samples,
+    read_shard,
+    write_shard,
+)
+from builder.release_format.spec import (
+    CONFIG_NAMES,
+    FIELD_DTYPES,
+    V1_CONFIGS,
+    V1_EDIT_TYPES,
+    V1_SCORE_NAMES,
+    V1_SPEC,
+    ConfigSpec,
+    FieldSpec,
+    ReleaseSpec,
+    lance_release_spec,
+)
+from builder.release_format.verify import read_card_yaml, verify_release
+from builder.release_format.versioning import is_release_version, parse_release_version
+
+# The v1 vocabulary under its former names (readers of v2 releases use ``manifest.release_spec`` instead).
+EDIT_TYPES = V1_EDIT_TYPES
+SCORE_NAMES = V1_SCORE_NAMES
+
+__all__ = [
+    "ASSETS_DIR",
+    "CARD_NAME",
+    "CONFIG_NAMES",
+    "DATA_DIR",
+    "DEFAULT_IMAGE_FORMAT",
+    "EDIT_TYPES",
+    "FIELD_DTYPES",
+    "FORMAT_VERSION",
+    "IMAGENET_TERMS",
+    "IMAGE_FORMATS",
+    "KEY_PATTERN",
+    "KNOWN_LICENSES",
+    "LABEL_EXT",
+    "MANIFEST_NAME",
+    "METADATA_EXT",
+    "METADATA_FIELDS",
+    "READABLE_FORMAT_VERSIONS",
+    "SCORE_NAMES",
+    "SPLIT",
+    "TIMM_INFO_NAME",
+    "V1_CONFIGS",
+    "V1_EDIT_TYPES",
+    "V1_FIELD_NAMES",
+    "V1_SCORE_NAMES",
+    "V1_SPEC",
+    "WORK_DIR",
+    "AssetRecord",
+    "ConfigSpec",
+    "FieldSpec",
+    "Manifest",
+    "ManifestError",
+    "ReleaseSpec",
+    "SampleMetadata",
+    "ShardRecord",
+    "ShardSample",
+    "Tally",
+    "canonical_json",
+    "card_configs",
+    "card_dataset_info",
+    "card_licence",
+    "card_yaml_expected",
+    "class_label_names",
+    "decode_metadata",
+    "empty_metadata",
+    "encode_metadata",
+    "file_sha256",
+    "group_into_shards",
+    "hf_features",
+    "is_valid_config_name",
+    "is_release_version",
+    "is_valid_key",
+    "iter_shard",
+    "load_manifest",
+    "lance_release_spec",
+    "manifest_digest",
+    "metadata_json_schema",
+    "normalize_metadata",
+    "parse_release_version",
+    "read_card_yaml",
+    "read_manifest_dict",
+    "read_samples",
+    "read_shard",
+    "sanitize_key",
+    "seal_manifest",
+    "shard_glob",
+    "shard_path",
+    "timm_info",
+    "verify_release",
+    "write_shard",
+]

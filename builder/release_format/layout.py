@@ -1,0 +1,54 @@
+"""Where things sit in a release directory, and what a sample key may be."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+SPLIT = "test"
+MANIFEST_NAME = "manifest.json"
+CARD_NAME = "README.md"
+TIMM_INFO_NAME = "_info.json"
+DATA_DIR = "data"
+ASSETS_DIR = "assets"  # card gallery images: hashed in the manifest (v2), not part of the data
+WORK_DIR = ".lance-cf"  # build work directory (ledger); never hashed, never published
+
+# The members of one WebDataset sample: KEY.<ext>. The image extension is per release (lossless by default).
+IMAGE_FORMATS = ("png", "webp")
+DEFAULT_IMAGE_FORMAT = "png"
+LABEL_EXT = "cls"
+METADATA_EXT = "json"
+
+KEY_PATTERN = re.compile(r"^[A-Za-z0-9_-]+$")
+CONFIG_NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def shard_path(config: str, index: int) -> str:
+    """Path of a shard relative to the release root, e.g. ``data/counterfactual/test-000003.tar``."""
+    return f"{DATA_DIR}/{config}/{SPLIT}-{index:06d}.tar"
+
+
+def shard_glob(config: str) -> str:
+    """The ``data_files`` pattern of a config in the card's YAML (the Hub resolves it; readers use the manifest)."""
+    return f"{DATA_DIR}/{config}/{SPLIT}-*.tar"
+
+
+def is_valid_key(key: str) -> bool:
+    return bool(KEY_PATTERN.match(key))
+
+
+def is_valid_config_name(name: str) -> bool:
+    """A release config name: lower-case letters, digits and ``_``, starting with a letter (it names a folder)."""
+    return bool(CONFIG_NAME_PATTERN.match(name))
+
+
+def sanitize_key(text: str) -> str:
+    """Map any source identifier to a key made only of ``[A-Za-z0-9_-]``.
+
+    Characters outside the set become ``_``; a short stable hash is appended whenever that changed the text, so that
+    two different identifiers never collide after sanitising (``a.b`` and ``a_b`` stay distinct).
+    """
+    cleaned = re.sub(r"[^A-Za-z0-9_-]", "_", text)
+    if cleaned != text or not cleaned:
+        cleaned = f"{cleaned}-{hashlib.sha256(text.encode('utf-8')).hexdigest()[:8]}"
+    return cleaned

@@ -1,0 +1,182 @@
+"""The one shard writer and the one shard reader of the release format.
+
+Shards are POSIX tar files (GNU format) with every header field that could vary between runs or machines fixed
+(mtime 0, uid/gid 0, empty owner names, mode 0644), members in key order and, within a sample, in extension order,
+so the same samples always give byte-identical shards. They are written to a temporary name and renamed into place,
+so a killed build never leaves a half-written shard under its final name.
+
+Why not webdataset's ``TarWriter`` / tar iterators: webdataset 1.0.2's ``TarWriter`` accepts a ``format`` argument but
+does not pass it to ``tarfile.open``, so it writes PAX headers where releases have GNU ones (the bytes of every v1
+shard would change), and ``import webdataset`` costs about 2 s (it imports torch), which the format unit must not. The
+tar layout it reads (``KEY.EXT`` members, a sample's members adjacent) is exactly the one written here, and a test
+reads a release back with webdataset (through timm) to prove it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import tarfile
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from builder.release_format.layout import LABEL_EXT, METADATA_EXT, is_valid_key, shard_path
+from builder.release_format.manifest import ShardRecord
+
+
+@dataclass(frozen=True)
+class ShardSample:
+    """One sample's members: the image (encoded), the label and the canonical metadata bytes."""
+
+    key: str
+    image_ext: str
+    image: bytes
+    label: int
+    metadata: bytes
+
+    def members(self) -> list[tuple[str, bytes]]:
+        members = [
+            (f"{self.key}.{LABEL_EXT}", str(self.label).encode()),
+            (f"{self.key}.{self.image_ext}", self.image),
+            (f"{self.key}.{METADATA_EXT}", self.metadata),
+        ]
+        return sorted(members)
+
+    @property
+    def size(self) -> int:
+        # tar: 512-byte header + data padded to 512 per member
+        return sum(512 + -(-len(data) // 512) * 512 for _, data in self.members())
+
+
+def _tarinfo(name: str, size: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.mtime = 0
+    info.mode = 0o644
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    info.type = tarfile.REGTYPE
+    return info
+
+
+def group_into_shards(samples: Iterable[ShardSample], max_samples: int, max_bytes: int) -> Iterator[list[ShardSample]]:
+    shard: list[ShardSample] = []
+    size = 0
+    for sample in samples:
+        if shard and (len(shard) >= max_samples or size + sample.size > max_bytes):
+            yield shard
+            shard, size = [], 0
+        shard.append(sample)
+        size += sample.size
+    if shard:
+        yield shard
+
+
+def write_shard(root: Path, config: str, index: int, samples: list[ShardSample]) -> ShardRecord:
+    """Write one shard under ``root``; return its manifest record."""
+    rel = shard_path(config, index)
+    target = Path(root) / rel
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            with tarfile.open(fileobj=f, mode="w", format=tarfile.GNU_FORMAT) as tar:
+                for sample in samples:
+                    if not is_valid_key(sample.key):
+                        raise ValueError(f"sample key {sample.key!r} has characters outside [A-Za-z0-9_-]")
+                    for name, data in sample.members():
+                        tar.addfile(_tarinfo(name, len(data)), io.BytesIO(data))
+            f.flush()
+            os.fsync(f.fileno())
+        digest, size = file_sha256(tmp)
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return ShardRecord(config=config, path=rel, sha256=digest, bytes=size, samples=len(samples))
+
+
+def file_sha256(path: Path) -> tuple[str, int]:
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+            size += len(block)
+    return h.hexdigest(), size
+
+
+def iter_shard(
+    path: Path,
+    *,
+    wanted: set[str] | None = None,
+    select: Callable[[int], bool] | None = None,
+    start_index: int = 0,
+    keys: set[str] | None = None,
+) -> Iterator[tuple[str, dict[str, bytes] | None]]:
+    """Samples of a shard as ``(key, {ext: bytes})``, in file order, reading the file once.
+
+    Args:
+        path: the shard.
+        wanted: extensions to read (all when ``None``); other members are skipped without reading their bytes.
+        select: predicate on the running sample index (``start_index`` for the first); an unselected sample is
+            yielded as ``(key, None)`` without reading its bytes, so DataLoader workers can stride over a shard.
+        start_index: index of the shard's first sample.
+        keys: when given, samples with other keys are yielded as ``(key, None)`` without reading their bytes.
+
+    Raises:
+        ValueError: naming the shard and member, for a member that is not a regular file or not ``KEY.EXT``, a
+            sample split across the shard, a member given twice, or a file that is not a tar archive.
+    """
+    current_key: str | None = None
+    members: dict[str, bytes] = {}
+    seen: set[str] = set()
+    keep = True
+    index = start_index - 1
+    try:
+        with tarfile.open(path, mode="r:") as tar:
+            for info in tar:
+                if not info.isfile():
+                    raise ValueError(f"{path}: member {info.name!r} is not a regular file")
+                key, dot, ext = info.name.partition(".")
+                if not dot or "/" in info.name:
+                    raise ValueError(f"{path}: member {info.name!r} is not KEY.EXT")
+                if key != current_key:
+                    if current_key is not None:
+                        yield current_key, (members if keep else None)
+                    if key in seen:
+                        raise ValueError(f"{path}: sample {key!r} is split across the shard")
+                    seen.add(key)
+                    current_key, members = key, {}
+                    index += 1
+                    keep = (select is None or select(index)) and (keys is None or key in keys)
+                    got: set[str] = set()
+                if ext in got:
+                    raise ValueError(f"{path}: member {info.name!r} appears twice")
+                got.add(ext)
+                if keep and (wanted is None or ext in wanted):
+                    handle = tar.extractfile(info)
+                    members[ext] = handle.read() if handle else b""
+    except tarfile.TarError as err:
+        raise ValueError(f"{path}: not a valid tar archive ({err})") from err
+    if current_key is not None:
+        yield current_key, (members if keep else None)
+
+
+def read_shard(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
+    """Every sample of a shard with all its members (see ``iter_shard``)."""
+    for key, members in iter_shard(path):
+        assert members is not None  # no select: every sample is read
+        yield key, members
+
+
+def read_samples(paths: Iterable[Path], keys: set[str] | None = None) -> dict[str, dict[str, bytes]]:
+    """Whole samples of several shards (only ``keys`` when given): key -> {ext: bytes}."""
+    out: dict[str, dict[str, bytes]] = {}
+    for path in paths:
+        for key, members in iter_shard(path, keys=keys):
+            if members is not None:
+                out[key] = members
+    return out

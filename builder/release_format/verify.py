@@ -1,0 +1,256 @@
+"""``lance-cf verify``: recompute every hash and count of a release and validate every sample's metadata.
+
+Checks, in order: the manifest is canonical JSON whose ``manifest_sha256`` matches its content (so a flipped byte
+anywhere in it is caught) and has every required field; every listed shard exists with the recorded size and sha256,
+and no unlisted file sits under ``data/``; every sample has exactly its image, label and metadata members, a valid
+key, metadata that passes its config's JSON Schema and agrees with its label file, an image that decodes; per-shard and
+per-config counts (total, by edit type, by class) match the manifest; derived samples point at an existing original;
+``_info.json`` equals what the manifest implies; the card's YAML (configs, features, splits, counts, licence) equals
+what the manifest implies; and (format v2) every card asset matches the hash the manifest records for it, with no
+unrecorded file under ``assets/``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from builder.release_format.hub import card_yaml_expected, timm_info
+from builder.release_format.layout import (
+    ASSETS_DIR,
+    CARD_NAME,
+    DATA_DIR,
+    LABEL_EXT,
+    MANIFEST_NAME,
+    METADATA_EXT,
+    TIMM_INFO_NAME,
+    is_valid_key,
+)
+from builder.release_format.manifest import Manifest, ManifestError, Tally, canonical_json, manifest_digest
+from builder.release_format.metadata import metadata_json_schema
+from builder.release_format.shards import file_sha256, iter_shard
+
+MAX_PROBLEMS = 50
+
+
+class _Problems(list):
+    def add(self, message: str) -> None:
+        if len(self) < MAX_PROBLEMS:
+            self.append(message)
+
+
+def verify_release(release_dir: Path | str, *, check_images: bool = True) -> list[str]:
+    """Return the release's problems, first found first; an empty list means the release is valid."""
+    root = Path(release_dir)
+    problems = _Problems()
+    manifest_path = root / MANIFEST_NAME
+    if not manifest_path.is_file():
+        return [f"{manifest_path}: missing"]
+    raw = manifest_path.read_bytes()
+    try:
+        data = json.loads(raw)
+    except ValueError as err:
+        return [f"{MANIFEST_NAME}: not valid JSON ({err})"]
+    if not isinstance(data, dict) or "shards" not in data or "configs" not in data:
+        return [f"{MANIFEST_NAME}: not a lance-cf manifest (no shards/configs)"]
+    if data.get("manifest_sha256") != manifest_digest(data):
+        problems.add(f"{MANIFEST_NAME}: content does not match its manifest_sha256 (modified or corrupted)")
+    if raw != canonical_json(data):
+        problems.add(f"{MANIFEST_NAME}: bytes differ from the canonical encoding of its content (modified)")
+    if problems:
+        return list(problems)
+    try:
+        manifest = Manifest.from_dict(data, where=MANIFEST_NAME)
+    except ManifestError as err:
+        return [str(err)]
+
+    _check_shards(root, manifest, problems, check_images)
+    try:
+        if json.loads((root / TIMM_INFO_NAME).read_bytes()) != timm_info(manifest):
+            problems.add(f"{TIMM_INFO_NAME}: does not match the manifest's shards")
+    except (OSError, ValueError) as err:
+        problems.add(f"{TIMM_INFO_NAME}: unreadable ({err})")
+    for problem in _check_card(root / CARD_NAME, manifest) + _check_assets(root, manifest):
+        problems.add(problem)
+    return list(problems)
+
+
+def _check_shards(root: Path, manifest: Manifest, problems: _Problems, check_images: bool) -> None:
+    import jsonschema
+
+    spec = manifest.release_spec
+    validators = {
+        c: jsonschema.Draft202012Validator(metadata_json_schema(spec, c if manifest.format_version >= 2 else None))
+        for c in manifest.configs
+    }
+    image_ext = manifest.image_ext
+    expected_members = {image_ext, LABEL_EXT, METADATA_EXT}
+    num_classes = manifest.num_classes
+
+    listed = {s.path for s in manifest.shards}
+    data_dir = root / DATA_DIR
+    if data_dir.exists():
+        for path in sorted(data_dir.rglob("*")):
+            if (path.is_file() or path.is_symlink()) and path.relative_to(root).as_posix() not in listed:
+                problems.add(f"{path.relative_to(root).as_posix()}: file not listed in the manifest")
+
+    tallies: dict[str, Tally] = {}
+    keys_by_config: dict[str, set[str]] = {c: set() for c in manifest.configs}
+    derived_sources: list[tuple[str, str, str]] = []
+    for shard in manifest.shards:
+        config, rel = shard.config, shard.path
+        path = root / rel
+        if config not in manifest.configs:
+            problems.add(f"{rel}: config {config!r} is not among the manifest's configs")
+            continue
+        if not path.is_file():
+            problems.add(f"{rel}: missing")
+            continue
+        digest, size = file_sha256(path)
+        if size != shard.bytes:
+            problems.add(f"{rel}: {size} bytes, manifest says {shard.bytes}")
+        if digest != shard.sha256:
+            problems.add(f"{rel}: sha256 {digest[:16]}… does not match the manifest's {shard.sha256[:16]}…")
+            continue
+        tally = tallies.setdefault(config, Tally())
+        validator = validators[config]
+        n = 0
+        try:
+            for key, members in iter_shard(path):
+                assert members is not None
+                n += 1
+                where = f"{rel}:{key}"
+                if not is_valid_key(key):
+                    problems.add(f"{where}: key has characters outside [A-Za-z0-9_-]")
+                if set(members) != expected_members:
+                    problems.add(f"{where}: members {sorted(members)}, expected {sorted(expected_members)}")
+                    continue
+                if key in keys_by_config[config]:
+                    problems.add(f"{where}: duplicate key in config {config}")
+                keys_by_config[config].add(key)
+                try:
+                    meta = json.loads(members[METADATA_EXT])
+                except ValueError as err:
+                    problems.add(f"{where}.json: not valid JSON ({err})")
+                    continue
+                error = next(iter(validator.iter_errors(meta)), None)
+                if error is not None:
+                    problems.add(f"{where}.json: {'/'.join(map(str, error.path)) or 'root'}: {error.message}")
+                    continue
+                if meta["key"] != key:
+                    problems.add(f"{where}.json: key field {meta['key']!r} differs from the member name")
+                try:
+                    label = int(members[LABEL_EXT].decode())
+                except ValueError:
+                    problems.add(f"{where}.cls: not an integer")
+                    continue
+                if label != meta["label"]:
+                    problems.add(f"{where}: .cls {label} differs from metadata label {meta['label']}")
+                if not 0 <= label < num_classes:
+                    problems.add(f"{where}: label {label} outside the label space [0, {num_classes})")
+                if config == "original" and meta["source_key"] != key:
+                    problems.add(f"{where}: an original's source_key must equal its key")
+                if config != "original":
+                    derived_sources.append((config, key, meta["source_key"]))
+                if check_images:
+                    problem = _check_image(members[image_ext])
+                    if problem:
+                        problems.add(f"{where}.{image_ext}: {problem}")
+                tally.add(label, meta["edit_type"])
+        except ValueError as err:
+            problems.add(str(err))
+            continue
+        if n != shard.samples:
+            problems.add(f"{rel}: {n} samples, manifest says {shard.samples}")
+
+    for config in manifest.configs:
+        expected = manifest.counts[config]
+        got = tallies.get(config, Tally()).to_dict()
+        for part in ("total", "by_edit_type", "by_class"):
+            if expected.get(part) != got[part]:
+                problems.add(f"{config}: {part} counted {got[part]}, manifest says {expected.get(part)}")
+    if "original" in manifest.configs:
+        originals = keys_by_config["original"]
+        for config, key, source_key in derived_sources:
+            if source_key not in originals:
+                problems.add(f"{config}:{key}: source_key {source_key!r} has no original sample")
+
+
+def _check_image(data: bytes) -> str | None:
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            img.load()
+    except Exception as err:  # any decoder error means a broken image
+        return f"does not decode ({err})"
+    return None
+
+
+def read_card_yaml(path: Path) -> dict[str, Any]:
+    """The YAML front matter of a card (raises ValueError naming what is wrong)."""
+    import yaml
+
+    if not path.is_file():
+        raise ValueError(f"{CARD_NAME}: missing")
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if not text.startswith("---\n") or "\n---" not in text[4:]:
+        raise ValueError(f"{CARD_NAME}: no YAML front matter")
+    try:
+        header = yaml.safe_load(text[4 : text.index("\n---", 4)])
+    except yaml.YAMLError as err:
+        raise ValueError(f"{CARD_NAME}: YAML front matter does not parse ({err})") from err
+    if not isinstance(header, dict):
+        raise ValueError(f"{CARD_NAME}: YAML front matter is not a mapping")
+    return header
+
+
+def _check_card(path: Path, manifest: Manifest) -> list[str]:
+    try:
+        header = read_card_yaml(path)
+    except ValueError as err:
+        return [str(err)]
+    problems = []
+    for key, expected in card_yaml_expected(manifest).items():
+        if header.get(key) != expected:
+            problems.append(f"{CARD_NAME}: YAML {key!r} {_first_difference(header.get(key), expected, key)}")
+    return problems
+
+
+def _first_difference(got: Any, expected: Any, where: str) -> str:
+    """Where two YAML values first differ, e.g. ``dataset_info[1].splits[0].num_examples is 5, manifest implies 6``."""
+    if isinstance(got, dict) and isinstance(expected, dict):
+        for key in [*expected, *[k for k in got if k not in expected]]:
+            if got.get(key) != expected.get(key):
+                return _first_difference(got.get(key), expected.get(key), f"{where}.{key}")
+    if isinstance(got, list) and isinstance(expected, list) and len(got) == len(expected):
+        for i, (a, b) in enumerate(zip(got, expected, strict=True)):
+            if a != b:
+                return _first_difference(a, b, f"{where}[{i}]")
+    shown = json.dumps(got, ensure_ascii=False)
+    shown = shown if len(shown) < 80 else shown[:77] + "..."
+    return f"does not match the manifest: {where} is {shown}, the manifest implies {json.dumps(expected)[:80]}"
+
+
+def _check_assets(root: Path, manifest: Manifest) -> list[str]:
+    if manifest.format_version < 2:
+        return []
+    problems = []
+    recorded = {a.path: a for a in manifest.assets}
+    for rel, asset in recorded.items():
+        path = root / rel
+        if not path.is_file():
+            problems.append(f"{rel}: card asset missing")
+            continue
+        digest, size = file_sha256(path)
+        if (digest, size) != (asset.sha256, asset.bytes):
+            problems.append(f"{rel}: card asset does not match the sha256 the manifest records (modified)")
+    assets_dir = root / ASSETS_DIR
+    if assets_dir.exists():
+        for path in sorted(assets_dir.rglob("*")):
+            rel = path.relative_to(root).as_posix()
+            if (path.is_file() or path.is_symlink()) and rel not in recorded:
+                problems.append(f"{rel}: file under {ASSETS_DIR}/ not recorded in the manifest")
+    return problems
