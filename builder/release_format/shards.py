@@ -79,7 +79,7 @@ def write_shard(root: Path, config: str, index: int, samples: list[ShardSample])
     rel = shard_path(config, index)
     target = Path(root) / rel
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    tmp = target.with_name(f"{target.stem}.{os.getpid()}.tar.tmp")  # unique per writer: never another build's
     try:
         with open(tmp, "wb") as f:
             with tarfile.open(fileobj=f, mode="w", format=tarfile.GNU_FORMAT) as tar:
