@@ -20,7 +20,6 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from builder import release_format as rf
-from lance_pipeline.stage import EDIT_TYPES as LANCE_EDIT_TYPES  # the six the perturber writes (rf's add "multi")
 
 _EDITS = {
     "subject": ("dog", "cat"),
@@ -156,7 +155,7 @@ def write_release(
                 rec_meta["caption"] = caption
                 rows["reconstructed"].append((f"{source_key}-rec", _png(image), label, rec_meta))
             for j in range(edits_per_original):
-                edit_type = LANCE_EDIT_TYPES[edit_counter % len(LANCE_EDIT_TYPES)]
+                edit_type = list(_EDITS)[edit_counter % len(_EDITS)]
                 edit_counter += 1
                 span, new_span = _EDITS[edit_type]
                 for config, suffix in (("counterfactual", "cf"), ("lance_r", "lr")):

@@ -80,6 +80,7 @@ from builder.release_format.shards import (
 from builder.release_format.spec import (
     CONFIG_NAMES,
     FIELD_DTYPES,
+    LANCE_EDIT_TYPES,
     V1_CONFIGS,
     V1_EDIT_TYPES,
     V1_SCORE_NAMES,
@@ -92,8 +93,8 @@ from builder.release_format.spec import (
 from builder.release_format.verify import read_card_yaml, verify_release
 from builder.release_format.versioning import is_release_version, parse_release_version
 
-# The v1 vocabulary under its former names (readers of v2 releases use ``manifest.release_spec`` instead).
-EDIT_TYPES = V1_EDIT_TYPES
+# Former names: LANCE's six edit types and the v1 score names (readers of a v2 release use its release_spec instead).
+EDIT_TYPES = LANCE_EDIT_TYPES
 SCORE_NAMES = V1_SCORE_NAMES
 
 __all__ = [
@@ -109,6 +110,7 @@ __all__ = [
     "IMAGE_FORMATS",
     "KEY_PATTERN",
     "KNOWN_LICENSES",
+    "LANCE_EDIT_TYPES",
     "LABEL_EXT",
     "MANIFEST_NAME",
     "METADATA_EXT",

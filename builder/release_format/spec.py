@@ -20,7 +20,8 @@ FIELD_DTYPES = ("string", "int64", "float64", "bool")
 # The vocabulary of format v1, frozen: the method's live vocabulary is lance_pipeline.stage.RELEASE_EDIT_TYPES and
 # SCORE_NAMES, which the builder records into each v2 manifest (a test checks the two still agree). v1 releases hold
 # LANCE's six edit types and, since the DILLEMA editor, "multi".
-V1_EDIT_TYPES = ("subject", "object", "background", "weather", "adjective", "domain", "multi")
+LANCE_EDIT_TYPES = ("subject", "object", "background", "weather", "adjective", "domain")
+V1_EDIT_TYPES = (*LANCE_EDIT_TYPES, "multi")
 V1_SCORE_NAMES = (
     "label_similarity",
     "span_similarity",
