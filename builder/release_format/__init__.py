@@ -93,8 +93,9 @@ from builder.release_format.spec import (
 from builder.release_format.verify import read_card_yaml, verify_release
 from builder.release_format.versioning import is_release_version, parse_release_version
 
-# Former names: LANCE's six edit types and the v1 score names (readers of a v2 release use its release_spec instead).
-EDIT_TYPES = LANCE_EDIT_TYPES
+# Former names: the v1 vocabulary (LANCE's six edit types and DILLEMA's "multi", the score names); readers of a v2
+# release use its release_spec instead.
+EDIT_TYPES = V1_EDIT_TYPES
 SCORE_NAMES = V1_SCORE_NAMES
 
 __all__ = [
