@@ -110,6 +110,7 @@ def test_release_fidelity_rows_match_direct_computation(two_releases, tmp_path):
     assert all(r["clip_image"] is None for r in rows)
 
 
+@pytest.mark.e2e
 def test_compare_editors_table_plot_and_cli(two_releases, tmp_path):
     from lance_pipeline.clip_gates import ClipScorer
     from lance_pipeline.tiny_clip_components import create_tiny_open_clip

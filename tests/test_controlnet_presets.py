@@ -61,10 +61,12 @@ def test_hardimagenet_controlnet_shares_classes_captions_and_label_check_with_ha
 @pytest.fixture(scope="module")
 def demo_controlnet(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo-controlnet") / "release"
-    cli("build", "demo-controlnet", "--output", str(out), "--no-progress", "--device", "cpu")
+    cli("build", "demo-controlnet", "--output", str(out), "--no-progress", "--device", "cpu", timeout=None)
     return out
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_demo_controlnet_builds_verifies_and_loads(demo_controlnet, tmp_path):
     import datasets
 
@@ -85,6 +87,8 @@ def test_demo_controlnet_builds_verifies_and_loads(demo_controlnet, tmp_path):
         assert row["png"].size == (64, 64)
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_demo_controlnet_ledger_keeps_the_llm_trace(demo_controlnet):
     db = sqlite3.connect(demo_controlnet / ".lance-cf" / "ledger.sqlite")
     stages = {stage for (stage,) in db.execute("select distinct stage from stage_outputs")}
@@ -94,10 +98,12 @@ def test_demo_controlnet_ledger_keeps_the_llm_trace(demo_controlnet):
     assert '"editor": "controlnet"' in text and '"llm_applied_alternatives"' in text
 
 
+@pytest.mark.e2e
+@pytest.mark.slow
 def test_demo_controlnet_rebuild_is_byte_identical(demo_controlnet, tmp_path, monkeypatch):
     from builder_helpers import release_files
 
     monkeypatch.setenv("LANCE_CF_CACHE", str(tmp_path / "other-cache"))
     again = tmp_path / "again"
-    cli("build", "demo-controlnet", "--output", str(again), "--no-progress", "--device", "cpu")
+    cli("build", "demo-controlnet", "--output", str(again), "--no-progress", "--device", "cpu", timeout=None)
     assert release_files(again) == release_files(demo_controlnet)
