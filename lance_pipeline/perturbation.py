@@ -32,6 +32,7 @@ import hashlib
 import logging
 import os
 import re
+import weakref
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -290,9 +291,19 @@ def _reject_reason(
 
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
-# Loaded (model, tokenizer) pairs shared by every perturber-backed stage in the process, keyed by model, revision,
-# adapter, dtype and device.
-_LOADED_LMS: dict[tuple, tuple] = {}
+
+
+class _LoadedLM:
+    """A loaded (model, tokenizer) pair; held by the perturbers that use it."""
+
+    def __init__(self, model, tokenizer) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+
+
+# Perturber-backed stages of one process (e.g. the three DILLEMA stages) share one loaded copy per (model, revision,
+# adapter, dtype, device). The map is weak: it keeps nothing alive once no stage holds the model.
+_LOADED_LMS: weakref.WeakValueDictionary[tuple, _LoadedLM] = weakref.WeakValueDictionary()
 
 
 def resolve_adapter(adapter: str, revision: str | None) -> str:
@@ -470,6 +481,7 @@ class PromptPerturber:
         self._model = None
         self._tokenizer = None
         self._style: str | None = None
+        self._shared: _LoadedLM | None = None
 
     # -- life cycle ---------------------------------------------------------------------------------
     def load(self, device: str) -> None:
@@ -483,9 +495,9 @@ class PromptPerturber:
         # Stages that use the same LLM (e.g. the three DILLEMA text stages) share one loaded copy; generation
         # settings stay per stage (they are attributes of this object, not of the model).
         key = (self.model_id, self.revision, self.adapter, self.adapter_revision, dtype, str(device))
-        if key in _LOADED_LMS:
-            model, tokenizer = _LOADED_LMS[key]
-            self._finish_load(model, tokenizer, device)
+        shared = _LOADED_LMS.get(key)
+        if shared is not None:
+            self._finish_load(shared, device)
             return
         logger.info("loading perturber %s (revision %s) on %s", self.model_id, self.revision, device)
         tokenizer = AutoTokenizer.from_pretrained(self.model_id, revision=self.revision)
@@ -504,10 +516,13 @@ class PromptPerturber:
             adapter_dir = resolve_adapter(self.adapter, self.adapter_revision)
             model = PeftModel.from_pretrained(model, adapter_dir)
         model.to(device).eval()
-        _LOADED_LMS[key] = (model, tokenizer)
-        self._finish_load(model, tokenizer, device)
+        shared = _LoadedLM(model, tokenizer)
+        _LOADED_LMS[key] = shared
+        self._finish_load(shared, device)
 
-    def _finish_load(self, model, tokenizer, device: str) -> None:
+    def _finish_load(self, shared: _LoadedLM, device: str) -> None:
+        model, tokenizer = shared.model, shared.tokenizer
+        self._shared = shared  # keeps the shared copy alive while this perturber lives
         style = self.prompt_style
         if style == "auto":
             style = "alpaca" if self.adapter is not None or not tokenizer.chat_template else "chat"
