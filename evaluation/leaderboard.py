@@ -418,7 +418,9 @@ def leaderboard_records(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     Columns: ``model, weights, config, rank`` (on counterfactual, complete runs), ``n_pairs, original_acc1, acc1,
     paired_delta_acc1`` (+ ``_ci_low/_ci_high``), ``delta_p_gt_mean`` (+ CI), ``flip_rate`` (+ CI), ``acc5``
     (null when the label space has fewer than 6 classes), ``effective_robustness``, ``effective_robustness_probit``
-    (counterfactual only), ``complete, limit, release, release_version, manifest_sha256, tool_version``.
+    (counterfactual only), ``timm_results_name`` and ``imagenetv2_drop, imagenet_r_drop, sketch_drop,
+    imagenet_a_drop`` (timm's published top-1 drops of those weights, counterfactual rows of published timm weights
+    only), ``complete, limit, release, release_version, manifest_sha256, tool_version``.
 
     Raises:
         ValueError: when the results come from different releases.
@@ -468,6 +470,7 @@ def leaderboard_records(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "acc5": None if few else ((r.get("metrics") or {}).get(config) or {}).get("acc5"),
                     "effective_robustness": _none(board_row.get("effective_robustness")) if cf else None,
                     "effective_robustness_probit": _none(board_row.get("effective_robustness_probit")) if cf else None,
+                    **_published_drops(r if cf else None),
                     "complete": is_complete(r),
                     "limit": r.get("limit"),
                     "release": (r.get("release") or {}).get("name"),
@@ -477,6 +480,28 @@ def leaderboard_records(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 }
             )
     return records
+
+
+def _published_drops(results: dict[str, Any] | None) -> dict[str, Any]:
+    """The timm-published top-1 drop (shift minus ImageNet) of the model's weights on each real shift, so that the
+    published table carries what the shift correlation is computed from (null for other weights or configs)."""
+    from .robustness import timm_model_name
+    from .timm_results import SHIFTS, load_shift_table
+
+    name = timm_model_name(results) if results is not None else None
+    published = load_shift_table().get(name) if name else None
+    drops = {f"{shift}_drop": (published[shift] - published["imagenet"]) if published else None for shift in SHIFTS}
+    return {"timm_results_name": name if published else None, **drops}
+
+
+def robustness_markdown(results: list[dict[str, Any]], n_boot: int = 1000, seed: int = 0) -> str:
+    """The effective-robustness fit and the agreement with real shifts as Markdown sections (for the card too)."""
+    from .robustness import effective_robustness, shift_correlations
+
+    results = [r for r in results if is_results(r)]
+    check_one_release(results)
+    fit = effective_robustness(results)
+    return _er_markdown(fit) + "\n" + _shift_markdown(shift_correlations(results, n_boot=n_boot, seed=seed))
 
 
 def _none(value: Any) -> Any:

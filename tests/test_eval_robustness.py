@@ -227,6 +227,15 @@ def test_published_rows_one_per_model_and_config():
     assert cf["effective_robustness"].notna().all()
     assert df[df["config"] == "lance_r"]["effective_robustness"].isna().all()
     assert set(df["complete"]) == {True} and set(df["tool_version"]) == {"0.1.0"}
+    # published timm weights carry their published drops (what the shift correlation is computed from)
+    timm = fake_results("resnet50", 80.0, 70.0, tag="a1_in1k")
+    row = next(r for r in lb.leaderboard_records([*results, timm]) if r["model"] == "resnet50")
+    published = load_shift_table()["resnet50.a1_in1k"]
+    assert row["timm_results_name"] == "resnet50.a1_in1k"
+    assert row["sketch_drop"] == pytest.approx(published["sketch"] - published["imagenet"])
+    assert row["imagenet_a_drop"] == pytest.approx(published["imagenet_a"] - published["imagenet"])
+    assert all(r["imagenetv2_drop"] is None for r in lb.leaderboard_records(results))
+    assert "## Effective robustness" in lb.robustness_markdown(results)
 
 
 def test_a_malformed_results_file_is_an_error_naming_it(tmp_path):
