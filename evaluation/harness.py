@@ -149,6 +149,7 @@ class ShardSampleDataset(torch.utils.data.IterableDataset):
                 max_samples=shard["max_samples"],
                 expected_sha256=shard["sha256"],
                 shard_name=name,
+                expected_samples=shard.get("samples"),
             )
             try:
                 for index, sample in samples:
@@ -297,6 +298,7 @@ def release_shard_plan(release: Release, limit: int | None) -> list[dict[str, An
                     "path": path,
                     "name": entry.get("path", path.name),
                     "sha256": entry.get("sha256"),
+                    "samples": samples if isinstance(samples, int) else None,
                     "max_samples": remaining,
                 }
             )

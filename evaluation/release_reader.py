@@ -275,6 +275,7 @@ def iter_shard_samples(
     max_samples: int | None = None,
     expected_sha256: str | None = None,
     shard_name: str | None = None,
+    expected_samples: int | None = None,
 ) -> Iterator[tuple[int, dict[str, bytes] | None]]:
     """Yield ``(index, {ext: bytes})`` for each sample of one WebDataset shard, in shard order, in one pass.
 
@@ -289,6 +290,8 @@ def iter_shard_samples(
         expected_sha256: the manifest's hash of the shard. The bytes are hashed as they stream (no second pass) and,
             after the last sample, a mismatch raises :class:`ReleaseIntegrityError`.
         shard_name: how errors name the shard (its path in the release).
+        expected_samples: the manifest's sample count of the shard: a truncated shard's failure then says how many
+            later samples could not be read.
 
     A shard that ends early or is not a tar archive yields ``(index, {"__error__": reason, "__key__": key})`` for the
     sample being read (and stops), so that the caller can fail that sample, not the whole model.
@@ -326,6 +329,8 @@ def iter_shard_samples(
                 yield index, (sample if keep else None)
         except (tarfile.TarError, EOFError, OSError) as error:
             reason = f"shard {name} is truncated or corrupt ({type(error).__name__}: {error})"
+            if expected_samples is not None and expected_samples > taken:
+                reason += f"; the {expected_samples - taken} sample(s) after this one could not be read"
             if current_key is not None:
                 if keep:  # the sample being read is this reader's (and within --limit): it fails, not the model
                     yield index, {"__error__": reason.encode(), "__key__": current_key.encode()}

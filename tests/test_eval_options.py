@@ -300,6 +300,17 @@ def test_truncated_shard_names_shard_and_key_and_fails_those_samples(setup, tmp_
     assert results["status"] == "ok" and results["failures"]
     assert all(f["shard"] == rel for f in results["failures"])
     assert "truncated" in results["failures"][0]["reason"] and results["failures"][0]["key"].startswith("src-")
+    manifest = json.loads((root / rf.MANIFEST_NAME).read_text())
+    in_shard = next(e["samples"] for e in manifest["shards"] if e["path"] == rel)
+    scored = int((preds["config"] == "original").sum())
+    # every sample of the shard is either scored or accounted for in the failure (no silent loss)
+    lost = (
+        int(results["failures"][0]["reason"].split("the ")[-1].split(" sample")[0])
+        if "after this" in (results["failures"][0]["reason"])
+        else 0
+    )
+    assert scored + len(results["failures"]) + lost == manifest["counts"]["original"]["total"]
+    assert in_shard == 4
     assert results["metrics"]["counterfactual"]["n"] == 8  # the other configs are whole
 
 
