@@ -484,8 +484,10 @@ def tool_description() -> dict[str, str]:
 
 
 def run_key(release: Release, spec: ModelSpec, options: EvalOptions) -> str:
-    """What decides whether existing results can be reused: release, weights, class map and every result option."""
+    """What decides whether existing results can be reused: model, release, weights, class map and every result
+    option."""
     identity = {
+        "model": spec.name,
         "release": release.manifest_sha256,
         "weights": spec.weights_id,
         "class_map_sha256": spec.class_map_sha256,

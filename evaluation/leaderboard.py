@@ -327,7 +327,8 @@ def compact_markdown(df: Any) -> str:
     ok = df[df["status"] == "ok"]
     if ok.empty:
         return ""
-    lines = ["| " + " | ".join(COMPACT_HEADER) + " |", "|" + "|".join("---:" for _ in COMPACT_HEADER) + "|"]
+    align = ["---:", ":---", *["---:"] * (len(COMPACT_HEADER) - 2)]
+    lines = ["| " + " | ".join(COMPACT_HEADER) + " |", "|" + "|".join(align) + "|"]
     unranked = 0
     for row in ok.astype(object).to_dict("records"):
         rank = fmt_number(row["rank"]) if not _missing(row["rank"]) else "—"
@@ -365,8 +366,7 @@ def leaderboard_markdown(results: list[dict[str, Any]]) -> str:
 
 def to_markdown(df: Any) -> str:
     """The full table as GitHub-flavoured Markdown (no extra dependency); acc@5 marked when not meaningful."""
-    header = [c if not c.startswith("unpaired_") else f"{c} (unpaired)" for c in df.columns]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in df.columns) + "|"]
+    lines = ["| " + " | ".join(df.columns) + " |", "|" + "|".join("---" for _ in df.columns) + "|"]
     for row in df.astype(object).to_dict("records"):
         few_classes = not _missing(row.get("num_classes")) and row["num_classes"] < MIN_CLASSES_FOR_TOP5
         cells = []

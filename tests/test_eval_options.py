@@ -139,6 +139,9 @@ def test_skip_key_includes_every_result_option(setup, caplog):
         for o in (options, dataclasses.replace(options, clip_model="B"), dataclasses.replace(options, insight_k=6))
     }
     assert len(keys) == 3 and key not in keys
+    # and the model itself: two architectures with the same (random) weights id never share a key
+    random_a, random_b = ModelSpec("test_vit", pretrained=False), ModelSpec("test_resnet", pretrained=False)
+    assert run_key(release, random_a, options) != run_key(release, random_b, options)
 
 
 def test_results_carry_no_machine_paths(setup, fp32, tmp_path):
