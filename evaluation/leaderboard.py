@@ -559,7 +559,8 @@ def _er_markdown(fit: dict[str, Any]) -> str:
         return "\n".join([*lines, f"Not computed: {fit['reason']}.", ""])
     lines.append(
         f"Linear fit in probit space over {fit['n_models']} complete models: probit(counterfactual acc@1) = "
-        f"{fit['slope']:.3f} · probit(original acc@1) + {fit['intercept']:.3f} (paired accuracies). "
+        f"{fit['slope']:.3f} · probit(original acc@1) {'−' if fit['intercept'] < 0 else '+'} "
+        f"{abs(fit['intercept']):.3f} (paired accuracies). "
         "`effective_robustness`: points above the fit (Taori et al. 2020); see the full table and "
         "`effective_robustness.png`."
     )
@@ -656,7 +657,8 @@ def _html_page(release: dict[str, Any], df: Any, fit: dict[str, Any], correlatio
     er_note = (
         esc(fit["reason"])
         if fit["slope"] is None
-        else f"probit(cf) = {fit['slope']:.3f} · probit(orig) + {fit['intercept']:.3f} over {fit['n_models']} models"
+        else f"probit(cf) = {fit['slope']:.3f} · probit(orig) {'−' if fit['intercept'] < 0 else '+'} "
+        f"{abs(fit['intercept']):.3f} over {fit['n_models']} models"
     )
     plots = "".join(
         f"<img src='{esc(written[k].name)}' alt='{esc(k)}'>"
