@@ -130,7 +130,10 @@ def compute_metrics(
     if df.empty:
         raise ValueError("no predictions: the release has no samples")
     df["edit_type"] = df["edit_type"].fillna(NONE_EDIT_TYPE)
-    configs = [c for c in ("original", "reconstructed", "counterfactual", "lance_r") if (df["config"] == c).any()]
+    # original first, then every other config in the order the release lists them (declared configs included)
+    present = list(dict.fromkeys(df["config"]))
+    configs = [c for c in ("original", *present) if c in present]
+    configs = list(dict.fromkeys(configs))
     has_original = "original" in configs
 
     def name_of(label: int) -> str:
