@@ -276,11 +276,25 @@ def test_release_load_dataset_cannot_open_is_refused(hub_env, tmp_path, monkeypa
     monkeypatch.setattr(dataset_cards, "render_release_card", broken_render)
     assert cli("publish", str(release_dir), "--repo-id", REPO, "--dry-run") == 1
     err = capsys.readouterr().err
-    assert "load_dataset reads 0 rows of config 'counterfactual', the manifest says 9" in err
+    assert "the card's config 'counterfactual' resolves to 0 data file(s), the manifest lists 3" in err
     assert err.count("\n") == 1
     assert cli("publish", str(release_dir), "--repo-id", REPO) == 1
     assert not hub.exists("datasets", REPO)
     assert not any(method != "GET" for method, _, _ in hub.log)  # only reads (refs) happened
+
+    # A declared feature the rows do not cast to (a label name declared as an integer): every row is read, so the
+    # first row that fails stops the publish.
+    def wrong_type(directory, manifest, **kwargs):
+        text = real_render(directory, manifest, **kwargs)
+        text = text.replace("- name: label_name\n      dtype: string", "- name: label_name\n      dtype: int64")
+        (Path(directory) / rf.CARD_NAME).write_text(text, encoding="utf-8")
+        return text
+
+    monkeypatch.setattr(dataset_cards, "render_release_card", wrong_type)
+    capsys.readouterr()
+    assert cli("publish", str(release_dir), "--repo-id", REPO, "--dry-run") == 1
+    err = capsys.readouterr().err
+    assert "load_dataset cannot open config 'original'" in err and "tench" in err and err.count("\n") == 1
 
 
 def test_card_metadata_the_hub_refuses_stops_before_the_repo_is_created(hub_env, tmp_path, monkeypatch, capsys):
