@@ -111,9 +111,20 @@ class BuildConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def public_dict(self) -> dict[str, Any]:
+        """The config as a release records it: the source spec without machine paths (``imagefolder:/home/me/x`` is
+        ``imagefolder:x``), so that the same photos at two locations give the same manifest and nothing local is
+        published."""
+        from builder.sources import public_spec
+
+        data = self.to_dict()
+        if self.source is not None:
+            data["source"] = public_spec(self.source)
+        return data
+
     def config_hash(self) -> str:
         """Hash of everything that decides the release's content. Inactive stages are left out."""
-        data = self.to_dict()
+        data = self.public_dict()
         data["stages"] = [dataclasses.asdict(s) for s in self.active_stages()]
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()

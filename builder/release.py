@@ -69,23 +69,6 @@ def _atomic_write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def public_source_spec(spec: str) -> str:
-    """The source as published: ``SCHEME:ARG`` with a local path reduced to the folder or file name the user chose.
-
-    ``imagefolder:/home/me/photos`` becomes ``imagefolder:photos``: a manifest and a card never carry the machine's
-    paths. Hub ids (``hf:user/dataset:split``) and specs without a local path are unchanged.
-    """
-    scheme, sep, arg = spec.partition(":")
-    if not sep or not arg:
-        return spec
-    head, colon, tail = arg.partition(":") if scheme == "hf" else (arg, "", "")
-    path = Path(head).expanduser()
-    if path.is_absolute() or head.startswith((".", "~")) or path.exists():
-        name = path.resolve().name or head
-        return f"{scheme}:{name}{colon}{tail}"
-    return spec
-
-
 def write_release(
     output: Path,
     config: BuildConfig,
@@ -144,10 +127,6 @@ def write_release(
         assets.append({"path": entry["path"], "sha256": digest, "bytes": size})
 
     failures = [{"source_key": k, "stage": stage, "reason": reason} for k, stage, reason in ledger.failures()]
-    resolved = config.to_dict()
-    if resolved.get("source"):
-        resolved["source"] = public_source_spec(resolved["source"])
-    described = source.describe()
     manifest: dict[str, Any] = {
         "format_version": rf.FORMAT_VERSION,
         "name": config.name,
@@ -157,14 +136,11 @@ def write_release(
         "configs": present,
         "empty_configs": empty,
         "release_spec": spec.to_dict(),
-        "config": resolved,
+        "config": config.public_dict(),
         "config_hash": config_hash,
         "seed": config.seed,
-        "source": {
-            **described,
-            "spec": public_source_spec(described["spec"]),
-            **({"license": config.license} if config.license else {}),
-        },
+        # Config and source record the public spec (builder.sources.public_spec): no machine paths.
+        "source": {**source.describe(), **({"license": config.license} if config.license else {})},
         "label_space": source.label_space.to_dict(),
         "stages": stage_info,
         "packages": package_versions(),

@@ -97,11 +97,8 @@ def test_the_same_photos_at_two_locations_and_spellings_give_byte_identical_rele
     files1, files2 = release_files(out1), release_files(out2)
     shards = [name for name in files1 if name.startswith("data/")]
     assert shards and all(files1[name] == files2[name] for name in shards)
-    # The manifest and card differ only in what the config records (`config.source`, and so the config hash).
-    for manifest in (m1, m2):
-        for name in ("config", "config_hash", "manifest_sha256", "build"):
-            manifest.pop(name, None)
-    assert m1 == m2
+    assert m1["config"]["source"] == "imagefolder:photos" and m1["config_hash"] == m2["config_hash"]
+    assert files1 == files2  # shards, manifest, card, _info.json: every published byte
 
 
 def test_colliding_keys_are_told_apart_by_the_relative_path(tmp_path):
@@ -467,3 +464,7 @@ def test_release_records_the_folder_name_not_its_path(tmp_path):
     assert manifest["source"]["spec"] == "imagefolder:my_photos"
     assert "Source: `imagefolder:my_photos`" in (out / "README.md").read_text()
     assert str(tmp_path) not in json.dumps(manifest["source"]) + json.dumps(manifest["failures"])
+    assert manifest["config"]["source"] == "imagefolder:my_photos"
+    from builder.publish import local_paths  # what `publish` refuses to upload
+
+    assert local_paths(manifest) == [] and str(tmp_path) not in (out / "manifest.json").read_text()
