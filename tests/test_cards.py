@@ -278,3 +278,87 @@ def test_gallery_spreads_over_source_images():
     assert sorted(m["edit_type"] for m, _, _ in pairs) == ["background", "subject", "weather"]
     assert sorted(m["source_key"] for m, _, _ in pairs) == ["src0", "src1", "src2"]
     assert len(select_pairs(originals, counterfactuals, limit=20)) == 9  # every pair once when the limit allows
+
+
+def test_hostile_class_names_and_captions_stay_inert(tmp_path):
+    """Newlines, headings, images, links and HTML in class names reach the card (tables, gallery, alt text) escaped."""
+    from release_fixture import write_release
+
+    hostile = [
+        "evil\n# Injected heading",
+        "![x](https://evil.example/x.png)",
+        "<script>alert(1)</script>",
+        "pipe | cell\r\n- list",
+    ]
+    root = write_release(tmp_path / "hostile", label_names=hostile, labels=(0, 1, 2, 3), edits_per_original=1)
+    text = render_release_card(root, json.loads((root / rf.MANIFEST_NAME).read_text()))
+    body = text[text.index("\n---\n", 4) :]
+    assert not re.search(r"^#+ Injected", body, re.MULTILINE)
+    # No external image, in the text or inside an alt text (a backslash-escaped bracket does not close one).
+    assert not re.search(r"!\[(?:\\.|[^\]\\])*\]\(https?://", body)
+    assert "\\!\\[x\\](https://evil.example/x.png)" in body
+    assert "<script>" not in body and "&lt;script&gt;" in body
+    assert not re.search(r"^- list", body, re.MULTILINE)
+    class_rows = [line for line in body.splitlines() if line.startswith("| ") and "(2)" in line]
+    assert class_rows and all(line.count(" | ") == class_rows[0].count(" | ") for line in class_rows)
+    gallery = re.findall(r"^!\[(.*)\]\((assets/[^)]+)\)$", body, re.MULTILINE)
+    assert gallery and not [alt for alt, _ in gallery if re.search(r"(?<!\\)[\[\]]", alt)]  # brackets escaped
+    assert rf.verify_release(root) == []
+
+
+def test_thresholds_list_nested_stage_options_and_the_clip_gate_model(release):
+    release_dir, manifest = release
+    manifest = json.loads(json.dumps(manifest))
+    manifest["config"]["stages"] = [
+        {
+            "name": "edit",
+            "type": "prompt_to_prompt_edit",
+            "configs": ["counterfactual"],
+            "options": {
+                "model": "CompVis/stable-diffusion-v1-4",
+                "revision": "133a221b",
+                "clip_model": "ViT-L-14",
+                "clip_pretrained": "openai",
+                "self_replace_sweep": [0.4, 0.6, 0.8],
+                "cross_replace": 0.8,
+                "gates": {"clip_directional_min": 0.2, "clip_image_min": 0.75},
+                "null_text": {"num_inner_steps": 10},
+                "local_model_dir": "/home/someone/models/sd",
+            },
+        },
+        {"name": "label_check", "type": "label_check", "configs": ["counterfactual"],
+         "options": {"label_threshold": 0.5}},
+    ]  # fmt: skip
+    manifest["stages"]["edit"] = {"model": "CompVis/stable-diffusion-v1-4", "clip": {"model": "ViT-L-14-quickgelu"}}
+    text = render_release_card(release_dir, manifest)
+    built = text[text.index("## How it was built") : text.index("## Known failure modes")]
+    for expected in (
+        "`edit.self_replace_sweep` = `[0.4, 0.6, 0.8]`",
+        "`edit.cross_replace` = `0.8`",
+        "`edit.gates.clip_directional_min` = `0.2`",
+        "`edit.null_text.num_inner_steps` = `10`",
+        "`label_check.label_threshold` = `0.5`",
+    ):
+        assert expected in built, expected
+    edit_row = next(line for line in built.splitlines() if line.startswith("| edit |"))
+    assert "`ViT-L-14`" in edit_row and "`ViT-L-14-quickgelu`" in edit_row and "`openai`" in edit_row
+    assert "/home/someone" not in text
+
+
+def test_the_card_and_manifest_publish_no_machine_path(tmp_path):
+    from builder_helpers import make_imagefolder, write_config
+
+    from builder.config import load_config
+    from builder.engine import build
+    from builder.release import public_source_spec
+
+    src = make_imagefolder(tmp_path / "deep" / "private" / "myphotos", ["cat", "dog"], per_class=1)
+    cfg = write_config(tmp_path / "c.yaml", f"imagefolder:{src}")
+    out = tmp_path / "out"
+    manifest = build(load_config(str(cfg)), out, progress=False)
+    assert manifest["source"]["spec"] == manifest["config"]["source"] == "imagefolder:myphotos"
+    assert "- Source: `imagefolder:myphotos`" in (out / "README.md").read_text()
+    for name in ("manifest.json", "README.md", "_info.json"):
+        assert str(tmp_path) not in (out / name).read_text(), name
+    assert public_source_spec("hf:user/dataset:test") == "hf:user/dataset:test"
+    assert public_source_spec("imagefolder:./photos/") == "imagefolder:photos"

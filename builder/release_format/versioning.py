@@ -15,7 +15,8 @@ def parse_release_version(text: Any) -> Any:
         version = Version(str(text))
     except InvalidVersion:
         version = None
-    if not isinstance(text, str) or version is None or len(version.release) != 3 or version.epoch or version.local:
+    plain = isinstance(text, str) and text[:1].isdigit() and text == text.strip()  # packaging also takes "v1.0.0"
+    if not plain or version is None or len(version.release) != 3 or version.epoch or version.local:
         raise ValueError(f"version {text!r}: expected a semantic version such as 1.0.0 (or 1.0.0-rc1)")
     return version
 
