@@ -49,11 +49,17 @@ def edit_name(edit: dict[str, Any]) -> str:
 
 
 def read_edits(release: Release, config: str = "counterfactual") -> list[dict[str, Any]]:
-    """Metadata of every sample of ``config`` (images are not decoded)."""
+    """Metadata of every readable sample of ``config`` (images are not decoded). Unreadable samples are left out here:
+    the model runs record them as failures, naming shard and key."""
     edits = []
     for shard in release.shards.get(config, []):
         for _, sample in iter_shard_samples(shard, release.image_ext):
-            edits.append(json.loads(sample[rf.METADATA_EXT]))
+            if sample is None or rf.METADATA_EXT not in sample:
+                continue
+            try:
+                edits.append(json.loads(sample[rf.METADATA_EXT]))
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                continue
     return edits
 
 
