@@ -67,7 +67,17 @@ def _headline_table(results: dict[str, Any]) -> str:
             f"<td>{acc5}</td><td>{_ci(paired, 'paired_delta_acc1') if paired else '–'}</td>"
             f"<td>{paired.get('n', '–')}</td><td>{_ci(entry, 'delta_acc1')}</td></tr>"
         )
-    return f"<table>{head}{''.join(body)}</table>"
+    notes = []
+    if results.get("limit") is not None:
+        notes.append(f"--limit {int(results['limit'])} run: only the first samples of each config were scored")
+    if results.get("failures"):
+        first = results["failures"][0]
+        notes.append(
+            f"{len(results['failures'])} sample(s) could not be read (first: {first.get('shard')} "
+            f"{first.get('key')}); they are left out of every number"
+        )
+    warning = "".join(f"<p class='meta'><b>Incomplete:</b> {html.escape(n)}.</p>" for n in notes)
+    return f"{warning}<table>{head}{''.join(body)}</table>"
 
 
 def _sensitivity_table(results: dict[str, Any]) -> str:
