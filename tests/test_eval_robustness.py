@@ -257,7 +257,8 @@ def test_per_class_plot_order_ranks_only_classes_with_enough_pairs_first():
     def with_classes(name, classes):
         r = fake_results(name, 80.0, 70.0)
         r["sensitivity"]["by_class"] = {
-            lab: {"label_name": f"class {lab}, extra", "n": n, "paired_delta_acc1": d} for lab, (n, d) in classes.items()
+            lab: {"label_name": f"class {lab}, extra", "n": n, "paired_delta_acc1": d}
+            for lab, (n, d) in classes.items()
         }
         return r
 
