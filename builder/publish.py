@@ -49,7 +49,6 @@ LEADERBOARD_CONFIG = "leaderboard"
 LEADERBOARD_SPLIT = "train"
 # Paths on the branch that a release commit never deletes: results accumulate across versions.
 PROTECTED_PREFIXES = (f"{RESULTS_DIR}/", ".gitattributes")
-SEMVER = re.compile(r"^\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.-]+)?$")
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 # The Hub's access-request modes (``HfApi.update_repo_settings(gated=...)``).
 GATED_MODES = ("auto", "manual")
@@ -152,14 +151,12 @@ def check_repo_id(repo_id: str) -> str:
 
 
 def load_manifest(release_dir: Path) -> dict[str, Any]:
+    """The release's ``manifest.json`` as stored, validated by the release format (a missing field is named)."""
     path = Path(release_dir) / rf.MANIFEST_NAME
     if path.is_symlink() or not path.is_file():
         raise ValueError(f"{release_dir} is not a release directory: {rf.MANIFEST_NAME} is missing (or a link)")
-    manifest = rf.read_manifest_dict(path)  # validated by the release format: a missing field is named
-    try:
-        rf.parse_release_version(manifest["version"])
-    except ValueError as err:
-        raise ValueError(f"{path}: {err}") from None
+    manifest = rf.read_manifest_dict(path)
+    rf.parse_release_version(manifest["version"])
     return manifest
 
 
@@ -503,9 +500,7 @@ def _stage(
 
 def verify_before_publish(release_dir: Path) -> None:
     """Run ``lance-cf verify``'s checks; a release with any problem is not published."""
-    from builder.verify import verify_release
-
-    problems = verify_release(Path(release_dir))
+    problems = rf.verify_release(Path(release_dir))
     if problems:
         listed = "\n".join(f"  - {p}" for p in problems[:20])
         more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
@@ -744,9 +739,10 @@ def _previous_manifest(api: Any, repo_id: str, previous: str, tmp: Path) -> dict
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
-def _version_key(tag: str) -> tuple[int, int, int] | None:
-    match = re.match(r"^v(\d+)\.(\d+)\.(\d+)", tag)
-    return tuple(int(x) for x in match.groups()) if match else None  # type: ignore[return-value]
+def _version_key(tag: str) -> Any:
+    """The release version a tag ``v<version>`` names (ordered as ``packaging`` orders versions), or None."""
+    version = tag[1:] if tag.startswith("v") else None
+    return rf.parse_release_version(version) if rf.is_release_version(version) else None
 
 
 # ---------------------------------------------------------------------------------------------------------- results
@@ -836,7 +832,13 @@ def by_release(results: list[dict[str, Any]]) -> list[tuple[dict[str, Any], list
         release = result.get("release") or {}
         key = (str(release.get("name")), str(release.get("version")), str(release.get("manifest_sha256")))
         groups.setdefault(key, []).append(result)
-    ordered = sorted(groups.items(), key=lambda item: (_version_key(f"v{item[0][1]}") or (0, 0, 0), item[0]))
+    lowest = rf.parse_release_version("0.0.0")
+
+    def order(item: tuple[tuple[str, str, str], Any]) -> tuple:
+        version = _version_key(f"v{item[0][1]}")
+        return (version is None, lowest if version is None else version, item[0])
+
+    ordered = sorted(groups.items(), key=order)
     return [({"name": n, "version": v, "manifest_sha256": h}, group) for (n, v, h), group in ordered]
 
 

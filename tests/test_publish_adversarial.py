@@ -196,6 +196,16 @@ def test_local_path_detection_and_scrubbing():
     assert local_paths(clean) == []
 
 
+def test_versions_are_ordered_as_packaging_orders_them():
+    from builder.publish import _previous_version, by_release
+
+    tags = {"v1.9.0": "a", "v1.10.0": "b", "v2.0.0-rc1": "c", "v2.0.0": "d", "latest": "e"}
+    assert _previous_version(tags, "v2.0.0") == "v2.0.0-rc1"
+    assert _previous_version(tags, "v2.0.0-rc1") == "v1.10.0"
+    results = [{"release": {"name": "n", "version": v, "manifest_sha256": v}} for v in ("10.0.0", "2.0.0", "1.0.0")]
+    assert [release["version"] for release, _ in by_release(results)] == ["1.0.0", "2.0.0", "10.0.0"]
+
+
 # --------------------------------------------------------------------------------- credentials in HF_ENDPOINT URLs
 def test_redact_url():
     text = "GET http://user:pw@h:1/a and https://tok@hub.example.org/x, not mailto a@b or http://h/p@x"
