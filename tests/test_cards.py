@@ -350,7 +350,7 @@ def test_the_card_and_manifest_publish_no_machine_path(tmp_path):
 
     from builder.config import load_config
     from builder.engine import build
-    from builder.release import public_source_spec
+    from builder.sources import public_spec
 
     src = make_imagefolder(tmp_path / "deep" / "private" / "myphotos", ["cat", "dog"], per_class=1)
     cfg = write_config(tmp_path / "c.yaml", f"imagefolder:{src}")
@@ -360,5 +360,4 @@ def test_the_card_and_manifest_publish_no_machine_path(tmp_path):
     assert "- Source: `imagefolder:myphotos`" in (out / "README.md").read_text()
     for name in ("manifest.json", "README.md", "_info.json"):
         assert str(tmp_path) not in (out / name).read_text(), name
-    assert public_source_spec("hf:user/dataset:test") == "hf:user/dataset:test"
-    assert public_source_spec("imagefolder:./photos/") == "imagefolder:photos"
+    assert public_spec("hf:user/dataset:test") == "hf:user/dataset:test"

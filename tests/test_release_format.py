@@ -290,3 +290,19 @@ def test_datasets_and_timm_read_a_release_with_class_names(carded):
 
 def test_class_label_names_are_made_unique():
     assert rf.class_label_names(["crane", "tench", "crane"]) == ["crane (0)", "tench", "crane (2)"]
+
+
+def test_reader_checks_the_manifest_hash_while_streaming(tmp_path):
+    root = write_release(tmp_path / "r", label_names=["cat", "dog"], labels=(0, 1), edits_per_original=1)
+    shard = rf.load_manifest(root).shards[0]
+    path = root / shard.path
+    samples = list(rf.iter_shard(path, expected_sha256=shard.sha256))
+    assert len(samples) == shard.samples
+    data = bytearray(path.read_bytes())
+    data[600] ^= 0xFF  # inside the first member's data: same length, still a valid tar
+    path.write_bytes(bytes(data))
+    read = []
+    with pytest.raises(rf.ShardIntegrityError, match="modified after it was built"):
+        for item in rf.iter_shard(path, expected_sha256=shard.sha256):
+            read.append(item)
+    assert len(read) == shard.samples  # every sample was streamed before the mismatch was known

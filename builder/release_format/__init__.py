@@ -69,6 +69,7 @@ from builder.release_format.metadata import (
     normalize_metadata,
 )
 from builder.release_format.shards import (
+    ShardIntegrityError,
     ShardSample,
     file_sha256,
     group_into_shards,
@@ -134,6 +135,7 @@ __all__ = [
     "ReleaseSpec",
     "SampleMetadata",
     "ShardRecord",
+    "ShardIntegrityError",
     "ShardSample",
     "Tally",
     "canonical_json",

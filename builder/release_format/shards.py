@@ -21,6 +21,7 @@ import tarfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from builder.release_format.layout import LABEL_EXT, METADATA_EXT, is_valid_key, shard_path
 from builder.release_format.manifest import ShardRecord
@@ -108,6 +109,28 @@ def file_sha256(path: Path) -> tuple[str, int]:
     return h.hexdigest(), size
 
 
+class ShardIntegrityError(ValueError):
+    """A shard's bytes are not the ones the manifest sealed (checked while streaming, at no extra pass)."""
+
+
+class _HashingReader:
+    """A read-only file wrapper that hashes every byte read through it (tar stream mode reads sequentially)."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+        self.digest = hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.raw.read(size)
+        self.digest.update(data)
+        return data
+
+    def finish(self) -> str:
+        while self.read(1 << 20):
+            pass
+        return self.digest.hexdigest()
+
+
 def iter_shard(
     path: Path,
     *,
@@ -115,6 +138,7 @@ def iter_shard(
     select: Callable[[int], bool] | None = None,
     start_index: int = 0,
     keys: set[str] | None = None,
+    expected_sha256: str | None = None,
 ) -> Iterator[tuple[str, dict[str, bytes] | None]]:
     """Samples of a shard as ``(key, {ext: bytes})``, in file order, reading the file once.
 
@@ -125,6 +149,8 @@ def iter_shard(
             yielded as ``(key, None)`` without reading its bytes, so DataLoader workers can stride over a shard.
         start_index: index of the shard's first sample.
         keys: when given, samples with other keys are yielded as ``(key, None)`` without reading their bytes.
+        expected_sha256: the manifest's hash of the shard: the file is then streamed once, every byte hashed as it
+            is read, and after the last sample a mismatch raises ``ShardIntegrityError`` (a modified release).
 
     Raises:
         ValueError: naming the shard and member, for a member that is not a regular file or not ``KEY.EXT``, a
@@ -135,34 +161,45 @@ def iter_shard(
     seen: set[str] = set()
     keep = True
     index = start_index - 1
-    try:
-        with tarfile.open(path, mode="r:") as tar:
-            for info in tar:
-                if not info.isfile():
-                    raise ValueError(f"{path}: member {info.name!r} is not a regular file")
-                key, dot, ext = info.name.partition(".")
-                if not dot or "/" in info.name:
-                    raise ValueError(f"{path}: member {info.name!r} is not KEY.EXT")
-                if key != current_key:
-                    if current_key is not None:
-                        yield current_key, (members if keep else None)
-                    if key in seen:
-                        raise ValueError(f"{path}: sample {key!r} is split across the shard")
-                    seen.add(key)
-                    current_key, members = key, {}
-                    index += 1
-                    keep = (select is None or select(index)) and (keys is None or key in keys)
-                    got: set[str] = set()
-                if ext in got:
-                    raise ValueError(f"{path}: member {info.name!r} appears twice")
-                got.add(ext)
-                if keep and (wanted is None or ext in wanted):
-                    handle = tar.extractfile(info)
-                    members[ext] = handle.read() if handle else b""
-    except tarfile.TarError as err:
-        raise ValueError(f"{path}: not a valid tar archive ({err})") from err
-    if current_key is not None:
-        yield current_key, (members if keep else None)
+    with open(path, "rb") as raw:
+        hashing = _HashingReader(raw) if expected_sha256 is not None else None
+        try:
+            # "r|" streams the file once (every byte hashed); "r:" seeks past the bytes of members it skips.
+            tar = tarfile.open(fileobj=hashing, mode="r|") if hashing else tarfile.open(fileobj=raw, mode="r:")
+            with tar:
+                for info in tar:
+                    if not info.isfile():
+                        raise ValueError(f"{path}: member {info.name!r} is not a regular file")
+                    key, dot, ext = info.name.partition(".")
+                    if not dot or "/" in info.name:
+                        raise ValueError(f"{path}: member {info.name!r} is not KEY.EXT")
+                    if key != current_key:
+                        if current_key is not None:
+                            yield current_key, (members if keep else None)
+                        if key in seen:
+                            raise ValueError(f"{path}: sample {key!r} is split across the shard")
+                        seen.add(key)
+                        current_key, members = key, {}
+                        index += 1
+                        keep = (select is None or select(index)) and (keys is None or key in keys)
+                        got: set[str] = set()
+                    if ext in got:
+                        raise ValueError(f"{path}: member {info.name!r} appears twice")
+                    got.add(ext)
+                    if keep and (wanted is None or ext in wanted):
+                        handle = tar.extractfile(info)
+                        members[ext] = handle.read() if handle else b""
+        except (tarfile.TarError, EOFError) as err:
+            raise ValueError(f"{path}: not a valid tar archive ({err or 'truncated'})") from err
+        if current_key is not None:
+            yield current_key, (members if keep else None)
+        if hashing is not None:
+            digest = hashing.finish()
+            if digest != expected_sha256:
+                raise ShardIntegrityError(
+                    f"{path}: sha256 {digest[:16]}… is not the manifest's {expected_sha256[:16]}…: the release was "
+                    "modified after it was built"
+                )
 
 
 def read_shard(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
