@@ -142,11 +142,6 @@ def hub_env(hub, monkeypatch, tmp_path):
     return hub
 
 
-# The builder records the source's absolute path in the manifest today (issue 10 section 3, the builder's to fix), so
-# publishing its releases needs the explicit override; the refusal itself is tested in test_publish_adversarial.py.
-BUILT = {"allow_local_paths": True}
-
-
 def built_release(tmp_path: Path, version: str, classes: list[str], per_class: int) -> tuple[Path, dict]:
     """A release made by the builder itself (``lance-cf build`` with the model-free stages of tests/fake_stages.py).
 
@@ -230,7 +225,7 @@ def test_publish_versions_over_http(hub_env, tmp_path, caplog, capsys):
     assert f'load_dataset("{REPO}"' not in (v1_dir / rf.CARD_NAME).read_text()  # the build did not know the repo
     # A transient 503 on one large-file upload and on the commit: both retried, the publish completes.
     hub.faults.fail = {"lfs_put": [503], "commit": [503]}
-    result = publish_release(v1_dir, REPO, **BUILT)
+    result = publish_release(v1_dir, REPO)
     assert result.tag == "v1.0.0"
     assert count(hub, "PUT", "/lfs-upload/", 503) == 1 and count(hub, "POST", "/commit/main", 503) == 1
     refs = hub.refs("datasets", REPO)
@@ -250,7 +245,7 @@ def test_publish_versions_over_http(hub_env, tmp_path, caplog, capsys):
 
     # Version 2 (a class dropped, more images per class) replaces the files on main; v1 stays loadable by tag.
     v2_dir, v2 = built_release(tmp_path, "2.0.0", ["cat", "zebra"], per_class=4)
-    result2 = publish_release(v2_dir, REPO, **BUILT)  # renders the changelog against v1 fetched from the Hub
+    result2 = publish_release(v2_dir, REPO)  # renders the changelog against v1 fetched from the Hub
     v2_card = hub.read_file("datasets", REPO, hub.entries("datasets", REPO, "v2.0.0")["README.md"]).decode()
     assert "Changes from v1.0.0 to v2.0.0" in v2_card
     # matched by name although the builder renumbered zebra from 2 to 1
@@ -275,7 +270,7 @@ def test_publish_versions_over_http(hub_env, tmp_path, caplog, capsys):
     # Republishing an existing version is refused, and nothing is written.
     commits_before = len(hub.commits("datasets", REPO))
     with pytest.raises(PublishError, match="already has tag v1.0.0"):
-        publish_release(v1_dir, REPO, **BUILT)
+        publish_release(v1_dir, REPO)
     assert len(hub.commits("datasets", REPO)) == commits_before
 
     # The token was sent (the double requires it) but never logged, printed or written.
@@ -469,7 +464,7 @@ def test_real_eval_of_the_hub_release_publishes_to_its_leaderboard(hub_env, tmp_
 
     hub = hub_env
     release_dir, manifest = built_release(tmp_path, "1.0.0", ["cat", "dog", "zebra"], per_class=2)
-    publish_release(release_dir, REPO, **BUILT)
+    publish_release(release_dir, REPO)
     tags_before = hub.refs("datasets", REPO)["tags"]
     # huggingface_hub fixed its default endpoint at import; the eval reads HF_ENDPOINT (set by hub_env) when it runs
     monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
