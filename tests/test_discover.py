@@ -110,17 +110,24 @@ def test_other_settings_in_the_same_output_are_refused(tmp_path):
         Discovery(tmp_path / "out", CLASSES, _components("red"), _settings(n_base=10))
 
 
+def _run(capsys, *args):
+    from builder.cli import main
+
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
 @pytest.mark.e2e
-def test_discover_demo_command_writes_discoveries_and_a_report_that_renders(tmp_path):
+def test_discover_demo_command_writes_discoveries_and_a_report_that_renders(tmp_path, capsys):
     import re
     import shutil
     import subprocess
 
-    from builder_helpers import cli
-
     out = tmp_path / "disc"
-    done = cli("discover", "--demo", "--output", str(out), "--n-base", "60", "--n-test", "30", "--no-progress")
-    assert "2 discovered failure(s)" in done.stdout and '+ "red"' in done.stdout
+    args = ("discover", "--demo", "--output", str(out), "--n-base", "60", "--n-test", "30", "--no-progress")
+    code, stdout, _ = _run(capsys, *args)
+    assert code == 0 and "2 discovered failure(s)" in stdout and '+ "red"' in stdout
     document = json.loads((out / "discoveries.json").read_text())
     assert document["schema"] == "lance-cf/discoveries"
     assert {r["refined_description"] for r in discovered(document)} == {"red"}
@@ -145,12 +152,10 @@ def test_discover_demo_command_writes_discoveries_and_a_report_that_renders(tmp_
     images = json.loads(match.group(1).replace("&quot;", '"').replace("&amp;", "&"))
     assert len(images) >= 5 and all(complete and width > 0 for _, complete, width in images), images
     # resumable: the same command again regenerates nothing and gives the same document
-    again = cli("discover", "--demo", "--output", str(out), "--n-base", "60", "--n-test", "30", "--no-progress")
-    assert json.loads((out / "discoveries.json").read_text()) == document and again.returncode == 0
+    assert _run(capsys, *args)[0] == 0
+    assert json.loads((out / "discoveries.json").read_text()) == document
 
 
-def test_discover_needs_a_model_and_classes_in_one_line(tmp_path):
-    from builder_helpers import cli
-
-    proc = cli("discover", "--output", str(tmp_path / "x"), check=False)
-    assert proc.returncode == 2 and "--model" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+def test_discover_needs_a_model_and_classes_in_one_line(tmp_path, capsys):
+    code, _, err = _run(capsys, "discover", "--output", str(tmp_path / "x"))
+    assert code == 2 and "--model" in err and len(err.strip().splitlines()) == 1

@@ -95,11 +95,19 @@ def test_bad_options_are_refused_naming_the_option():
         TextualInversionOptions(templates=("a photo of a dog",))
 
 
-@pytest.mark.slow
-def test_learn_tokens_command_learns_each_class_once_and_resumes(tiny_sd_dir, tmp_path):
+def _run(capsys, *args):
+    """The CLI in this process (no interpreter start-up per call), with its exit code and output."""
+    from builder.cli import main
+
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_learn_tokens_command_learns_each_class_once_and_resumes(tiny_sd_dir, tmp_path, capsys):
     import json
 
-    from builder_helpers import cli, make_imagefolder
+    from builder_helpers import make_imagefolder
 
     from lance_pipeline.textual_inversion import load_token
 
@@ -107,17 +115,17 @@ def test_learn_tokens_command_learns_each_class_once_and_resumes(tiny_sd_dir, tm
     out = tmp_path / "tokens"
     args = ["interfaces", "learn-tokens", "--source", f"imagefolder:{photos}", "--output", str(out),
             "--model", str(tiny_sd_dir), "--steps", "2", "--resolution", "32", "--no-progress", "--device", "cpu"]  # fmt: skip
-    first = cli(*args)
-    assert "learned 2 token(s)" in first.stdout
+    code, stdout, _ = _run(capsys, *args)
+    assert code == 0 and "learned 2 token(s)" in stdout
     index = json.loads((out / "tokens.json").read_text())
     assert {info["token"] for info in index["classes"].values()} == {"<tench-0>", "<goldfish-1>"}
     assert load_token(out / "0.safetensors")[0] == "<tench-0>"
     # A killed run leaves finished classes in place: remove one, re-run, only that class is learned again.
     kept = (out / "1.safetensors").read_bytes()
     (out / "0.safetensors").unlink()
-    again = cli(*args)
-    assert "learned 1 token(s)" in again.stdout and "resuming with 1" in again.stderr
+    code, stdout, err = _run(capsys, *args)
+    assert code == 0 and "learned 1 token(s)" in stdout and "resuming with 1" in err
     assert (out / "1.safetensors").read_bytes() == kept
     # Other settings into the same directory are refused in one line.
-    other = cli(*[a if a != "2" else "3" for a in args], check=False)
-    assert other.returncode == 2 and "other settings" in other.stderr and len(other.stderr.strip().splitlines()) == 1
+    code, _, err = _run(capsys, *[a if a != "2" else "3" for a in args])
+    assert code == 2 and "other settings" in err and len(err.strip().splitlines()) == 1
