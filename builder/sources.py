@@ -37,7 +37,6 @@ import math
 import numbers
 import os
 import re
-import shutil
 import tarfile
 import tempfile
 import types
@@ -406,6 +405,8 @@ class ImageNetSource(_FileSource):
                 "for other class folders use imagefolder:PATH"
             )
         by_index = {imagenet.synset_to_index()[f.name]: f for f in folders}
+        if classes is not None and not classes:
+            raise ValueError(f"source {spec!r}: option classes is empty; leave it out to take every class folder")
         wanted = sorted({imagenet.resolve_class(str(c)) for c in classes}) if classes else sorted(by_index)
         missing = [imagenet.synsets()[i] for i in wanted if i not in by_index]
         if missing:
@@ -491,7 +492,8 @@ class HFDatasetSource(Source):
             except Exception as err:  # datasets raises many types; the message names the dataset
                 hint = f"; choose it with hf:{name}:SPLIT" if "split" in str(err).lower() else ""
                 raise ValueError(
-                    f"source {spec!r}: cannot load dataset {name!r} split {split!r}: {_first_line(err)}{hint}"
+                    f"source {spec!r}: cannot load dataset {name!r} split {split!r}: "
+                    f"{_first_line(err).rstrip('.')}{hint}"
                 ) from err
         public_name = public_spec(f"hf:{name}").removeprefix("hf:")
         image_column = image_column or _pick_column(ds, ("image", "img", "jpg", "png"), datasets.Image, spec, "image")
@@ -637,6 +639,10 @@ def _pick_column(ds: Any, candidates: tuple[str, ...], feature_type: Any, spec: 
 COMPRESSED_MAGIC = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00")
 
 
+class _SpoolError(Exception):
+    """The temporary copy of a compressed shard's images could not be written (disk full, TMPDIR not writable)."""
+
+
 @dataclass
 class _WdsSample:
     """One sample's members in a shard, as found by the single pass over it."""
@@ -675,6 +681,12 @@ class WebDatasetSource(Source):
             shards = [Path(p).expanduser() for p in braceexpand.braceexpand(path)]
         except ValueError as err:  # UnbalancedBracesError
             raise ValueError(f"source {spec!r}: {err} (brace patterns look like shard-{{000000..000009}}.tar)") from err
+        folders = [str(p) for p in shards if p.is_dir()]
+        if folders:
+            raise ValueError(
+                f"source {spec!r}: {folders[0]} is a folder; name the shards in it, e.g. wds:{folders[0]}/"
+                "shard-{000000..000009}.tar"
+            )
         missing = [str(p) for p in shards if not p.is_file()]
         if missing:
             raise ValueError(f"source {spec!r}: shard(s) not found: {missing[:3]}")
@@ -735,6 +747,13 @@ class WebDatasetSource(Source):
                 with tarfile.open(fileobj=raw, mode="r|*" if compressed else "r:") as tar:
                     for info in tar:
                         self._add_member(tar, info, compressed, groups, seen, shard_name)
+                        tar.members.clear()  # tarfile keeps every header it read; memory stays per sample, not member
+        except _SpoolError as err:
+            raise ValueError(
+                f"source {self.spec!r}: cannot copy the images of compressed shard {shard} to a temporary file in "
+                f"{tempfile.gettempdir()} ({err}); free space there, set TMPDIR to a larger disk, or decompress the "
+                "shards to plain .tar (read in place)"
+            ) from err
         except (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError) as err:
             raise ValueError(
                 f"source {self.spec!r}: {shard} is not a readable tar archive ({_first_line(err)}); "
@@ -783,9 +802,17 @@ class WebDatasetSource(Source):
             )
             return
         if compressed:
-            spool = self._spool_file()
-            offset = spool.seek(0, os.SEEK_END)
-            shutil.copyfileobj(tar.extractfile(info), spool, 1 << 20)  # type: ignore[arg-type]
+            member = tar.extractfile(info)
+            try:
+                spool = self._spool_file()
+                offset = spool.seek(0, os.SEEK_END)
+            except OSError as err:
+                raise _SpoolError(err.strerror or str(err)) from err
+            while chunk := member.read(1 << 20):  # type: ignore[union-attr]  (a corrupt stream raises here)
+                try:
+                    spool.write(chunk)
+                except OSError as err:
+                    raise _SpoolError(err.strerror or str(err)) from err
             sample.images[ext] = ("spool", offset, info.size)
         else:
             sample.images[ext] = ("shard", info.offset_data, info.size)

@@ -346,6 +346,22 @@ def test_wds_compressed_shard_is_decompressed_once(tmp_path):
     source.close()
 
 
+def test_wds_full_temporary_disk_is_one_line_naming_the_fix(tmp_path, monkeypatch):
+    import builder.sources
+
+    class FullDisk(io.BytesIO):
+        def write(self, data):
+            raise OSError(28, "No space left on device")
+
+    shard = tmp_path / "s.tar.gz"
+    shard.write_bytes(gzip.compress(_tar(tmp_path / "s.tar", [("a.png", _png(1)), ("a.cls", b"1")]).read_bytes()))
+    monkeypatch.setattr(builder.sources.tempfile, "TemporaryFile", lambda **kw: FullDisk())
+    with pytest.raises(ValueError) as err:
+        create_source(f"wds:{shard}")
+    message = str(err.value)
+    assert "No space left on device" in message and "set TMPDIR" in message and "\n" not in message
+
+
 # -- 9 §5: ImageNet class names are package data ----------------------------------------------------------------------
 def test_imagenet_class_list_matches_timm_and_open_clip():
     from builder import imagenet
@@ -411,6 +427,7 @@ def test_bad_specs_give_one_line(tmp_path, synset_folder):
         "hf::test": "expected hf:NAME_OR_PATH[:SPLIT]",
         "imagefolder:": "expected SCHEME:ARG",
         f"imagefolder:{tmp_path / 'nowhere'}": "is not a directory",
+        f"wds:{tmp_path}": "is a folder; name the shards in it, e.g. wds:",
     }
     for spec, expected in cases.items():
         assert expected in _error_line(tmp_path, spec), spec
@@ -425,6 +442,7 @@ def test_bad_specs_give_one_line(tmp_path, synset_folder):
         ({"per_class": 0}, "option per_class = 0 must be an integer >= 1"),
         ({"per_class": True}, "option per_class = True should be an integer or null"),
         ({"max_image_bytes": -1}, "option max_image_bytes = -1 must be an integer >= 1"),
+        ({"classes": []}, "option classes is empty; leave it out to take every class folder"),
     ],
 )
 def test_bad_source_options_give_one_line(tmp_path, synset_folder, options, expected):
