@@ -181,3 +181,31 @@ def push_tokens(directory: Path, repo_id: str, index: dict[str, Any]) -> None:
     )
     api.upload_file(path_or_fileobj=str(staging / "README.md"), path_in_repo="README.md", repo_id=repo_id)
     sys.stdout.write(f"pushed {len(index['classes'])} token(s) to {repo_id}\n")
+
+
+def create_demo_star_tokens(path: Path) -> Path:
+    """The offline demo's class tokens: learned for a few steps on the bundled photos with the tiny Stable Diffusion.
+
+    A ``demo:`` component (``demo:tiny-star-tokens``): deterministic, built once into the cache. Learned from noise-
+    level models in 4 steps, the tokens mean nothing; they exist so that the demo runs the whole dataset-interfaces
+    path (learn tokens, generate with them, filter, release) offline.
+    """
+    from builder import images
+    from builder.models import materialize_demo_component
+    from builder.sources import DemoSource
+    from lance_pipeline.textual_inversion import TextualInversionOptions, TextualInversionTrainer, save_token
+    from lance_pipeline.textual_inversion import token_for_class
+
+    sd = materialize_demo_component("tiny-stable-diffusion")
+    source = DemoSource()
+    per_class: dict[int, list[Any]] = {}
+    for sample in source.samples:
+        image = images.decode_image(source.read(sample), image_size=None, min_side=16)
+        per_class.setdefault(sample.label, []).append(image)
+    trainer = TextualInversionTrainer(TextualInversionOptions(model=str(sd), revision=None, steps=4, resolution=32))
+    path = Path(path)
+    for label in sorted(per_class):
+        name = source.label_space.names[label]
+        learned = trainer.learn(per_class[label], name, token_for_class(name, label))
+        save_token(path / f"{label}.safetensors", learned, metadata={"class_name": name, "label": str(label)})
+    return path

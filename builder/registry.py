@@ -56,6 +56,8 @@ STAGES = Registry(
         "dillema_alternatives": "lance_pipeline.dillema_text:AlternativesStage",
         "dillema_counterfactual": "lance_pipeline.dillema_text:CounterfactualStage",
         "controlnet_edit": "lance_pipeline.controlnet_editing:ControlNetEditStage",
+        "shift_generation": "lance_pipeline.generation:ShiftGenerationStage",
+        "shift_filter": "lance_pipeline.generation:ShiftFilterStage",
     },
 )
 
@@ -89,6 +91,7 @@ DEMO_COMPONENTS = Registry(
         "tiny-stable-diffusion": "lance_pipeline.tiny_image_components:create_tiny_stable_diffusion",
         "tiny-open-clip": "lance_pipeline.tiny_clip_components:create_tiny_open_clip",
         "tiny-controlnet": "lance_pipeline.tiny_controlnet_components:create_tiny_controlnet",
+        "tiny-star-tokens": "builder.cli_interfaces:create_demo_star_tokens",
     },
 )
 
@@ -101,5 +104,6 @@ SOURCES = Registry(
         "hf": "builder.sources:HFDatasetSource",
         "wds": "builder.sources:WebDatasetSource",
         "demo": "builder.sources:DemoSource",
+        "generate": "builder.generated_source:GenerationSource",
     },
 )

@@ -176,7 +176,8 @@ class TextualInversionTrainer:
         pieces = self.tokenizer(class_name, add_special_tokens=False).input_ids
         if not pieces:
             raise ValueError(f"class name {class_name!r} has no word pieces to initialise its token from")
-        self.text_encoder.resize_token_embeddings(len(self.tokenizer))
+        # mean_resizing=False: no random draw for the new row (it is set to the initialiser just below)
+        self.text_encoder.resize_token_embeddings(len(self.tokenizer), mean_resizing=False)
         embeddings = self.text_encoder.get_input_embeddings().weight
         with torch.no_grad():
             init = embeddings[pieces].mean(dim=0)
