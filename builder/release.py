@@ -94,7 +94,16 @@ def write_release(
     from dataset_cards import render_release_card, write_gallery
     from lance_pipeline.stage import RELEASE_EDIT_TYPES, SCORE_NAMES
 
-    spec = release_spec or rf.lance_release_spec(config.configs, RELEASE_EDIT_TYPES, SCORE_NAMES)
+    if release_spec is None:
+        # The LANCE configs are described by the format; a config a stage declared without a ConfigSpec gets a
+        # plain description and no extra metadata fields.
+        declared = tuple(
+            rf.ConfigSpec(c, f"samples of the {c} config (declared by a build stage's outputs)")
+            for c in config.configs
+            if c not in rf.CONFIG_NAMES
+        )
+        release_spec = rf.lance_release_spec(config.configs, RELEASE_EDIT_TYPES, SCORE_NAMES, extra=declared)
+    spec = release_spec
     shards: list[rf.ShardRecord] = []
     counts: dict[str, Any] = {}
     for config_name in config.configs:

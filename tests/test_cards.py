@@ -10,7 +10,7 @@ import re
 import pytest
 from hub_double import HubDouble
 from PIL import Image
-from publish_fixture import make_release
+from publish_fixture import make_release, make_results
 
 from builder import release_format as rf
 from dataset_cards import render_release_card
@@ -25,21 +25,6 @@ def _front_matter(text: str) -> dict:
     match = re.match(r"^---\n(.*?)\n---\n", text, re.DOTALL)
     assert match, "card has no YAML front matter"
     return yaml.safe_load(match.group(1))
-
-
-def _result(model: str, cf_acc1: float, by_edit: dict[str, float]) -> dict:
-    return {
-        "schema": "lance-cf/eval-results",
-        "model": {"name": model, "slug": model.replace("/", "_")},
-        "release": {"name": "lance-demo", "version": "1.0.0", "manifest_sha256": "0" * 64},
-        "metrics": {
-            "original": {"acc1": 90.0, "acc5": 99.0, "n": 6},
-            "counterfactual": {"acc1": cf_acc1, "acc5": 97.0, "n": 9, "delta_acc1": cf_acc1 - 90.0, "delta_acc5": -2.0},
-        },
-        "sensitivity": {
-            "by_edit_type": {t: {"n": 2, "acc1": 50.0, "paired_delta_acc1": v} for t, v in by_edit.items()}
-        },
-    }
 
 
 @pytest.fixture
@@ -175,21 +160,20 @@ def test_counts_and_changelog_against_previous_release(tmp_path):
     assert "First release (v1.0.0)" in first
 
 
-def test_leaderboard_from_results_and_refresh(release):
+def test_leaderboard_is_evaluations_table_and_refreshes_in_place(release):
+    """The card embeds evaluation's one leaderboard (ranked by paired delta), failed runs left out."""
+    from evaluation.leaderboard import leaderboard_markdown
+
     release_dir, manifest = release
-    results = [
-        _result("resnet18", 55.0, {"subject": -30.0, "weather": -4.0}),
-        _result("convnext_atto", 72.5, {"background": -12.0, "domain": -20.0}),
-        {"status": "error", "model": {"name": "broken"}, "release": {"version": "1.0.0"}, "error": "OOM"},
-    ]
+    failed = make_results(manifest, "broken", 0.0, status="error", error="OOM")
+    results = [make_results(manifest, "resnet18", 55.0), make_results(manifest, "convnext_atto", 72.5), failed]
     plain = render_release_card(release_dir, manifest)
     assert "## Leaderboard" not in plain
     text = render_release_card(release_dir, manifest, results=results)
     board = text[text.index("## Leaderboard") : text.index("## How it was built")]
-    lines = [line for line in board.splitlines() if line.startswith("| `")]
-    assert [line.split("|")[1].strip() for line in lines] == ["`convnext_atto`", "`resnet18`"]  # failed run left out
-    assert "| 90.00 | 72.50 | -17.50 | -2.00 | domain (-20.00) |" in lines[0]
-    assert "subject (-30.00)" in lines[1]
+    assert leaderboard_markdown(results) in board
+    ranked = [line.split("|")[2].strip() for line in board.splitlines() if re.match(r"^\| \d+ \|", line)]
+    assert ranked == ["convnext\\_atto", "resnet18"]  # failed run left out
     # Refreshing a rendered card's leaderboard gives exactly the card rendered with those results.
     assert replace_leaderboard_section(plain, results) == text
     assert replace_leaderboard_section(text, []) == plain
@@ -220,15 +204,15 @@ def test_rendering_is_reproducible(release):
 def test_leaderboard_tells_weights_apart(release):
     """The same architecture with pretrained, random and checkpoint weights gives three distinguishable rows."""
     release_dir, manifest = release
-    pretrained = _result("resnet18", 60.0, {"subject": -3.0})
-    random_weights = _result("resnet18", 0.5, {"subject": -1.0})
-    random_weights["model"]["weights"] = {"id": "random"}
-    checkpoint = _result("resnet18", 40.0, {"subject": -2.0})
-    checkpoint["model"]["weights"] = {"id": "checkpoint:sha256:" + "ab12" * 16}
+    pretrained = make_results(manifest, "resnet18", 60.0)
+    random_weights = make_results(manifest, "resnet18", 0.5)
+    random_weights["model"].update(weights={"id": "random"}, slug="resnet18-random")
+    checkpoint = make_results(manifest, "resnet18", 40.0)
+    checkpoint["model"].update(weights={"id": "checkpoint:sha256:" + "ab12" * 16}, slug="resnet18-ckpt")
     text = render_release_card(release_dir, manifest, results=[pretrained, random_weights, checkpoint])
     board = text[text.index("## Leaderboard") : text.index("## How it was built")]
-    models = [line.split("|")[1].strip() for line in board.splitlines() if line.startswith("| `")]
-    assert models == ["`resnet18`", "`resnet18` (checkpoint ab12ab12ab12)", "`resnet18` (random weights)"]
+    models = [line.split("|")[2].strip() for line in board.splitlines() if re.match(r"^\| \d+ \|", line)]
+    assert len(models) == len(set(models)) == 3 and models[0] == "resnet18", models
 
 
 def test_licence_text_ends_with_one_full_stop(tmp_path):

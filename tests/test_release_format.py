@@ -306,3 +306,18 @@ def test_reader_checks_the_manifest_hash_while_streaming(tmp_path):
         for item in rf.iter_shard(path, expected_sha256=shard.sha256):
             read.append(item)
     assert len(read) == shard.samples  # every sample was streamed before the mismatch was known
+
+
+def test_verify_accepts_a_card_config_outside_the_data_but_not_one_inside(carded):
+    import yaml
+
+    card = carded / rf.CARD_NAME
+    text = card.read_text()
+    end = text.index("\n---", 4)
+    header = yaml.safe_load(text[4:end])
+    for path, ok in (("results/leaderboard.tar", True), ("data/extra/test-*.tar", False)):
+        changed = {**header, "configs": [*header["configs"], {"config_name": "extra", "data_files": path}]}
+        changed["configs"][-1]["data_files"] = [{"split": "train", "path": path}]
+        card.write_text(f"---\n{yaml.safe_dump(changed, sort_keys=False)}{text[end + 1 :]}")
+        problems = rf.verify_release(carded)
+        assert (problems == []) is ok, (path, problems)

@@ -212,6 +212,18 @@ def _check_card(path: Path, manifest: Manifest) -> list[str]:
     except ValueError as err:
         return [str(err)]
     problems = []
+    # A card may declare configs that are not the release's data (publish adds the `leaderboard` config, whose files
+    # sit under results/): they are left out of the comparison, unless they point into data/.
+    for entry in header.get("configs") or []:
+        name = entry.get("config_name") if isinstance(entry, dict) else None
+        paths = [f.get("path", "") for f in entry.get("data_files", []) if isinstance(f, dict)] if name else []
+        if name not in manifest.configs and any(str(p).startswith(f"{DATA_DIR}/") for p in paths):
+            problems.append(f"{CARD_NAME}: YAML config {name!r} points into {DATA_DIR}/ but is not in the manifest")
+    for key in ("configs", "dataset_info"):
+        if isinstance(header.get(key), list):
+            header[key] = [
+                e for e in header[key] if not isinstance(e, dict) or e.get("config_name") in manifest.configs
+            ]
     for key, expected in card_yaml_expected(manifest).items():
         if header.get(key) != expected:
             problems.append(f"{CARD_NAME}: YAML {key!r} {_first_difference(header.get(key), expected, key)}")
