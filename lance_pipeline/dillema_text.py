@@ -455,6 +455,42 @@ class _DillemaStage:
         return results, attempts
 
 
+def parse_keyword_answer(text: str) -> tuple[Any, str]:
+    """A keyword answer: the JSON object we ask for, or DILLEMA's own format, a list (read as ``repaired``).
+
+    Whichever bracket opens first decides which is tried first, so a list of objects is not misread as one object.
+    """
+    body = text if isinstance(text, str) else ""
+    brace, bracket = body.find("{"), body.find("[")
+    order = (list, dict) if bracket != -1 and (brace == -1 or bracket < brace) else (dict, list)
+    value, outcome = parse_json_answer(text, order[0])
+    if value:
+        return value, outcome if order[0] is dict else ("repaired" if outcome == "json" else outcome)
+    second, second_outcome = parse_json_answer(text, order[1])
+    if second:
+        return second, "repaired" if (second_outcome == "json" and order[1] is list) else second_outcome
+    return value, outcome
+
+
+def _keyword_items(value: Any, caption: str) -> list[tuple[Any, Any]]:
+    """(word, aspect) pairs of a parsed keyword answer, unwrapping one level of wrapping."""
+    if isinstance(value, dict) and len(value) == 1:
+        ((key, inner),) = value.items()
+        if isinstance(inner, (dict, list)) and not (isinstance(key, str) and in_caption(key, caption)):
+            value = inner
+    if isinstance(value, dict):
+        return list(value.items())
+    items = []
+    for item in value or []:
+        if isinstance(item, dict):
+            word = next((item[k] for k in ("word", "keyword", "term") if k in item), None)
+            aspect = next((item[k] for k in ("aspect", "type", "category") if k in item), None)
+            items.append((word, aspect))
+        else:
+            items.append((item, None))
+    return items
+
+
 class DillemaKeywordStage(_DillemaStage):
     """``dillema_keywords``: the caption's words that can change without changing the class, with their aspect.
 
@@ -492,9 +528,13 @@ class DillemaKeywordStage(_DillemaStage):
         return KEYWORDS_PROMPT.format(task=self.task, label=label_name, caption=caption, aspects=", ".join(EDIT_TYPES))
 
     def select_keywords(self, value: Any, caption: str, label_name: str) -> tuple[dict[str, str | None], Counter]:
-        """The usable keywords of one parsed answer (a dict word -> aspect, or a list of words), and the drops."""
+        """The usable keywords of one parsed answer (a dict word -> aspect, or a list of words), and the drops.
+
+        Common wrappings are read too: ``{"keywords": {...}}`` / ``{"words": [...]}`` (one key holding the answer)
+        and lists of ``{"word": ..., "aspect": ...}`` objects.
+        """
         dropped: Counter = Counter()
-        items = list(value.items()) if isinstance(value, dict) else [(word, None) for word in value or []]
+        items = _keyword_items(value, caption)
         keywords: dict[str, str | None] = {}
         for word, aspect in items:
             if not isinstance(word, str) or not _clean_item(word):
@@ -534,11 +574,7 @@ class DillemaKeywordStage(_DillemaStage):
 
         def accept(j: int, text: str, truncated: bool):
             i = todo[j]
-            value, outcome = parse_json_answer(text, dict)
-            if value is None:
-                value, list_outcome = parse_json_answer(text, list)  # DILLEMA's own format: a list of words
-                if value is not None:
-                    outcome = "repaired" if list_outcome == "json" else list_outcome
+            value, outcome = parse_keyword_answer(text)
             _count_outcome(stats[i], outcome, truncated)
             keywords, dropped = self.select_keywords(value, records[i]["caption"], records[i]["label_name"])
             _count_drops(stats[i], dropped)

@@ -128,6 +128,19 @@ def test_keywords_keep_caption_words_and_drop_the_class(tiny_lm):
     assert "ImageNet image classification with 1000 labels" in prompt and '"dog sled"' in prompt and CAPTION in prompt
 
 
+@pytest.mark.parametrize(
+    "answer",
+    [
+        '{"keywords": {"husky": "subject", "snow": "background"}}',
+        '[{"word": "husky", "aspect": "subject"}, {"keyword": "snow", "type": "background"}]',
+        'Here they are: {"husky": "subject", "snow": "background",}',
+    ],
+)
+def test_keywords_read_common_wrappings(tiny_lm, answer):
+    stage, _ = _scripted(DillemaKeywordStage(**_options(tiny_lm)), tiny_lm, [("Which words", answer)])
+    assert stage.process([_record()])[0]["keywords"] == {"husky": "subject", "snow": "background"}
+
+
 def test_keywords_retry_malformed_answers_with_new_seeds_and_count_them(tiny_lm):
     stage, script = _scripted(
         DillemaKeywordStage(**_options(tiny_lm, max_attempts=3)),
