@@ -67,7 +67,7 @@ def reference_sweep(editor, inversion: dict[str, Any], requests) -> dict[tuple[i
     """One prompt-to-prompt run of ``[caption, edited caption]`` per (request, sweep value), nothing shared.
 
     Returns:
-        ``(request index, sweep value) -> final latent [1, C, h, w]``.
+        ``(request index, sweep value) -> final latents [2, C, h, w]`` (the run's source, then the target).
     """
     from lance_pipeline.attention_control import PromptToPromptController
     from lance_pipeline.inversion import ddim_sample
@@ -91,5 +91,5 @@ def reference_sweep(editor, inversion: dict[str, Any], requests) -> dict[tuple[i
                 o.guidance_scale,
                 controller=controller,
             )
-            out[(index, f)] = latents[1:2]
+            out[(index, f)] = latents
     return out

@@ -1,0 +1,331 @@
+"""The image editor against the reference algorithm, on the same inputs, in one run (issue 12 §6).
+
+Stable Diffusion 1.x components are built from their configs with random weights (timing does not depend on weight
+values; no download): ``--size full`` is the SD 1.x UNet / VAE / text encoder at 512x512 (859.5 M UNet parameters),
+``--size small`` the same architecture families scaled down so a 2-core CPU finishes in minutes. Both algorithms run
+the paper's method on the same images and edits:
+
+* **reference**: as the authors ran it: fp32, null-text inversion one image at a time (torch Adam, ``loss.item()``
+  each iteration), a separate reconstruction pass, and one prompt-to-prompt run of ``[caption, edited caption]``
+  per (edit, sweep value), each run decoding both images;
+* **ours**: ``lance_pipeline``'s editor: null-text batched over the images, the reconstruction taken from the
+  optimisation's source branch, the sweep sharing its trajectory prefix and one source branch per run.
+
+Reported per method: UNet sample-forward-equivalents per counterfactual (counted by a hook on the UNet: exact and
+machine-independent; a backward w.r.t. the null embedding counts 1.08 forwards), seconds of inversion per source
+image, seconds per counterfactual (everything, inversion included, divided by the rendered edits), peak GPU memory,
+reconstruction error (MSE in [0, 1] pixels against the input), and how far our candidates are from the reference's
+(max pixel difference: the savings are exact, so this is rounding). A *counterfactual* here is one rendered edit
+(all its sweep values). Last line: ``speedup_vs_reference=X fwd_eq_ratio=Y``.
+
+    python benchmarks/bench_edit.py --device cpu --size small          # minutes on a 2-core CPU
+    python benchmarks/bench_edit.py --device cuda --size full          # GPU, 512x512, 50 steps, 10 null-text steps
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+CAPTIONS = [
+    "a photo of a dog sitting on the grass",
+    "a photo of a red car parked on a street",
+    "a photo of a man riding a horse on a beach",
+    "a photo of a bird on a branch in a forest",
+]
+EDIT_PATTERNS = [  # (old words, new words): swaps, insertions, a multi-word replacement
+    ("a photo", "a painting"),
+    ("on the", "on the snowy"),
+    ("a photo of", "a blurry photo of"),
+    ("sitting", "sleeping"),
+]
+
+SIZES = {
+    # name: (image size, UNet block widths, cross-attention width, text layers, VAE widths, steps, null-text steps)
+    "full": (512, (320, 640, 1280, 1280), 768, 12, (128, 256, 512, 512), 50, 10),
+    "small": (64, (32, 64, 64, 64), 64, 2, (16, 32, 32, 32), 10, 3),
+}
+
+
+def build_components(size: str, device: str, seed: int = 0):
+    """SD 1.x-architecture UNet, VAE, CLIP text encoder and the real CLIP tokenizer, random weights."""
+    import torch
+    from diffusers import AutoencoderKL, DDIMScheduler, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+
+    from lance_pipeline.sd_components import DDIM_OVERRIDES, StableDiffusionComponents
+    from lance_pipeline.tiny_image_components import PAPER_DDIM_CONFIG, write_clip_tokenizer_files
+
+    image_size, unet_widths, text_width, text_layers, vae_widths, _, _ = SIZES[size]
+    directory = Path(tempfile.mkdtemp(prefix="bench-edit-tokenizer-"))
+    vocab_path, merges_path = write_clip_tokenizer_files(directory)
+    vocab = json.loads(vocab_path.read_text(encoding="utf-8"))
+    merges = [tuple(line.split()) for line in merges_path.read_text(encoding="utf-8").splitlines()[1:] if line]
+    tokenizer = CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=77, pad_token="<|endoftext|>")
+    torch.manual_seed(seed)
+    unet = UNet2DConditionModel(
+        sample_size=image_size // 8,
+        block_out_channels=unet_widths,
+        down_block_types=("CrossAttnDownBlock2D",) * 3 + ("DownBlock2D",),
+        up_block_types=("UpBlock2D",) + ("CrossAttnUpBlock2D",) * 3,
+        cross_attention_dim=text_width,
+        attention_head_dim=8,
+        layers_per_block=2,
+        norm_num_groups=32 if size == "full" else 16,
+    )
+    vae = AutoencoderKL(
+        block_out_channels=vae_widths,
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        latent_channels=4,
+        layers_per_block=2,
+        norm_num_groups=32 if size == "full" else 16,
+        sample_size=image_size,
+    )
+    text_encoder = CLIPTextModel(
+        CLIPTextConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=text_width,
+            intermediate_size=4 * text_width,
+            num_hidden_layers=text_layers,
+            num_attention_heads=12 if size == "full" else 4,
+            max_position_embeddings=77,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    )
+    # Random weights make the VAE's latents and the UNet's outputs huge; scale the UNet's output projection so that
+    # sampling stays finite (timing and counts do not depend on weight values).
+    with torch.no_grad():
+        unet.conv_out.weight.mul_(0.01)
+    scheduler_config = dict(DDIMScheduler.from_config(PAPER_DDIM_CONFIG, **DDIM_OVERRIDES).config)
+    for module in (unet, vae, text_encoder):
+        module.requires_grad_(False).eval().to(device)
+    return StableDiffusionComponents(
+        unet=unet,
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        scheduler_config=scheduler_config,
+        model=f"random-sd1-{size}",
+        revision=None,
+    )
+
+
+def workload(n_images: int, n_edits: int, image_size: int):
+    """Deterministic images (smooth noise) with captions, and per image ``n_edits`` edited captions."""
+    rng = np.random.default_rng(0)
+    images, captions, edits = [], [], []
+    for k in range(n_images):
+        coarse = rng.random((8, 8, 3))
+        array = np.asarray(
+            Image.fromarray((coarse * 255).astype("uint8")).resize((image_size, image_size), Image.Resampling.BICUBIC)
+        )
+        images.append(Image.fromarray(array))
+        caption = CAPTIONS[k % len(CAPTIONS)]
+        captions.append(caption)
+        mine = []
+        for old, new in EDIT_PATTERNS:
+            if old in caption and len(mine) < n_edits:
+                mine.append(caption.replace(old, new, 1))
+        while len(mine) < n_edits:
+            mine.append(f"{caption} at night {len(mine)}")
+        edits.append(mine)
+    return images, captions, edits
+
+
+def reconstruction_error(image: Image.Image, reconstruction: Image.Image) -> float:
+    a = np.asarray(image.convert("RGB"), dtype=np.float64) / 255
+    b = np.asarray(reconstruction.convert("RGB").resize(image.size), dtype=np.float64) / 255
+    return float(((a - b) ** 2).mean())
+
+
+class Clock:
+    """Wall time of a block, with a device sync at both ends on CUDA."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+
+    def sync(self) -> None:
+        import torch
+
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    def __enter__(self):
+        self.sync()
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.sync()
+        self.seconds = time.perf_counter() - self.start
+
+
+def peak_memory_reset(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_memory_gib(device: str) -> float | None:
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else None
+
+
+def run_reference(components, options, images, captions, edits, device):
+    """The authors' algorithm: one image at a time, a reconstruction pass, one P2P run per (edit, sweep value)."""
+    from lance_pipeline.candidate_selection import EditRequest
+    from lance_pipeline.editing_cost import count_unet_evaluations, reference_reconstruction, reference_sweep
+    from lance_pipeline.inversion import NullTextInversion, decode_latents
+    from lance_pipeline.prompt_to_prompt import PromptToPromptEditor
+
+    editor = PromptToPromptEditor(components, options)
+    inverter = NullTextInversion(
+        components.unet,
+        components.vae,
+        components.text_encoder,
+        components.tokenizer,
+        components.scheduler_config,
+        num_inference_steps=options.num_inference_steps,
+        guidance_scale=options.guidance_scale,
+        num_inner_steps=options.num_inner_steps,
+        early_stop_epsilon=options.early_stop_epsilon,
+        image_size=options.image_size,
+    )
+    peak_memory_reset(device)
+    out = {"images": {}, "reconstruction_error": []}
+    with count_unet_evaluations(components.unet) as inversion_count:
+        with Clock(device) as inversion_clock:
+            inversions = []
+            for image, caption in zip(images, captions, strict=True):
+                result = inverter.invert(image, caption)
+                inversions.append(
+                    {"latent": result.latent, "null_embeddings": result.null_embeddings, "caption": caption}
+                )
+    with count_unet_evaluations(components.unet) as edit_count:
+        with Clock(device) as edit_clock:
+            for k, inversion in enumerate(inversions):
+                reconstruction = reference_reconstruction(editor, inversion)
+                out["reconstruction_error"].append(reconstruction_error(images[k], reconstruction))
+                requests = [EditRequest(e, "") for e in edits[k]]
+                latents = reference_sweep(editor, inversion, requests)
+                for (index, f), run_latents in latents.items():
+                    # The authors decode the whole batch of each run: the source and the target.
+                    out["images"][(k, index, f)] = decode_latents(components.vae, run_latents)[1]
+    out.update(
+        count=count, inversion_s=inversion_clock.seconds, edit_s=edit_clock.seconds, peak=peak_memory_gib(device)
+    )
+    return out
+
+
+def run_ours(components, options, images, captions, edits, device):
+    from lance_pipeline.candidate_selection import EditRequest
+    from lance_pipeline.editing_cost import count_unet_evaluations
+    from lance_pipeline.prompt_to_prompt import PromptToPromptEditor
+
+    editor = PromptToPromptEditor(components, options)
+    peak_memory_reset(device)
+    out = {"images": {}, "reconstruction_error": []}
+    with count_unet_evaluations(components.unet) as inversion_count:
+        with Clock(device) as inversion_clock:
+            inversions = editor.invert_batch(images, captions)
+    with count_unet_evaluations(components.unet) as edit_count:
+        with Clock(device) as edit_clock:
+            for k, inversion in enumerate(inversions):
+                reconstruction = editor.reconstruct(inversion)
+                out["reconstruction_error"].append(reconstruction_error(images[k], reconstruction))
+                sweep = editor.sweep(inversion, [EditRequest(e, "") for e in edits[k]])
+                for candidate in sweep.candidates:
+                    out["images"][(k, candidate.request_index, candidate.self_replace)] = candidate.image
+    out.update(
+        count=count, inversion_s=inversion_clock.seconds, edit_s=edit_clock.seconds, peak=peak_memory_gib(device)
+    )
+    out["edit_batch_size"] = editor.edit_batch_size
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--size", choices=sorted(SIZES), default="small")
+    parser.add_argument("--images", type=int, default=2, help="source images (inverted together by ours)")
+    parser.add_argument("--edits", type=int, default=6, help="edited captions per image (one per edit type)")
+    parser.add_argument("--steps", type=int, default=None, help="DDIM steps (default: 50 full, 10 small)")
+    parser.add_argument("--inner-steps", type=int, default=None, help="null-text iterations (10 full, 3 small)")
+    parser.add_argument("--edit-batch-size", type=int, default=None, help="target rows per run (default: by memory)")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads on CPU")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    logging.basicConfig(level=logging.WARNING)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from lance_pipeline.editing_options import ImageEditorOptions
+
+    image_size, *_, steps, inner = SIZES[args.size]
+    steps = args.steps or steps
+    inner = args.inner_steps if args.inner_steps is not None else inner
+    components = build_components(args.size, args.device)
+    options = ImageEditorOptions(
+        model="random-sd1",
+        image_size=image_size,
+        num_inference_steps=steps,
+        num_inner_steps=inner,
+        early_stop_epsilon=0.0,  # random weights: run every iteration in both (the worst case, as the issue counts)
+        edit_batch_size=args.edit_batch_size,
+    )
+    images, captions, edits = workload(args.images, args.edits, image_size)
+    n_cf = args.images * args.edits
+    print(
+        f"# bench_edit: size={args.size} ({image_size}px) device={args.device} images={args.images} "
+        f"edits/image={args.edits} steps={steps} null-text iterations={inner} sweep={list(options.self_replace_sweep)} "
+        f"torch={torch.__version__} threads={torch.get_num_threads()}"
+    )
+    results = {}
+    for name, runner in (("reference fp32", run_reference), ("ours fp32", run_ours)):
+        results[name] = runner(components, options, images, captions, edits, args.device)
+    reference, ours = results["reference fp32"], results["ours fp32"]
+    diff = max(
+        int(np.abs(np.asarray(ours["images"][key], np.int16) - np.asarray(image, np.int16)).max())
+        for key, image in reference["images"].items()
+    )
+    print(
+        "| method | UNet fwd-eq / cf | inversion fwd-eq / image | editing fwd-eq / cf | s inversion / image | "
+        "s editing / cf | s / cf (all) | peak GPU GiB | recon. MSE | max px diff vs reference |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name, r in results.items():
+        total = r["inversion_count"].forward_equivalents + r["edit_count"].forward_equivalents
+        total_s = r["inversion_s"] + r["edit_s"]
+        peak = f"{r['peak']:.2f}" if r["peak"] is not None else "n/a (CPU)"
+        print(
+            f"| {name} | {total / n_cf:.0f} | {r['inversion_count'].forward_equivalents / args.images:.0f} | "
+            f"{r['edit_count'].forward_equivalents / n_cf:.0f} | {r['inversion_s'] / args.images:.2f} | "
+            f"{r['edit_s'] / n_cf:.2f} | {total_s / n_cf:.2f} | {peak} | "
+            f"{np.mean(r['reconstruction_error']):.5f} | {0 if r is reference else diff} |"
+        )
+    print(f"# ours: edit_batch_size={ours['edit_batch_size']} target rows per run")
+    speedup = (reference["inversion_s"] + reference["edit_s"]) / (ours["inversion_s"] + ours["edit_s"])
+    ratio = sum(reference[k].forward_equivalents for k in ("inversion_count", "edit_count")) / sum(
+        ours[k].forward_equivalents for k in ("inversion_count", "edit_count")
+    )
+    print(f"speedup_vs_reference={speedup:.2f} fwd_eq_ratio={ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()
