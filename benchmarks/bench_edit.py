@@ -227,7 +227,11 @@ def run_reference(components, options, images, captions, edits, device):
                     # The authors decode the whole batch of each run: the source and the target.
                     out["images"][(k, index, f)] = decode_latents(components.vae, run_latents)[1]
     out.update(
-        count=count, inversion_s=inversion_clock.seconds, edit_s=edit_clock.seconds, peak=peak_memory_gib(device)
+        inversion_count=inversion_count,
+        edit_count=edit_count,
+        inversion_s=inversion_clock.seconds,
+        edit_s=edit_clock.seconds,
+        peak=peak_memory_gib(device),
     )
     return out
 
@@ -252,7 +256,11 @@ def run_ours(components, options, images, captions, edits, device):
                 for candidate in sweep.candidates:
                     out["images"][(k, candidate.request_index, candidate.self_replace)] = candidate.image
     out.update(
-        count=count, inversion_s=inversion_clock.seconds, edit_s=edit_clock.seconds, peak=peak_memory_gib(device)
+        inversion_count=inversion_count,
+        edit_count=edit_count,
+        inversion_s=inversion_clock.seconds,
+        edit_s=edit_clock.seconds,
+        peak=peak_memory_gib(device),
     )
     out["edit_batch_size"] = editor.edit_batch_size
     return out

@@ -77,6 +77,8 @@ INVERSIONS = Registry(
     "inversion method",
     {
         "null_text": "lance_pipeline.inversion:NullTextMethod",
+        "negative_prompt": "lance_pipeline.inversion:NegativePromptMethod",
+        "direct": "lance_pipeline.inversion:DirectInversionMethod",
     },
 )
 

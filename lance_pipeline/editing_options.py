@@ -20,6 +20,7 @@ SELECTIONS = ("best_directional", "largest_passing")  # candidate_selection.SELE
 # Inversion methods that optimise by gradient descent: Adam's eps (1e-8) is 0 in float16, so the update divides by
 # zero and the embeddings become inf/NaN; these run with float32 weights only.
 OPTIMISING_INVERSIONS = ("null_text",)
+PRECISIONS = ("fp32", "bf16")
 
 
 def steps_of(fraction: float, num_steps: int) -> int:
@@ -35,6 +36,11 @@ class ImageEditorOptions:
         model: Hub id of a Stable Diffusion 1.x/2.x checkpoint in diffusers layout, or a local directory.
         revision: Pinned Hub revision (ignored for a local directory).
         dtype: Weights and compute dtype. float32 as the authors (null-text optimisation needs it).
+        precision: ``"fp32"`` or ``"bf16"``: bfloat16 autocast for the forward-only sampling (sweep and
+            reconstruction passes); inversion runs at ``dtype``.
+        allow_tf32: On CUDA, TF32 matmuls and convolutions (the authors' code enabled TF32 too).
+        cudnn_benchmark: On CUDA, let cuDNN pick convolution algorithms by timing (faster; bytes may differ between
+            runs, so off by default).
         image_size: Square size in pixels the image is resized to before encoding (512).
         num_inference_steps: DDIM steps (50).
         guidance_scale: Classifier-free guidance (7.5).
@@ -62,6 +68,9 @@ class ImageEditorOptions:
     model: str = DEFAULT_MODEL
     revision: str | None = DEFAULT_REVISION
     dtype: str = "float32"
+    precision: str = "fp32"
+    allow_tf32: bool = True
+    cudnn_benchmark: bool = False
     image_size: int = 512
     num_inference_steps: int = 50
     guidance_scale: float = 7.5
@@ -126,7 +135,11 @@ class ImageEditorOptions:
             raise ValueError(f"self_replace_sweep has duplicates: {self.self_replace_sweep!r}")
         if self.attention_edit not in ATTENTION_EDITS:
             raise ValueError(f"attention_edit must be one of {ATTENTION_EDITS}, got {self.attention_edit!r}")
-        for name, allowed in (("refine_padding", REFINE_PADDINGS), ("selection", SELECTIONS)):
+        for name, allowed in (
+            ("refine_padding", REFINE_PADDINGS),
+            ("selection", SELECTIONS),
+            ("precision", PRECISIONS),
+        ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.guidance_scale < 1.0:

@@ -274,6 +274,7 @@ def ddim_sample(
     null_embeddings: torch.Tensor,
     guidance_scale: float,
     controller: PromptToPromptController | None = None,
+    source_trajectory: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Guided DDIM sampling from ``x_T`` with per-step null embeddings, optionally under prompt-to-prompt control.
 
@@ -285,6 +286,7 @@ def ddim_sample(
         null_embeddings: ``[steps, tokens, dim]``; the number of steps is taken from here.
         guidance_scale: Classifier-free guidance scale.
         controller: Prompt-to-prompt controller, or None for plain sampling.
+        source_trajectory: ``[steps, C, h, w]``: row 0 is put back onto it after every step (direct inversion).
 
     Returns:
         Final latents ``[n, C, h, w]``.
@@ -298,11 +300,13 @@ def ddim_sample(
             if controller is not None:
                 controller.cur_step = i
             context = torch.cat([null_embeddings[i : i + 1].expand(n, -1, -1).to(cond.dtype), cond])
-            noise_uncond, noise_cond = unet(
-                torch.cat([latents, latents]), t, encoder_hidden_states=context
-            ).sample.chunk(2)
+            noise_uncond, noise_cond = (
+                unet(torch.cat([latents, latents]), t, encoder_hidden_states=context).sample.to(latents.dtype).chunk(2)
+            )
             noise = noise_uncond + guidance_scale * (noise_cond - noise_uncond)
             latents = sampler.step(noise, t, latents).prev_sample
+            if source_trajectory is not None:
+                latents[0] = source_trajectory[i]
     return latents
 
 
@@ -444,6 +448,103 @@ class NullTextMethod:
             "early_stop_epsilon": o.early_stop_epsilon,
             "learning_rate": f"{NULL_TEXT_LR} * (1 - i / {NULL_TEXT_LR_DECAY_STEPS:g})",
         }
+
+
+def _encode_batch(components, options, images, captions):
+    dtype = components.unet.dtype
+    latent = torch.cat([encode_image(components.vae, image, options.image_size) for image in images]).to(dtype)
+    cond = encode_prompts(components.tokenizer, components.text_encoder, list(captions)).to(dtype)
+    return latent, cond
+
+
+class NegativePromptMethod:
+    """``negative_prompt``: negative-prompt inversion (Miyake et al. 2023, arXiv 2305.16807).
+
+    DDIM inversion as null-text's first phase, then no optimisation: the caption embedding itself takes the place of
+    the optimised null embedding at every step, in every branch (so the source branch's guidance term vanishes and
+    its sampling is the plain DDIM inverse of the inversion). Forward-only: about 100 UNet sample-forwards per image
+    (inversion and the source branch the reconstruction comes from) instead of null-text's ~1,300.
+    """
+
+    name = "negative_prompt"
+
+    def __init__(self, components, options) -> None:
+        self.components = components
+        self.options = options
+
+    def invert(self, images: list[Image.Image], captions: list[str]) -> list[dict[str, Any]]:
+        c, o = self.components, self.options
+        if not images:
+            return []
+        latent, cond = _encode_batch(c, o, images, captions)
+        pivots = ddim_inversion(c.unet, c.scheduler_config, latent, cond, o.num_inference_steps)
+        # The reconstruction's source branch: with the caption as negative prompt, guidance cancels out and each step
+        # is one conditional prediction, so it is computed here once at batch n (not twice per step with CFG).
+        sampler, _ = make_schedulers(c.scheduler_config, o.num_inference_steps, latent.device)
+        current = pivots[-1]
+        with torch.no_grad():
+            for t in sampler.timesteps:
+                noise = c.unet(current, t, encoder_hidden_states=cond).sample
+                current = sampler.step(noise, t, current).prev_sample
+        return [
+            {
+                "latent": pivots[-1][k : k + 1].detach().float().cpu(),
+                "null_embeddings": cond[k].detach().float().cpu().expand(o.num_inference_steps, -1, -1).clone(),
+                "caption": caption,
+                "method": self.name,
+                "inner_steps": [],
+                "reconstruction_latent": current[k : k + 1].detach().float().cpu(),
+            }
+            for k, caption in enumerate(captions)
+        ]
+
+    def describe(self) -> dict[str, Any]:
+        return {"method": self.name, "reference": "Miyake et al. 2023, arXiv 2305.16807"}
+
+
+class DirectInversionMethod:
+    """``direct``: direct inversion ("PnP Inversion", Ju et al., ICLR 2024, arXiv 2310.01506), from the paper.
+
+    DDIM inversion gives the trajectory ``z*_0 .. z*_T``. Editing starts every branch from ``z*_T`` with the plain
+    empty-prompt null embedding and full guidance, and after every sampling step puts the *source* branch back onto
+    the inversion trajectory (adding the offset ``z*_{t-1} - z_{t-1}``); the target branches are not corrected and
+    take the source's attention maps as usual. No optimisation: 50 UNet sample-forwards per image. The source branch
+    ends exactly at ``z*_0``, the encoded image, so the reconstruction is the VAE round trip.
+
+    Implemented from the paper's description (the authors' code has no licence and was not used).
+    """
+
+    name = "direct"
+
+    def __init__(self, components, options) -> None:
+        self.components = components
+        self.options = options
+
+    def invert(self, images: list[Image.Image], captions: list[str]) -> list[dict[str, Any]]:
+        c, o = self.components, self.options
+        if not images:
+            return []
+        latent, cond = _encode_batch(c, o, images, captions)
+        pivots = ddim_inversion(c.unet, c.scheduler_config, latent, cond, o.num_inference_steps)
+        null = encode_prompts(c.tokenizer, c.text_encoder, [""])[0].float().cpu()
+        steps = o.num_inference_steps
+        # After sampling step i the source must hold z*_{T-i-1}: the trajectory in sampling order.
+        trajectory = torch.stack([pivots[steps - i - 1] for i in range(steps)], dim=1)  # [n, steps, C, h, w]
+        return [
+            {
+                "latent": pivots[-1][k : k + 1].detach().float().cpu(),
+                "null_embeddings": null.expand(steps, -1, -1).clone(),
+                "caption": caption,
+                "method": self.name,
+                "inner_steps": [],
+                "source_trajectory": trajectory[k].detach().float().cpu(),
+                "reconstruction_latent": pivots[0][k : k + 1].detach().float().cpu(),
+            }
+            for k, caption in enumerate(captions)
+        ]
+
+    def describe(self) -> dict[str, Any]:
+        return {"method": self.name, "reference": "Ju et al., ICLR 2024, arXiv 2310.01506 (implemented from the paper)"}
 
 
 def make_inversion_method(name: str, components, options) -> InversionMethod:

@@ -48,7 +48,18 @@ class PromptToPromptEditor:
 
     @classmethod
     def load(cls, options: ImageEditorOptions, device: str) -> PromptToPromptEditor:
-        """Load (or share) the components named by ``options`` on ``device`` and build the editor."""
+        """Load (or share) the components named by ``options`` on ``device`` and build the editor.
+
+        On CUDA this also applies the arithmetic settings of the options: TF32 matmuls and convolutions
+        (``allow_tf32``; the authors' code enabled TF32 too) and ``cudnn.benchmark`` (``cudnn_benchmark``, off by
+        default: it picks convolution algorithms by timing, so bytes can differ between runs).
+        """
+        import torch
+
+        if str(device).startswith("cuda"):
+            torch.backends.cuda.matmul.allow_tf32 = options.allow_tf32
+            torch.backends.cudnn.allow_tf32 = options.allow_tf32
+            torch.backends.cudnn.benchmark = options.cudnn_benchmark
         components = load_stable_diffusion_components(
             options.model, options.revision, options.dtype, device, options.cache_dir
         )
@@ -125,15 +136,24 @@ class PromptToPromptEditor:
         """The reconstruction by a separate guided sampling pass (PIL image)."""
         from lance_pipeline.inversion import ddim_sample, decode_latents
 
-        latents = ddim_sample(
-            self.components.unet,
-            self.components.scheduler_config,
-            inversion["latent"].to(self.device, self.dtype),
-            self._embed([inversion["caption"]]),
-            inversion["null_embeddings"].to(self.device, self.dtype),
-            self.options.guidance_scale,
-        )
+        trajectory = inversion.get("source_trajectory")
+        with self.autocast():
+            latents = ddim_sample(
+                self.components.unet,
+                self.components.scheduler_config,
+                inversion["latent"].to(self.device, self.dtype),
+                self._embed([inversion["caption"]]),
+                inversion["null_embeddings"].to(self.device, self.dtype),
+                self.options.guidance_scale,
+                source_trajectory=None if trajectory is None else trajectory.to(self.device, self.dtype),
+            )
         return decode_latents(self.components.vae, latents)[0]
+
+    def autocast(self):
+        """bfloat16 autocast for forward-only sampling when ``precision`` is ``bf16`` (inversion stays at dtype)."""
+        import torch
+
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.options.precision == "bf16")
 
     def build_target(self, caption: str, request: EditRequest, self_replace: float):
         """The prompt-to-prompt schedule of one (edit, sweep value) target."""
@@ -234,20 +254,21 @@ class PromptToPromptEditor:
             per_edit: dict[int, list[int]] = {}
             for index, s in jobs:
                 per_edit.setdefault(index, []).append(s)
-            source_latent, latents = sample_sweep(
-                self.components.unet,
-                self.components.scheduler_config,
-                latent,
-                source_cond,
-                {index: conds[index : index + 1] for index in per_edit},
-                {index: base[index][0] for index in per_edit},
-                per_edit,
-                nulls,
-                o.guidance_scale,
-                o.self_replace_max_tokens,
-                keep_source_to_end=run_index == 0,
-                source_trajectory=trajectory,
-            )
+            with self.autocast():
+                source_latent, latents = sample_sweep(
+                    self.components.unet,
+                    self.components.scheduler_config,
+                    latent,
+                    source_cond,
+                    {index: conds[index : index + 1] for index in per_edit},
+                    {index: base[index][0] for index in per_edit},
+                    per_edit,
+                    nulls,
+                    o.guidance_scale,
+                    o.self_replace_max_tokens,
+                    keep_source_to_end=run_index == 0,
+                    source_trajectory=trajectory,
+                )
             keys = list(latents)
             decoded = decode_latents(
                 self.components.vae,
@@ -272,6 +293,9 @@ class PromptToPromptEditor:
             "edit_word_weight": o.edit_word_weight,
             "attention_edit": o.attention_edit,
             "refine_padding": o.refine_padding,
+            "precision": o.precision,
+            "allow_tf32": o.allow_tf32,
+            "cudnn_benchmark": o.cudnn_benchmark,
             "self_replace_max_tokens": o.self_replace_max_tokens,
             "edit_batch_size": o.edit_batch_size if o.edit_batch_size is not None else f"auto ({self.edit_batch_size})",
         }
@@ -401,9 +425,9 @@ def sample_sweep(
             controller.cur_step = i
             n = latents.shape[0]
             context = torch.cat([null_embeddings[i : i + 1].expand(n, -1, -1).to(source_cond.dtype), *conds])
-            noise_uncond, noise_cond = unet(
-                torch.cat([latents, latents]), t, encoder_hidden_states=context
-            ).sample.chunk(2)
+            noise_uncond, noise_cond = (
+                unet(torch.cat([latents, latents]), t, encoder_hidden_states=context).sample.to(latents.dtype).chunk(2)
+            )
             noise = noise_uncond + guidance_scale * (noise_cond - noise_uncond)
             latents = sampler.step(noise, t, latents).prev_sample
             if source_trajectory is not None and has_source:
