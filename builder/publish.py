@@ -304,6 +304,29 @@ def _refuse_local_paths(what: str, found: list[tuple[str, str]]) -> None:
         )
 
 
+def refuse_token(contents: dict[str, bytes]) -> None:
+    """Refuse to publish text that holds the Hugging Face token this process would upload with.
+
+    The token is looked up (``huggingface_hub.get_token``: ``HF_TOKEN``, then the saved login) only to compare; it is
+    never printed. The shards are not scanned (the manifest, the card and results JSONs are the text a stray token
+    could reach).
+
+    Raises:
+        PublishError: naming the file.
+    """
+    from huggingface_hub import get_token
+
+    token = get_token()
+    if not token or len(token) < 8:
+        return
+    for name, data in contents.items():
+        if token.encode() in data:
+            raise PublishError(
+                f"{name} holds the Hugging Face token this command would publish with; remove it and re-run "
+                "(and revoke the token if it was shared)"
+            )
+
+
 def card_gating(card_text: str) -> bool:
     """Whether the card's YAML asks users to accept terms (``extra_gated_*`` or ``gated``)."""
     import yaml
@@ -482,6 +505,7 @@ def _stage(
     staging.mkdir()
     files, card_files = stage_release(release_dir, staging, manifest, repo_id, previous_manifest)
     card_text = (staging / rf.CARD_NAME).read_text(encoding="utf-8")
+    refuse_token({name: (staging / name).read_bytes() for name in (rf.MANIFEST_NAME, rf.TIMM_INFO_NAME, rf.CARD_NAME)})
     if not allow_local_paths:
         in_card = [(rf.CARD_NAME, m.group(0)) for m in _LOCAL_PATH.finditer(card_text)]
         _refuse_local_paths(f"the card rendered for {release_dir}", in_card)
@@ -999,6 +1023,7 @@ def publish_results(
     check_repo_id(repo_id)
     new = publishable_results(load_results(Path(results_dir)))
     new_paths = {results_path_in_repo(r): r for _, r in new}
+    refuse_token({str(path): _json_bytes(result) for path, result in new})
     if dry_run:
         return {"repo_id": repo_id, "revision": revision, "files": sorted(new_paths), "commit": None}
     api = api or create_api()

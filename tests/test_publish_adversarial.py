@@ -178,6 +178,27 @@ def test_machine_paths_are_not_published(hub_env, tmp_path, capsys):
     assert publish_release(release_dir, REPO, allow_local_paths=True).tag == "v1.0.0"
 
 
+def test_the_token_is_never_published(hub_env, tmp_path, capsys):
+    """The token a publish uploads with, found in the manifest or in a results JSON, stops it (never printed)."""
+    hub = hub_env
+    release_dir, manifest = make_release(tmp_path / "r", source_spec=f"hf:user/data?token={TOKEN}")
+    render_release_card(release_dir, manifest, repo_id=REPO)
+    assert cli("publish", str(release_dir), "--repo-id", REPO, "--dry-run") == 1
+    err = capsys.readouterr().err
+    assert "manifest.json holds the Hugging Face token" in err and TOKEN not in err
+    assert hub.log == []
+
+    clean_dir, clean = release(tmp_path)
+    publish_release(clean_dir, REPO)
+    leaky = make_results(clean, "resnet18", 60.0, options={"batch_size": 8, "hub_token": TOKEN})
+    directory = write_results(tmp_path / "out", leaky)
+    commits = len(hub.commits("datasets", REPO))
+    assert cli("publish-results", str(directory), "--repo-id", REPO) == 1
+    err = capsys.readouterr().err
+    assert "results.json holds the Hugging Face token" in err and TOKEN not in err
+    assert len(hub.commits("datasets", REPO)) == commits
+
+
 def test_local_path_detection_and_scrubbing():
     obj = {
         "release": {"source": "/home/alice/out/rel", "name": "lance-demo", "repo": "https://huggingface.co/x/y"},
