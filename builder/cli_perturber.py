@@ -464,6 +464,11 @@ def run_train(args: argparse.Namespace) -> int:
     """``perturber train``: finetune and write the adapter; returns the exit code."""
     from lance_pipeline.perturber_training import CHECKPOINTS, LoraTrainingConfig, train_perturber_lora
 
+    if args.device not in ("auto", "cpu", "cuda"):
+        raise ValueError(
+            f"--device {args.device}: training takes auto, cpu or cuda; pick GPUs with CUDA_VISIBLE_DEVICES "
+            "(and `accelerate launch` for several)"
+        )
     targets = [t.strip() for t in args.target_modules.split(",") if t.strip()] if args.target_modules else None
     config = LoraTrainingConfig(
         rank=args.rank,

@@ -285,6 +285,9 @@ def test_train_refuses_bad_values(tiny_lm, tmp_path) -> None:
                    str(tmp_path / "a"), "--batch-size", "100"])  # fmt: skip
     with pytest.raises(ValueError, match="not a multiple"):
         args.func(args)
+    args = _parse(["perturber", "train", "--model", "m", "--data", "d", "--output", "o", "--device", "cuda:1"])
+    with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES"):
+        args.func(args)
     args = _parse(["perturber", "collect", "--teacher", "openai:m", "--output", str(tmp_path / "d")])
     with pytest.raises(ValueError, match="exactly one caption input"):
         args.func(args)
