@@ -572,7 +572,8 @@ def run_eval(args: argparse.Namespace) -> int:
             **evaluate_perturber(perturber, captions, types, checker, args.seed),
             "prompt_style": perturber.describe()["prompt_style"],
         }
-        del perturber
+        del perturber  # one model in memory at a time
+        _free_accelerator_memory()
     sys.stdout.write(render_eval_table(results))
     if args.output:
         record = {"model": _public(args.model), "captions_from": description, "edit_types": list(types),
@@ -581,3 +582,13 @@ def run_eval(args: argparse.Namespace) -> int:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     return 0
+
+
+def _free_accelerator_memory() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -197,6 +197,7 @@ class TransformersTeacher:
         self.perturber = PromptPerturber(model=model, revision=revision, n_per_type=n_per_type, **options)
         self.device = device
         self.counts: Counter = Counter()
+        self._loaded = False
 
     def describe(self) -> dict[str, Any]:
         described = self.perturber.describe()
@@ -207,8 +208,9 @@ class TransformersTeacher:
                 "max_new_tokens": described["max_new_tokens"]}  # fmt: skip
 
     def answer(self, requests: list[TeacherRequest]) -> list[TeacherAnswer]:
-        if self.perturber._model is None:
+        if not self._loaded:
             self.perturber.load(self.device)
+            self._loaded = True
         prompts = [self.perturber.build_prompt(r.caption, r.edit_type, r.label_name) for r in requests]
         self.counts["requests"] += len(prompts)
         answers = self.perturber.generate(prompts, [r.seed for r in requests])
