@@ -141,6 +141,12 @@ def _nfc(text: str) -> str:
     return unicodedata.normalize("NFC", text)
 
 
+def _shown(name: str) -> str:
+    """A name as it may appear in a message or a recorded reason: control characters (a newline in a file name)
+    escaped, so that one reason stays one line."""
+    return "".join(c if unicodedata.category(c)[0] != "C" else ascii(c)[1:-1] for c in name)
+
+
 def _path_name(path: str) -> str:
     """The last component of a local path, as a public name (``/home/me/my photos/`` -> ``my photos``)."""
     return _nfc(os.path.basename(os.path.abspath(os.path.expanduser(path))) or "root")
@@ -244,43 +250,72 @@ def _list_class_folders(root: Path, spec: str) -> list[Path]:
 
 
 class _FolderWalk:
-    """Lists image files under a source root. Every folder is listed once across the whole source: a folder reached
-    a second time (a symbolic link to an ancestor, a sibling or itself) becomes an entry with a problem instead of
-    releasing its images again under another class."""
+    """Lists image files under a source root; every folder is listed once, under its own place in the tree.
+
+    A symbolic link to a folder inside the source (the root, a sibling class, an ancestor) is not followed: that
+    folder's images are listed where the folder really is, and the link becomes an entry with a problem, so no image
+    is released twice or under another class, whatever order the folders are walked in. A link to a folder outside
+    the source is followed, once: a second link to the same outside folder is reported the same way.
+    """
 
     def __init__(self, root: Path):
         self.root = root
-        self.first_reached: dict[str, Path] = {os.path.realpath(root): root}
+        self.real_root = os.path.realpath(root)
+        # Folders that physically lie in the tree (reached without following any link); hidden top-level folders
+        # are not classes, so they do not count.
+        self.inside: dict[str, Path] = {}
+        stack = [(root, self.real_root)]  # (path, real path): without links, a child's real path is real/name
+        while stack:
+            directory, real = stack.pop()
+            self.inside[real] = directory
+            try:
+                with os.scandir(directory) as entries:
+                    for entry in entries:
+                        hidden_class = directory == root and entry.name.startswith(".")
+                        if not hidden_class and entry.is_dir(follow_symlinks=False):
+                            stack.append((Path(entry.path), os.path.join(real, entry.name)))
+            except OSError:
+                continue  # an unreadable folder is reported when it is listed
+        self.first_reached: dict[str, Path] = {}
 
     def relative(self, path: Path) -> str:
         """The path inside the source, '/'-separated and NFC: the same wherever the source sits."""
         return _nfc(os.path.relpath(path, self.root).replace(os.sep, "/"))
 
+    def _where(self, real: str, first: Path) -> str:
+        return "the source root" if real == self.real_root else repr(_shown(self.relative(first)))
+
     def images(self, folder: Path) -> list[tuple[Path, str | None]]:
         """Every path with an image extension under ``folder``, with a problem for those that cannot be used.
 
-        An unreadable sub-folder, a folder reached twice, a broken symbolic link, a FIFO or a folder named like an
-        image become entries with a problem (recorded as failures by the builder); a file that is not really an
-        image fails at decode time. Files with other extensions are counted in the log.
+        An unreadable sub-folder, a link to a folder listed elsewhere, a broken symbolic link, a FIFO or a folder
+        named like an image become entries with a problem (recorded as failures by the builder); a file that is not
+        really an image fails at decode time. Files with other extensions are counted in the log.
         """
         found: list[tuple[Path, str | None]] = []
         skipped: dict[str, int] = {}
-
-        def walk(directory: Path) -> None:
-            real = os.path.realpath(directory)
-            first = self.first_reached.get(real)
-            if first is not None:
-                where = "the source root" if first == self.root else f"{self.relative(first)!r}"
+        # Depth-first with an explicit stack (a tree thousands of folders deep is no recursion error), carrying each
+        # folder's real path: resolving every path from the root again would cost depth x depth.
+        stack = [(folder, os.path.realpath(folder))]
+        while stack:
+            directory, real = stack.pop()
+            if os.path.islink(directory) and real in self.inside:
+                where = self._where(real, self.inside[real])
+                found.append((directory, f"folder is a symbolic link to {where}; its images are listed there, once"))
+                continue
+            if real in self.first_reached:
+                where = self._where(real, self.first_reached[real])
                 found.append(
-                    (directory, f"folder is {where} again (through a symbolic link); its images are listed once, there")
+                    (directory, f"folder is {where} again (through a symbolic link); its images are listed once")
                 )
-                return
+                continue
             self.first_reached[real] = directory
             try:
                 entries = sorted(os.scandir(directory), key=lambda e: e.name)
             except OSError as err:
                 found.append((directory, f"unreadable folder: {err.strerror or err}"))
-                return
+                continue
+            subfolders: list[tuple[Path, str]] = []
             for entry in entries:
                 path = Path(entry.path)
                 is_image_name = path.suffix.lower() in IMAGE_EXTENSIONS
@@ -292,7 +327,8 @@ class _FolderWalk:
                     if is_image_name:
                         found.append((path, "a folder named like an image, not an image file"))
                     else:
-                        walk(path)
+                        linked = entry.is_symlink()
+                        subfolders.append((path, os.path.realpath(path) if linked else os.path.join(real, entry.name)))
                 elif not is_image_name:
                     skipped[path.suffix.lower() or "(none)"] = skipped.get(path.suffix.lower() or "(none)", 0) + 1
                 elif entry.is_file():
@@ -301,8 +337,7 @@ class _FolderWalk:
                     found.append((path, "broken symbolic link"))
                 else:
                     found.append((path, "not a regular file"))
-
-        walk(folder)
+            stack.extend(reversed(subfolders))
         if skipped:
             summary = ", ".join(f"{ext} ({n})" for ext, n in sorted(skipped.items()))
             logger.info("%s: skipped %d file(s) without an image extension: %s", folder, sum(skipped.values()), summary)
@@ -351,7 +386,7 @@ class _FileSource(Source):
         self.samples = sorted(samples, key=lambda s: s.key)
 
     def read(self, sample: SourceSample) -> bytes:
-        return _read_bounded(self.paths[sample.key], self.max_image_bytes, self.relative[sample.key])
+        return _read_bounded(self.paths[sample.key], self.max_image_bytes, _shown(self.relative[sample.key]))
 
 
 class ImageFolderSource(_FileSource):
@@ -649,7 +684,7 @@ class _WdsSample:
 
     images: dict[str, tuple[str, int, int]] = field(default_factory=dict)  # ext -> ("shard" | "spool", offset, size)
     label_text: str | None = None
-    members: list[str] = field(default_factory=list)  # extensions seen, for messages
+    members: set[str] = field(default_factory=set)  # extensions seen, for messages
     problems: list[str] = field(default_factory=list)
 
 
@@ -720,11 +755,9 @@ class WebDatasetSource(Source):
             if sample.problems:
                 problem = "; ".join(sample.problems)
             elif not sample.images:
-                problem = (
-                    f"no image member (expected one of {', '.join(WDS_IMAGE_EXTS)}; found {sorted(sample.members)})"
-                )
+                problem = f"no image member (expected one of {', '.join(WDS_IMAGE_EXTS)}; found {sorted(sample.members)[:10]})"
             elif sample.label_text is None:
-                problem = f"no label member .cls (found {sorted(sample.members)})"
+                problem = f"no label member .cls (found {sorted(sample.members)[:10]})"
             elif not re.fullmatch(r"[+-]?[0-9]+", sample.label_text):
                 problem = f"label member .cls holds {sample.label_text[:20]!r}, not an integer"
             else:
@@ -779,25 +812,26 @@ class WebDatasetSource(Source):
         if info.isdir() and ext not in WDS_IMAGE_EXTS and ext != "cls":
             return
         sample = groups.setdefault(base, _WdsSample())
-        sample.members.append(ext)
+        sample.members.add(_shown(ext))
+        shown = _shown(name)
         seen[name] = seen.get(name, 0) + 1
         if seen[name] == 2:
-            sample.problems.append(f"member {name} appears more than once in {shard_name}")
+            sample.problems.append(f"member {shown} appears more than once in {_shown(shard_name)}")
         if ext not in WDS_IMAGE_EXTS and ext != "cls":
             return  # captions, metadata: not needed, not read
-        if not info.isfile():
-            sample.problems.append(f"member {name} is not a regular file")
+        if not info.isfile() or info.issparse():  # a GNU sparse member's bytes are not where its header says
+            sample.problems.append(f"member {shown} is not a regular file")
             return
         if ext == "cls":
             if info.size > MAX_LABEL_BYTES:
-                sample.problems.append(f"label member {name} is {info.size} bytes, not one integer")
+                sample.problems.append(f"label member {shown} is {info.size} bytes, not one integer")
                 return
             data = tar.extractfile(info).read()  # type: ignore[union-attr]
             sample.label_text = data.decode("utf-8", errors="replace").strip()
             return
         if info.size > self.max_image_bytes:
             sample.problems.append(
-                f"image member {name} is {info.size} bytes, over the {self.max_image_bytes}-byte limit "
+                f"image member {shown} is {info.size} bytes, over the {self.max_image_bytes}-byte limit "
                 "(source option max_image_bytes)"
             )
             return
@@ -837,7 +871,7 @@ class WebDatasetSource(Source):
                     f.seek(offset)
                     data = f.read(size)
             except OSError as err:
-                raise ValueError(f"{shard_name}: cannot read: {err.strerror or type(err).__name__}") from err
+                raise ValueError(f"{_shown(shard_name)}: cannot read: {err.strerror or type(err).__name__}") from err
         if len(data) != size:
             raise ValueError(f"{sample.origin}: {len(data)} of {size} bytes could be read (shard changed or truncated)")
         return data

@@ -63,13 +63,65 @@ def test_a_class_folder_linked_to_an_ancestor_does_not_release_images_twice(tmp_
     # Four photos, each once, under its own class; "loop" is a class (it is a folder) with no image of its own.
     assert manifest["label_space"]["names"] == ["apple", "loop", "pear"]
     assert manifest["counts"]["original"]["by_class"] == {"0": 2, "2": 2}
-    reasons = _reasons(manifest)
-    assert reasons == {
-        "loop_loop": "folder is the source root again (through a symbolic link); its images are listed once, there",
-        "pear_more": "folder is 'apple' again (through a symbolic link); its images are listed once, there",
-        "pear_self": "folder is 'pear' again (through a symbolic link); its images are listed once, there",
+    assert _reasons(manifest) == {
+        "loop_loop": "folder is a symbolic link to the source root; its images are listed there, once",
+        "pear_more": "folder is a symbolic link to 'apple'; its images are listed there, once",
+        "pear_self": "folder is a symbolic link to 'pear'; its images are listed there, once",
     }
     assert verify_release(out) == []
+
+
+def test_a_link_walked_before_the_real_folder_does_not_take_its_images(tmp_path):
+    """Class 'aardvark' (walked first) links into 'zebra': the images stay zebra's, whatever the walking order."""
+    src = make_imagefolder(tmp_path / "src", ["zebra"], per_class=1)
+    photo(5).save((src / "zebra" / "sub").mkdir() or src / "zebra" / "sub" / "deep.png")
+    (src / "aardvark").mkdir()
+    os.symlink(src / "zebra" / "sub", src / "aardvark" / "borrowed")
+    outside = make_imagefolder(tmp_path / "outside", ["shared"], per_class=2) / "shared"
+    os.symlink(outside, src / "x_first")  # a folder outside the source, linked twice: listed once, under x_first
+    os.symlink(outside, src / "y_second")
+    source = create_source(f"imagefolder:{src}")
+    names = source.label_space.names
+    by_class = {}
+    for sample in source.samples:
+        if not sample.problem:
+            by_class.setdefault(names[sample.label], []).append(sample.key)
+    assert by_class == {
+        "x_first": ["x_first_img_000", "x_first_img_001"],
+        "zebra": ["zebra_deep", "zebra_img_000"],
+    }
+    problems = {s.key: s.problem for s in source.samples if s.problem}
+    assert problems == {
+        "aardvark_borrowed": "folder is a symbolic link to 'zebra/sub'; its images are listed there, once",
+        "y_second_y_second": "folder is 'x_first' again (through a symbolic link); its images are listed once",
+    }
+
+
+def test_a_very_deep_tree_is_walked_without_recursion(tmp_path):
+    """A tree deeper than Python's recursion limit. The limit is lowered for the test instead of making the tree
+    thousands deep: such a tree would also break pytest's own clean-up (shutil.rmtree recurses)."""
+    deep = tmp_path / "src" / "cls" / Path(*["d"] * 250)
+    deep.mkdir(parents=True)
+    photo(1).save(deep / "bottom.png")
+    frames, frame = 0, sys._getframe()
+    while frame is not None:
+        frames, frame = frames + 1, frame.f_back
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(frames + 150)  # room for the source's own calls, not for one frame per folder
+    try:
+        source = create_source(f"imagefolder:{tmp_path / 'src'}")
+    finally:
+        sys.setrecursionlimit(limit)
+    assert [s.key for s in source.samples] == ["cls_bottom"] and source.samples[0].problem is None
+
+
+def test_a_newline_in_a_file_name_stays_inside_one_reason_line(tmp_path):
+    src = make_imagefolder(tmp_path / "src", ["cls"], per_class=1)
+    photo(2).save(src / "cls" / "two\nlines.png", format="PNG")
+    _, manifest = _build(tmp_path, f"imagefolder:{src}", source_options={"max_image_bytes": 100})
+    reasons = list(_reasons(manifest).values())
+    assert len(reasons) == 2 and all("\n" not in r for r in reasons)
+    assert any("two\\nlines.png" in r for r in reasons)
 
 
 # -- 1. keys, seeds and bytes do not depend on where the source sits or how its names are spelled ---------------------
