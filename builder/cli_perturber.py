@@ -302,12 +302,28 @@ def _captions_from_source(args: argparse.Namespace, device: str):
 
 def _push_folder(command: str, folder: Path, repo_id: str, repo_type: str, private: bool, ignore: list[str]) -> int:
     """Upload ``folder`` to a Hub repo (created if missing); errors become one line. Returns the exit code."""
+    import fnmatch
+    import os
+
     from builder.cli_publish import _talk_to_hub
-    from builder.publish import check_repo_id, create_api
+    from builder.publish import PublishError, check_repo_id, create_api, refuse_token
 
     check_repo_id(repo_id)
+    # The text a stray secret could reach (cards, JSON records): never upload the Hub token or the teacher's key.
+    texts = {
+        str(path.relative_to(folder)): path.read_bytes()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+        and path.suffix in (".md", ".json")
+        and not any(fnmatch.fnmatch(str(path.relative_to(folder)), pattern) for pattern in ignore)
+    }
 
     def push():
+        refuse_token(texts)
+        teacher_key = os.environ.get("OPENAI_API_KEY", "")
+        for name, data in texts.items():
+            if len(teacher_key) >= 8 and teacher_key.encode() in data:
+                raise PublishError(f"{name} holds the teacher key (OPENAI_API_KEY); remove it and re-run")
         api = create_api()
         api.create_repo(repo_id, repo_type=repo_type, private=private, exist_ok=True)
         return api.upload_folder(

@@ -448,3 +448,21 @@ def test_collect_reads_captions_and_class_names_from_a_datasets_dataset(chat_dou
                   "--teacher", "openai:m", "--output", str(output)])  # fmt: skip
     with pytest.raises(ValueError, match="no column 'caption'.*text, label"):
         bad.func(bad)
+
+
+def test_push_refuses_text_holding_the_hub_token_or_the_teacher_key(tmp_path, monkeypatch, capsys) -> None:
+    folder = tmp_path / "adapter"
+    (folder / "checkpoints").mkdir(parents=True)
+    (folder / "README.md").write_text("fine\n")
+    (folder / "checkpoints" / "trainer_state.json").write_text(HUB_TOKEN)  # ignored: never uploaded
+    monkeypatch.setenv("HF_TOKEN", HUB_TOKEN)
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens: a refusal must come first
+    (folder / "lance_training.json").write_text(json.dumps({"note": f"key {KEY}"}))
+    assert cli_perturber._push_folder("train", folder, "org/x", "model", False, ["checkpoints/*"]) == 1
+    err = capsys.readouterr().err
+    assert "lance_training.json holds the teacher key" in err and KEY not in err
+    (folder / "lance_training.json").write_text(json.dumps({"note": f"token {HUB_TOKEN}"}))
+    assert cli_perturber._push_folder("train", folder, "org/x", "model", False, ["checkpoints/*"]) == 1
+    err = capsys.readouterr().err
+    assert "lance_training.json holds the Hugging Face token" in err and HUB_TOKEN not in err
