@@ -373,8 +373,9 @@ def test_publish_results_adds_leaderboard_without_moving_tags(hub_env, tmp_path,
     main = hub.entries("datasets", REPO, "main")
     card = hub.read_file("datasets", REPO, main["README.md"]).decode()
     table = hub.read_file("datasets", REPO, main["results/leaderboard.md"]).decode()
-    assert "## Leaderboard" in card and "| `hf-hub:org/vit_tiny` | v1.0.0 | 80.00 | 70.25 | -9.75" in card
-    assert card.index("hf-hub:org/vit_tiny") < card.index("`resnet18`")  # best counterfactual accuracy first
+    # The card embeds evaluation's ranked table (best paired delta first).
+    assert "## Leaderboard" in card and "| 1 | hf-hub:org/vit\\_tiny | 80.00 | 70.25 | -9.75 |" in card
+    assert card.index("vit\\_tiny") < card.index("| resnet18 |")
     # The Markdown table is evaluation's ranked table, one section per release (best paired delta first).
     assert table.startswith("# Leaderboard\n\n## lance-demo v1.0.0\n")
     assert table.index("vit\\_tiny") < table.index("| resnet18 |")
@@ -496,6 +497,6 @@ def test_real_eval_of_the_hub_release_publishes_to_its_leaderboard(hub_env, tmp_
     main = hub.entries("datasets", REPO, "main")
     assert json.loads(hub.read_file("datasets", REPO, main["results/v1.0.0/test_vit__random.json"])) == result
     card = hub.read_file("datasets", REPO, main["README.md"]).decode()
-    row = next(line for line in card.splitlines() if line.startswith("| `test_vit`"))
-    assert row.startswith("| `test_vit` (random weights) | v1.0.0 |")
+    row = next(line for line in card.splitlines() if "test\\_vit" in line and line.startswith("| 1 |"))
+    assert row.startswith("| 1 | test\\_vit (random weights) |")  # evaluation's ranked table, in the card
     assert f"| {result['metrics']['counterfactual']['acc1']:.2f} |" in row
