@@ -111,6 +111,20 @@ def test_judge_variation(edited: str, edit_type: str, reason: str | None) -> Non
         assert diff.n_regions >= 1 and (diff.original_span or diff.edited_span)
 
 
+def test_the_stage_in_prompt_examples_pass_their_own_type() -> None:
+    # The few-shot examples the perturb stage shows the model are edits of their type by construction: the validator
+    # must accept every one of them, and reject the non-domain ones as domain edits.
+    from lance_pipeline.perturbation import EXAMPLES
+
+    for edit_type, (caption, label, edits) in EXAMPLES.items():
+        for edited in edits:
+            assert judge_variation(caption, edited, edit_type, label)[1] is None, (edit_type, edited)
+            if edit_type != "domain":
+                assert judge_variation(caption, edited, "domain", label)[1] is not None, (edit_type, edited)
+    weather_caption, _, weather_edits = EXAMPLES["weather"]
+    assert judge_variation(weather_caption, weather_edits[0], "subject")[1] == "not_a_replacement"
+
+
 def test_collect_validates_dedupes_and_keeps_rejections(instruction_data: Path) -> None:
     stats = json.loads((instruction_data / "collect_stats.json").read_text())
     assert stats["captions_in"] == 37 and stats["duplicate_captions_dropped"] == 1 and stats["captions"] == 36
