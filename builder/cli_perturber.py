@@ -25,6 +25,8 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 ACTIONS = ("try", "collect", "train", "eval")
+# The teacher's answers, kept beside a collected dataset so that re-running `collect` asks nothing twice.
+ANSWER_LOG = "teacher_answers.jsonl"
 _EDIT_TYPES_DEFAULT = "subject,object,background,weather,adjective,domain"
 
 _DESCRIPTION = (
@@ -417,7 +419,10 @@ def run_collect(args: argparse.Namespace) -> int:
             max_new_tokens=args.max_new_tokens,
         )
     items, description = _read_captions(args, device)
-    result = collect_edits(items, teacher, args.edit_types, args.n, args.test_fraction, args.seed)
+    args.output.mkdir(parents=True, exist_ok=True)
+    result = collect_edits(
+        items, teacher, args.edit_types, args.n, args.test_fraction, args.seed, answer_log=args.output / ANSWER_LOG
+    )
     write_instruction_dataset(result, args.output, teacher.describe(), description, package_versions(), args.license)
     stats = result.stats
     sys.stdout.write(
@@ -429,7 +434,7 @@ def run_collect(args: argparse.Namespace) -> int:
         sys.stderr.write("lance-cf perturber collect: error: no variation was accepted; see collect_stats.json\n")
         return 1
     if args.push_to_hub:
-        return _push_folder("collect", args.output, args.push_to_hub, "dataset", args.private, [])
+        return _push_folder("collect", args.output, args.push_to_hub, "dataset", args.private, [ANSWER_LOG])
     return 0
 
 

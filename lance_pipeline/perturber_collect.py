@@ -416,6 +416,7 @@ def collect_edits(
     test_fraction: float = 0.1,
     seed: int = 0,
     batch_size: int = 32,
+    answer_log: str | Path | None = None,
 ) -> CollectResult:
     """Ask ``teacher`` for edits of every caption and judge each variation.
 
@@ -427,6 +428,9 @@ def collect_edits(
         test_fraction: Share of captions held out as the ``test`` split (by caption hash).
         seed: Mixed into each request's seed (sent to the teacher, used when it samples).
         batch_size: Requests handed to the teacher at once.
+        answer_log: A JSON-lines file of the teacher's answers, appended after every batch. Answers already in it
+            for the same teacher settings and request are reused instead of asked again, so an interrupted or
+            repeated collection costs no second request (failed requests are asked again).
 
     Returns:
         A :class:`CollectResult`; rows are in caption order, then edit-type order.
@@ -445,11 +449,25 @@ def collect_edits(
         for item in captions
         for edit_type in types
     ]  # fmt: skip
+    teacher_id = json.dumps(teacher.describe(), sort_keys=True)
+    answer_ids = {job: _answer_id(teacher_id, job) for job in jobs}
+    known = _read_answer_log(answer_log)
     reasons: Counter = Counter()
     result = CollectResult()
+    reused = 0
     for start in range(0, len(jobs), batch_size):
         batch = jobs[start : start + batch_size]
-        for request, answer in zip(batch, teacher.answer(batch), strict=True):
+        todo = [job for job in batch if answer_ids[job] not in known]
+        fresh = dict(zip(todo, teacher.answer(todo), strict=True)) if todo else {}
+        if answer_log is not None and fresh:
+            with open(answer_log, "a", encoding="utf-8") as log:
+                for job, answer in fresh.items():
+                    if answer.text is not None:
+                        record = {"id": answer_ids[job], "text": answer.text, "truncated": answer.truncated}
+                        log.write(json.dumps(record, sort_keys=True) + "\n")
+        reused += len(batch) - len(todo)
+        for request in batch:
+            answer = fresh.get(request) or known[answer_ids[request]]
             row = _judge_answer(request, answer, test_fraction)
             reasons.update(r["reason"] for r in row["rejected"])
             result.rows.append(row)
@@ -460,6 +478,7 @@ def collect_edits(
         "duplicate_captions_dropped": n_duplicates,
         "captions": len(captions),
         "requests": len(jobs),
+        "answers_reused": reused,
         "failed_requests": sum(1 for r in result.rows if r["teacher_error"]),
         "variations_accepted": accepted,
         "variations_rejected": sum(reasons.values()),
@@ -468,6 +487,25 @@ def collect_edits(
         "teacher": dict(sorted(teacher.counts.items())),
     }
     return result
+
+
+def _answer_id(teacher_id: str, request: TeacherRequest) -> str:
+    fields = [teacher_id, request.caption, request.label_name, request.edit_type, request.n, request.seed]
+    return hashlib.sha256(json.dumps(fields).encode()).hexdigest()
+
+
+def _read_answer_log(path: str | Path | None) -> dict[str, TeacherAnswer]:
+    """Answers recorded by an earlier run; a line cut off by a crash is skipped."""
+    known: dict[str, TeacherAnswer] = {}
+    if path is None or not Path(path).is_file():
+        return known
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+            known[record["id"]] = TeacherAnswer(str(record["text"]), bool(record.get("truncated", False)))
+        except (ValueError, KeyError, TypeError):
+            logger.warning("skipping an unreadable line of the answer log %s", Path(path).name)
+    return known
 
 
 def _judge_answer(request: TeacherRequest, answer: TeacherAnswer, test_fraction: float) -> dict[str, Any]:

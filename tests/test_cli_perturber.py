@@ -237,6 +237,16 @@ def test_collect_from_an_openai_endpoint_with_faults(chat_double, tmp_path, caps
         if path.is_file():
             data = path.read_bytes()
             assert KEY.encode() not in data and chat_double.url.encode() not in data, path
+    # Running the same command again asks only what failed: the answers are reused from the answer log.
+    chat_double.faults.clear()
+    before = len(chat_double.requests)
+    assert args.func(args) == 0
+    assert len(chat_double.requests) - before == 2  # the horse caption's two edit types
+    again = json.loads((output / "collect_stats.json").read_text())
+    assert again["answers_reused"] == 6 and again["failed_requests"] == 0
+    rerun = {(r["caption"], r["edit_type"]): r for r in load_dataset_split(str(output), "train")}
+    assert all(rerun[k] == rows[k] for k in rows if k[0] != "a photo of a horse in a field")
+    assert len(rerun[("a photo of a horse in a field", "weather")]["variations"]) == 2
 
 
 def test_collect_stops_on_a_refused_key(chat_double, tmp_path, monkeypatch) -> None:
