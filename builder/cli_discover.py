@@ -38,6 +38,13 @@ def register(subparsers) -> None:
     discover.add_argument("--steps", type=int, default=50, help="sampling steps (default 50)")
     discover.add_argument("--captioner", default=None, help="captioner checkpoint (default: BLIP-2 as in LANCE)")
     discover.add_argument("--clip-model", default="ViT-L-14", help="CLIP model for failure embeddings")
+    discover.add_argument(
+        "--merge-llm",
+        metavar="MODEL",
+        help="merge each cluster's captions with this instruction-tuned LLM (Hub id, local directory or demo:NAME; "
+        "default: keyword-frequency merge)",
+    )
+    discover.add_argument("--merge-llm-revision", default=None, help="Hub revision of --merge-llm")
     discover.add_argument("--clip-pretrained", default="openai", help="CLIP pretrained tag")
     discover.add_argument("--no-pretrained", action="store_true", help="random classifier weights (tests)")
     discover.add_argument("--device", default=None, help="torch device (default: cuda if available)")
@@ -134,6 +141,17 @@ def _timm_classifier(name: str, pretrained: bool, device: str, torch: Any):
                                                                 for k, v in config.items()}}  # fmt: skip
 
 
+def _llm_merger(model: str, revision: str | None, device: str) -> Any:
+    from builder.models import resolve_model_references
+    from lance_pipeline.discovery import LLMCaptionMerger
+    from lance_pipeline.perturbation import PromptPerturber
+
+    resolved, _ = resolve_model_references({"model": model})  # demo:/pkg: references, as in build configs
+    perturber = PromptPerturber(model=resolved["model"], revision=revision, max_new_tokens=24)
+    perturber.load(device)
+    return LLMCaptionMerger(perturber)
+
+
 def run_discover(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
@@ -162,6 +180,8 @@ def run_discover(args: argparse.Namespace) -> int:
         raise ValueError(f"--output {output} is a file; give a directory")
     device = resolve_device(args.device)
     components = _demo_components(targets) if args.demo else _real_components(args, targets, device)
+    if args.merge_llm:
+        components.merger = _llm_merger(args.merge_llm, args.merge_llm_revision, device)
     bar = tqdm(unit="img", desc="discover", disable=args.no_progress)
     run = Discovery(output, targets, components, settings, progress=bar)
     try:

@@ -36,7 +36,6 @@ from lance_pipeline.discovery import (
     benjamini_hochberg,
     clopper_pearson,
     cluster_failures,
-    merge_captions,
     refine_description,
     test_description,
 )
@@ -89,6 +88,7 @@ class DiscoveryComponents:
     captioner: Any  # .caption(images, class_names) -> list[str]; .describe()
     embedder: Any  # callable(list[PIL]) -> array [n, d]
     classifier_info: dict[str, Any] = field(default_factory=dict)
+    merger: Any = None  # .merge(captions, class_name, superclass) -> str; None: the keyword-frequency merge
 
 
 def derive_seed(seed: int, key: str) -> int:
@@ -213,10 +213,15 @@ class Discovery:
         self.c = components
         self.settings = settings
         self.progress = progress
+        if components.merger is None:
+            from lance_pipeline.discovery import KeywordCaptionMerger
+
+            components.merger = KeywordCaptionMerger()
         self.ledger = DiscoveryLedger(self.output / LEDGER)
         fingerprint = json.dumps(
             {"settings": settings.to_dict(), "classes": [asdict(t) for t in classes], "models": sorted(components.classifiers),
-             "generator": components.generator.describe(), "captioner": components.captioner.describe()},
+             "generator": components.generator.describe(), "captioner": components.captioner.describe(),
+             "merger": components.merger.describe().get("kind")},
             sort_keys=True,
         )  # fmt: skip
         self.ledger.check_settings(fingerprint)
@@ -281,7 +286,7 @@ class Discovery:
                 self.ledger.add_captions(dict(zip(todo, new, strict=True)))
                 cached.update(zip(todo, new, strict=True))
             captions = [cached[k] for k in cluster.members]
-            description = merge_captions(captions, target.name, target.superclass)
+            description = self.c.merger.merge(captions, target.name, target.superclass)
             described.append({
                 "predicted_label": cluster.predicted_label,
                 "members": cluster.members,
@@ -348,6 +353,7 @@ class Discovery:
             "settings": s.to_dict(),
             "generator": self.c.generator.describe(),
             "captioner": self.c.captioner.describe(),
+            "merger": self.c.merger.describe(),
             "classifiers": self.c.classifier_info,
             "models": results,
         }

@@ -241,3 +241,52 @@ def refine_description(
             break
         current = best[1]
     return Refinement(current, steps)
+
+
+MERGE_SYSTEM = (
+    "You summarise what several image captions have in common. Answer with one short phrase of at most {max_words} "
+    "words that describes the shared situation, context or appearance. Do not name the object class."
+)
+
+
+class LLMCaptionMerger:
+    """Merge a cluster's captions with an instruction-tuned LLM (the perturber backend, ``PromptPerturber``).
+
+    The answer's first line is reduced to at most ``max_words`` content words, without the class's own words; when
+    nothing is left (an empty or off-task answer), the keyword merge is used instead and counted in ``fallbacks``.
+    Seeded per cluster: the same captions give the same description.
+    """
+
+    def __init__(self, perturber: Any, max_words: int = 4) -> None:
+        self.perturber = perturber
+        self.max_words = max_words
+        self.fallbacks = 0
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "llm", "model": getattr(self.perturber, "model_id", None), "max_words": self.max_words,
+                "fallbacks": self.fallbacks}  # fmt: skip
+
+    def merge(self, captions: list[str], class_name: str, superclass: str | None = None) -> str:
+        import hashlib
+
+        user = f"Object class: {class_name}\nCaptions:\n" + "\n".join(f"- {c}" for c in captions)
+        prompt = self.perturber.chat_prompt(MERGE_SYSTEM.format(max_words=self.max_words), user)
+        seed = int.from_bytes(hashlib.sha256("\n".join(captions).encode()).digest()[:4], "big") & 0x7FFFFFFF
+        text, _ = self.perturber.generate([prompt], [seed])[0]
+        banned = set(_words(class_name)) | set(_words(superclass or "")) | _stop_words()
+        first_line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+        words = [w for w in _words(first_line) if w not in banned and len(w) >= 3][: self.max_words]
+        if not words:
+            self.fallbacks += 1
+            return merge_captions(captions, class_name, superclass)
+        return " ".join(words)
+
+
+class KeywordCaptionMerger:
+    """The keyword-frequency merge (``merge_captions``) behind the same interface as ``LLMCaptionMerger``."""
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "keyword_frequency", "max_words": 3, "min_document_fraction": 0.5}
+
+    def merge(self, captions: list[str], class_name: str, superclass: str | None = None) -> str:
+        return merge_captions(captions, class_name, superclass)

@@ -90,3 +90,46 @@ def test_refinement_drops_words_while_significant():
     assert refined.description == "red"
     tested = {s.description: s.significant for s in refined.steps}
     assert tested["sandy beach"] is False and tested["red beach"] is True
+
+
+class _ScriptedPerturber:
+    """Stand-in for PromptPerturber's chat interface: returns a fixed answer, records the prompts."""
+
+    model_id = "scripted"
+
+    def __init__(self, answer: str) -> None:
+        self.answer = answer
+        self.prompts: list[str] = []
+
+    def chat_prompt(self, system: str, user: str) -> str:
+        return f"{system}\n{user}"
+
+    def generate(self, prompts, seeds):
+        self.prompts += prompts
+        return [(self.answer, False) for _ in prompts]
+
+
+def test_llm_merge_keeps_content_words_without_the_class_and_falls_back_to_keywords():
+    from lance_pipeline.discovery import LLMCaptionMerger
+
+    captions = ["a red tench on grass", "a red tench in a river", "red fish on green grass"]
+    merger = LLMCaptionMerger(_ScriptedPerturber("The Tench is red, on the grass!\nsecond line ignored"), max_words=3)
+    assert merger.merge(captions, "tench", "fish") == "red grass"
+    assert "Object class: tench" in merger.perturber.prompts[0] and merger.fallbacks == 0
+    empty = LLMCaptionMerger(_ScriptedPerturber("   "))
+    assert empty.merge(captions, "tench", "fish") == merge_captions(captions, "tench", "fish")
+    assert empty.fallbacks == 1 and empty.describe()["fallbacks"] == 1
+
+
+def test_llm_merge_with_the_tiny_causal_lm_is_seeded(tmp_path):
+    from lance_pipeline.discovery import LLMCaptionMerger
+    from lance_pipeline.perturbation import PromptPerturber
+    from lance_pipeline.tiny_text_components import create_tiny_causal_lm
+
+    model = create_tiny_causal_lm(tmp_path / "lm")
+    perturber = PromptPerturber(model=str(model), revision=None, max_new_tokens=8, do_sample=True)
+    perturber.load("cpu")
+    captions = ["a red photo of a tench", "a red photo of a tench by the river"]
+    first = LLMCaptionMerger(perturber).merge(captions, "tench", "fish")
+    assert first == LLMCaptionMerger(perturber).merge(captions, "tench", "fish")
+    assert len(first.split()) <= 4 and "tench" not in first.split()
