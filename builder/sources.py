@@ -533,9 +533,19 @@ class HFDatasetSource(Source):
         public_name = public_spec(f"hf:{name}").removeprefix("hf:")
         image_column = image_column or _pick_column(ds, ("image", "img", "jpg", "png"), datasets.Image, spec, "image")
         label_column = label_column or _pick_column(ds, ("label", "labels", "cls", "class"), None, spec, "label")
-        for column in (image_column, label_column, key_column):
+        for what, column in (("image", image_column), ("label", label_column), ("key", key_column)):
             if column is not None and column not in ds.column_names:
-                raise ValueError(f"source {spec!r}: no column {column!r} (columns: {ds.column_names})")
+                raise ValueError(
+                    f"source {spec!r}: no column {column!r} (columns: {ds.column_names}); "
+                    f"set source_options.{what}_column to one of them"
+                )
+        image_feature = ds.features[image_column]
+        if isinstance(image_feature, datasets.Value) and image_feature.dtype not in ("binary", "large_binary"):
+            raise ValueError(
+                f"source {spec!r}: image column {image_column!r} holds {image_feature.dtype} values, not images; "
+                f"cast it first (ds.cast_column({image_column!r}, datasets.Image()) reads file paths) or choose "
+                "another column with source_options.image_column"
+            )
         # Read raw bytes: decoding (and its failures) is ours, per sample.
         if isinstance(ds.features[image_column], datasets.Image):
             ds = ds.cast_column(image_column, datasets.Image(decode=False))
@@ -724,7 +734,10 @@ class WebDatasetSource(Source):
             )
         missing = [str(p) for p in shards if not p.is_file()]
         if missing:
-            raise ValueError(f"source {spec!r}: shard(s) not found: {missing[:3]}")
+            raise ValueError(
+                f"source {spec!r}: {len(missing)} of {len(shards)} shard(s) not found ({missing[:3]}); check the path "
+                "and the brace pattern"
+            )
         if label_space not in (None, "imagenet-1k", "custom"):
             raise ValueError(f"source {spec!r}: option label_space = {label_space!r}: expected imagenet-1k or custom")
         if class_names is not None and label_space != "imagenet-1k":

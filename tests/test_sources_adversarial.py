@@ -248,6 +248,17 @@ def test_hf_string_labels_are_refused_naming_the_column(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_hf_image_column_of_strings_and_missing_columns_are_one_line(tmp_path):
+    import datasets
+
+    feats = datasets.Features({"file": datasets.Value("string"), "label": datasets.ClassLabel(names=["a"])})
+    datasets.Dataset.from_dict({"file": ["x.png"], "label": [0]}, features=feats).save_to_disk(str(tmp_path / "d"))
+    with pytest.raises(ValueError, match=r"image column 'file' holds string values, not images; cast it first"):
+        create_source(f"hf:{tmp_path / 'd'}", {"image_column": "file"})
+    with pytest.raises(ValueError, match=r"no column 'lbl' .*; set source_options.label_column to one of them"):
+        create_source(f"hf:{tmp_path / 'd'}", {"image_column": "file", "label_column": "lbl"})
+
+
 def test_hf_failure_reasons_and_spec_carry_no_machine_path(tmp_path, monkeypatch):
     """A local image-folder dataset keeps absolute file paths in its cells; one file vanishes before it is read."""
     import builder.engine
