@@ -305,3 +305,26 @@ def test_same_seed_same_adapter_bytes_and_another_seed_differs(trained, tiny_lm,
                                  device="cpu")  # fmt: skip
     weights = "adapter_model.safetensors"
     assert (other.adapter_dir / weights).read_bytes() != (trained.adapter_dir / weights).read_bytes()
+
+
+def test_a_fused_qkv_architecture_trains_and_loads(tiny_lm: Path, instruction_data: Path, tmp_path: Path) -> None:
+    # GPT-2 keeps q, k and v in one Conv1D (c_attn): the default targets map to it, and the adapter loads in the stage.
+    import torch
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_lm)
+    config = GPT2Config(vocab_size=len(tokenizer), n_layer=1, n_embd=16, n_head=2, n_positions=512,
+                        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.convert_tokens_to_ids("<|end|>"),
+                        pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    torch.manual_seed(0)
+    base = tmp_path / "tiny-gpt2"
+    GPT2LMHeadModel(config).save_pretrained(base)
+    tokenizer.save_pretrained(base)
+    outcome = train_perturber_lora(str(base), str(instruction_data), tmp_path / "lora", _tiny_config(max_steps=2),
+                                   device="cpu")  # fmt: skip
+    assert json.loads((outcome.adapter_dir / "adapter_config.json").read_text())["target_modules"] == ["c_attn"]
+    perturber = PromptPerturber(model=str(base), revision=None, adapter=str(outcome.adapter_dir),
+                                edit_types=["domain"], max_new_tokens=4)  # fmt: skip
+    perturber.load("cpu")
+    assert perturber.describe()["prompt_style"] == "alpaca"
+    assert len(perturber.perturb_detailed(["a photo of a dog"], None, ["dog"])) == 1
