@@ -161,6 +161,8 @@ class Manifest:
                 raise ManifestError(f"{where}: required field 'source.{name}' is missing")
         if not isinstance(data["label_space"].get("names"), list):
             raise ManifestError(f"{where}: required field 'label_space.names' is missing")
+        if "name" not in data["label_space"]:
+            raise ManifestError(f"{where}: required field 'label_space.name' is missing")
         try:
             spec = ReleaseSpec.from_dict(data["release_spec"]) if "release_spec" in data else V1_SPEC
             shards = [ShardRecord(**s) for s in data["shards"]]
