@@ -321,3 +321,23 @@ def test_verify_accepts_a_card_config_outside_the_data_but_not_one_inside(carded
         card.write_text(f"---\n{yaml.safe_dump(changed, sort_keys=False)}{text[end + 1 :]}")
         problems = rf.verify_release(carded)
         assert (problems == []) is ok, (path, problems)
+
+
+def test_a_v1_release_written_by_the_v1_code_is_still_read(tmp_path):
+    """tests/data/v1-release was written by the v1 code (release_format.py and release_fixture.py of commit c0d9eb5:
+    USTAR tars with members in png/cls/json order, a v1 manifest and card). verify, the card and eval read it."""
+    import shutil
+
+    from dataset_cards import render_release_card
+    from evaluation.release_reader import iter_shard_samples, open_release
+
+    root = shutil.copytree(REPO / "tests" / "data" / "v1-release", tmp_path / "v1")
+    manifest = rf.load_manifest(root)
+    assert manifest.format_version == 1 and manifest.release_spec == rf.V1_SPEC
+    assert rf.verify_release(root) == []
+    release = open_release(root)
+    assert release.configs == list(rf.CONFIG_NAMES)
+    samples = [s for _, s in iter_shard_samples(release.shards["counterfactual"][0], "png")]
+    assert len(samples) == manifest.counts["counterfactual"]["total"] and all("json" in s for s in samples)
+    text = render_release_card(root, manifest.to_dict())
+    assert "- Source: `fixture`" in text and rf.verify_release(root) == []
