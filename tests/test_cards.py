@@ -345,3 +345,18 @@ def test_the_card_and_manifest_publish_no_machine_path(tmp_path):
     for name in ("manifest.json", "README.md", "_info.json"):
         assert str(tmp_path) not in (out / name).read_text(), name
     assert public_spec("hf:user/dataset:test") == "hf:user/dataset:test"
+
+
+def test_cards_import_only_the_release_format_from_builder():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys, dataset_cards.card\n"
+        "print(','.join(sorted(m for m in sys.modules if m.startswith('builder.')"
+        " and not m.startswith('builder.release_format'))))\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True)
+    assert out.stdout.strip() == ""
