@@ -54,6 +54,16 @@ class InversionResult:
     inner_steps: list[int]
 
 
+def progress(iterable, desc: str, total: int | None = None):
+    """A progress bar over a long loop inside a stage (a GPU build never sits silent for minutes).
+
+    Shown under the build's own bar and removed when done; off when stderr is not a terminal (tests, logs).
+    """
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, desc=desc, total=total, leave=False, disable=None, unit="step")
+
+
 def encode_prompts(tokenizer, text_encoder, prompts: list[str]) -> torch.Tensor:
     """Text embeddings ``[n, model_max_length, dim]`` (padded to ``model_max_length``, truncated beyond)."""
     tokens = tokenizer(
@@ -108,7 +118,7 @@ def ddim_inversion(
     latents = [latent]
     current = latent
     with torch.no_grad():
-        for t in inverse.timesteps:
+        for t in progress(inverse.timesteps, f"DDIM inversion x{latent.shape[0]}"):
             noise = unet(current, t, encoder_hidden_states=cond).sample
             current = inverse.step(noise, t, current).prev_sample
             latents.append(current)
@@ -215,7 +225,7 @@ def null_text_optimization_batched(
     nulls, used = [], [[] for _ in range(n)]
     shape = (n,) + (1,) * (null.ndim - 1)
     use_event = device.type == "cuda"
-    for i, t in enumerate(sampler.timesteps):
+    for i, t in enumerate(progress(sampler.timesteps, f"null-text x{n}")):
         target = pivot_latents[num_steps - i - 1]
         lr = NULL_TEXT_LR * (1.0 - i / NULL_TEXT_LR_DECAY_STEPS)
         threshold = early_stop_epsilon + i * EARLY_STOP_GROWTH_PER_STEP

@@ -384,7 +384,7 @@ def sample_sweep(
     import torch
 
     from lance_pipeline.attention_control import PromptToPromptController, attention_control
-    from lance_pipeline.inversion import make_schedulers
+    from lance_pipeline.inversion import make_schedulers, progress
 
     num_steps = null_embeddings.shape[0]
     sampler, _ = make_schedulers(scheduler_config, num_steps, latent.device)
@@ -409,7 +409,7 @@ def sample_sweep(
     controller = PromptToPromptController([targets[r] for r in rows], self_replace_max_tokens=self_replace_max_tokens)
     has_source = True
     with torch.no_grad(), attention_control(unet, controller if rows else None):
-        for i, t in enumerate(sampler.timesteps):
+        for i, t in enumerate(progress(sampler.timesteps, f"prompt-to-prompt {len(self_steps)} edits")):
             if has_source and not keep_source_to_end and i >= source_needed_until and rows:
                 latents, conds, has_source = latents[1:], conds[1:], False
             new_rows = forks.get(i, [])

@@ -209,3 +209,24 @@ def test_batched_null_text_equals_one_image_at_a_time_and_gives_the_reconstructi
         a = np.asarray(decode_latents(tiny_sd.vae, result["reconstruction_latent"])[0], dtype=np.int16)
         b = np.asarray(decode_latents(tiny_sd.vae, sampled)[0], dtype=np.int16)
         assert np.abs(a - b).max() <= 1
+
+
+def test_long_loops_show_a_progress_bar(tiny_sd, image, monkeypatch):
+    import tqdm.auto
+
+    seen = []
+
+    class Recorder:
+        def __init__(self, iterable, desc=None, total=None, leave=True, disable=False, unit=None):
+            seen.append((desc, leave, disable))
+            self.iterable = iterable
+
+        def __iter__(self):
+            return iter(self.iterable)
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Recorder)
+    latent = encode_image(tiny_sd.vae, image, SIZE)
+    cond = encode_prompts(tiny_sd.tokenizer, tiny_sd.text_encoder, [CAPTION])
+    ddim_inversion(tiny_sd.unet, tiny_sd.scheduler_config, latent, cond, 2)
+    # Shown under the build's bar, removed when done, and off when stderr is not a terminal (disable=None).
+    assert seen == [("DDIM inversion x1", False, None)]
