@@ -15,11 +15,13 @@ Reported per method: UNet sample-forward-equivalents per counterfactual (counted
 machine-independent; a backward w.r.t. the null embedding counts 1.08 forwards), seconds of inversion per source
 image, seconds per counterfactual (everything, inversion included, divided by the rendered edits), peak GPU memory,
 reconstruction error (MSE in [0, 1] pixels against the input), and how far our candidates are from the reference's
-(max pixel difference: the savings are exact, so this is rounding). A *counterfactual* here is one rendered edit
-(all its sweep values). Last line: ``speedup_vs_reference=X fwd_eq_ratio=Y``.
+(max and mean pixel difference: for null-text fp32 the savings are exact, so this is rounding; for the other
+inversion methods and bf16 it is the change they make). Extra rows: ours with each inversion method (``--methods``)
+and precision (``--precisions``). A *counterfactual* here is one rendered edit (all its sweep values). Last line,
+both at the same method (null-text, fp32): ``speedup_vs_reference=X fwd_eq_ratio=Y``.
 
     python benchmarks/bench_edit.py --device cpu --size small          # minutes on a 2-core CPU
-    python benchmarks/bench_edit.py --device cuda --size full          # GPU, 512x512, 50 steps, 10 null-text steps
+    python benchmarks/bench_edit.py --device cuda --size full --precisions fp32,bf16   # GPU, 512x512, 50 steps
 """
 
 from __future__ import annotations
@@ -152,7 +154,11 @@ def reconstruction_error(image: Image.Image, reconstruction: Image.Image) -> flo
 
 
 class Clock:
-    """Wall time of a block, with a device sync at both ends on CUDA."""
+    """Time of a block, with a device sync at both ends on CUDA.
+
+    ``seconds`` is wall time on CUDA and this process's CPU time on the CPU: the CPU figures come from a shared
+    machine, where wall time mostly measures the other jobs (run with ``--threads 1`` so the two agree when quiet).
+    """
 
     def __init__(self, device: str) -> None:
         self.device = device
@@ -163,14 +169,19 @@ class Clock:
         if self.device.startswith("cuda"):
             torch.cuda.synchronize()
 
+    def now(self) -> float:
+        return time.perf_counter() if self.device.startswith("cuda") else time.process_time()
+
     def __enter__(self):
         self.sync()
-        self.start = time.perf_counter()
+        self.start = self.now()
+        self.wall_start = time.perf_counter()
         return self
 
     def __exit__(self, *exc) -> None:
         self.sync()
-        self.seconds = time.perf_counter() - self.start
+        self.seconds = self.now() - self.start
+        self.wall_seconds = time.perf_counter() - self.wall_start
 
 
 def peak_memory_reset(device: str) -> None:
@@ -276,6 +287,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--inner-steps", type=int, default=None, help="null-text iterations (10 full, 3 small)")
     parser.add_argument("--edit-batch-size", type=int, default=None, help="target rows per run (default: by memory)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads on CPU")
+    parser.add_argument(
+        "--methods",
+        type=lambda v: v.split(","),
+        default=["null_text", "negative_prompt", "direct"],
+        help="inversion methods of the extra 'ours' rows (comma-separated)",
+    )
+    parser.add_argument(
+        "--precisions", type=lambda v: v.split(","), default=["fp32"], help="fp32,bf16 (bf16: autocast sampling)"
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -302,21 +322,43 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"# bench_edit: size={args.size} ({image_size}px) device={args.device} images={args.images} "
         f"edits/image={args.edits} steps={steps} null-text iterations={inner} sweep={list(options.self_replace_sweep)} "
-        f"torch={torch.__version__} threads={torch.get_num_threads()}"
+        f"torch={torch.__version__} threads={torch.get_num_threads()} "
+        f"seconds={'wall' if args.device.startswith('cuda') else 'process CPU time'}"
     )
+    import dataclasses
+
     results = {}
-    for name, runner in (("reference fp32", run_reference), ("ours fp32", run_ours)):
+    for name, runner in (("reference fp32", run_reference), ("ours null_text fp32", run_ours)):
         results[name] = runner(components, options, images, captions, edits, args.device)
-    reference, ours = results["reference fp32"], results["ours fp32"]
-    diff = max(
-        int(np.abs(np.asarray(ours["images"][key], np.int16) - np.asarray(image, np.int16)).max())
-        for key, image in reference["images"].items()
-    )
+    reference, ours = results["reference fp32"], results["ours null_text fp32"]
+    for method in args.methods:
+        for precision in args.precisions:
+            name = f"ours {method} {precision}"
+            if name not in results:
+                variant = dataclasses.replace(options, inversion=method, precision=precision)
+                results[name] = run_ours(components, variant, images, captions, edits, args.device)
+
+    def mean_diff(result) -> float:
+        return float(
+            np.mean(
+                [
+                    np.abs(np.asarray(result["images"][key], np.float64) - np.asarray(image, np.float64)).mean()
+                    for key, image in reference["images"].items()
+                ]
+            )
+        )
+
+    def max_diff(result) -> int:
+        return max(
+            int(np.abs(np.asarray(result["images"][key], np.int16) - np.asarray(image, np.int16)).max())
+            for key, image in reference["images"].items()
+        )
+
     print(
         "| method | UNet fwd-eq / cf | inversion fwd-eq / image | editing fwd-eq / cf | s inversion / image | "
         "s editing / cf | s / cf (all) | peak GPU GiB | recon. MSE | max px diff vs reference |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
         total = r["inversion_count"].forward_equivalents + r["edit_count"].forward_equivalents
         total_s = r["inversion_s"] + r["edit_s"]
@@ -325,9 +367,13 @@ def main(argv: list[str] | None = None) -> None:
             f"| {name} | {total / n_cf:.0f} | {r['inversion_count'].forward_equivalents / args.images:.0f} | "
             f"{r['edit_count'].forward_equivalents / n_cf:.0f} | {r['inversion_s'] / args.images:.2f} | "
             f"{r['edit_s'] / n_cf:.2f} | {total_s / n_cf:.2f} | {peak} | "
-            f"{np.mean(r['reconstruction_error']):.5f} | {0 if r is reference else diff} |"
+            f"{np.mean(r['reconstruction_error']):.5f} | {max_diff(r)} | {mean_diff(r):.2f} |"
         )
     print(f"# ours: edit_batch_size={ours['edit_batch_size']} target rows per run")
+    reference_total = reference["inversion_s"] + reference["edit_s"]
+    for name, r in results.items():
+        if r is not reference and r is not ours:
+            print(f"# {name}: speedup_vs_reference={reference_total / (r['inversion_s'] + r['edit_s']):.2f}")
     speedup = (reference["inversion_s"] + reference["edit_s"]) / (ours["inversion_s"] + ours["edit_s"])
     ratio = sum(reference[k].forward_equivalents for k in ("inversion_count", "edit_count")) / sum(
         ours[k].forward_equivalents for k in ("inversion_count", "edit_count")
