@@ -12,6 +12,11 @@ import logging
 import sys
 from pathlib import Path
 
+from builder.registry import ENGINES
+from lance_pipeline.devices import resolve_device as _resolve_device
+
+ENGINE_NAMES = tuple(ENGINES.names())
+
 # Modules that add subcommands, in the order `--help` lists them. A module that is not installed is skipped.
 SUBCOMMAND_MODULES = (
     "builder.cli",  # build, validate, verify, presets
@@ -85,15 +90,43 @@ def register(subparsers) -> None:
     build.add_argument("--seed", type=int, help="release seed; per-sample seeds derive from it and the sample key")
     build.add_argument("--shard-size", type=_positive_int, metavar="N", help="maximum samples per shard")
     build.add_argument("--batch-size", type=_positive_int, metavar="N", help="source images per stage batch")
-    build.add_argument("--device", default=None, help="torch device for the model stages (default: cuda if available)")
+    build.add_argument(
+        "--device", default=None, help="torch device for the model stages: cpu, cuda, cuda:N, auto (default: auto)"
+    )
     build.add_argument(
         "--engine",
-        choices=("local", "ray"),
+        choices=ENGINE_NAMES,
         default="local",
         help="local (default) or ray: run stages of several batches at once on Ray actors (extra: [ray])",
     )
     build.add_argument(
         "--workers", type=_positive_int, default=1, metavar="N", help="Ray actors (one GPU each on cuda)"
+    )
+    build.add_argument(
+        "--torch-threads",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="torch intra-op threads per worker (default 1: fast on shared machines; bytes depend on it, so it is "
+        "recorded and a resume must use the same)",
+    )
+    build.add_argument(
+        "--schedule",
+        choices=("batch-major", "stage-major"),
+        default="batch-major",
+        help="batch-major (default): each batch through every stage; stage-major: every sample through one stage, "
+        "its models freed, then the next (fits smaller GPUs; same bytes; local engine)",
+    )
+    build.add_argument(
+        "--retry-failures",
+        action="store_true",
+        help="also re-run the stages of samples with final failures (errors, i.e. exceptions, are always retried)",
+    )
+    build.add_argument(
+        "--allow-version-change",
+        action="store_true",
+        help="resume although the tool, torch, diffusers, transformers, open_clip, timm or --torch-threads changed "
+        "since the build started (both recorded in the manifest)",
     )
     build.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_allow_code(build)
@@ -197,45 +230,63 @@ def run_build(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         source_options=source_options,
     )
-    # Without an active stage nothing runs on a device: no torch import (seconds) for an `original`-only build.
-    device = resolve_device(args.device) if config.active_stages() else "cpu"
     manifest = build(
         config,
         args.output,
-        device=device,
+        device=args.device,
         progress=not args.no_progress,
         engine=args.engine,
         workers=args.workers,
         allow_code=_allow_code(args),
+        torch_threads=args.torch_threads,
+        retry_failures=args.retry_failures,
+        allow_version_change=args.allow_version_change,
+        schedule=args.schedule,
     )
+    return _summarize_build(args.output, manifest)
+
+
+def _summarize_build(output: Path, manifest: dict) -> int:
+    """What was written, what went wrong, what to run next. Exit 1 while errors (retryable) remain."""
+    write = sys.stdout.write
     counts = ", ".join(f"{c}: {manifest['counts'][c]['total']}" for c in manifest["configs"])
-    failures = len(manifest["failures"])
-    sys.stdout.write(f"built {args.output} ({counts}; {failures} failure(s))\n")
-    for failure in manifest["failures"][:10]:
-        sys.stdout.write(f"  failed {failure['source_key']} [{failure['stage']}]: {failure['reason']}\n")
-    if failures > 10:
-        sys.stdout.write(f"  ... and {failures - 10} more (see manifest.json)\n")
-    return 0
+    failures = manifest["failures"]
+    errors = manifest.get("build", {}).get("errors", [])
+    write(f"built {output} ({counts}; {len(failures)} failure(s), {len(errors)} error(s))\n")
+    for failure in failures[:10]:
+        write(f"  failed {failure['source_key']} [{failure['stage']}]: {failure['reason']}\n")
+    if len(failures) > 10:
+        write(f"  ... and {len(failures) - 10} more failure(s) (see manifest.json)\n")
+    for error in errors[:10]:
+        write(f"  error  {error['source_key']} [{error['stage']}]: {error['message']}\n")
+    if len(errors) > 10:
+        write(f"  ... and {len(errors) - 10} more error(s) (see manifest.json, build.errors)\n")
+    shards = len(manifest.get("shards", []))
+    write(f"wrote {shards} shard(s) under {output}/data, manifest.json, _info.json and README.md (the dataset card)\n")
+    if errors:
+        write("errors are exceptions, not data: fix their cause and re-run the same command to retry them\n")
+    config = manifest["configs"][-1] if manifest["configs"] else "original"
+    write(
+        "next:\n"
+        f"  lance-cf verify {output}\n"
+        f"  python -c \"import datasets; print(datasets.load_dataset('{output}', '{config}', split='test'))\"\n"
+        f"  lance-cf eval --release {output} --model resnet50.a1_in1k --output eval-out\n"
+    )
+    return 1 if errors else 0
 
 
-def resolve_device(device: str | None) -> str:
-    """A torch device name; ``None`` or ``"auto"`` means cuda when available, else cpu."""
-    if device not in (None, "auto"):
-        return device
-    try:
-        import torch
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    except ImportError:
-        return "cpu"
+# One device rule for every subcommand (eval included): lance_pipeline.devices.
+resolve_device = _resolve_device
 
 
 def run_verify(args: argparse.Namespace) -> int:
+    from builder.lock import output_lock
     from builder.verify import verify_release
 
     if not args.release.is_dir():
         raise ValueError(f"{args.release} is not a directory")
-    problems = verify_release(args.release, check_images=not args.skip_images)
+    with output_lock(args.release, "verify", shared=True):  # never beside a build or a publish of it
+        problems = verify_release(args.release, check_images=not args.skip_images)
     if problems:
         sys.stderr.write(f"verify: FAILED: {problems[0]}\n")
         if len(problems) > 1:

@@ -1,21 +1,30 @@
 """The local build engine: source → plan → stages per batch → ledger → shards → manifest → card.
 
+0. Validate the config against the stage contract (``builder.validation``) before anything is loaded or written,
+   then hold the output directory's lock (``builder.lock``) for the whole build.
 1. Plan: list the source (sorted keys, ``limit``), derive each sample's seed from (release seed, key), cut the plan
-   into fixed batches. The plan is stored in the ledger; a resumed build checks the source still gives the same plan.
-2. For each unfinished batch: decode images (the next batch decodes on a thread while this one computes), run each
-   active stage on the batch's live records (or replay its stored outputs), then write the batch's release samples.
-   Each of these steps is one ledger transaction, so ``kill -9`` at any moment loses at most the step in flight.
-3. Write shards from the ledger in key order, then ``_info.json``, ``manifest.json`` and the card.
+   into fixed batches. The plan, the config hash and the environment (``builder.runtime``) are stored in the ledger
+   in one transaction; a resumed build checks all three.
+2. For each unfinished batch: decode images (the next batch decodes on a thread while this one computes), replay
+   each sample's stored stage outputs, run the stages still to do, then write the batch's release samples. Each
+   stage over a batch, and the batch's release samples, are one ledger transaction each, so ``kill -9`` at any moment
+   loses at most the step in flight.
+3. Write shards from the ledger in key order (checking each stored sample's checksum), then ``_info.json``,
+   ``manifest.json`` and the card.
 
-Per-sample problems (unreadable files, labels out of range, a stage failing on one sample) become recorded failures;
-the build goes on and every good sample is released.
+Per-sample outcomes: a ``SampleFailure`` a stage returns is final data; an exception a stage raises on a sample is
+an *error* (recorded with its message, retried when the same command is re-run); a programming error (``KeyError``,
+``TypeError``, a broken stage contract...) stops the build and records nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import logging
+import sqlite3
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,14 +33,12 @@ from typing import Any
 from builder import images
 from builder.config import BuildConfig
 from builder.ledger import Ledger
-from builder.release_format import (
-    WORK_DIR,
-    empty_metadata,
-    encode_metadata,
-    is_valid_key,
-)
+from builder.lock import output_lock
+from builder.release_format import WORK_DIR, empty_metadata, encode_metadata, is_valid_key
+from builder.runtime import DEFAULT_TORCH_THREADS, environment, environment_changes
 from builder.sources import Source, SourceSample, create_source
 from builder.validation import ValidatedBuild, ValidatedStage, validate_build
+from lance_pipeline.devices import resolve_device
 from lance_pipeline.stage import (
     SOURCE_FIELDS,
     DeclaredRecord,
@@ -44,6 +51,8 @@ from lance_pipeline.stage import (
 logger = logging.getLogger(__name__)
 
 LEDGER_NAME = "ledger.sqlite"
+# Exceptions that mean the stage's code (or its declarations) is wrong, not the sample: they stop the build.
+PROGRAMMING_ERRORS = (KeyError, AttributeError, TypeError, NameError, AssertionError, NotImplementedError, ImportError)
 
 
 class BuildRefused(ValueError):
@@ -77,6 +86,16 @@ class _Batch:
     failures: dict[str, tuple[str, str]] = field(default_factory=dict)  # key -> (stage, reason)
 
 
+@dataclass
+class StageResult:
+    """One stage over some samples of one batch: new fields, final failures and (retryable) errors, by key."""
+
+    stage: str
+    updates: dict[str, dict[str, Any]]
+    failures: dict[str, str]
+    errors: dict[str, str]
+
+
 class _StageRunner:
     """A validated stage, created lazily and loaded on first use (a fully resumed build loads no model)."""
 
@@ -93,6 +112,10 @@ class _StageRunner:
         self.ever_succeeded = False  # the stage has processed at least one batch without failing on all of it
 
     @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
     def stage(self):
         if self._stage is None:
             from builder.models import resolve_model_references
@@ -101,17 +124,25 @@ class _StageRunner:
             try:
                 self._stage = self.validated.cls(**options)
             except TypeError as err:
-                raise ValueError(f"stage {self.config.name!r} ({self.config.type}): bad options: {err}") from err
+                raise ValueError(f"stage {self.name!r} ({self.config.type}): bad options: {err}") from err
         return self._stage
 
     def ensure_loaded(self) -> None:
         if not self._loaded:
-            logger.info("loading stage %s (%s) on %s", self.config.name, self.config.type, self.device)
+            from builder.runtime import quiet_third_party_progress
+
+            quiet_third_party_progress()
+            logger.info("loading stage %s (%s) on %s", self.name, self.config.type, self.device)
             self.stage.load(self.device)
             self._loaded = True
 
+    def release(self) -> None:
+        """Drop the stage and its models (stage-major schedule: the next stage gets the memory)."""
+        self._stage = None
+        self._loaded = False
+
     def describe(self) -> dict[str, Any]:
-        stored = self.ledger.get_meta(f"describe:{self.config.name}")
+        stored = self.ledger.get_meta(f"describe:{self.name}")
         if stored is not None:
             return json.loads(stored)
         return self._description()
@@ -123,75 +154,140 @@ class _StageRunner:
         return {"type": self.config.type, "version": self.validated.contract.version, **described}
 
     def remember_description(self) -> None:
-        self.ledger.set_meta(f"describe:{self.config.name}", json.dumps(self._description()))
+        self.ledger.set_meta(f"describe:{self.name}", json.dumps(self._description()))
 
-    def run(self, records: list[dict[str, Any]], record_errors: bool = False) -> tuple[dict[str, dict], dict[str, str]]:
-        """Run the stage over records; a sample that makes it fail becomes a failure, not a crash.
+    def run(self, records: list[dict[str, Any]], record_errors: bool = False) -> StageResult:
+        """Run the stage over records, isolating the samples that make it raise.
 
-        If every record fails and the stage has never worked in this build, the cause is more likely the stage or
-        its environment than the data: ``StageNotWorking`` is raised and nothing is recorded, so the engine can
-        defer the batch until the stage has worked on another one (then ``record_errors=True`` records them), and
-        stop with the error, recording nothing, if it never does.
+        A batch that raises is retried one sample at a time: a sample that still raises gets an *error* (its
+        message; retried on the next run), the others their results. A programming error is re-raised at once with
+        the stage and sample named. If every record raises and the stage has never worked in this build, the cause
+        is more likely the stage or its environment than the data: ``StageNotWorking`` is raised and nothing is
+        recorded, so the engine can defer the batch until the stage has worked on another one (then
+        ``record_errors=True`` records them), and stop with the error, recording nothing, if it never does.
         """
         self.ensure_loaded()
-        name = self.config.name
-        records = [DeclaredRecord(r, name, self._readable) for r in records]
+        name = self.name
+        views = [DeclaredRecord(r, name, self._readable) for r in records]
+        errors: dict[str, str] = {}
         try:
-            results = self.stage.process(records)
-        except StageContractError:
-            raise  # a programming error: it stops the build, never becomes a sample's failure
+            results = list(self.stage.process(views))
+        except PROGRAMMING_ERRORS as err:
+            keys = ", ".join(v["key"] for v in views)
+            err.add_note(
+                f"raised by stage {name} on the batch of {keys}: a programming error; the build stops, nothing recorded"
+            )
+            raise
         except Exception as batch_error:  # isolate the sample(s) that break the batch
-            logger.warning("stage %s failed on a batch (%s); retrying its samples one by one", name, batch_error)
+            logger.warning("stage %s raised on a batch (%s); retrying its samples one by one", name, batch_error)
             results = []
-            errors = []
-            for record in records:
+            first_error: BaseException | None = None
+            for view in views:
                 try:
-                    results.extend(self.stage.process([record]))
-                except StageContractError:
+                    (result,) = self.stage.process([view])
+                except PROGRAMMING_ERRORS as err:
+                    err.add_note(
+                        f"raised by stage {name} on sample {view['key']}: a programming error; the build "
+                        "stops, nothing recorded"
+                    )
                     raise
                 except Exception as err:
-                    errors.append(err)
-                    results.append(SampleFailure(f"stage {name} error: {type(err).__name__}: {err}"))
+                    first_error = first_error or err
+                    errors[view["key"]] = f"{type(err).__name__}: {err}"
+                    result = None
+                results.append(result)
             if len(errors) == len(records) and not (record_errors or self.ever_succeeded):
-                raise StageNotWorking(name, errors[0]) from errors[0]
+                raise StageNotWorking(name, first_error) from first_error
         self.ever_succeeded = True
         if len(results) != len(records):
             raise RuntimeError(f"stage {name} returned {len(results)} results for {len(records)} records")
         updates, failures = {}, {}
         for record, result in zip(records, results, strict=True):
+            key = record["key"]
+            if key in errors:
+                continue
             if isinstance(result, SampleFailure):
-                failures[record["key"]] = result.reason
+                failures[key] = result.reason
             elif isinstance(result, dict):
                 check_update(name, self.validated.contract.produces, result)
-                updates[record["key"]] = result
+                updates[key] = result
             else:
-                raise TypeError(f"stage {name} returned {type(result).__name__}; expected dict or SampleFailure")
-        return updates, failures
+                raise StageContractError(
+                    f"stage {name} returned {type(result).__name__}; expected dict or SampleFailure"
+                )
+        return StageResult(name, updates, failures, errors)
+
+
+def _output_problem(output: Path) -> str | None:
+    """Why ``output`` cannot hold a build (checked before anything is written), or None."""
+    if output.exists() and not output.is_dir():
+        return f"--output {output} is a file; give a directory (new, empty, or an earlier build of this config)"
+    return None
 
 
 def _check_output_dir(output: Path, config_hash: str) -> None:
     ledger_path = output / WORK_DIR / LEDGER_NAME
     manifest_path = output / "manifest.json"
     if ledger_path.exists():
-        ledger = Ledger(ledger_path)
-        try:
-            existing = ledger.get_meta("config_hash")
-        finally:
-            ledger.close()
-        if existing is not None and existing != config_hash:
-            raise BuildRefused(
-                f"{output} holds a build of a different config ({existing[:19]}…, this one is {config_hash[:19]}…); "
-                "use a new --output directory, or the original config to resume"
-            )
-    elif manifest_path.exists():
+        return  # the ledger decides, inside the transaction that records or checks the config (see _claim_ledger)
+    if manifest_path.exists():
         try:
             existing = json.loads(manifest_path.read_text()).get("config_hash")
         except (OSError, ValueError):
             existing = None
         if existing != config_hash:
             raise BuildRefused(f"{output} holds a release of a different config; use a new --output directory")
-    elif output.exists() and any(output.iterdir()):
+    elif output.exists() and any(p.name != WORK_DIR for p in output.iterdir()):
         raise BuildRefused(f"{output} is not empty and holds no lance-cf build; choose an empty or new directory")
+
+
+def _claim_ledger(
+    ledger: Ledger,
+    config: BuildConfig,
+    config_hash: str,
+    plan: list[tuple[str, int, int, str, int]],
+    env: dict[str, Any],
+    allow_version_change: bool,
+) -> list[dict[str, Any]]:
+    """Record (new ledger) or check (resume) config hash, plan and environment, in one transaction.
+
+    Returns every environment change accepted over the build's life (``--allow-version-change``).
+    """
+    with ledger.transaction():
+        existing = ledger.get_meta("config_hash")
+        if existing is None:
+            ledger.set_meta("config_hash", config_hash)
+            ledger.set_meta("config", json.dumps(config.to_dict(), sort_keys=True))
+            ledger.set_meta("environment", json.dumps(env, sort_keys=True))
+            ledger.write_plan(plan)
+            return []
+        if existing != config_hash:
+            raise BuildRefused(
+                f"{ledger.path.parent.parent} holds a build of a different config ({existing[:19]}…, this one is "
+                f"{config_hash[:19]}…); use a new --output directory, or the original config to resume"
+            )
+        if ledger.plan() != sorted(plan, key=lambda r: (r[1], r[0])):
+            raise BuildRefused(
+                f"source {config.source!r} no longer gives the samples this build started with; "
+                "use a new --output directory"
+            )
+        stored = ledger.get_meta("environment")
+        before = json.loads(stored) if stored else {"tool": "unknown (a ledger from before environments were kept)"}
+        accepted = json.loads(ledger.get_meta("environment_changes") or "[]")
+        changes = environment_changes(before, env)
+        if changes:
+            listed = "; ".join(f"{c['name']} {c['from']} -> {c['to']}" for c in changes)
+            if not allow_version_change:
+                raise BuildRefused(
+                    f"this build was started under other versions ({listed}), which can change its bytes; resume "
+                    "with the original versions, or pass --allow-version-change to continue (both are recorded in "
+                    "the manifest), or use a new --output directory"
+                )
+            logger.warning("continuing the build across version changes: %s", listed)
+            accepted += changes
+            ledger.set_meta("environment_changes", json.dumps(accepted))
+            ledger.set_meta("environment", json.dumps(env, sort_keys=True))
+        return accepted
 
 
 def _plan(config: BuildConfig, source: Source) -> list[tuple[str, int, int, str, int]]:
@@ -264,65 +360,258 @@ def _emit(
     return rows
 
 
+class BuildEnvironmentError(ValueError):
+    """The machine refused a write (disk full, read-only): one line naming the path and the fix; nothing is lost."""
+
+
+_ENOSPC_WORDS = ("database or disk is full", "disk is full")
+_READONLY_WORDS = ("readonly database", "read-only", "unable to open database file")
+
+
+def _environment_error(err: BaseException, output: Path) -> BuildEnvironmentError | None:
+    """A one-line error for a disk-full or read-only fault, or None if ``err`` is something else."""
+    text = str(err).lower()
+    code = getattr(err, "errno", None)
+    where = getattr(err, "filename", None) or (output / WORK_DIR / LEDGER_NAME)
+    if code in (errno.ENOSPC, errno.EDQUOT) or any(w in text for w in _ENOSPC_WORDS):
+        return BuildEnvironmentError(
+            f"no space left on the device writing {where}: free space (or use --output on another disk), then re-run "
+            "the same command; the build resumes where it stopped"
+        )
+    if code in (errno.EROFS, errno.EACCES, errno.EPERM) or any(w in text for w in _READONLY_WORDS):
+        return BuildEnvironmentError(
+            f"cannot write {where} ({'read-only' if code == errno.EROFS or 'read' in text else 'permission denied'}): "
+            "give a writable --output directory"
+        )
+    return None
+
+
 def build(
     config: BuildConfig,
     output: Path,
     *,
-    device: str = "cpu",
+    device: str | None = "cpu",
     progress: bool = True,
     engine: str = "local",
     workers: int = 1,
     allow_code: bool | None = None,
+    torch_threads: int = DEFAULT_TORCH_THREADS,
+    retry_failures: bool = False,
+    allow_version_change: bool = False,
+    schedule: str = "batch-major",
 ) -> dict[str, Any]:
     """Build (or resume) a release into ``output``; returns the manifest.
 
-    ``engine="ray"`` runs the stages of several batches at once on ``workers`` Ray actors (each loads the models
-    once, on one GPU when ``device`` is cuda); the ledger, the shards and so the bytes are the same as a local build.
+    ``device``: a torch device, or ``None``/``"auto"`` for cuda when available (``lance_pipeline.devices``); checked
+    before anything is written.
+
+    ``engine`` names an engine in ``builder.registry.ENGINES``: ``local``, or ``ray`` (the stages of several batches
+    at once on ``workers`` Ray actors, each loading the models once, on one GPU when ``device`` is cuda); the ledger,
+    the shards and so the bytes are the same. ``torch_threads`` is torch's intra-op thread count in every worker
+    (recorded: it changes float results). ``retry_failures`` also re-runs the stages of samples with final failures
+    (errors are always retried). ``schedule``: ``batch-major`` (each batch through every stage) or ``stage-major``
+    (every pending sample through one stage, its models released, then the next stage); same bytes.
     """
-    from builder.release import write_release
+    from builder.registry import ENGINES
 
     validated = validate_build(config, allow_code=allow_code)
+    run_engine = ENGINES.resolve(engine)  # an unknown engine fails here, before anything is written
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule {schedule!r}: expected one of {', '.join(SCHEDULES)}")
+    if schedule != "batch-major" and engine != "local":
+        raise ValueError(f"--schedule {schedule} runs on the local engine; the {engine} engine is batch-major")
+    if not isinstance(torch_threads, int) or isinstance(torch_threads, bool) or torch_threads < 1:
+        raise ValueError(f"torch threads {torch_threads!r}: expected a positive integer")
+    preflight = getattr(run_engine, "preflight", None)
+    if preflight is not None:
+        preflight()  # e.g. the Ray engine without Ray: the install hint, before anything is written
+    if validated.active:  # a build of `original` alone never imports torch
+        device = resolve_device(device)
     output = Path(output)
+    problem = _output_problem(output)
+    if problem:
+        raise BuildRefused(problem)
     config_hash = config.config_hash()
-    _check_output_dir(output, config_hash)
+    _check_output_dir(output, config_hash)  # before creating anything in a directory that is not ours
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        with output_lock(output, "build"):
+            return _build_locked(
+                validated,
+                output,
+                config_hash,
+                device,
+                progress,
+                run_engine,
+                workers,
+                torch_threads,
+                retry_failures,
+                allow_version_change,
+                schedule,
+            )
+    except (OSError, sqlite3.OperationalError) as err:
+        mapped = _environment_error(err, output)
+        if mapped is None:
+            raise
+        raise mapped from err
+
+
+SCHEDULES = ("batch-major", "stage-major")
+
+
+def _build_locked(
+    validated: ValidatedBuild,
+    output: Path,
+    config_hash: str,
+    device: str,
+    progress: bool,
+    run_engine: Any,
+    workers: int,
+    torch_threads: int,
+    retry_failures: bool,
+    allow_version_change: bool,
+    schedule: str,
+) -> dict[str, Any]:
+    from builder.release import write_release
+
+    config = validated.config
+    _check_output_dir(output, config_hash)  # again, now that no other process can change it
     source = create_source(config.source, config.source_options)
     plan = _plan(config, source)
     if not plan:
         raise ValueError(f"source {config.source!r} has no images")
-
+    env = environment(torch_threads)
     ledger = Ledger(output / WORK_DIR / LEDGER_NAME)
     try:
-        if ledger.get_meta("config_hash") is None:
-            with ledger.transaction():
-                ledger.set_meta("config_hash", config_hash)
-                ledger.set_meta("config", json.dumps(config.to_dict(), sort_keys=True))
-                ledger.write_plan(plan)
-        elif ledger.plan() != sorted(plan, key=lambda r: (r[1], r[0])):
-            raise BuildRefused(
-                f"source {config.source!r} no longer gives the samples this build started with; "
-                "use a new --output directory"
-            )
+        accepted_changes = _claim_ledger(ledger, config, config_hash, plan, env, allow_version_change)
         runners = [_StageRunner(s, device, ledger) for s in validated.active]
-        _run_batches(validated, source, plan, ledger, runners, progress, engine, workers)
+        _reopen_for_retry(ledger, runners, retry_failures)
+        for runner in runners:  # a stage that worked earlier in this build is not suspected when a retry raises
+            runner.ever_succeeded = ledger.has_worked(runner.name)
+        determinism: dict[str, Any] = {"device": str(device or "cpu").split(":")[0]}
+        if runners:  # a build of `original` alone never imports torch
+            from builder.runtime import torch_settings
+
+            with torch_settings(torch_threads, device) as determinism:
+                run_engine(validated, source, plan, ledger, runners, progress, workers, torch_threads, schedule)
+        else:
+            run_engine(validated, source, plan, ledger, runners, progress, workers, torch_threads, schedule)
         # Stage descriptions without loading models (a resumed build may have loaded none).
-        stage_info = {r.config.name: r.describe() for r in runners}
-        build_record = {"code": validated.code_targets}
+        stage_info = {r.name: r.describe() for r in runners}
+        errors = [{"source_key": k, "stage": stage, "message": m} for k, stage, m in ledger.errors()]
+        build_record = {
+            "code": validated.code_targets,
+            "torch_threads": torch_threads,
+            "determinism": determinism,
+            "environment": env,
+            "version_changes": accepted_changes,
+            "errors": errors,
+        }
         return write_release(output, config, config_hash, source, ledger, stage_info, build_record)
     finally:
         ledger.close()
 
 
-def _run_batches(
+def _reopen_for_retry(ledger: Ledger, runners: list[_StageRunner], retry_failures: bool) -> None:
+    """Make the batches with errors (and, with ``retry_failures``, with stage failures) run again from the first
+    stage that raised (failed) in them, for all their samples (see ``Ledger.reopen``)."""
+    order = {r.name: i for i, r in enumerate(runners)}
+    troubled = [(k, stage) for k, stage, _message in ledger.errors()]
+    if retry_failures:
+        troubled += [(k, stage) for k, stage, _reason in ledger.failures() if stage in order]
+    troubled = [(k, stage) for k, stage in troubled if stage in order]
+    if not troubled:
+        return
+    batches = ledger.key_batches(sorted({k for k, _ in troubled}))
+    first: dict[int, int] = {}
+    for key, stage in troubled:
+        batch = batches[key]
+        first[batch] = min(first.get(batch, len(runners)), order[stage])
+    with ledger.transaction():
+        for batch, index in first.items():
+            ledger.reopen(batch, [r.name for r in runners[index:]])
+    logger.info(
+        "retrying %d sample(s): %d batch(es) run again from their first troubled stage", len(troubled), len(first)
+    )
+
+
+class _Progress:
+    """The build's bar: images done, the stage running and its count, failures and errors; it moves per stage.
+
+    Each stage of a batch advances the bar by its share of the batch, so a batch of slow stages shows progress
+    before it ends. Log records are routed through the bar (``logging_redirect_tqdm``) so they never share its line.
+    """
+
+    def __init__(self, total: int, done: int, stages: list[str], desc: str, enabled: bool, ledger: Ledger):
+        from tqdm.auto import tqdm
+
+        self.ledger = ledger
+        self.stages = stages
+        self.stage_counts = dict.fromkeys(stages, 0)
+        self._batch_advance: dict[int, float] = {}
+        self.bar = tqdm(
+            total=total,
+            initial=done,
+            unit="img",
+            desc=desc,
+            disable=not enabled,
+            bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total_fmt} [{elapsed}<{remaining}]{postfix}",
+        )
+        self._current: str | None = None
+        self._refresh()
+
+    def _refresh(self) -> None:
+        failed = self.ledger.db.execute("SELECT COUNT(DISTINCT source_key) FROM failures").fetchone()[0]
+        errors = self.ledger.db.execute("SELECT COUNT(DISTINCT source_key) FROM errors").fetchone()[0]
+        stage = f"{self._current} {self.stage_counts[self._current]}" if self._current else "-"
+        self.bar.set_postfix_str(f"stage {stage}, failed {failed}, errors {errors}")
+
+    def stage_started(self, stage: str) -> None:
+        self._current = stage
+        self._refresh()
+
+    def stage_done(self, batch: _Batch, stage: str, samples: int) -> None:
+        self.stage_counts[stage] += samples
+        share = len(batch.samples) / max(1, len(self.stages))
+        self._batch_advance[batch.index] = self._batch_advance.get(batch.index, 0.0) + share
+        self.bar.update(share)
+        self._refresh()
+
+    def batch_done(self, batch: _Batch) -> None:
+        self.bar.update(len(batch.samples) - self._batch_advance.pop(batch.index, 0.0))
+        self._refresh()
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def run_local(
     validated: ValidatedBuild,
     source: Source,
     plan: list[tuple[str, int, int, str, int]],
     ledger: Ledger,
     runners: list[_StageRunner],
     progress: bool,
-    engine: str = "local",
     workers: int = 1,
+    torch_threads: int = DEFAULT_TORCH_THREADS,
+    schedule: str = "batch-major",
 ) -> None:
-    from tqdm.auto import tqdm
+    """The local engine: one process, batches in plan order (``workers`` is for engines that have several)."""
+    _drive(validated, source, plan, ledger, runners, progress, schedule, remote=None)
+
+
+def _drive(
+    validated: ValidatedBuild,
+    source: Source,
+    plan: list[tuple[str, int, int, str, int]],
+    ledger: Ledger,
+    runners: list[_StageRunner],
+    progress: bool,
+    schedule: str,
+    remote: Any,
+) -> None:
+    """Plan the unfinished batches and hand them to the local loop or to ``remote`` (the Ray engine's runner)."""
+    from tqdm.contrib.logging import logging_redirect_tqdm
 
     config = validated.config
     by_key = {s.key: s for s in source.samples}
@@ -334,71 +623,118 @@ def _run_batches(
     finished = sum(len(batches[b]) for b in done if b in batches)
     num_classes = source.label_space.num_classes
     label_names = source.label_space.names
-    failures = len(ledger.failures())
-    bar = tqdm(total=len(plan), initial=finished, unit="img", desc=f"build {config.name}", disable=not progress)
-    bar.set_postfix(failures=failures)
+    bar = _Progress(len(plan), finished, [r.name for r in runners], f"build {config.name}", progress, ledger)
 
     def make(index: int) -> _Batch:
         entries = batches[index]
         return _Batch(index, [by_key[k] for k, _ in entries], dict(entries))
 
-    if engine == "ray":
-        from builder.ray_engine import run_batches_on_ray
+    def decode(index: int) -> _Batch:
+        return _decode_batch(make(index), source, config, num_classes)
 
-        def decode(index: int) -> _Batch:
-            return _decode_batch(make(index), source, config, num_classes)
-
-        def on_batch_done(batch: _Batch, failed: int) -> None:
-            nonlocal failures
-            failures += failed
-            bar.update(len(batch.samples))
-            bar.set_postfix(failures=failures)
-
-        run_batches_on_ray(validated, todo, decode, ledger, runners, label_names, workers, on_batch_done)
+    try:
+        # Log records through the bar (root logger: ours propagate to it), never onto the bar's line.
+        with logging_redirect_tqdm() if progress else contextlib.nullcontext():
+            if remote is not None:
+                remote(validated, todo, decode, ledger, runners, label_names, bar)
+            elif schedule == "stage-major":
+                _run_stage_major(validated, todo, decode, ledger, runners, label_names, bar)
+            else:
+                _run_batch_major(validated, todo, decode, ledger, runners, label_names, bar)
+    finally:
         bar.close()
-        return
-    if engine != "local":
-        raise ValueError(f"engine {engine!r}: expected local or ray")
-    # Decode the next batch on a worker thread while the stages compute on this one (I/O overlaps compute).
+
+
+def _run_batch_major(
+    validated: ValidatedBuild,
+    todo: list[int],
+    decode: Any,
+    ledger: Ledger,
+    runners: list[_StageRunner],
+    label_names: list[str],
+    bar: _Progress,
+) -> None:
     deferred: list[tuple[_Batch, StageNotWorking]] = []
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode") as pool:
-        pending: Future | None = (
-            pool.submit(_decode_batch, make(todo[0]), source, config, num_classes) if todo else None
-        )
-        for position in range(len(todo)):
-            batch = pending.result()
-            pending = (
-                pool.submit(_decode_batch, make(todo[position + 1]), source, config, num_classes)
-                if position + 1 < len(todo)
-                else None
-            )
+    for batch in _decoded(todo, decode):
+        try:
+            _run_batch(validated, batch, ledger, runners, label_names, bar)
+        except StageNotWorking as err:
+            logger.warning("%s; deferring batch %d until the stage works on another batch", err, batch.index)
+            deferred.append((batch, err))
+            continue
+        # The stage works: the deferred batches' errors belong to their samples.
+        while deferred:
+            late, _ = deferred.pop(0)
+            _run_batch(validated, late, ledger, runners, label_names, bar, record_errors=True)
+    if deferred:
+        raise deferred[0][1]
+
+
+def _run_stage_major(
+    validated: ValidatedBuild,
+    todo: list[int],
+    decode: Any,
+    ledger: Ledger,
+    runners: list[_StageRunner],
+    label_names: list[str],
+    bar: _Progress,
+) -> None:
+    """Every pending sample through one stage (batch by batch, the same batches), release its models, next stage.
+
+    Batches are the plan's, so each stage sees exactly the inputs it would see batch-major: the same bytes. Each
+    stage's results commit per batch as they come, so a killed build resumes from the ledger like a batch-major one.
+    """
+    for position, runner in enumerate(runners):
+        deferred: list[tuple[_Batch, StageNotWorking]] = []
+        for batch in _decoded(todo, decode):  # decoded again per stage: memory stays one batch, not the dataset
             try:
-                failures += _run_batch(validated, batch, ledger, runners, label_names)
+                _run_batch(validated, batch, ledger, runners[: position + 1], label_names, bar, finish=False)
             except StageNotWorking as err:
                 logger.warning("%s; deferring batch %d until the stage works on another batch", err, batch.index)
                 deferred.append((batch, err))
                 continue
-            bar.update(len(batch.samples))
-            bar.set_postfix(failures=failures)
-            # The stage works: the deferred batches' errors belong to their samples.
             while deferred:
                 late, _ = deferred.pop(0)
-                failures += _run_batch(validated, late, ledger, runners, label_names, record_errors=True)
-                bar.update(len(late.samples))
-                bar.set_postfix(failures=failures)
-    if deferred:
-        bar.close()
-        raise deferred[0][1]
-    bar.close()
+                _run_batch(validated, late, ledger, runners[: position + 1], label_names, bar, True, finish=False)
+        if deferred:
+            raise deferred[0][1]
+        logger.info("stage %s done for every pending sample; releasing its models", runner.name)
+        runner.release()
+        _free_accelerator_memory()
+    for batch in _decoded(todo, decode):  # every stage is done: replay, write the release samples
+        _run_batch(validated, batch, ledger, runners, label_names, bar)
+
+
+def _decoded(todo: list[int], decode: Any):
+    """The batches of ``todo``, decoded; the next one decodes on a thread while the caller computes this one."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode") as pool:
+        pending: Future | None = pool.submit(decode, todo[0]) if todo else None
+        for position in range(len(todo)):
+            batch = pending.result()
+            pending = pool.submit(decode, todo[position + 1]) if position + 1 < len(todo) else None
+            yield batch
+
+
+def _free_accelerator_memory() -> None:
+    import gc
+
+    gc.collect()
+    try:
+        import torch
+    except ImportError:
+        return
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _prepare_batch(
     batch: _Batch, ledger: Ledger, runners: list[_StageRunner], label_names: list[str]
-) -> tuple[dict[str, dict[str, Any]], set[str], int]:
-    """Record the batch's decode failures, build its records and replay the stages already done for it.
+) -> tuple[dict[str, dict[str, Any]], dict[str, int], set[str]]:
+    """Record the batch's decode failures, build its records and replay what the ledger holds for them.
 
-    Stages commit in order, so the finished ones form a prefix; returns (records, keys failed in a stage, index of
-    the first stage still to run).
+    Each sample's stored outcomes form a prefix of the stages (a stage commits whole; a retried sample resumes at
+    the stage that raised). Returns (records, index of each sample's first stage still to run, samples out of the
+    running: failed or errored at a stored stage).
     """
     with ledger.transaction():
         for key, (stage, reason) in batch.failures.items():
@@ -414,55 +750,62 @@ def _prepare_batch(
         for s in batch.samples
         if s.key in batch.decoded
     }
-    stage_failed: set[str] = set()
-    start = 0
-    for runner in runners:
-        name = runner.config.name
-        if not ledger.stage_done(batch.index, name):
+    start: dict[str, int] = {}
+    out: set[str] = set()
+    walking = set(records)
+    for index, runner in enumerate(runners):
+        if not walking:
             break
-        for key, update in ledger.stage_outputs(list(records), name).items():
+        stored, failed, errored = ledger.stage_outcomes(sorted(walking), runner.name)
+        for key, update in stored.items():
             records[key].update(update)
-        stage_failed |= {k for k, (stage, _) in ledger.failed_keys(list(records)).items() if stage == name}
-        start += 1
-    return records, stage_failed, start
-
-
-StageResult = tuple[str, dict[str, dict[str, Any]], dict[str, str], bool]  # name, updates, failures, ran
+        out |= failed | errored
+        for key in walking - set(stored) - failed - errored:
+            start[key] = index
+        walking = set(stored)
+    return records, start, out
 
 
 def run_stages(
     runners: list[_StageRunner],
     records: dict[str, dict[str, Any]],
     keys: list[str],
-    stage_failed: set[str],
+    start: dict[str, int],
+    out: set[str],
     on_stage_done=None,
+    on_stage_start=None,
     record_errors: bool = False,
 ) -> list[StageResult]:
-    """Run stages in order over the live records, merging each stage's updates before the next one runs."""
+    """Run stages in order over the samples that still need them, merging each stage's updates before the next."""
     results = []
-    for runner in runners:
-        live = [records[k] for k in keys if k in records and k not in stage_failed]
-        updates, failures = runner.run(live, record_errors) if live else ({}, {})
-        result = (runner.config.name, updates, failures, bool(live))
+    for index, runner in enumerate(runners):
+        live = [records[k] for k in keys if k in start and start[k] <= index and k not in out]
+        if not live:
+            continue
+        if on_stage_start is not None:
+            on_stage_start(runner.name)
+        result = runner.run(live, record_errors)
         if on_stage_done is not None:
-            on_stage_done(result)
-        for key, update in updates.items():
+            on_stage_done(result, len(live))
+        for key, update in result.updates.items():
             records[key].update(update)
-        stage_failed |= set(failures)
+        out |= set(result.failures) | set(result.errors)
         results.append(result)
     return results
 
 
 def commit_stage(ledger: Ledger, batch_index: int, runner: _StageRunner, result: StageResult) -> None:
-    name, updates, failures, ran = result
     with ledger.transaction():
-        ledger.record_stage(batch_index, name, updates, failures)
-        if ran:
-            runner.remember_description()
+        ledger.record_stage(batch_index, result.stage, result.updates, result.failures, result.errors)
+        runner.remember_description()
 
 
 def finish_batch(
-    validated: ValidatedBuild, batch: _Batch, ledger: Ledger, records: dict[str, dict[str, Any]], label_names: list[str]
+    validated: ValidatedBuild,
+    batch: _Batch,
+    ledger: Ledger,
+    records: dict[str, dict[str, Any]],
+    label_names: list[str],
 ) -> None:
     """Write the batch's release samples and mark it done, in one transaction."""
     rows = []
@@ -480,17 +823,32 @@ def _run_batch(
     ledger: Ledger,
     runners: list[_StageRunner],
     label_names: list[str],
+    bar: _Progress,
     record_errors: bool = False,
-) -> int:
-    records, stage_failed, start = _prepare_batch(batch, ledger, runners, label_names)
-    by_name = {r.config.name: r for r in runners}
+    *,
+    finish: bool = True,
+) -> None:
+    records, start, out = _prepare_batch(batch, ledger, runners, label_names)
+    by_name = {r.name: r for r in runners}
+
+    def done(result: StageResult, samples: int) -> None:
+        commit_stage(ledger, batch.index, by_name[result.stage], result)
+        for key, message in result.errors.items():
+            logger.warning(
+                "stage %s raised on %s: %s (recorded; re-run the build to retry it)", result.stage, key, message
+            )
+        bar.stage_done(batch, result.stage, samples)
+
     run_stages(
-        runners[start:],
+        runners,
         records,
         [s.key for s in batch.samples],
-        stage_failed,
-        on_stage_done=lambda result: commit_stage(ledger, batch.index, by_name[result[0]], result),
+        start,
+        out,
+        on_stage_done=done,
+        on_stage_start=bar.stage_started,
         record_errors=record_errors,
     )
-    finish_batch(validated, batch, ledger, records, label_names)
-    return len(batch.failures) + len(stage_failed)
+    if finish:
+        finish_batch(validated, batch, ledger, records, label_names)
+        bar.batch_done(batch)

@@ -6,17 +6,27 @@ Shards are written only from the ledger, in key order, after all batches are don
 and an uninterrupted one therefore write the same bytes.
 
 Stage outputs are stored with a small pickle-free codec: JSON for the structure, PNG for images and safetensors for
-tensors.
+tensors. Every stored stage output and release sample carries its sha256, checked when it is read back (replayed into
+a later stage, or written into a shard): a changed byte in the ledger stops the release instead of being published.
+
+A sample's outcome at a stage is one of: an output (``stage_outputs``), a *failure* (``failures``: final, data, e.g.
+"no edit passed the gates"), or an *error* (``errors``: an exception, e.g. CUDA out of memory; retried when the build
+is re-run). A file that is not a lance-cf ledger (another SQLite database, a corrupt file) is refused by name.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+# Marks a SQLite file as a lance-cf ledger (``PRAGMA application_id``; "LCF1").
+APPLICATION_ID = 0x4C434631
+LEDGER_FORMAT = "2"  # 2: checksums and errors
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -25,28 +35,64 @@ CREATE TABLE IF NOT EXISTS plan (
     seed INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS stage_outputs (
-    source_key TEXT NOT NULL, stage TEXT NOT NULL, payload BLOB NOT NULL, PRIMARY KEY (source_key, stage)
+    source_key TEXT NOT NULL, stage TEXT NOT NULL, payload BLOB NOT NULL, sha256 TEXT,
+    PRIMARY KEY (source_key, stage)
 );
 CREATE TABLE IF NOT EXISTS stage_batches (batch INTEGER NOT NULL, stage TEXT NOT NULL, PRIMARY KEY (batch, stage));
 CREATE TABLE IF NOT EXISTS failures (
     source_key TEXT NOT NULL, stage TEXT NOT NULL, reason TEXT NOT NULL, PRIMARY KEY (source_key, stage)
 );
+CREATE TABLE IF NOT EXISTS errors (
+    source_key TEXT NOT NULL, stage TEXT NOT NULL, message TEXT NOT NULL, PRIMARY KEY (source_key, stage)
+);
 CREATE TABLE IF NOT EXISTS outputs (
     config TEXT NOT NULL, key TEXT NOT NULL, source_key TEXT NOT NULL, metadata BLOB NOT NULL, image BLOB NOT NULL,
-    PRIMARY KEY (config, key)
+    sha256 TEXT, PRIMARY KEY (config, key)
 );
 CREATE TABLE IF NOT EXISTS done_batches (batch INTEGER PRIMARY KEY);
 """
+OUR_TABLES = {"meta", "plan", "stage_outputs", "stage_batches", "failures", "errors", "outputs", "done_batches"}
+
+
+class LedgerError(ValueError):
+    """The ledger file is not a lance-cf ledger, or it is corrupt, or a stored value no longer matches its checksum."""
+
+
+def _sha256(*parts: bytes) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(len(part).to_bytes(8, "big"))
+        digest.update(part)
+    return digest.hexdigest()
 
 
 class Ledger:
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self.db = sqlite3.connect(str(path), isolation_level=None)  # explicit transactions only
+        fix = f"move {path} away (or use a new --output directory) and build again"
+        try:
+            self.db = sqlite3.connect(str(path), isolation_level=None)  # explicit transactions only
+            tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            app_id = self.db.execute("PRAGMA application_id").fetchone()[0]
+        except sqlite3.OperationalError:
+            raise  # the environment (read-only, disk full), not the file: the engine names it
+        except sqlite3.DatabaseError as err:
+            raise LedgerError(f"{path} is not a lance-cf ledger ({err}): {fix}") from err
+        # Ours: marked, or (ledgers from before the mark) unmarked with our tables only.
+        ours = app_id == APPLICATION_ID or (app_id == 0 and "meta" in tables and tables <= OUR_TABLES)
+        if tables and not ours:
+            self.db.close()
+            raise LedgerError(f"{path} is a SQLite database of something else, not a lance-cf ledger: {fix}")
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
+        if app_id != APPLICATION_ID:
+            self.db.execute(f"PRAGMA application_id={APPLICATION_ID}")
         self.db.executescript(SCHEMA)
+        for table in ("stage_outputs", "outputs"):  # ledgers written before checksums: their rows stay unchecked
+            columns = {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}
+            if "sha256" not in columns:
+                self.db.execute(f"ALTER TABLE {table} ADD COLUMN sha256 TEXT")
 
     def close(self) -> None:
         self.db.close()
@@ -77,41 +123,53 @@ class Ledger:
     def done_batches(self) -> set[int]:
         return {r[0] for r in self.db.execute("SELECT batch FROM done_batches")}
 
-    def stage_done(self, batch: int, stage: str) -> bool:
-        return (
-            self.db.execute("SELECT 1 FROM stage_batches WHERE batch=? AND stage=?", (batch, stage)).fetchone()
-            is not None
-        )
-
-    def stage_outputs(self, keys: list[str], stage: str) -> dict[str, dict[str, Any]]:
-        out = {}
+    def stage_outcomes(self, keys: list[str], stage: str) -> tuple[dict[str, dict[str, Any]], set[str], set[str]]:
+        """For ``keys`` at ``stage``: (stored outputs by key, keys with a failure, keys with an error)."""
+        outputs, failed, errored = {}, set(), set()
         for key in keys:
             row = self.db.execute(
-                "SELECT payload FROM stage_outputs WHERE source_key=? AND stage=?", (key, stage)
+                "SELECT payload, sha256 FROM stage_outputs WHERE source_key=? AND stage=?", (key, stage)
             ).fetchone()
             if row is not None:
-                out[key] = decode_payload(row[0])
-        return out
+                payload, checksum = row
+                if checksum is not None and _sha256(payload) != checksum:
+                    raise LedgerError(
+                        f"{self.path}: the stored output of stage {stage} for {key} does not match its checksum "
+                        "(the ledger was modified or damaged); use a new --output directory"
+                    )
+                outputs[key] = decode_payload(payload)
+                continue
+            if self.db.execute("SELECT 1 FROM failures WHERE source_key=? AND stage=?", (key, stage)).fetchone():
+                failed.add(key)
+            elif self.db.execute("SELECT 1 FROM errors WHERE source_key=? AND stage=?", (key, stage)).fetchone():
+                errored.add(key)
+        return outputs, failed, errored
 
     def failures(self) -> list[tuple[str, str, str]]:
         return self.db.execute("SELECT source_key, stage, reason FROM failures ORDER BY source_key, stage").fetchall()
 
-    def failed_keys(self, keys: list[str]) -> dict[str, tuple[str, str]]:
-        out = {}
-        for key in keys:
-            row = self.db.execute("SELECT stage, reason FROM failures WHERE source_key=?", (key,)).fetchone()
-            if row is not None:
-                out[key] = (row[0], row[1])
-        return out
+    def errors(self) -> list[tuple[str, str, str]]:
+        return self.db.execute("SELECT source_key, stage, message FROM errors ORDER BY source_key, stage").fetchall()
 
     # Writers below are called inside a transaction by the engine.
-    def record_stage(self, batch: int, stage: str, updates: dict[str, dict[str, Any]], failures: dict[str, str]):
-        self.db.executemany(
-            "INSERT OR REPLACE INTO stage_outputs VALUES (?, ?, ?)",
-            [(key, stage, encode_payload(update)) for key, update in updates.items()],
-        )
+    def record_stage(
+        self,
+        batch: int,
+        stage: str,
+        updates: dict[str, dict[str, Any]],
+        failures: dict[str, str],
+        errors: dict[str, str] | None = None,
+    ) -> None:
+        rows = []
+        for key, update in updates.items():
+            payload = encode_payload(update)
+            rows.append((key, stage, payload, _sha256(payload)))
+        self.db.executemany("INSERT OR REPLACE INTO stage_outputs VALUES (?, ?, ?, ?)", rows)
         self.db.executemany(
             "INSERT OR REPLACE INTO failures VALUES (?, ?, ?)", [(k, stage, r) for k, r in failures.items()]
+        )
+        self.db.executemany(
+            "INSERT OR REPLACE INTO errors VALUES (?, ?, ?)", [(k, stage, m) for k, m in (errors or {}).items()]
         )
         self.db.execute("INSERT OR REPLACE INTO stage_batches VALUES (?, ?)", (batch, stage))
 
@@ -119,14 +177,56 @@ class Ledger:
         self.db.execute("INSERT OR REPLACE INTO failures VALUES (?, ?, ?)", (key, stage, reason))
 
     def record_outputs(self, batch: int, rows: list[tuple[str, str, str, bytes, bytes]]) -> None:
-        self.db.executemany("INSERT OR REPLACE INTO outputs VALUES (?, ?, ?, ?, ?)", rows)
+        self.db.executemany(
+            "INSERT OR REPLACE INTO outputs VALUES (?, ?, ?, ?, ?, ?)",
+            [(*row, _sha256(row[3], row[4])) for row in rows],
+        )
         self.db.execute("INSERT OR REPLACE INTO done_batches VALUES (?)", (batch,))
+
+    def has_worked(self, stage: str) -> bool:
+        """Whether ``stage`` has stored an output for any sample of this build."""
+        return self.db.execute("SELECT 1 FROM stage_outputs WHERE stage=? LIMIT 1", (stage,)).fetchone() is not None
+
+    def batch_keys(self, batch: int) -> list[str]:
+        return [
+            r[0] for r in self.db.execute("SELECT source_key FROM plan WHERE batch=? ORDER BY source_key", (batch,))
+        ]
+
+    def key_batches(self, keys: list[str]) -> dict[str, int]:
+        out = {}
+        for key in keys:
+            row = self.db.execute("SELECT batch FROM plan WHERE source_key=?", (key,)).fetchone()
+            if row is not None:
+                out[key] = row[0]
+        return out
+
+    def reopen(self, batch: int, stages: list[str]) -> None:
+        """Make ``batch`` run ``stages`` again for all its samples: their stored outputs, failures and errors at
+        those stages go, with the batch's release samples and done mark. Called inside a transaction.
+
+        The whole batch reruns (not only the samples that raised) so that each stage sees the same batch it would
+        have seen had nothing gone wrong: a retried build ends byte-identical to an uninterrupted one.
+        """
+        for key in self.batch_keys(batch):
+            for stage in stages:
+                self.db.execute("DELETE FROM stage_outputs WHERE source_key=? AND stage=?", (key, stage))
+                self.db.execute("DELETE FROM failures WHERE source_key=? AND stage=?", (key, stage))
+                self.db.execute("DELETE FROM errors WHERE source_key=? AND stage=?", (key, stage))
+            self.db.execute("DELETE FROM outputs WHERE source_key=?", (key,))
+        self.db.execute("DELETE FROM done_batches WHERE batch=?", (batch,))
 
     # -- release --------------------------------------------------------------------------------------------------
     def iter_outputs(self, config: str) -> Iterator[tuple[str, str, bytes, bytes]]:
-        yield from self.db.execute(
-            "SELECT key, source_key, metadata, image FROM outputs WHERE config=? ORDER BY key", (config,)
-        )
+        """A config's release samples in key order, each checked against the checksum stored with it."""
+        for key, source_key, metadata, image, checksum in self.db.execute(
+            "SELECT key, source_key, metadata, image, sha256 FROM outputs WHERE config=? ORDER BY key", (config,)
+        ):
+            if checksum is not None and _sha256(metadata, image) != checksum:
+                raise LedgerError(
+                    f"{self.path}: stored sample {config}/{key} does not match its checksum (the ledger was modified "
+                    "or damaged); nothing was released from it: use a new --output directory"
+                )
+            yield key, source_key, metadata, image
 
 
 class _Transaction:

@@ -97,6 +97,16 @@ DEMO_COMPONENTS = Registry(
     },
 )
 
+# Build engines: ``lance-cf build --engine NAME``. Each is a function with the signature of
+# ``builder.engine.run_local`` (the local engine); ``ray`` runs batches on Ray actors (extra: [ray]).
+ENGINES = Registry(
+    "engine",
+    {
+        "local": "builder.engine:run_local",
+        "ray": "builder.ray_engine:run_ray",
+    },
+)
+
 # Sources: the scheme of ``--source SCHEME:ARG``.
 SOURCES = Registry(
     "source",

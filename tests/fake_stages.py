@@ -142,3 +142,36 @@ class WritesUndeclaredField(FakeCaptionStage):
 
     def process(self, records):
         return [{"captoin": "a photo"} for _ in records]
+
+
+class FlakyCaptionStage(FakeCaptionStage):
+    """Raises (like a CUDA out-of-memory) on the samples named by files in ``trouble_dir``: remove a file, the cause
+    is gone. With ``refuse=True`` it returns a final ``SampleFailure`` for them instead. With ``bug=True`` it raises
+    a KeyError (a programming error)."""
+
+    def __init__(self, trouble_dir: str, refuse: bool = False, bug: bool = False, log_calls: str | None = None):
+        super().__init__()
+        self.trouble_dir = trouble_dir
+        self.refuse = refuse
+        self.bug = bug
+        self.log_calls = log_calls
+
+    def process(self, records):
+        import os
+
+        import torch
+
+        out = []
+        for r in records:
+            if self.log_calls:
+                with open(self.log_calls, "a") as f:
+                    f.write(f"{r['key']} threads={torch.get_num_threads()}\n")
+            if os.path.exists(os.path.join(self.trouble_dir, r["key"])):
+                if self.bug:
+                    raise KeyError("edited_caption")
+                if self.refuse:
+                    out.append(SampleFailure("the caption model refused this image"))
+                    continue
+                raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
+            out.append({"caption": f"a photo of a {r['label_name']} (seed {r['seed']})"})
+        return out

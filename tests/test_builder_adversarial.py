@@ -269,13 +269,14 @@ def test_a_config_where_every_edit_was_refused_is_left_out_and_named(tmp_path):
 
 
 # -- stage failures and kills ---------------------------------------------------------------------------------------
-def test_stage_error_in_a_batch_of_one_is_a_failure_not_a_crash(tmp_path):
+def test_stage_error_in_a_batch_of_one_is_an_error_not_a_crash(tmp_path):
     src = make_imagefolder(tmp_path / "src", ["a", "b"], per_class=2)
     stages = [FAKE_STAGES[0] | {"options": {"fail_keys": ["a_img_001"]}}, FAKE_STAGES[1]]
     _, manifest = _build(
         tmp_path, f"imagefolder:{src}", stages=stages, configs=["original", "counterfactual"], batch_size=1
     )
-    assert [f["source_key"] for f in manifest["failures"]] == ["a_img_001"]
+    assert manifest["failures"] == []
+    assert [e["source_key"] for e in manifest["build"]["errors"]] == ["a_img_001"]  # retried on the next run
     assert manifest["counts"]["original"]["total"] == 4
 
 

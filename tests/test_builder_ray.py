@@ -35,7 +35,7 @@ def test_ray_engine_matches_local_build_byte_for_byte(tmp_path):
         ray.shutdown()
     assert verify_release(tmp_path / "ray") == []
     manifest = json.loads((tmp_path / "ray" / "manifest.json").read_text())
-    assert [f["source_key"] for f in manifest["failures"]] == ["a_img_000", "b_img_001"]
+    assert [e["source_key"] for e in manifest["build"]["errors"]] == ["a_img_000", "b_img_001"]
     assert release_files(tmp_path / "ray") == release_files(tmp_path / "local")
 
 

@@ -224,11 +224,12 @@ def test_crash_while_writing_shards_then_rerun_equals_clean(tmp_path, folder, fu
 
 def test_stage_error_on_the_very_first_sample_is_deferred_then_recorded(tmp_path, folder):
     """Batch size 1 and the first sample breaks the stage: the batch waits until the stage has worked elsewhere,
-    then its error is recorded as that sample's failure; the build finishes."""
+    then its error is recorded against that sample (an error: retried by the next run); the build finishes."""
     stages = [FAKE_STAGES[0] | {"options": {"fail_keys": ["cat_img_000"]}}, FAKE_STAGES[1]]
     cfg = write_config(tmp_path / "c.yaml", f"imagefolder:{folder}", stages=stages, configs=ALL_CONFIGS, batch_size=1)
     manifest = build(load_config(str(cfg)), tmp_path / "out", progress=False)
-    assert [(f["source_key"], f["stage"]) for f in manifest["failures"]] == [("cat_img_000", "caption")]
+    assert manifest["failures"] == []
+    assert [(e["source_key"], e["stage"]) for e in manifest["build"]["errors"]] == [("cat_img_000", "caption")]
     assert manifest["counts"]["original"]["total"] == 12 and manifest["counts"]["reconstructed"]["total"] == 11
     assert verify_release(tmp_path / "out") == []
 
