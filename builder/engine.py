@@ -24,6 +24,7 @@ import errno
 import hashlib
 import json
 import logging
+import shutil
 import sqlite3
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -42,7 +43,6 @@ from lance_pipeline.devices import resolve_device
 from lance_pipeline.stage import (
     SOURCE_FIELDS,
     DeclaredRecord,
-    ReleaseOutput,
     SampleFailure,
     StageContractError,
     check_update,
@@ -331,29 +331,35 @@ ITEM_METADATA_FIELDS = ("edit_type", "edited_caption", "original_span", "edited_
 
 
 def _emit(
-    config: BuildConfig, outputs: tuple[ReleaseOutput, ...], record: dict[str, Any], label_name: str
+    validated: ValidatedBuild, record: dict[str, Any], label_name: str
 ) -> list[tuple[str, str, str, bytes, bytes]]:
-    """A finished record's release samples, as its stages declared them: (config, key, source_key, metadata, image)."""
-    key, fmt = record["key"], config.image_format
+    """A finished record's release samples, as its stages declared them: (config, key, source_key, metadata, image).
+
+    Metadata is encoded against the build's release spec, so a declared extra field of the wrong type stops the
+    build at the first sample instead of breaking ``load_dataset`` later.
+    """
+    key, fmt, spec = record["key"], validated.config.image_format, validated.release_spec
     rows = []
 
     def row(config_name: str, sample_key: str, image: Any, meta: dict[str, Any]) -> None:
-        rows.append((config_name, sample_key, key, encode_metadata(meta), images.encode_image(image, fmt)))
+        data = encode_metadata(meta, spec, config_name)
+        rows.append((config_name, sample_key, key, data, images.encode_image(image, fmt)))
 
     base = empty_metadata(key, key, record["label"], label_name, record["seed"])
     base["caption"] = record.get("caption")
-    for output in outputs:
+    for output in validated.outputs:
         value = record.get(output.field)
         if value is None:
             continue  # the sample failed before the stage that writes this config
         if not output.many:
             sample_key = output.sample_key(key)
-            row(output.config, sample_key, value, {**base, "key": sample_key})
+            extras = {f.name: record.get(f.name) for f in output.fields}
+            row(output.config, sample_key, value, {**base, **extras, "key": sample_key})
             continue
         for i, item in enumerate(value):
             sample_key = output.sample_key(key, i)
             meta = {**base, "key": sample_key}
-            for name in ITEM_METADATA_FIELDS:
+            for name in (*ITEM_METADATA_FIELDS, *(f.name for f in output.fields)):
                 meta[name] = item.get(name)
             meta["scores"] = {**base["scores"], **(item.get("scores") or {})}
             row(output.config, sample_key, item["image"], meta)
@@ -433,11 +439,19 @@ def build(
         raise BuildRefused(problem)
     config_hash = config.config_hash()
     _check_output_dir(output, config_hash)  # before creating anything in a directory that is not ours
+    # The source is listed before anything is written: a bad source leaves no half-made output behind.
+    source = create_source(config.source, config.source_options)
+    plan = _plan(config, source)
+    if not plan:
+        raise ValueError(f"source {config.source!r} has no images")
+    created = not output.exists()
     try:
         output.mkdir(parents=True, exist_ok=True)
         with output_lock(output, "build"):
             return _build_locked(
                 validated,
+                source,
+                plan,
                 output,
                 config_hash,
                 device,
@@ -454,6 +468,9 @@ def build(
         if mapped is None:
             raise
         raise mapped from err
+    finally:
+        if created and not (output / WORK_DIR / LEDGER_NAME).exists():
+            shutil.rmtree(output, ignore_errors=True)  # refused before any work: leave no empty directory behind
 
 
 SCHEDULES = ("batch-major", "stage-major")
@@ -461,6 +478,8 @@ SCHEDULES = ("batch-major", "stage-major")
 
 def _build_locked(
     validated: ValidatedBuild,
+    source: Source,
+    plan: list[tuple[str, int, int, str, int]],
     output: Path,
     config_hash: str,
     device: str,
@@ -476,10 +495,6 @@ def _build_locked(
 
     config = validated.config
     _check_output_dir(output, config_hash)  # again, now that no other process can change it
-    source = create_source(config.source, config.source_options)
-    plan = _plan(config, source)
-    if not plan:
-        raise ValueError(f"source {config.source!r} has no images")
     env = environment(torch_threads)
     ledger = Ledger(output / WORK_DIR / LEDGER_NAME)
     try:
@@ -507,7 +522,9 @@ def _build_locked(
             "version_changes": accepted_changes,
             "errors": errors,
         }
-        return write_release(output, config, config_hash, source, ledger, stage_info, build_record)
+        return write_release(
+            output, config, config_hash, source, ledger, stage_info, build_record, release_spec=validated.release_spec
+        )
     finally:
         ledger.close()
 
@@ -812,7 +829,7 @@ def finish_batch(
     for sample in batch.samples:
         if sample.key in records:
             record = records[sample.key]
-            rows += _emit(validated.config, validated.outputs, record, label_names[record["label"]])
+            rows += _emit(validated, record, label_names[record["label"]])
     with ledger.transaction():
         ledger.record_outputs(batch.index, rows)
 

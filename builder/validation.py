@@ -52,6 +52,7 @@ class ValidatedBuild:
     active: tuple[ValidatedStage, ...]  # the stages the selected configs need, in order
     outputs: tuple[ReleaseOutput, ...]  # how records become samples of the selected configs
     known_configs: tuple[str, ...]  # every config this config's stages can write
+    release_spec: Any  # builder.release_format.ReleaseSpec of the selected configs (declared fields included)
 
     @property
     def code_targets(self) -> list[str]:
@@ -129,7 +130,31 @@ def validate_build(config: BuildConfig, *, allow_code: bool | None = None) -> Va
                 f"{stage.config.configs} do not include it; add {name!r} to them"
             )
         outputs.append(output)
-    return ValidatedBuild(config, tuple(stages), tuple(active), tuple(outputs), tuple(known))
+    spec = _release_spec(config, outputs, writers)
+    return ValidatedBuild(config, tuple(stages), tuple(active), tuple(outputs), tuple(known), spec)
+
+
+def _release_spec(config: BuildConfig, outputs: list[ReleaseOutput], writers: dict) -> Any:
+    """The release's declaration (``builder.release_format``): LANCE's configs as v1 describes them, any other
+    config and any extra metadata field as its stage declares them."""
+    from builder import release_format as rf
+    from lance_pipeline.stage import RELEASE_EDIT_TYPES, SCORE_NAMES
+
+    v1 = {c.name: c for c in rf.V1_CONFIGS}
+    extra = []
+    for output in outputs:
+        if output.config in v1 and not output.fields and not output.description:
+            continue
+        stage = writers[output.config][0][0].config.name if output.config in writers else "the source"
+        description = output.description or (
+            v1[output.config].description if output.config in v1 else f"samples written by stage {stage}"
+        )
+        try:
+            fields = tuple(rf.FieldSpec(f.name, f.dtype, f.enum, f.description) for f in output.fields)
+            extra.append(rf.ConfigSpec(output.config, description, fields))
+        except ValueError as err:
+            raise ValueError(f"stage {stage!r}: {err}") from err
+    return rf.lance_release_spec(config.configs, RELEASE_EDIT_TYPES, SCORE_NAMES, extra=tuple(extra))
 
 
 def _check_config_names(config: BuildConfig, known: list[str]) -> None:

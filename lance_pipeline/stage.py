@@ -87,6 +87,20 @@ class SampleFailure:
 
 
 @dataclass(frozen=True)
+class MetadataField:
+    """An extra per-sample metadata field of a release config (beyond the v1 fields), e.g. ``editor``.
+
+    Same shape as ``builder.release_format.FieldSpec`` (which validates it); kept here so that stages never import
+    the builder. ``dtype``: ``string``, ``int64``, ``float64`` or ``bool``; values are nullable.
+    """
+
+    name: str
+    dtype: str
+    enum: tuple[str, ...] | None = None
+    description: str = ""
+
+
+@dataclass(frozen=True)
 class ReleaseOutput:
     """A record field that becomes samples of a release config (declared by the stage that produces the field).
 
@@ -97,12 +111,17 @@ class ReleaseOutput:
         key_suffix: Sample key suffix: ``KEY_<suffix>`` (one) or ``KEY_<suffix>000``, ``KEY_<suffix>001``...
             (many); ``None`` keeps the source key (only the source's own ``original``).
         many: Whether the field holds a list of samples.
+        description: One line for the card, for a config that is not one of LANCE's four (which have theirs).
+        fields: Extra metadata fields of the config; their values are read from each item (``many``) or from the
+            record (one), by name.
     """
 
     config: str
     field: str
     key_suffix: str | None
     many: bool = False
+    description: str = ""
+    fields: tuple[MetadataField, ...] = ()
 
     def sample_key(self, source_key: str, index: int = 0) -> str:
         if self.key_suffix is None:

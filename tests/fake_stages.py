@@ -116,7 +116,7 @@ class MirrorStage:
     version = "1"
     consumes = {"caption": "str"}
     produces = {"mirrored": "image"}
-    outputs = (ReleaseOutput("mirrored", "mirrored", "mir"),)
+    outputs = (ReleaseOutput("mirrored", "mirrored", "mir", description="the source images, mirrored"),)
 
     def load(self, device: str) -> None:
         pass

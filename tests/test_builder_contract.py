@@ -132,6 +132,10 @@ def test_the_outputs_declared_by_stages_decide_the_configs(tmp_path, folder):
     manifest = build(config, tmp_path / "out", progress=False)
     assert manifest["counts"]["mirrored"]["total"] == 4
     assert (tmp_path / "out" / "data" / "mirrored").is_dir()
+    assert manifest["release_spec"]["configs"]["mirrored"]["description"] == "the source images, mirrored"
+    from builder.verify import verify_release
+
+    assert verify_release(tmp_path / "out") == []
 
 
 @pytest.mark.parametrize(
