@@ -469,8 +469,13 @@ def build(
             raise
         raise mapped from err
     finally:
-        if created and not (output / WORK_DIR / LEDGER_NAME).exists():
-            shutil.rmtree(output, ignore_errors=True)  # refused before any work: leave no empty directory behind
+        if not (output / WORK_DIR / LEDGER_NAME).exists():  # refused before any work: leave nothing behind
+            if created:
+                shutil.rmtree(output, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    (output / WORK_DIR / "lock").unlink()
+                    (output / WORK_DIR).rmdir()
 
 
 SCHEDULES = ("batch-major", "stage-major")
