@@ -125,6 +125,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     lb.add_argument("--output", required=True, type=Path, help="output directory")
     lb.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples of the shift correlations")
     lb.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default 0)")
+    lb.add_argument(
+        "--split-releases",
+        action="store_true",
+        help="results of several releases: one leaderboard per release in OUTPUT/<name>-v<version>-<hash>/ "
+        "(without it, mixed releases are refused)",
+    )
     lb.set_defaults(func=run_leaderboard)
 
 
@@ -259,7 +265,12 @@ def run_leaderboard(args: argparse.Namespace) -> int:
     from .leaderboard import write_leaderboard
 
     _check_positive("--bootstrap", args.bootstrap, 0)
-    written = write_leaderboard(args.results, args.output, n_boot=args.bootstrap, seed=args.seed)
-    sys.stdout.write(f"leaderboard written to {args.output}: {written['markdown'].name}, {written['html'].name}\n")
+    written = write_leaderboard(
+        args.results, args.output, n_boot=args.bootstrap, seed=args.seed, split_releases=args.split_releases
+    )
+    if "index" in written:
+        sys.stdout.write(f"one leaderboard per release written under {args.output} (index: {written['index']})\n")
+    else:
+        sys.stdout.write(f"leaderboard written to {args.output}: {written['markdown'].name}, {written['html'].name}\n")
     logger.debug("wrote %s", ", ".join(str(p) for p in written.values()))
     return 0

@@ -129,7 +129,8 @@ def check_one_release(results: list[dict[str, Any]]) -> None:
     if len(releases) > 1:
         raise ValueError(
             f"the results come from {len(releases)} different releases ({'; '.join(sorted(releases.values()))}); "
-            "a leaderboard compares models on one release: pass each release's results separately"
+            "a leaderboard compares models on one release: pass each release's results separately, or use "
+            "--split-releases for one leaderboard per release"
         )
 
 
@@ -567,13 +568,44 @@ def _er_markdown(fit: dict[str, Any]) -> str:
     return "\n".join([*lines, ""])
 
 
-def write_leaderboard(paths: list[str | Path], output_dir: Path, n_boot: int = 1000, seed: int = 0) -> dict[str, Path]:
+def release_groups(results: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Results grouped by release (manifest hash), keyed by a folder name ``<name>-v<version>-<hash prefix>``."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        release = r.get("release") or {}
+        raw = f"{release.get('name')}-v{release.get('version')}-{str(release.get('manifest_sha256'))[:12]}"
+        folder = "".join(c if c.isalnum() or c in "._-" else "_" for c in raw)[:120]
+        groups.setdefault(folder, []).append(r)
+    return groups
+
+
+def write_leaderboard(
+    paths: list[str | Path], output_dir: Path, n_boot: int = 1000, seed: int = 0, split_releases: bool = False
+) -> dict[str, Path]:
     """Write the leaderboard tables, plots and HTML page for the results found under ``paths``.
 
     Files: ``leaderboard.csv``, ``leaderboard.parquet``, ``leaderboard.md`` (compact ranked table, effective
     robustness, shift agreement, then the full table), ``leaderboard.html``, ``leaderboard_by_config.parquet`` (the
     published rows), ``shift_correlation.csv`` and the plots.
+
+    Results of different releases are refused, or with ``split_releases`` written as one leaderboard per release in
+    ``OUTPUT/<name>-v<version>-<hash>/`` (the returned paths are then those of the first release's leaderboard, and
+    ``OUTPUT/index.md`` lists them all).
     """
+    results = find_results(paths)
+    groups = release_groups(results)
+    if len(groups) > 1 and split_releases:
+        output_dir = Path(output_dir)
+        written_all = {folder: _write_one(group, output_dir / folder, n_boot, seed) for folder, group in groups.items()}
+        lines = ["# Leaderboards, one per release", ""]
+        lines += [f"- [{folder}]({folder}/leaderboard.md): {len(group)} results" for folder, group in groups.items()]
+        (output_dir / "index.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        first = next(iter(written_all.values()))
+        return first | {"index": output_dir / "index.md"}
+    return _write_one(results, Path(output_dir), n_boot, seed)
+
+
+def _write_one(results: list[dict[str, Any]], output_dir: Path, n_boot: int, seed: int) -> dict[str, Path]:
     from .plots import (
         plot_acc_scatter,
         plot_class_delta_acc,
@@ -583,7 +615,6 @@ def write_leaderboard(paths: list[str | Path], output_dir: Path, n_boot: int = 1
     )
     from .robustness import effective_robustness, shift_correlations
 
-    results = find_results(paths)
     df = build_leaderboard(results)  # refuses mixed releases before anything is written
     fit = effective_robustness(results)
     correlations = shift_correlations(results, n_boot=n_boot, seed=seed)

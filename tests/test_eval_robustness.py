@@ -208,6 +208,13 @@ def test_leaderboard_rules(tmp_path):
     with pytest.raises(ValueError, match="different releases"):
         lb.write_leaderboard([tmp_path], tmp_path / "out")
     assert not (tmp_path / "out").exists()
+    # or split: one leaderboard per release
+    lb.write_leaderboard([tmp_path], tmp_path / "split", n_boot=10, split_releases=True)
+    folders = sorted(p.name for p in (tmp_path / "split").iterdir() if p.is_dir())
+    assert folders == [f"rel-v1.0.0-{'a' * 12}", f"rel-v2.0.0-{'b' * 12}"]
+    second = (tmp_path / "split" / folders[1] / "leaderboard.md").read_text()
+    assert "| 1 | e |" in second and "| c |" not in second
+    assert folders[0] in (tmp_path / "split" / "index.md").read_text()
 
 
 def test_published_rows_one_per_model_and_config():
