@@ -636,7 +636,7 @@ def _write_one(results: list[dict[str, Any]], output_dir: Path, n_boot: int, see
     title = f"# Leaderboard: {_md_escape(release.get('name'))} {_md_escape(release.get('version'))}\n\n"
     markdown = (
         title
-        + compact_markdown(df)
+        + (compact_markdown(df) or "No model was evaluated successfully; the full table below lists the errors.\n")
         + "\n"
         + _er_markdown(fit)
         + "\n"
