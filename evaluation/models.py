@@ -106,10 +106,15 @@ class ModelSpec:
 
     @property
     def slug(self) -> str:
-        """File-system name of this model's results (distinct for distinct weights)."""
-        from builder.release_format import sanitize_key
+        """File-system name of this model's results (distinct for distinct weights).
 
-        base = sanitize_key(self.name.replace("/", "--").replace(":", "--"))
+        timm names stay readable (``resnet50.a1_in1k``; ``hf-hub:org/name`` becomes ``hf-hub--org--name``); any other
+        character becomes ``_`` and a short hash of the name is appended so that two names never share a folder.
+        """
+        readable = self.name.replace("/", "--").replace(":", "--")
+        base = re.sub(r"[^A-Za-z0-9_.-]", "_", readable)
+        if base != readable or not base or base.startswith("."):
+            base = f"{base.lstrip('.')}-{hashlib.sha256(self.name.encode()).hexdigest()[:8]}"
         if len(base) > MAX_SLUG_CHARS:  # file names are bounded (255 bytes on most file systems)
             digest = hashlib.sha256(self.name.encode()).hexdigest()[:12]
             base = f"{base[: MAX_SLUG_CHARS - 13]}-{digest}"

@@ -338,6 +338,9 @@ def test_hostile_class_names_in_plots_and_report(tmp_path):
     assert len(name.encode()) <= 120 and name.endswith(".png")
     assert asset_name("counterfactual", f"{long_name}-src-cf01", "png") != name
     (tmp_path / name).write_bytes(b"ok")  # a legal file name
+    assert ModelSpec("resnet50.a1_in1k").slug == "resnet50.a1_in1k"  # result folders named as the model
+    assert ModelSpec("hf-hub:timm/resnet18.a1_in1k").slug == "hf-hub--timm--resnet18.a1_in1k"
+    assert ModelSpec("a b").slug != ModelSpec("a_b").slug and ModelSpec("..").slug not in (".", "..")
     spec = ModelSpec("a" * 300, pretrained=False)
     assert len(spec.slug) <= 150 and spec.slug != ModelSpec("a" * 301, pretrained=False).slug
 
