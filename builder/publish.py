@@ -22,6 +22,7 @@ redacted from everything printed (:func:`redact_url`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -29,7 +30,7 @@ import re
 import stat
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
@@ -464,11 +465,30 @@ def plan_release(
         PublishError: a check failed (see :func:`publish_release`).
     """
     release_dir = Path(release_dir)
-    manifest, notes = _local_checks(release_dir, repo_id, gated, allow_local_paths, verify)
-    with tempfile.TemporaryDirectory(prefix="lance-cf-publish-") as tmp:
+    with release_lock(release_dir), tempfile.TemporaryDirectory(prefix="lance-cf-publish-") as tmp:
+        manifest, notes = _local_checks(release_dir, repo_id, gated, allow_local_paths, verify)
         return _stage(
             release_dir, repo_id, revision, Path(tmp), manifest, notes, None, strict, gated, allow_local_paths
         )
+
+
+@contextlib.contextmanager
+def release_lock(release_dir: Path) -> Iterator[None]:
+    """Hold the release directory for reading while publishing: a build (which holds it exclusively for its whole
+    life) refuses to start, and a publish refuses a directory a build holds, naming its pid (``builder.lock``).
+
+    Shared, not exclusive: publish only reads the directory (it may be read-only) and writes nothing into it, not
+    even the lock's holder file; several verifies or publishes of one finished release may run together.
+
+    Raises:
+        ValueError: ``release_dir`` is not a directory, or ``builder.lock.OutputLocked`` naming the holder.
+    """
+    from builder.lock import output_lock
+
+    if not Path(release_dir).is_dir():
+        raise ValueError(f"{release_dir}: no such directory (expected a release directory made by `lance-cf build`)")
+    with output_lock(release_dir, "publish", shared=True):
+        yield
 
 
 def _local_checks(
@@ -604,50 +624,51 @@ def publish_release(
             machine paths), the version's tag already exists on the Hub, or gating could not be set.
     """
     release_dir = Path(release_dir)
-    manifest, notes = _local_checks(release_dir, repo_id, gated, allow_local_paths, verify)
-    with tempfile.TemporaryDirectory(prefix="lance-cf-publish-") as tmp:
-        args = (strict, gated, allow_local_paths)
-        if dry_run:
-            return _stage(release_dir, repo_id, revision, Path(tmp), manifest, notes, None, *args)
-        api = api or create_api()
-        # 1. Read what the Hub has (no change yet): this version must not be tagged; the card's changelog compares
-        # against the highest version below it.
-        head, tags = _remote_refs(api, repo_id, revision)
-        tag = f"v{manifest['version']}"
-        if tag in tags:
-            raise PublishError(
-                f"{repo_id} already has tag {tag} (commit {tags[tag][:12]}): version {manifest['version']} is "
-                "published. Releases are immutable; bump `version` and rebuild to publish a new one."
+    with release_lock(release_dir):
+        manifest, notes = _local_checks(release_dir, repo_id, gated, allow_local_paths, verify)
+        with tempfile.TemporaryDirectory(prefix="lance-cf-publish-") as tmp:
+            args = (strict, gated, allow_local_paths)
+            if dry_run:
+                return _stage(release_dir, repo_id, revision, Path(tmp), manifest, notes, None, *args)
+            api = api or create_api()
+            # 1. Read what the Hub has (no change yet): this version must not be tagged; the card's changelog compares
+            # against the highest version below it.
+            head, tags = _remote_refs(api, repo_id, revision)
+            tag = f"v{manifest['version']}"
+            if tag in tags:
+                raise PublishError(
+                    f"{repo_id} already has tag {tag} (commit {tags[tag][:12]}): version {manifest['version']} is "
+                    "published. Releases are immutable; bump `version` and rebuild to publish a new one."
+                )
+            newer = [t for t in tags if _version_key(t) is not None and _version_key(t) > _version_key(tag)]
+            if newer:
+                logger.warning("publishing %s after newer tags %s: the branch will hold an older release", tag, newer)
+            previous = _previous_version(tags, tag)
+            previous_manifest = _previous_manifest(api, repo_id, previous, Path(tmp)) if previous is not None else None
+            # 2. Every local check, on exactly the files that will be uploaded.
+            plan = _stage(release_dir, repo_id, revision, Path(tmp), manifest, notes, previous_manifest, *args)
+            for item in plan.left_out:
+                logger.warning("left out of the upload: %s", item)
+            _check_card_metadata(api, (Path(tmp) / "release" / rf.CARD_NAME).read_text(encoding="utf-8"))
+            # 3. Remote changes: the repo, its gating (before any data lands in it), one commit, the tag.
+            repo_url = _retry(
+                "create_repo",
+                lambda: api.create_repo(repo_id, repo_type=REPO_TYPE, private=True if private else None, exist_ok=True),
             )
-        newer = [t for t in tags if _version_key(t) is not None and _version_key(t) > _version_key(tag)]
-        if newer:
-            logger.warning("publishing %s after newer tags %s: the branch will hold an older release", tag, newer)
-        previous = _previous_version(tags, tag)
-        previous_manifest = _previous_manifest(api, repo_id, previous, Path(tmp)) if previous is not None else None
-        # 2. Every local check, on exactly the files that will be uploaded.
-        plan = _stage(release_dir, repo_id, revision, Path(tmp), manifest, notes, previous_manifest, *args)
-        for item in plan.left_out:
-            logger.warning("left out of the upload: %s", item)
-        _check_card_metadata(api, (Path(tmp) / "release" / rf.CARD_NAME).read_text(encoding="utf-8"))
-        # 3. Remote changes: the repo, its gating (before any data lands in it), one commit, the tag.
-        repo_url = _retry(
-            "create_repo",
-            lambda: api.create_repo(repo_id, repo_type=REPO_TYPE, private=True if private else None, exist_ok=True),
-        )
-        plan.gated = _set_gating(api, repo_id, plan.gated, explicit=gated is not None)
-        head, _ = _retry("list_repo_refs", lambda: _branch_head(api, repo_id, revision))
-        info = _commit_release(api, plan, manifest, head)
-        _retry(
-            "create_tag",
-            lambda: api.create_tag(
-                repo_id,
-                tag=plan.tag,
-                revision=info.oid,
-                tag_message=f"{manifest['name']} {plan.tag}",
-                repo_type=REPO_TYPE,
-                exist_ok=False,
-            ),
-        )
+            plan.gated = _set_gating(api, repo_id, plan.gated, explicit=gated is not None)
+            head, _ = _retry("list_repo_refs", lambda: _branch_head(api, repo_id, revision))
+            info = _commit_release(api, plan, manifest, head)
+            _retry(
+                "create_tag",
+                lambda: api.create_tag(
+                    repo_id,
+                    tag=plan.tag,
+                    revision=info.oid,
+                    tag_message=f"{manifest['name']} {plan.tag}",
+                    repo_type=REPO_TYPE,
+                    exist_ok=False,
+                ),
+            )
     logger.info("published %s at %s (commit %s)", plan.tag, redact_url(str(repo_url)), info.oid)
     return PublishResult(repo_id, plan.tag, info.oid, redact_url(str(repo_url)), len(plan.files), plan.gated)
 

@@ -414,6 +414,41 @@ def test_publish_from_a_read_only_directory(hub_env, tmp_path):
     assert f'load_dataset("{REPO}", "counterfactual"' in card and manifest["name"] in card
 
 
+def test_publish_is_refused_while_a_build_holds_the_directory(hub_env, tmp_path, capsys):
+    """A real second process holds the release directory as a build does (builder.lock, exclusive)."""
+    hub = hub_env
+    release_dir, _ = release(tmp_path)
+    go = tmp_path / "release-the-lock"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys, time\n"
+            "from builder.lock import output_lock\n"
+            "with output_lock(sys.argv[1], 'build'):\n"
+            "    print('held', flush=True)\n"
+            "    while not os.path.exists(sys.argv[2]):\n"
+            "        time.sleep(0.05)\n",
+            str(release_dir),
+            str(go),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        for extra in ([], ["--dry-run"]):
+            with pytest.raises(ValueError, match=rf"in use by lance-cf pid {holder.pid} \(build\)"):
+                cli("publish", str(release_dir), "--repo-id", REPO, *extra)
+        assert hub.log == []
+    finally:
+        go.touch()
+        holder.wait(timeout=60)
+    assert publish_release(release_dir, REPO).tag == "v1.0.0"  # free again
+
+
 # ------------------------------------------------------------------------------------------- 4. gating (issue 13)
 def test_gated_card_gates_the_repo_before_any_data_lands(hub_env, tmp_path):
     hub = hub_env
