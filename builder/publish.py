@@ -8,15 +8,16 @@ release replaces the files on the branch; older ones stay reachable by their tag
 What is uploaded is exactly what the manifest lists (``manifest.json``, ``_info.json``, the shards) plus the card and
 its assets, rendered for the target repo into a temporary staging directory: the release directory is only read (it
 may be read-only), nothing else under it is uploaded (each other file is named in the plan, or refused with
-``strict``), and symbolic links are never followed. Everything that can be checked locally is checked before the first
-remote change: ``verify``, the configs (none empty that the release needs), ``load_dataset`` opening every config of
-the staged release, no machine paths in published files, the tag not yet taken.
+``strict``), and symbolic links are never followed. Everything that can be checked is checked before the first remote
+change: no build holds the directory, ``verify``, the configs (none empty that the release needs), ``load_dataset``
+reading every config of the staged release, no machine path and no token in published text, the tag not yet taken,
+the card's metadata accepted by the Hub.
 
 Resuming is re-running: large files already uploaded are skipped by the LFS batch answer, files identical on the
 branch are dropped from the commit by the client, and a commit already made (interrupted before tagging) turns the
 second commit into a no-op that returns the existing head, which is then tagged. A version whose tag exists is
-refused. The token comes from huggingface_hub's standard sources (``HF_TOKEN``, ``hf auth login``) and is never read,
-logged or written here. ``HF_ENDPOINT`` is honoured at call time, so self-hosted hubs work; credentials in it are
+refused. The token comes from huggingface_hub's standard sources (``HF_TOKEN``, ``hf auth login``); it is never logged,
+printed or written here, only compared with what would be published. ``HF_ENDPOINT`` is honoured at call time, so self-hosted hubs work; credentials in it are
 redacted from everything printed (:func:`redact_url`).
 """
 
