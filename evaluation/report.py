@@ -77,7 +77,11 @@ def _headline_table(results: dict[str, Any]) -> str:
             f"{first.get('key')}); they are left out of every number"
         )
     warning = "".join(f"<p class='meta'><b>Incomplete:</b> {html.escape(n)}.</p>" for n in notes)
-    return f"{warning}<table>{head}{''.join(body)}</table>"
+    options = results.get("options") or {}
+    shown = ", ".join(f"{k}={v}" for k, v in options.items() if k in RUN_OPTIONS_SHOWN and v not in (None, False))
+    device = html.escape(str((results.get("run") or {}).get("device")))
+    run = f"<p class='meta'>Run options: {html.escape(shown or 'defaults')} · device {device}</p>"
+    return f"{warning}{run}<table>{head}{''.join(body)}</table>"
 
 
 def _sensitivity_table(results: dict[str, Any]) -> str:
@@ -103,6 +107,7 @@ def _sensitivity_table(results: dict[str, Any]) -> str:
 
 
 MAX_ASSET_STEM = 100
+RUN_OPTIONS_SHOWN = ("amp", "amp_dtype", "model_dtype", "channels_last", "torchcompile", "limit", "verify")
 
 
 def asset_name(kind: str, key: str, ext: str) -> str:
