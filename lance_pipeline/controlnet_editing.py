@@ -46,7 +46,7 @@ from typing import Any
 
 from lance_pipeline.candidate_selection import Candidate, CandidateSelector, EditRequest, SweepResult
 from lance_pipeline.image_editing import CounterfactualEditStage
-from lance_pipeline.stage import SCORE_NAMES, Record, SampleFailure
+from lance_pipeline.stage import SCORE_NAMES, MetadataField, Record, ReleaseOutput, SampleFailure
 
 logger = logging.getLogger(__name__)
 
@@ -578,6 +578,16 @@ class ControlNetEditor:
 
 # Fields of a caption edit that are copied onto its counterfactual sample (the DILLEMA trace; absent for LANCE).
 TRACE_FIELDS = ("llm_keywords", "llm_alternatives", "llm_applied_alternatives")
+# The extra metadata fields of this editor's counterfactual samples (release format v2 declared fields).
+METADATA_FIELDS = (
+    MetadataField("editor", "string", description="the editor that rendered the sample"),
+    MetadataField("controlnet_seed", "int64", description="seed of the sample's initial noise"),
+    MetadataField("controlnet_scale", "float64", description="ControlNet conditioning scale"),
+    MetadataField("condition", "string", enum=CONDITIONS, description="the structure condition"),
+    MetadataField("llm_keywords", "string", description="DILLEMA keywords: JSON object word -> aspect"),
+    MetadataField("llm_alternatives", "string", description="DILLEMA alternatives: JSON object word -> [values]"),
+    MetadataField("llm_applied_alternatives", "string", description="alternatives applied: JSON object word -> value"),
+)
 
 
 class ControlNetSelector(CandidateSelector):
@@ -651,6 +661,7 @@ class ControlNetEditStage(CounterfactualEditStage):
     version = "1"
     consumes = {"key": "str", "image": "image", "caption": "str", "seed": "int", "edits": "list"}
     produces = {"counterfactuals": "list", "edit_candidates": "list"}
+    outputs = (ReleaseOutput("counterfactual", "counterfactuals", "cf", many=True, fields=METADATA_FIELDS),)
 
     def _selector(self) -> ControlNetSelector:
         o = self.options

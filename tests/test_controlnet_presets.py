@@ -85,6 +85,20 @@ def test_demo_controlnet_builds_verifies_and_loads(demo_controlnet, tmp_path):
         assert meta["edit_type"] in EDIT_TYPES and meta["edited_caption"] != meta["caption"]
         assert meta["self_replace"] is None and isinstance(meta["scores"]["clip_directional"], float)
         assert row["png"].size == (64, 64)
+        # The editor and DILLEMA's LLM trace, declared extra fields of the counterfactual config.
+        assert meta["editor"] == "controlnet" and meta["condition"] == "canny" and meta["controlnet_scale"] == 1.0
+        assert isinstance(meta["controlnet_seed"], int)
+        keywords = json.loads(meta["llm_keywords"])
+        alternatives = json.loads(meta["llm_alternatives"])
+        applied = json.loads(meta["llm_applied_alternatives"])
+        assert applied and set(applied) <= set(keywords) and set(applied) <= set(alternatives)
+        assert all(applied[word] in alternatives[word] for word in applied)
+        assert meta["edit_type"] == (
+            "multi" if len(applied) > 1 or keywords[next(iter(applied))] is None else keywords[next(iter(applied))]
+        )
+    spec = manifest["release_spec"]
+    declared = spec["configs"]["counterfactual"]["fields"]
+    assert [f["name"] for f in declared][:2] == ["editor", "controlnet_seed"]
 
 
 @pytest.mark.e2e
