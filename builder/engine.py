@@ -94,6 +94,7 @@ class StageResult:
     updates: dict[str, dict[str, Any]]
     failures: dict[str, str]
     errors: dict[str, str]
+    description: dict[str, Any] | None = None  # the stage's manifest entry, taken where it ran (loaded)
 
 
 class _StageRunner:
@@ -152,9 +153,6 @@ class _StageRunner:
 
         described = restore_model_references(self.stage.describe(), self._references)
         return {"type": self.config.type, "version": self.validated.contract.version, **described}
-
-    def remember_description(self) -> None:
-        self.ledger.set_meta(f"describe:{self.name}", json.dumps(self._description()))
 
     def run(self, records: list[dict[str, Any]], record_errors: bool = False) -> StageResult:
         """Run the stage over records, isolating the samples that make it raise.
@@ -215,7 +213,7 @@ class _StageRunner:
                 raise StageContractError(
                     f"stage {name} returned {type(result).__name__}; expected dict or SampleFailure"
                 )
-        return StageResult(name, updates, failures, errors)
+        return StageResult(name, updates, failures, errors, self._description())
 
 
 def _output_problem(output: Path) -> str | None:
@@ -819,7 +817,8 @@ def run_stages(
 def commit_stage(ledger: Ledger, batch_index: int, runner: _StageRunner, result: StageResult) -> None:
     with ledger.transaction():
         ledger.record_stage(batch_index, result.stage, result.updates, result.failures, result.errors)
-        runner.remember_description()
+        if result.description is not None:  # from the process that ran the stage (a Ray actor, say), models loaded
+            ledger.set_meta(f"describe:{runner.name}", json.dumps(result.description))
 
 
 def finish_batch(

@@ -55,3 +55,32 @@ def test_missing_ray_extra_names_the_install_command(tmp_path):
         os.environ["PYTHONPATH"] = env_path
     assert proc.returncode == 2
     assert "pip install 'lance-counterfactuals[ray]'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.skipif(not HAS_RAY, reason="the [ray] extra is not installed")
+def test_ray_with_two_workers_matches_local_on_the_demo_real_tiny_models(tmp_path):
+    """The demo preset's real stages (tiny BLIP-2, causal LM, MiniLM, masked LM, Stable Diffusion, CLIP): Ray with
+    2 workers writes the same bytes as the local engine, because both run stages with the same torch threads."""
+    import os
+
+    import ray
+
+    from builder.config import apply_overrides
+
+    config = apply_overrides(load_config("demo"), limit=3, batch_size=1)  # 3 batches for 2 actors
+    build(config, tmp_path / "local", progress=False)
+    env_vars = {
+        name: os.environ[name]
+        for name in ("LANCE_CF_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
+        if name in os.environ
+    }
+    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO), **env_vars}})
+    try:
+        build(config, tmp_path / "ray", progress=False, engine="ray", workers=2)
+    finally:
+        ray.shutdown()
+    assert verify_release(tmp_path / "ray") == []
+    manifest = json.loads((tmp_path / "ray" / "manifest.json").read_text())
+    assert manifest["counts"]["counterfactual"]["total"] > 0 and manifest["build"]["torch_threads"] == 1
+    assert "scheduler" in manifest["stages"]["invert"]  # described where it ran, with its models loaded
+    assert release_files(tmp_path / "ray") == release_files(tmp_path / "local")
