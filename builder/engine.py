@@ -82,8 +82,9 @@ class _Batch:
     index: int
     samples: list[SourceSample]
     seeds: dict[str, int]
-    decoded: dict[str, Any] = field(default_factory=dict)  # key -> PIL image
+    decoded: dict[str, Any] = field(default_factory=dict)  # key -> PIL image (None: a generating source's sample)
     failures: dict[str, tuple[str, str]] = field(default_factory=dict)  # key -> (stage, reason)
+    fields: dict[str, dict[str, Any]] = field(default_factory=dict)  # key -> a generating source's record fields
 
 
 @dataclass
@@ -300,12 +301,17 @@ def _plan(config: BuildConfig, source: Source) -> list[tuple[str, int, int, str,
 
 
 def _decode_batch(batch: _Batch, source: Source, config: BuildConfig, num_classes: int) -> _Batch:
+    generates = getattr(source, "generates", False)
     for sample in batch.samples:
         if sample.problem:
             batch.failures[sample.key] = ("source", sample.problem)
             continue
         if not 0 <= sample.label < num_classes:
             batch.failures[sample.key] = ("source", f"label {sample.label} out of range [0, {num_classes})")
+            continue
+        if generates:  # nothing to read: the record starts from the source's fields (a stage makes the image)
+            batch.decoded[sample.key] = None
+            batch.fields[sample.key] = source.record_fields(sample)
             continue
         try:
             data = source.read(sample)
@@ -349,6 +355,8 @@ def _emit(
         value = record.get(output.field)
         if value is None:
             continue  # the sample failed before the stage that writes this config
+        if output.config_field is not None and record.get(output.config_field) != output.config:
+            continue  # routed to another config, or to none
         if not output.many:
             sample_key = output.sample_key(key)
             extras = {f.name: record.get(f.name) for f in output.fields}
@@ -518,6 +526,7 @@ def _build_locked(
         stage_info = {r.name: r.describe() for r in runners}
         errors = [{"source_key": k, "stage": stage, "message": m} for k, stage, m in ledger.errors()]
         build_record = {
+            **_routing_summary(validated, source, plan, ledger),
             "code": validated.code_targets,
             "torch_threads": torch_threads,
             "determinism": determinism,
@@ -530,6 +539,39 @@ def _build_locked(
         )
     finally:
         ledger.close()
+
+
+def _routing_summary(validated: ValidatedBuild, source: Source, plan: list, ledger: Ledger) -> dict[str, Any]:
+    """Where each routed record went (``ReleaseOutput.config_field``): counts per group and class, nothing dropped
+    silently. Groups are a generating source's ``shift`` field when it has one; ``None`` counts records that are
+    not released (e.g. rejected by a filter without a ``rejected`` config)."""
+    routed = [(stage, o) for stage in validated.active for o in stage.contract.outputs if o.config_field]
+    if not routed:
+        return {}
+    by_key = {s.key: s for s in source.samples}
+    keys = sorted(row[0] for row in plan)
+    summary: dict[str, Any] = {}
+    for stage, output in routed:
+        # The routing field is decided by the active stage that produces it (e.g. a filter after the generator).
+        decider = next(s for s in reversed(validated.active) if output.config_field in s.contract.produces)
+        stored, failed, errored = ledger.stage_outcomes(keys, decider.config.name)
+        groups: dict[str, dict[str, dict[str, int]]] = {}
+        for key, update in stored.items():
+            sample = by_key[key]
+            fields = source.record_fields(sample) if getattr(source, "generates", False) else {}
+            group = str(fields.get("shift", "all"))
+            target = update.get(output.config_field)
+            per_class = groups.setdefault(group, {}).setdefault(str(sample.label), {})
+            name = "not_released" if target is None or target not in validated.config.configs else str(target)
+            per_class[name] = per_class.get(name, 0) + 1
+        summary[stage.config.name] = {
+            "field": output.config_field,
+            "decided_by": decider.config.name,
+            "groups": groups,
+            "failed": len(failed),
+            "errored": len(errored),
+        }
+    return {"routing": summary}
 
 
 def _reopen_for_retry(ledger: Ledger, runners: list[_StageRunner], retry_failures: bool) -> None:
@@ -759,17 +801,15 @@ def _prepare_batch(
     with ledger.transaction():
         for key, (stage, reason) in batch.failures.items():
             ledger.record_failure(key, stage, reason)
-    records = {
-        s.key: {
-            "key": s.key,
-            "image": batch.decoded[s.key],
-            "label": s.label,
-            "label_name": label_names[s.label],
-            "seed": batch.seeds[s.key],
-        }
-        for s in batch.samples
-        if s.key in batch.decoded
-    }
+    records = {}
+    for s in batch.samples:
+        if s.key not in batch.decoded:
+            continue
+        record = {"key": s.key, "label": s.label, "label_name": label_names[s.label], "seed": batch.seeds[s.key]}
+        if batch.decoded[s.key] is not None:
+            record["image"] = batch.decoded[s.key]
+        record.update(batch.fields.get(s.key, {}))
+        records[s.key] = record
     start: dict[str, int] = {}
     out: set[str] = set()
     walking = set(records)

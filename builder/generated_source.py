@@ -32,6 +32,7 @@ class GenerationSource(Source):
     """Plans class x shift x index samples; nothing is read from disk but an optional class-name file."""
 
     generates = True
+    fields = GENERATED_FIELDS  # what each record starts with instead of an image (validated before any build)
 
     def __init__(
         self,

@@ -14,6 +14,7 @@ It takes seconds and imports no model library; a typo in the last stage's option
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 from dataclasses import dataclass
@@ -104,20 +105,38 @@ def validate_build(config: BuildConfig, *, allow_code: bool | None = None) -> Va
             raise ValueError(f"{where}: {err}") from err
         stages.append(ValidatedStage(stage, cls, contract, is_code))
 
+    generates, source_fields = source_declaration(config.source)
+    # A source that generates (no image to read) releases nothing itself and gives its own fields instead of `image`.
+    source_outputs = () if generates else SOURCE_OUTPUTS
+    available = {k: v for k, v in SOURCE_FIELDS.items() if not (generates and k == "image")} | source_fields
+
     writers: dict[str, list[tuple[ValidatedStage, ReleaseOutput]]] = {}
     for validated in stages:
         for output in validated.contract.outputs:
-            writers.setdefault(output.config, []).append((validated, output))
-    known = [o.config for o in SOURCE_OUTPUTS] + [c for c in writers if c not in {o.config for o in SOURCE_OUTPUTS}]
+            if output.config_field is None:
+                writers.setdefault(output.config, []).append((validated, output))
+                continue
+            for name in validated.config.configs:  # a routed output writes each config its stage serves
+                writers.setdefault(name, []).append((validated, dataclasses.replace(output, config=name)))
+    own = {o.config for o in source_outputs}
+    known = [o.config for o in source_outputs] + [c for c in writers if c not in own]
     _check_config_names(config, known)
 
     selected = set(config.configs)
     active = [s for s in stages if set(s.config.configs) & selected]
-    _check_field_graph(active, stages)
+    _check_field_graph(active, stages, available)
+    produced = set(available) | {f for s in active for f in s.contract.produces}
+    for stage in active:
+        for output in stage.contract.outputs:
+            if output.config_field is not None and output.config_field not in produced:
+                raise ValueError(
+                    f"stage {stage.config.name!r} routes its samples by field {output.config_field!r}, which no "
+                    "active stage produces (add the stage that decides the config, e.g. a filter)"
+                )
 
-    outputs: list[ReleaseOutput] = [o for o in SOURCE_OUTPUTS if o.config in selected]
+    outputs: list[ReleaseOutput] = [o for o in source_outputs if o.config in selected]
     for name in config.configs:
-        if name in {o.config for o in SOURCE_OUTPUTS}:
+        if name in own:
             continue
         candidates = writers.get(name, [])
         if len(candidates) > 1:
@@ -181,8 +200,26 @@ def _check_config_names(config: BuildConfig, known: list[str]) -> None:
 _DEFAULT_METHOD_CONFIGS = ("reconstructed", "counterfactual", "lance_r")
 
 
-def _check_field_graph(active: list[ValidatedStage], every: list[ValidatedStage]) -> None:
-    available: dict[str, tuple[str, str]] = {name: (kind, "the source") for name, kind in SOURCE_FIELDS.items()}
+def source_declaration(spec: str | None) -> tuple[bool, dict[str, str]]:
+    """(generates, record fields) a registered source class declares, read without constructing it.
+
+    A generating source (``builder.generated_source``) plans samples without images; its records start with the
+    fields it declares (name -> contract kind) instead of ``image``.
+    """
+    from builder.registry import SOURCES
+
+    scheme = (spec or "").partition(":")[0]
+    if scheme not in SOURCES.names():
+        return False, {}
+    cls = SOURCES.resolve(scheme)
+    return bool(getattr(cls, "generates", False)), dict(getattr(cls, "fields", None) or {})
+
+
+def _check_field_graph(
+    active: list[ValidatedStage], every: list[ValidatedStage], source_fields: dict[str, str] | None = None
+) -> None:
+    fields = SOURCE_FIELDS if source_fields is None else source_fields
+    available: dict[str, tuple[str, str]] = {name: (kind, "the source") for name, kind in fields.items()}
     for stage in active:
         name = stage.config.name
         for field, kind in stage.contract.consumes.items():

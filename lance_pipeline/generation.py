@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from lance_pipeline.stage import MetadataField, ReleaseOutput
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "stabilityai/stable-diffusion-2"
@@ -178,6 +180,29 @@ class ShiftGenerationStage:
     version = "1"
     consumes = {"label": "int", "label_name": "str", "seed": "int", "prompt_template": "str"}
     produces = {"generated": "image", "prompt": "str", "token": "any"}
+    # Each image goes to the config the filter stage routes it to (its shift, `rejected`, or none); the metadata
+    # fields come from the source (shift, captions, threshold), this stage (prompt, token) and the filter (scores).
+    outputs = (
+        ReleaseOutput(
+            config="shift",
+            field="generated",
+            key_suffix="gen",
+            config_field="release_config",
+            description="images generated under this shift that pass the CLIP filter (dataset interfaces)",
+            fields=(
+                MetadataField("shift", "string", description="the shift's name"),
+                MetadataField("prompt", "string", description="the prompt the image was generated from"),
+                MetadataField("token", "string", description="the class token (null for plain prompts)"),
+                MetadataField("object_caption", "string", description="CLIP text for object presence"),
+                MetadataField("shift_caption", "string", description="CLIP text for shift presence"),
+                MetadataField("object_score", "float64", description="CLIP cosine: image vs object caption"),
+                MetadataField("shift_score", "float64", description="CLIP cosine: image vs shift caption"),
+                MetadataField("object_threshold", "float64", description="object threshold (null: none)"),
+                MetadataField("shift_threshold", "float64", description="shift threshold (null: unknown)"),
+                MetadataField("passed", "bool", description="both CLIP criteria passed"),
+            ),
+        ),
+    )
     options_class = GenerationOptions
 
     def __init__(self, **options: Any) -> None:
@@ -237,14 +262,16 @@ class ShiftFilterStage:
     """``filter``: CLIP object and shift presence for each generated image, the thresholds, and the verdict.
 
     Every image gets its scores; ``release_config`` routes it to its shift's config when it passes, to ``rejected``
-    when it does not and ``keep_rejected`` is on, and to no config otherwise (it is still counted in the manifest).
+    when it does not and ``keep_rejected`` is on, and to no config otherwise. The engine counts where every image
+    went, per shift and class, in the manifest (``build.routing``): nothing is dropped silently.
     """
 
     name = "filter"
     version = "1"
     consumes = {"generated": "image", "shift": "str", "object_caption": "str", "shift_caption": "any",
                 "shift_threshold": "any"}  # fmt: skip
-    produces = {"shift_scores": "dict", "release_config": "any"}
+    produces = {"object_score": "float", "shift_score": "any", "object_threshold": "any", "passed": "bool",
+                "release_config": "any"}  # fmt: skip
     options_class = ShiftFilterOptions
 
     def __init__(self, **options: Any) -> None:
@@ -273,7 +300,13 @@ class ShiftFilterStage:
                 config = record["shift"]
             else:
                 config = REJECTED_CONFIG if self.options.keep_rejected else None
-            out.append({"shift_scores": verdict, "release_config": config})
+            out.append({
+                "object_score": verdict["object_score"],
+                "shift_score": verdict["shift_score"],
+                "object_threshold": verdict["object_threshold"],
+                "passed": verdict["passed"],
+                "release_config": config,
+            })  # fmt: skip
         return out
 
     def describe(self) -> dict[str, Any]:

@@ -114,6 +114,10 @@ class ReleaseOutput:
         description: One line for the card, for a config that is not one of LANCE's four (which have theirs).
         fields: Extra metadata fields of the config; their values are read from each item (``many``) or from the
             record (one), by name.
+        config_field: Route each record to the config its field of this name names (``many=False`` only): the
+            output then writes every config listed in its stage's ``configs`` (e.g. one per shift), ``config`` is
+            only a label, and a record whose field is null (or names a config not built) is not released. The
+            engine counts where every routed record went, per class, in the manifest's ``build.routing``.
     """
 
     config: str
@@ -122,6 +126,7 @@ class ReleaseOutput:
     many: bool = False
     description: str = ""
     fields: tuple[MetadataField, ...] = ()
+    config_field: str | None = None
 
     def sample_key(self, source_key: str, index: int = 0) -> str:
         if self.key_suffix is None:

@@ -165,8 +165,8 @@ def test_generation_and_filter_stages_on_tiny_models(tiny_sd_dir, token_dir, tmp
     live[0]["shift_threshold"] = shifts[0] + 1e-4
     live[1]["shift_threshold"] = None
     verdicts = filt.process(live)
-    assert verdicts[0]["release_config"] == "rejected" and not verdicts[0]["shift_scores"]["passed"]
-    assert verdicts[1]["release_config"] == "base" and verdicts[1]["shift_scores"]["shift_score"] is None
-    assert verdicts[0]["shift_scores"]["object_score"] == pytest.approx(objects[0], abs=1e-6)
+    assert verdicts[0]["release_config"] == "rejected" and not verdicts[0]["passed"]
+    assert verdicts[1]["release_config"] == "base" and verdicts[1]["shift_score"] is None
+    assert verdicts[0]["object_score"] == pytest.approx(objects[0], abs=1e-6)
     live[0]["shift_threshold"] = shifts[0] - 1e-4
     assert filt.process(live)[0]["release_config"] == "in_the_snow"
