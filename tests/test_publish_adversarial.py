@@ -523,6 +523,7 @@ def test_incomplete_or_invalid_results_are_refused(hub_env, tmp_path, capsys, ca
     hub = hub_env
     release_dir, manifest = release(tmp_path)
     publish_release(release_dir, REPO)
+    capsys.readouterr()  # the library call's upload progress (shown when an earlier test enabled the bars)
     commits = len(hub.commits("datasets", REPO))
     cases = [
         (make_results(manifest, "resnet18", 60.0, limit=5), "results of a --limit 5 run"),
