@@ -18,9 +18,7 @@ from typing import Any
 
 import yaml
 
-from builder.release_format import CONFIG_NAMES, IMAGE_FORMATS
-
-SEMVER = re.compile(r"^\d+\.\d+\.\d+(?:-[0-9A-Za-z.-]+)?$")
+from builder.release_format import CONFIG_NAMES, IMAGE_FORMATS, is_release_version
 
 
 @dataclass
@@ -58,7 +56,7 @@ class BuildConfig:
         """Check the config's own fields (types and ranges). Stages and configs: ``builder.validation``."""
         if not isinstance(self.name, str) or not re.match(r"^[A-Za-z0-9._-]+$", self.name):
             raise ValueError(f"name {self.name!r}: use a string of letters, digits, '.', '_' or '-' (quote it in YAML)")
-        if not isinstance(self.version, str) or not SEMVER.match(self.version):
+        if not is_release_version(self.version):  # semver, parsed by packaging.version (release_format)
             raise ValueError(
                 f'version {self.version!r}: expected a semantic version such as 1.0.0 (quote it in YAML: "1.0.0")'
             )
