@@ -11,8 +11,9 @@
 - ``wds:PATTERN``: local WebDataset shards (brace patterns allowed), image in ``jpg|jpeg|png|webp``, label in ``cls``.
 - ``demo``: the photos bundled with this package, offline.
 
-A source lists its samples cheaply (``list_samples``), sorted by key, and reads a sample's bytes on demand
-(``read``); decoding is the builder's job (builder.images), so every source gets the same malformed-input handling.
+A source lists its samples cheaply when it is created (``samples``, sorted by key) and reads a sample's bytes on
+demand (``read``); decoding is the builder's job (builder.images), so every source gets the same malformed-input
+handling.
 Listing never opens images: a corrupt file becomes a per-sample failure at decode time, never a crash.
 
 What a source guarantees (docs/sources.md has the long form):
@@ -134,7 +135,7 @@ IMAGENET_LICENSE = (
 )
 
 
-# -- names and keys that do not depend on the machine ---------------------------------------------------------------
+# -- names and keys that do not depend on the machine ------------------------------------------------------------------
 def _nfc(text: str) -> str:
     """One spelling of a name: NFC, with bytes that are not UTF-8 (kept by Python as surrogates) made visible."""
     text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
@@ -227,7 +228,7 @@ def check_label(value: Any, label_space: LabelSpace, where: str) -> tuple[int, s
     return label, None
 
 
-# -- image folders ------------------------------------------------------------------------------------------------------
+# -- image folders -----------------------------------------------------------------------------------------------------
 def _list_class_folders(root: Path, spec: str) -> list[Path]:
     if not root.is_dir():
         raise ValueError(f"source {spec!r}: {root} is not a directory (expected ROOT/CLASS/IMAGE files)")
@@ -473,7 +474,7 @@ class DemoSource(_FileSource):
         self.license = "Photos from public-domain or permissively licensed package sample data; see SOURCES.md."
 
 
-# -- datasets -----------------------------------------------------------------------------------------------------------
+# -- datasets ----------------------------------------------------------------------------------------------------------
 class HFDatasetSource(Source):
     """Any ``datasets`` dataset with an image column and an integer/ClassLabel label column.
 
@@ -680,7 +681,7 @@ def _pick_column(ds: Any, candidates: tuple[str, ...], feature_type: Any, spec: 
     )
 
 
-# -- WebDataset shards --------------------------------------------------------------------------------------------------
+# -- WebDataset shards -------------------------------------------------------------------------------------------------
 COMPRESSED_MAGIC = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00")
 
 
@@ -768,7 +769,8 @@ class WebDatasetSource(Source):
             if sample.problems:
                 problem = "; ".join(sample.problems)
             elif not sample.images:
-                problem = f"no image member (expected one of {', '.join(WDS_IMAGE_EXTS)}; found {sorted(sample.members)[:10]})"
+                expected = ", ".join(WDS_IMAGE_EXTS)
+                problem = f"no image member (expected one of {expected}; found {sorted(sample.members)[:10]})"
             elif sample.label_text is None:
                 problem = f"no label member .cls (found {sorted(sample.members)[:10]})"
             elif not re.fullmatch(r"[+-]?[0-9]+", sample.label_text):
@@ -895,7 +897,7 @@ class WebDatasetSource(Source):
             self._spool = None
 
 
-# -- creating a source --------------------------------------------------------------------------------------------------
+# -- creating a source -------------------------------------------------------------------------------------------------
 def _type_name(expected: Any, plural: bool = False) -> str:
     """``list[str | int] | None`` -> "a list (of strings or integers) or null"."""
     origin = typing.get_origin(expected)

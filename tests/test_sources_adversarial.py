@@ -124,7 +124,7 @@ def test_a_newline_in_a_file_name_stays_inside_one_reason_line(tmp_path):
     assert any("two\\nlines.png" in r for r in reasons)
 
 
-# -- 1. keys, seeds and bytes do not depend on where the source sits or how its names are spelled ---------------------
+# -- 1. keys, seeds and bytes do not depend on where the source sits or how its names are spelled ----------------------
 def _photo_tree(root: Path, form: str) -> Path:
     """The same photos and names, spelled in Unicode normal form ``form``; two names collide (same stem)."""
     files = {"crème": ["café.png", "café.jpg", "plain.png"], "zebra": ["z.png"]}
@@ -184,7 +184,7 @@ def test_webdataset_keys_do_not_depend_on_where_the_shards_sit(tmp_path):
     assert keys[0] == keys[1] and len(set(keys[0])) == 2
 
 
-# -- 2. hf: labels are bounded, typed and checked ---------------------------------------------------------------------
+# -- 2. hf: labels are bounded, typed and checked ----------------------------------------------------------------------
 def _hf_dataset(tmp_path: Path, labels: list, dtype: str = "int64", **features) -> Path:
     import datasets
 
@@ -282,7 +282,7 @@ def test_hf_failure_reasons_and_spec_carry_no_machine_path(tmp_path, monkeypatch
     assert str(tmp_path) not in (out / "README.md").read_text()
 
 
-# -- 2. wds: members are size-checked before reading, labels range-checked, shards streamed once -------------------------
+# -- 2. wds: members are size-checked before reading, labels range-checked, shards streamed once -----------------------
 def _sparse_tar_with_huge_member(path: Path, huge_size: int) -> Path:
     """A plain tar whose member ``huge.png`` claims ``huge_size`` bytes, written sparse (nothing is allocated)."""
     good = _png(3)
@@ -314,7 +314,8 @@ def test_wds_a_2gib_member_is_refused_unread(tmp_path):
     problems = {s.key: s.problem for s in source.samples}
     assert problems["good"] is None and data == [_png(3)]
     assert problems["huge"] == (
-        f"image member huge.png is {2 << 30} bytes, over the {MAX_IMAGE_BYTES}-byte limit (source option max_image_bytes)"
+        f"image member huge.png is {2 << 30} bytes, over the {MAX_IMAGE_BYTES}-byte limit "
+        "(source option max_image_bytes)"
     )
 
 
@@ -425,7 +426,7 @@ def test_wds_full_temporary_disk_is_one_line_naming_the_fix(tmp_path, monkeypatc
     assert "No space left on device" in message and "set TMPDIR" in message and "\n" not in message
 
 
-# -- 9 §5: ImageNet class names are package data ----------------------------------------------------------------------
+# -- 9 §5: ImageNet class names are package data -----------------------------------------------------------------------
 def test_imagenet_class_list_matches_timm_and_open_clip():
     from builder import imagenet
 
@@ -466,7 +467,7 @@ def test_building_original_imports_no_model_library(tmp_path, scheme):
     assert result == {"code": 0, "modules": []}
 
 
-# -- 11 §3: bad specs and options are one line naming the input and the fix ------------------------------------------
+# -- 11 §3: bad specs and options are one line naming the input and the fix --------------------------------------------
 def _error_line(tmp_path: Path, source: str, options: dict | None = None) -> str:
     cfg = write_config(tmp_path / "c.yaml", source, source_options=options or {})
     proc = cli("build", str(cfg), "--output", str(tmp_path / "out"), check=False)
@@ -523,7 +524,7 @@ def test_wds_label_space_options_contradicting_are_refused(tmp_path):
     assert source.label_space.names == ["cat", "dog"]
 
 
-# -- 11 §5: nothing about the machine in what a release records about its source --------------------------------------
+# -- 11 §5: nothing about the machine in what a release records about its source ---------------------------------------
 @pytest.mark.parametrize(
     ("spec", "expected"),
     [
