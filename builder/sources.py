@@ -177,6 +177,18 @@ def _hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
 
 
+MAX_KEY_LENGTH = 96  # derived samples add suffixes (``_cf000``); file names must stay well under 255 bytes
+
+
+def _proposed_key(name: str) -> str:
+    """A release key for a source name: NFC, sanitised (builder.release_format), and bounded in length (a long
+    name keeps its first 80 characters and a hash of the whole)."""
+    key = sanitize_key(_nfc(name))
+    if len(key) > MAX_KEY_LENGTH:
+        key = f"{key[:80]}-{_hash(key)[:12]}"
+    return key
+
+
 def _unique_keys(raw: list[tuple[str, str, str]]) -> dict[str, str]:
     """Unique release keys for (identity, public identity, proposed key) triples, keyed by identity.
 
@@ -373,8 +385,7 @@ class _FileSource(Source):
     def _fill(self, walk: _FolderWalk, entries: list[tuple[tuple[Path, str | None], int, str]]) -> None:
         """entries: ((path, problem), label, class folder name)."""
         raw = [
-            (str(path), walk.relative(path), sanitize_key(f"{_nfc(folder)}_{_nfc(path.stem)}"))
-            for (path, _), _, folder in entries
+            (str(path), walk.relative(path), _proposed_key(f"{folder}_{path.stem}")) for (path, _), _, folder in entries
         ]
         keys = _unique_keys(raw)
         self.paths, self.relative = {}, {}
@@ -559,7 +570,7 @@ class HFDatasetSource(Source):
         self._ds = ds
         self._image_column = image_column
         keys = ds[key_column] if key_column else [f"{split}_{i:08d}" for i in range(len(ds))]
-        raw = [(str(i), str(i), sanitize_key(_nfc(str(k)))) for i, k in enumerate(keys)]
+        raw = [(str(i), str(i), _proposed_key(str(k))) for i, k in enumerate(keys)]
         unique = _unique_keys(raw)
         samples = []
         where = f"label column {label_column!r}"
@@ -760,7 +771,7 @@ class WebDatasetSource(Source):
             self._shards[shard_name] = shard
             for base, sample in self._scan(shard, shard_name).items():
                 identity = f"{shard_name}::{base}"
-                raw.append((identity, _nfc(identity), sanitize_key(_nfc(base.rsplit("/", 1)[-1]))))
+                raw.append((identity, _nfc(identity), _proposed_key(base.rsplit("/", 1)[-1])))
                 found[identity] = (shard_name, sample)
         unique = _unique_keys(raw)
         samples = []

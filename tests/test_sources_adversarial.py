@@ -24,6 +24,7 @@ from builder_helpers import REPO, cli, env, make_imagefolder, photo, release_fil
 
 from builder.config import load_config
 from builder.engine import build
+from builder.release_format import is_valid_key
 from builder.sources import MAX_IMAGE_BYTES, create_source, public_spec
 from builder.verify import verify_release
 
@@ -171,6 +172,22 @@ def test_nfc_and_nfd_spellings_side_by_side_stay_two_samples(tmp_path):
         pytest.skip("this file system normalises names itself")
     keys = [s.key for s in create_source(f"imagefolder:{tmp_path / 'src'}").samples]
     assert len(set(keys)) == 2
+
+
+def test_keys_stay_short_whatever_the_names(tmp_path):
+    import datasets
+
+    feats = datasets.Features(
+        {"image": datasets.Image(), "label": datasets.ClassLabel(names=["a"]), "id": datasets.Value("string")}
+    )
+    ids = ["x" * 5000, "x" * 5000 + "y", "é" * 300]
+    images = [{"bytes": _png(i), "path": None} for i in range(3)]
+    datasets.Dataset.from_dict({"image": images, "label": [0, 0, 0], "id": ids}, features=feats).save_to_disk(
+        str(tmp_path / "d")
+    )
+    keys = [s.key for s in create_source(f"hf:{tmp_path / 'd'}", {"key_column": "id"}).samples]
+    assert len(set(keys)) == 3 and all(len(k) <= 96 for k in keys)
+    assert all(is_valid_key(k) for k in keys)
 
 
 def test_webdataset_keys_do_not_depend_on_where_the_shards_sit(tmp_path):
