@@ -49,6 +49,9 @@ def register(subparsers) -> None:
     discover.add_argument("--no-pretrained", action="store_true", help="random classifier weights (tests)")
     discover.add_argument("--device", default=None, help="torch device (default: cuda if available)")
     discover.add_argument("--demo", action="store_true", help="offline stand-ins with a planted failure (red images)")
+    discover.add_argument(
+        "--no-release", action="store_true", help="do not build OUTPUT/release (the discovered-failure images)"
+    )
     discover.add_argument("--no-progress", action="store_true", help="no progress bar")
     discover.set_defaults(func=run_discover)
 
@@ -152,6 +155,34 @@ def _llm_merger(model: str, revision: str | None, device: str) -> Any:
     return LLMCaptionMerger(perturber)
 
 
+def build_discovery_release(output: Path, document: dict[str, Any]) -> Path:
+    """Build ``OUTPUT/release``: one config per discovered failure, through the normal builder (``discovery:``)."""
+    from builder.config import BuildConfig
+    from builder.discovery_source import DiscoverySource
+    from builder.engine import build
+
+    spec = f"discovery:{output}"
+    configs = DiscoverySource(spec, str(output)).config_names
+    models = ", ".join(sorted(document["models"]))
+    description = (
+        f"Generated images of the failures that lance-cf discover (Wiles et al., arXiv 2208.08831) found for {models}: "
+        "one config per discovered failure (model, class, description), each image with the description, the probed "
+        "model's prediction and the test's statistics. Evaluate other models on it to see whether the failure "
+        "transfers."
+    )
+    if document["generator"].get("stand_in"):
+        description += (
+            " Made by the offline demo's stand-ins with a planted failure: it says nothing about real models."
+        )
+    config = BuildConfig(
+        name="discovered-failures", version="1.0.0", description=description, seed=document["settings"]["seed"],
+        source=spec, configs=configs, image_size=None, stages=[],
+    )  # fmt: skip
+    release = output / "release"
+    build(config, release, progress=False, device="cpu")
+    return release
+
+
 def run_discover(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
@@ -206,5 +237,11 @@ def run_discover(args: argparse.Namespace) -> int:
         sys.stdout.write(
             f'  {row["model"]} | {row["class_name"]} + "{row["refined_description"]}": '
             f"{100 * row['rate']:.0f}% fail vs {100 * row['base_rate']:.0f}% base (q={row['q_value']:.2g})\n"
+        )
+    if found and not args.no_release:
+        release = build_discovery_release(output, document)
+        sys.stdout.write(
+            f"release of the discovered-failure images: {release}\n"
+            f"  next: lance-cf verify {release}; lance-cf eval --release {release} --model OTHER_MODEL --output OUT\n"
         )
     return 0

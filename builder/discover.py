@@ -103,9 +103,10 @@ def description_key(description: str) -> str:
 class DiscoveryLedger:
     """Generated images, predictions and captions, one transaction per batch."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, shared_across_threads: bool = False) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(str(path), isolation_level=None)
+        # A reader used from the builder's decode thread (builder.discovery_source) serialises its calls itself.
+        self.db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=not shared_across_threads)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.executescript(
             """

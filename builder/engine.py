@@ -309,9 +309,10 @@ def _decode_batch(batch: _Batch, source: Source, config: BuildConfig, num_classe
         if not 0 <= sample.label < num_classes:
             batch.failures[sample.key] = ("source", f"label {sample.label} out of range [0, {num_classes})")
             continue
+        if hasattr(source, "record_fields"):  # fields the source declares, beside (or instead of) the image
+            batch.fields[sample.key] = source.record_fields(sample)
         if generates:  # nothing to read: the record starts from the source's fields (a stage makes the image)
             batch.decoded[sample.key] = None
-            batch.fields[sample.key] = source.record_fields(sample)
             continue
         try:
             data = source.read(sample)

@@ -117,5 +117,6 @@ SOURCES = Registry(
         "wds": "builder.sources:WebDatasetSource",
         "demo": "builder.sources:DemoSource",
         "generate": "builder.generated_source:GenerationSource",
+        "discovery": "builder.discovery_source:DiscoverySource",
     },
 )

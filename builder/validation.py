@@ -105,9 +105,12 @@ def validate_build(config: BuildConfig, *, allow_code: bool | None = None) -> Va
             raise ValueError(f"{where}: {err}") from err
         stages.append(ValidatedStage(stage, cls, contract, is_code))
 
-    generates, source_fields = source_declaration(config.source)
-    # A source that generates (no image to read) releases nothing itself and gives its own fields instead of `image`.
-    source_outputs = () if generates else SOURCE_OUTPUTS
+    generates, source_fields, declared_outputs = source_declaration(config.source)
+    # A source that generates (no image to read) releases nothing itself and gives its own fields instead of `image`;
+    # a source may also declare its own outputs (e.g. a routed one: one config per discovered failure).
+    source_outputs = () if generates else (declared_outputs or SOURCE_OUTPUTS)
+    if any(o.config_field for o in source_outputs):  # a routed source output writes every selected config
+        source_outputs = tuple(dataclasses.replace(source_outputs[0], config=name) for name in config.configs)
     available = {k: v for k, v in SOURCE_FIELDS.items() if not (generates and k == "image")} | source_fields
 
     writers: dict[str, list[tuple[ValidatedStage, ReleaseOutput]]] = {}
@@ -200,19 +203,21 @@ def _check_config_names(config: BuildConfig, known: list[str]) -> None:
 _DEFAULT_METHOD_CONFIGS = ("reconstructed", "counterfactual", "lance_r")
 
 
-def source_declaration(spec: str | None) -> tuple[bool, dict[str, str]]:
-    """(generates, record fields) a registered source class declares, read without constructing it.
+def source_declaration(spec: str | None) -> tuple[bool, dict[str, str], tuple[ReleaseOutput, ...]]:
+    """(generates, record fields, outputs) a registered source class declares, read without constructing it.
 
     A generating source (``builder.generated_source``) plans samples without images; its records start with the
-    fields it declares (name -> contract kind) instead of ``image``.
+    fields it declares (name -> contract kind) instead of ``image``. Any source may declare record fields and its
+    own release outputs (default: ``original``).
     """
     from builder.registry import SOURCES
 
     scheme = (spec or "").partition(":")[0]
     if scheme not in SOURCES.names():
-        return False, {}
+        return False, {}, ()
     cls = SOURCES.resolve(scheme)
-    return bool(getattr(cls, "generates", False)), dict(getattr(cls, "fields", None) or {})
+    generates = bool(getattr(cls, "generates", False))
+    return generates, dict(getattr(cls, "fields", None) or {}), tuple(getattr(cls, "outputs", None) or ())
 
 
 def _check_field_graph(

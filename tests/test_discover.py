@@ -154,6 +154,27 @@ def test_discover_demo_command_writes_discoveries_and_a_report_that_renders(tmp_
     # resumable: the same command again regenerates nothing and gives the same document
     assert _run(capsys, *args)[0] == 0
     assert json.loads((out / "discoveries.json").read_text()) == document
+    # the discovered-failure images are a release like every other: one config per discovery, full metadata
+    import datasets
+
+    from builder.verify import verify_release
+
+    release = out / "release"
+    assert verify_release(release) == []
+    manifest = json.loads((release / "manifest.json").read_text())
+    assert sorted(manifest["configs"]) == sorted(
+        ["planted_colour_classifier_goldfish_red", "planted_colour_classifier_tench_red"]
+    )
+    rows = datasets.load_dataset(str(release), "planted_colour_classifier_tench_red", split="test",
+                                 cache_dir=str(tmp_path / "hf"))  # fmt: skip
+    assert len(rows) == 30
+    for row in rows:
+        meta = row["json"]
+        assert meta["label_name"] == "tench" and meta["discovery"] == "red" and meta["probe_prediction"] != 0
+        assert meta["prompt"].endswith(", red") and meta["failure_rate"] == 1.0
+    code, stdout, _ = _run(capsys, "eval", "--release", str(release), "--model", "resnet18", "--no-pretrained",
+                           "--output", str(tmp_path / "eval"), "--no-insights", "--device", "cpu")  # fmt: skip
+    assert code == 0 and "planted_colour_classifier_tench_red: acc@1" in stdout
 
 
 def test_discover_needs_a_model_and_classes_in_one_line(tmp_path, capsys):
