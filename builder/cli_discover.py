@@ -50,6 +50,12 @@ def register(subparsers) -> None:
     discover.add_argument("--device", default=None, help="torch device (default: cuda if available)")
     discover.add_argument("--demo", action="store_true", help="offline stand-ins with a planted failure (red images)")
     discover.add_argument(
+        "--release",
+        metavar="DIR",
+        type=Path,
+        help="describe the failing counterfactuals of an existing release instead of generating (no tests)",
+    )
+    discover.add_argument(
         "--no-release", action="store_true", help="do not build OUTPUT/release (the discovered-failure images)"
     )
     discover.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -183,12 +189,45 @@ def build_discovery_release(output: Path, document: dict[str, Any]) -> Path:
     return release
 
 
+def run_release_mode(args: argparse.Namespace) -> int:
+    """``discover --release DIR``: cluster and describe each model's failing counterfactuals of a release."""
+    import torch
+
+    from builder.cli import resolve_device
+    from builder.discover import describe_release_failures
+    from builder.models import resolve_model_references
+    from lance_pipeline.clip_gates import ClipScorer
+
+    if not args.model:
+        raise ValueError("give at least one --model NAME (a timm model) to probe the release with")
+    if not (args.release / "manifest.json").is_file():
+        raise ValueError(f"--release {args.release}: not a release directory (no manifest.json)")
+    device = resolve_device(args.device)
+    resolved, _ = resolve_model_references({"clip": args.clip_model})
+    pretrained = None if resolved["clip"] != args.clip_model else args.clip_pretrained
+    scorer = ClipScorer(model=resolved["clip"], pretrained=pretrained)
+    scorer.load(device)
+    classifiers = {name: _timm_classifier(name, not args.no_pretrained, device, torch)[0] for name in args.model}
+    merger = _llm_merger(args.merge_llm, args.merge_llm_revision, device) if args.merge_llm else None
+    document = describe_release_failures(
+        args.release, classifiers, lambda images: scorer.encode_images(images).cpu().numpy(), merger=merger
+    )
+    args.output.mkdir(parents=True, exist_ok=True)
+    path = args.output / "discoveries.json"
+    path.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    clusters = sum(len(e["clusters"]) for r in document["models"].values() for e in r["classes"])
+    sys.stdout.write(f"discover: {clusters} failure cluster(s) described in {path}\n")
+    return 0
+
+
 def run_discover(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
+    if args.release is not None:
+        return run_release_mode(args)
     from builder.cli import resolve_device
     from builder.discover import Discovery, DiscoverySettings, discovered
-    from evaluation.discovery_report import write_discovery_report
+    from builder.discovery_report import write_discovery_report
     from lance_pipeline.discovery import ClusteringSettings
 
     if args.demo:

@@ -193,8 +193,12 @@ def create_demo_star_tokens(path: Path) -> Path:
     from builder import images
     from builder.models import materialize_demo_component
     from builder.sources import DemoSource
-    from lance_pipeline.textual_inversion import TextualInversionOptions, TextualInversionTrainer, save_token
-    from lance_pipeline.textual_inversion import token_for_class
+    from lance_pipeline.textual_inversion import (
+        TextualInversionOptions,
+        TextualInversionTrainer,
+        save_token,
+        token_for_class,
+    )
 
     sd = materialize_demo_component("tiny-stable-diffusion")
     source = DemoSource()

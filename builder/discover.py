@@ -380,3 +380,109 @@ def discovered(document: dict[str, Any]) -> list[dict[str, Any]]:
                         "predicted_label": cluster["predicted_label"], "keys": test["keys"],
                     })  # fmt: skip
     return rows
+
+
+def describe_release_failures(
+    release_dir: Path,
+    classifiers: dict[str, Any],
+    embedder: Any,
+    *,
+    config: str = "counterfactual",
+    settings: ClusteringSettings | None = None,
+    merger: Any = None,
+    batch_size: int = 32,
+) -> dict[str, Any]:
+    """Discovery on an existing release: cluster each model's failing samples of ``config`` and describe them.
+
+    Nothing is generated, so nothing is tested: per (model, class), the samples of ``config`` the model gets wrong are
+    clustered (predicted label, then embedding) and each cluster is described by merging its samples' edited captions
+    (LANCE writes one per counterfactual), with the edit types and how many of those samples' originals the model
+    got right (failures the edit caused). Complements ``lance-cf eval``'s per-class insights. The release is read
+    through the release-format unit (local directory; ``verify`` it first for integrity).
+
+    Args:
+        release_dir: A release directory.
+        classifiers: model name -> callable(list[PIL]) -> predicted labels.
+        embedder: callable(list[PIL]) -> array [n, d].
+    """
+    import io
+
+    from PIL import Image
+
+    from builder import release_format as rf
+    from lance_pipeline.discovery import KeywordCaptionMerger
+
+    manifest = rf.load_manifest(release_dir)
+    if config not in manifest.configs:
+        raise ValueError(f"release {release_dir}: has no config {config!r} (configs: {', '.join(manifest.configs)})")
+    settings = settings or ClusteringSettings()
+    merger = merger or KeywordCaptionMerger()
+    ext = manifest.image_format
+    names = list(manifest.label_space.get("names") or [])
+
+    def load(config_name: str) -> dict[str, tuple[dict[str, Any], Any]]:
+        paths = [Path(release_dir) / s.path for s in manifest.shards if s.config == config_name]
+        out = {}
+        for key, members in rf.read_samples(paths).items():
+            meta = json.loads(members["json"])
+            out[key] = (meta, Image.open(io.BytesIO(members[ext])).convert("RGB"))
+        return out
+
+    def label_name(label: int) -> str:
+        return names[label] if 0 <= label < len(names) else str(label)
+
+    samples = load(config)
+    originals = load("original") if "original" in manifest.configs else {}
+    keys = sorted(samples)
+    results: dict[str, Any] = {}
+    for model, classify in sorted(classifiers.items()):
+        predicted: dict[str, int] = {}
+        for start in range(0, len(keys), batch_size):
+            chunk = keys[start : start + batch_size]
+            predicted.update(zip(chunk, classify([samples[k][1] for k in chunk]), strict=True))
+        original_ok: dict[str, bool] = {}
+        okeys = sorted(originals)
+        for start in range(0, len(okeys), batch_size):
+            chunk = okeys[start : start + batch_size]
+            labels = classify([originals[k][1] for k in chunk])
+            original_ok.update({k: p == originals[k][0]["label"] for k, p in zip(chunk, labels, strict=True)})
+        per_class = []
+        for label in sorted({samples[k][0]["label"] for k in keys}):
+            in_class = [k for k in keys if samples[k][0]["label"] == label]
+            failing = [k for k in in_class if predicted[k] != label]
+            entry: dict[str, Any] = {
+                "label": label, "class_name": label_name(label), "n": len(in_class), "failures": len(failing),
+                "clusters": [],
+            }  # fmt: skip
+            if failing:
+                embeddings = embedder([samples[k][1] for k in failing])
+                for cluster in cluster_failures(failing, [predicted[k] for k in failing], embeddings, settings):
+                    metas = [samples[k][0] for k in cluster.members]
+                    captions = [m.get("edited_caption") or m.get("caption") or "" for m in metas]
+                    edit_types: dict[str, int] = {}
+                    for m in metas:
+                        edit_types[str(m.get("edit_type"))] = edit_types.get(str(m.get("edit_type")), 0) + 1
+                    entry["clusters"].append({
+                        "predicted_label": cluster.predicted_label,
+                        "predicted_name": label_name(cluster.predicted_label),
+                        "members": cluster.members,
+                        "description": merger.merge(captions, label_name(label)),
+                        "edit_types": edit_types,
+                        "caused_by_edit": sum(1 for m in metas if original_ok.get(m["source_key"]) is True),
+                    })  # fmt: skip
+            per_class.append(entry)
+        results[model] = {"classes": per_class}
+    return {
+        "schema": DISCOVERIES_SCHEMA,
+        "schema_version": DISCOVERIES_SCHEMA_VERSION,
+        "mode": "release",
+        "release": {
+            "name": manifest.name,
+            "version": manifest.version,
+            "config": config,
+            "manifest_sha256": rf.read_manifest_dict(release_dir)["manifest_sha256"],
+        },
+        "settings": {"clustering": settings.to_dict()},
+        "merger": merger.describe(),
+        "models": results,
+    }

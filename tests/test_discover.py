@@ -180,3 +180,69 @@ def test_discover_demo_command_writes_discoveries_and_a_report_that_renders(tmp_
 def test_discover_needs_a_model_and_classes_in_one_line(tmp_path, capsys):
     code, _, err = _run(capsys, "discover", "--output", str(tmp_path / "x"))
     assert code == 2 and "--model" in err and len(err.strip().splitlines()) == 1
+
+
+def test_discovery_on_an_existing_release_clusters_and_describes_failing_counterfactuals(tmp_path):
+    """Release mode: a stand-in classifier (wrong whenever the image is reddish) on a fixture release; every count,
+    cluster and description recomputed independently."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+    from release_fixture import write_release
+
+    from builder import release_format as rf
+    from builder.discover import describe_release_failures
+    from lance_pipeline.discovery import merge_captions
+
+    root = write_release(tmp_path / "release", labels=(1, 2), originals_per_class=4, edits_per_original=3)
+
+    def reddish(image) -> bool:
+        rgb = np.asarray(image.convert("RGB"), dtype=np.float32).reshape(-1, 3).mean(0)
+        return bool(rgb[0] > rgb[1])
+
+    def classify(images):  # stand-in: the true label is unknown to it, so it reads it from a lookup by pixels
+        return [lookup[np.asarray(im.convert("RGB")).tobytes()] for im in images]
+
+    manifest = rf.load_manifest(root)
+    lookup, truth = {}, {}
+    for config in ("original", "counterfactual"):
+        paths = [root / s.path for s in manifest.shards if s.config == config]
+        for key, members in rf.read_samples(paths).items():
+            meta = json.loads(members["json"])
+            image = Image.open(io.BytesIO(members["png"])).convert("RGB")
+            predicted = meta["label"] + 1 if reddish(image) else meta["label"]
+            lookup[np.asarray(image).tobytes()] = predicted
+            truth[(config, key)] = (meta, predicted)
+    document = describe_release_failures(
+        root, {"stand-in": classify}, lambda ims: np.stack([np.asarray(i, dtype=np.float32).mean((0, 1)) for i in ims]),
+        settings=ClusteringSettings(min_cluster_size=1, images_per_cluster=100),
+    )  # fmt: skip
+    assert document["mode"] == "release" and document["release"]["config"] == "counterfactual"
+    classes = document["models"]["stand-in"]["classes"]
+    assert 0 < sum(e["failures"] for e in classes) < sum(e["n"] for e in classes)  # the fixture has both kinds
+    for entry in document["models"]["stand-in"]["classes"]:
+        cf = {k: v for (c, k), v in truth.items() if c == "counterfactual" and v[0]["label"] == entry["label"]}
+        failing = {k for k, (meta, p) in cf.items() if p != meta["label"]}
+        assert entry["n"] == len(cf) and entry["failures"] == len(failing)
+        assert {k for c in entry["clusters"] for k in c["members"]} == failing
+        for cluster in entry["clusters"]:
+            metas = [cf[k][0] for k in cluster["members"]]
+            assert cluster["description"] == merge_captions([m["edited_caption"] for m in metas], entry["class_name"])
+            originals_right = sum(1 for m in metas if truth[("original", m["source_key"])][1] == m["label"])
+            assert cluster["caused_by_edit"] == originals_right
+
+
+def test_discover_release_mode_through_the_cli(tmp_path, capsys):
+    from release_fixture import write_release
+
+    root = write_release(tmp_path / "release", labels=(1, 2), originals_per_class=2, edits_per_original=2)
+    out = tmp_path / "disc"
+    code, stdout, _ = _run(capsys, "discover", "--release", str(root), "--model", "resnet18", "--no-pretrained",
+                           "--clip-model", "demo:tiny-open-clip", "--output", str(out), "--device", "cpu")  # fmt: skip
+    assert code == 0 and "failure cluster(s)" in stdout
+    document = json.loads((out / "discoveries.json").read_text())
+    entries = document["models"]["resnet18"]["classes"]
+    assert {e["label"] for e in entries} == {1, 2} and all(e["n"] == 4 for e in entries)
+    code, _, err = _run(capsys, "discover", "--release", str(tmp_path), "--model", "x", "--output", str(out))
+    assert code == 2 and "not a release directory" in err
