@@ -24,6 +24,8 @@ import errno
 import hashlib
 import json
 import logging
+import os
+import re
 import shutil
 import sqlite3
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -507,6 +509,7 @@ def _build_locked(
 
     config = validated.config
     _check_output_dir(output, config_hash)  # again, now that no other process can change it
+    _remove_dead_writers_temp_files(output)
     env = environment(torch_threads)
     ledger = Ledger(output / WORK_DIR / LEDGER_NAME)
     try:
@@ -573,6 +576,28 @@ def _routing_summary(validated: ValidatedBuild, source: Source, plan: list, ledg
             "errored": len(errored),
         }
     return {"routing": summary}
+
+
+_TEMP_FILE = re.compile(r"^\..+\.(\d+)\.tmp$")  # builder.release._atomic_write: .NAME.PID.tmp
+
+
+def _remove_dead_writers_temp_files(output: Path) -> None:
+    """Temporary files are removed by their writer; one killed mid-write (``kill -9``) cannot, so the next build,
+    holding the directory's exclusive lock, removes those whose writing process no longer exists."""
+    for path in output.iterdir():
+        match = _TEMP_FILE.match(path.name)
+        if match is None or not path.is_file():
+            continue
+        pid = int(match.group(1))
+        try:
+            os.kill(pid, 0)
+            alive = pid != os.getpid()
+        except ProcessLookupError:
+            alive = False
+        except PermissionError:
+            alive = True  # another user's live process: not ours to touch
+        if not alive:
+            path.unlink(missing_ok=True)
 
 
 def _reopen_for_retry(ledger: Ledger, runners: list[_StageRunner], retry_failures: bool) -> None:
