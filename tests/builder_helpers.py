@@ -76,7 +76,7 @@ def env() -> dict[str, str]:
     return e
 
 
-def cli(*args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+def cli(*args: str, check: bool = True, timeout: float | None = None) -> subprocess.CompletedProcess:
     proc = subprocess.run(
         [sys.executable, "-m", "builder.cli", *args],
         capture_output=True,

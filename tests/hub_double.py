@@ -123,7 +123,9 @@ class HubDouble:
             "GIT_COMMITTER_EMAIL": "hub-double@127.0.0.1",
             **(env or {}),
         }
-        proc = subprocess.run(["git", *args], input=data, capture_output=True, env=full_env, timeout=60, check=False)
+        proc = subprocess.run(
+            ["git", *args], input=data, capture_output=True, env=full_env, timeout=600, check=False
+        )  # hang guard
         if proc.returncode != 0:
             raise GitError(proc.stderr.decode(errors="replace").strip())
         return proc.stdout
@@ -137,7 +139,7 @@ class HubDouble:
             if self.exists(repo_type, repo_id):
                 return False
             gdir.mkdir(parents=True)
-            subprocess.run(["git", "init", "--bare", "-q", "-b", "main", str(gdir)], check=True, timeout=60)
+            subprocess.run(["git", "init", "--bare", "-q", "-b", "main", str(gdir)], check=True, timeout=600)
             # The Hub creates every repo with an initial commit holding .gitattributes.
             attrs = "".join(f"*{ext} filter=lfs diff=lfs merge=lfs -text\n" for ext in LFS_EXTENSIONS).encode()
             self.commit(repo_type, repo_id, "main", "initial commit", "", [("add", ".gitattributes", attrs)], None)

@@ -372,7 +372,7 @@ def test_push_data_and_adapter_then_load_the_adapter_by_hub_id(chat_double, tiny
                    OMP_NUM_THREADS="1")  # fmt: skip
         proc = subprocess.run(
             [sys.executable, "-c", HUB_LOAD_SCRIPT, str(tiny_lm), "org/perturber-lora", "org/perturber-data"],
-            env=env, capture_output=True, text=True, timeout=300,
+            env=env, capture_output=True, text=True,
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-3000:]
         result = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))[len("RESULT") :])

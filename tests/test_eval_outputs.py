@@ -152,7 +152,7 @@ def test_report_renders_its_images_in_a_headless_browser(evaluated, tmp_path):
         "--dump-dom",
         probe.as_uri(),
     ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(command, capture_output=True, text=True)
     match = re.search(r'<pre id="probe">(.*?)</pre>', done.stdout, re.S)
     assert match, f"browser printed no probe result: {done.stderr[-2000:]}"
     images = json.loads(match.group(1).replace("&quot;", '"').replace("&amp;", "&"))

@@ -79,7 +79,6 @@ def load_leaderboard_over_http(hub: HubDouble, tmp_path: Path) -> list[dict]:
         env=_client_env(hub, tmp_path),
         capture_output=True,
         text=True,
-        timeout=180,
         cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -110,7 +109,6 @@ def load_over_http(hub: HubDouble, tmp_path: Path, *specs: str) -> list[dict]:
         env=_client_env(hub, tmp_path),
         capture_output=True,
         text=True,
-        timeout=180,
         cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -405,7 +405,6 @@ def test_publish_from_a_read_only_directory(hub_env, tmp_path):
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "published lance-org/lance-demo v1.0.0" in proc.stdout
