@@ -312,6 +312,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_kills_while_writing_shards_and_manifest_resume_to_the_clean_bytes(tmp_path):
     src = make_imagefolder(tmp_path / "src", ["a", "b", "c"], per_class=4)
     cfg = write_config(

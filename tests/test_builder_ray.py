@@ -12,6 +12,8 @@ from builder.config import load_config
 from builder.engine import build
 from builder.verify import verify_release
 
+pytestmark = pytest.mark.slow  # starts Ray
+
 HAS_RAY = importlib.util.find_spec("ray") is not None
 
 

@@ -132,6 +132,7 @@ def test_different_config_into_same_directory_is_refused(tmp_path, folder):
         build(load_config(str(tmp_path / "a.yaml")), stranger, progress=False)
 
 
+@pytest.mark.slow
 def test_killed_builds_resume_to_the_clean_result(tmp_path, folder):
     """SIGKILL a slow build at random moments, re-run the same command each time, compare with a clean build."""
     slow = [dict(s, options={"delay": 0.12}) for s in FAKE_STAGES]

@@ -10,6 +10,8 @@ from builder_helpers import METHOD_STAGES, cli, release_files
 from builder.release_format import CONFIG_NAMES, EDIT_TYPES, SCORE_NAMES
 from builder.verify import verify_release
 
+pytestmark = pytest.mark.e2e  # the demo preset built through the CLI
+
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):

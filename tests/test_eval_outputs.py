@@ -19,6 +19,8 @@ from evaluation import cli
 from evaluation.leaderboard import TIMM_COLUMNS
 from lance_pipeline.tiny_clip_components import create_tiny_open_clip
 
+pytestmark = pytest.mark.e2e  # CLI runs, leaderboards and a headless browser
+
 MODELS = ["test_vit", "test_efficientnet"]
 
 

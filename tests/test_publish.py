@@ -60,6 +60,8 @@ print("RESULT" + json.dumps(out))
 LEADERBOARD_SCRIPT = r"""
 import json, sys
 import datasets
+
+pytestmark = pytest.mark.e2e  # real HTTP against the local Hub double
 ds = datasets.load_dataset(sys.argv[1], "leaderboard", split="train")
 print("RESULT" + json.dumps([row["json"] for row in ds]))
 """
