@@ -97,6 +97,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--seed", type=int, default=0, help="seed of the bootstrap, K-Means and --no-pretrained weights (default 0)"
     )
+    p.add_argument(
+        "--min-per-class",
+        type=int,
+        default=5,
+        help="interfaces releases: a class counts in a shift's accuracy when it has at least this many images there "
+        "(default 5, the paper's rule)",
+    )
     p.add_argument("--clusters", type=int, default=5, help="K-Means clusters per class for the insights (default 5)")
     p.add_argument("--top-clusters", type=int, default=3, help="clusters reported per class (default 3)")
     p.add_argument(
@@ -161,6 +168,7 @@ def run_eval(args: argparse.Namespace) -> int:
     _check_positive("--max-batch-size", args.max_batch_size, args.batch_size)
     _check_positive("--workers", args.workers, 0)
     _check_positive("--bootstrap", args.bootstrap, 0)
+    _check_positive("--min-per-class", args.min_per_class, 1)
     _check_positive("--clusters", args.clusters)
     if args.limit is not None:
         _check_positive("--limit", args.limit)
@@ -205,6 +213,7 @@ def run_eval(args: argparse.Namespace) -> int:
         verify=not args.no_verify,
         bootstrap=args.bootstrap,
         seed=args.seed,
+        min_per_class=args.min_per_class,
         insights=not args.no_insights,
         insight_k=args.clusters,
         insight_top=args.top_clusters,

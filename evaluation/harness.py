@@ -59,6 +59,8 @@ class EvalOptions:
     verify: bool = True
     bootstrap: int = 1000
     seed: int = 0
+    # interfaces releases: images a class needs in a shift to count in its accuracy (the paper's rule: 5)
+    min_per_class: int = 5
     insights: bool = True
     insight_k: int = 5
     insight_top: int = 3
@@ -91,7 +93,8 @@ class EvalOptions:
             "clip_pretrained": self.clip_pretrained if self.insights else None,
             "clusters": self.insight_k if self.insights else None,
             "top_clusters": self.insight_top if self.insights else None,
-        }
+        } | ({"min_per_class": self.min_per_class} if self.min_per_class != 5 else {})
+        # min_per_class only when it differs from the paper's 5, so that earlier runs keep their run key
 
 
 class ShardSampleDataset(torch.utils.data.IterableDataset):
@@ -507,6 +510,7 @@ def evaluate_model(
     from timm.data import resolve_data_config
 
     from .insights import summarize_clusters
+    from .interfaces import is_interfaces_configs, shift_metrics
     from .metrics import compute_metrics
 
     model = create_eval_model(spec)
@@ -550,6 +554,11 @@ def evaluate_model(
         "failures": failures,
         **computed,
     }
+    if is_interfaces_configs(release.configs):
+        # generated images are not paired: the paper's per-shift metric replaces the paired LANCE metrics
+        results["interfaces"] = shift_metrics(
+            rows, release.label_names, min_per_class=options.min_per_class, n_boot=options.bootstrap, seed=options.seed
+        )
     if edit_clusters is not None:
         results["insights"] = summarize_clusters(edit_clusters, rows, top=options.insight_top)
     return results, rows
@@ -774,7 +783,11 @@ def run_evaluation(
             todo.append(spec)
     if not todo:
         return summaries
-    edit_clusters = prepare_insights(release, options) if options.insights else None
+    from .interfaces import is_interfaces_configs
+
+    # insights cluster the edits of a LANCE release; an interfaces release has generated images and no edits
+    insights = options.insights and not is_interfaces_configs(release.configs)
+    edit_clusters = prepare_insights(release, options) if insights else None
     if options.devices and len(options.devices) > 1 and len(todo) > 1:
         summaries += _run_parallel(release, todo, output_dir, options, edit_clusters, on_result)
     else:

@@ -403,6 +403,13 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
                 f" ({stats.get('n')} pairs)"
             )
         lines.append(line)
+    for shift, entry in ((results.get("interfaces") or {}).get("shifts") or {}).items():
+        lo, hi = (entry.get("drop_ci") or [None, None])[:2]
+        lines.append(
+            f"{name} shift {shift}: acc@1 {fmt_number(entry.get('accuracy'))} vs base "
+            f"{fmt_number(entry.get('base_accuracy'))}, drop {_with_ci(entry.get('drop'), lo, hi)} "
+            f"({entry.get('classes')} classes, {len(entry.get('classes_excluded') or [])} excluded)"
+        )
     if results.get("limit") is not None:
         lines.append(f"{name}: --limit {results['limit']} run (first samples of each config only; not complete)")
     if results.get("failures"):
@@ -592,7 +599,14 @@ def write_leaderboard(
     ``OUTPUT/<name>-v<version>-<hash>/`` (the returned paths are then those of the first release's leaderboard, and
     ``OUTPUT/index.md`` lists them all).
     """
+    from .interfaces import is_interfaces_release, write_interfaces_leaderboard
+
     results = find_results(paths)
+    if any(is_interfaces_release(r) for r in results):
+        # an interfaces release: its per-shift table, and beside a LANCE release one table keyed by model
+        return write_interfaces_leaderboard(
+            results, output_dir, lambda lance, out: _write_one(lance, out, n_boot, seed)
+        )
     groups = release_groups(results)
     if len(groups) > 1 and split_releases:
         output_dir = Path(output_dir)

@@ -106,6 +106,32 @@ def _sensitivity_table(results: dict[str, Any]) -> str:
     return f"<table>{head}{''.join(body)}</table>" if body else "<p>No paired samples.</p>"
 
 
+def _shift_table(results: dict[str, Any]) -> str:
+    """An interfaces release's per-shift metric (:mod:`evaluation.interfaces`); "" for a LANCE release."""
+    section = results.get("interfaces")
+    if not isinstance(section, dict):
+        return ""
+    head = (
+        "<tr><th class='text'>shift</th><th>n</th><th>acc@1 (shift)</th><th>acc@1 (base, same classes)</th>"
+        "<th>drop [95% CI]</th><th>classes used</th><th class='text'>classes excluded</th></tr>"
+    )
+    body = []
+    for shift, entry in section["shifts"].items():
+        excluded = ", ".join(str(c) for c in entry["classes_excluded"]) or "–"
+        body.append(
+            f"<tr><td class='text'>{html.escape(shift)}</td><td>{entry['n']}</td><td>{_fmt(entry['accuracy'])}</td>"
+            f"<td>{_fmt(entry['base_accuracy'])}</td><td>{_ci(entry, 'drop')}</td><td>{entry['classes']}</td>"
+            f"<td class='text'>{html.escape(excluded)}</td></tr>"
+        )
+    note = (
+        f"<p class='meta'>Interfaces release (generated images, no pairs): per shift, mean per-class top-1 accuracy "
+        f"over classes with at least {int(section['min_per_class'])} images in the shift, and the drop against "
+        f"<code>{html.escape(str(section.get('base_config')))}</code> over the same classes; 95% bootstrap interval "
+        "over classes. The paired metrics below do not apply.</p>"
+    )
+    return f"<h3>Per shift</h3>{note}<table>{head}{''.join(body)}</table>"
+
+
 MAX_ASSET_STEM = 100
 RUN_OPTIONS_SHOWN = ("amp", "amp_dtype", "model_dtype", "channels_last", "torchcompile", "limit", "verify")
 
@@ -212,7 +238,7 @@ def write_model_report(
         weights=html.escape(results["model"]["weights"]["id"]),
         timm_version=html.escape(results["packages"].get("timm", "?")),
         created_at=html.escape(results.get("run", {}).get("created_at", "")),
-        headline_table=_headline_table(results),
+        headline_table=_headline_table(results) + _shift_table(results),
         sensitivity_table=_sensitivity_table(results),
         plots=plot_html,
         gallery=_gallery(rows, release, assets, gallery_size),
