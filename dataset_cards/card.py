@@ -19,6 +19,7 @@ from typing import Any
 
 from builder import release_format as rf
 from dataset_cards.gallery import read_shard_samples, select_pairs, write_gallery
+from dataset_cards.interfaces_section import interfaces_section
 from dataset_cards.leaderboard import (
     leaderboard_markdown,
     leaderboard_section,
@@ -188,6 +189,7 @@ def _template_context(
             for label in labels
         ],
         "gallery": gallery,
+        "interfaces_section": interfaces_section(manifest.to_dict()),  # "" unless a generation-mode release
         "leaderboard_section": leaderboard_section(results or []),
         "stage_rows": stage_rows(manifest),
         "thresholds": thresholds(manifest),

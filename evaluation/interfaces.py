@@ -162,7 +162,7 @@ def lance_edit_type_drops(results: dict[str, Any]) -> dict[str, float | None]:
     drops = {}
     for edit_type, stats in by_edit.items():
         value = (stats or {}).get("paired_delta_acc1")
-        drops[f"edit: {edit_type}"] = None if value is None else -float(value)
+        drops[f"edit: {edit_type}"] = None if value is None else 0.0 - float(value) + 0.0  # no "-0.00"
     return drops
 
 

@@ -1,0 +1,281 @@
+"""Evaluating a dataset-interfaces release (issue 14 §3) and its card section (§2).
+
+The per-shift metric (Vendrow et al.) in results.json, the report and the leaderboard; a LANCE release and an
+interfaces release side by side in one leaderboard; the card's shifts / thresholds / yields section. Every number is
+checked against one recomputed here from predictions made independently (``datasets`` + timm, outside the harness).
+
+The classifier is timm's ``test_resnet`` with random weights whose head is biased towards the demo releases' classes
+(a stand-in: random 1000-way weights would score 0% everywhere, and every drop would be 0 whatever the code did).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from builder_helpers import cli
+
+from builder.config import load_config
+from builder.engine import build
+
+SHIFTS = ["in_the_snow", "pencil_sketch"]
+DEMO_CLASSES = [281, 652, 657, 698, 967]  # the demo and demo-star releases' classes (demo-star: 281, 652, 967)
+MIN_PER_CLASS = 2  # demo-star has 2 images per class and shift; the paper's 5 would leave no class
+
+
+# ------------------------------------------------------------------------------------------------------ unit: metric
+def _rows(spec: dict[str, dict[int, list[bool]]]) -> list[dict]:
+    return [
+        {"config": config, "label": label, "correct1": ok}
+        for config, per_class in spec.items()
+        for label, oks in per_class.items()
+        for ok in oks
+    ]
+
+
+def test_shift_metrics_follow_the_per_class_rule_against_base_on_the_same_classes():
+    from evaluation.interfaces import shift_metrics
+
+    spec = {
+        "base": {0: [True] * 5, 1: [True, False] * 3, 2: [False] * 5, 3: [True] * 6},
+        # class 2 has only 4 snow images: excluded, and its (bad) base accuracy must not count either
+        "in_the_snow": {0: [True, False, False, False, False], 1: [False] * 6, 2: [True] * 4, 3: [True] * 5},
+    }
+    section = shift_metrics(_rows(spec), [], min_per_class=5, n_boot=500, seed=3)
+    entry = section["shifts"]["in_the_snow"]
+    # independently: classes 0, 1, 3 qualify; shift acc = mean(20, 0, 100); base acc = mean(100, 50, 100)
+    assert entry["classes"] == 3 and entry["classes_excluded"] == [2] and entry["n"] == 20
+    assert entry["accuracy"] == pytest.approx((20 + 0 + 100) / 3)
+    assert entry["base_accuracy"] == pytest.approx((100 + 50 + 100) / 3)
+    assert entry["drop"] == pytest.approx(entry["base_accuracy"] - entry["accuracy"])
+    low, high = entry["drop_ci"]
+    per_class_drops = [80.0, 50.0, 0.0]
+    assert min(per_class_drops) <= low <= entry["drop"] <= high <= max(per_class_drops)
+    assert "base" not in section["shifts"] and section["base_by_class"]["1"] == {"n": 6, "acc1": 50.0}
+    # no class with enough images: no number, and nothing invented
+    empty = shift_metrics(_rows(spec), [], min_per_class=7, n_boot=10)["shifts"]["in_the_snow"]
+    assert empty["classes"] == 0 and empty["drop"] is None and empty["accuracy"] is None
+    with pytest.raises(ValueError, match="'base'"):
+        shift_metrics(_rows({"in_the_snow": spec["in_the_snow"]}), [])
+
+
+def test_results_validation_checks_the_interfaces_section():
+    from evaluation.results import validate_results
+
+    results = {
+        "schema": "lance-cf/eval-results",
+        "schema_version": 2,
+        "status": "ok",
+        "model": {"name": "m"},
+        "release": {"name": "r", "version": "1.0.0", "manifest_sha256": "x"},
+        "metrics": {"base": {"n": 4, "acc1": 50.0}},
+        "tool": {"version": "0"},
+        "options": {},
+        "limit": None,
+    }
+    validate_results(results)  # a LANCE results JSON without the section stays valid
+    entry = {"min_per_class": 5, "classes": 1, "classes_excluded": [], "accuracy": 1.0, "base_accuracy": 2.0}
+    results["interfaces"] = {"shifts": {"snow": {**entry, "drop": 1.0, "drop_ci": [0.0, 2.0], "n": 5}}}
+    validate_results(results)
+    results["interfaces"]["shifts"]["snow"]["drop"] = "big"
+    with pytest.raises(ValueError, match="interfaces.shifts.snow.drop"):
+        validate_results(results)
+    results["interfaces"] = {"shifts": {"snow": {**entry, "drop": None, "drop_ci": None}}}
+    with pytest.raises(ValueError, match="interfaces.shifts.snow.n"):
+        validate_results(results)
+
+
+def test_card_yields_and_threshold_provenance_from_routing():
+    from dataset_cards.interfaces_section import interfaces_section, shift_yields
+
+    manifest = {
+        "source": {
+            "kind": "generate",
+            "per_class": 3,
+            "shifts": [
+                {"name": "base", "prompt": "a photo of a <TOKEN>", "threshold": None, "provenance": "confirmed"},
+                {"name": "in_the_snow", "prompt": "a photo of a <TOKEN> in the snow", "threshold": 0.16,
+                 "shift_caption": "a photo in the snow", "provenance": "confirmed"},
+            ],
+        },
+        "config": {"stages": [{"type": "shift_filter", "options": {"object_threshold": 0.2}}]},
+        "build": {"routing": {"generate": {"groups": {
+            "base": {"1": {"base": 3}, "2": {"base": 2, "not_released": 1}},
+            "in_the_snow": {"1": {"in_the_snow": 1, "rejected": 2}, "2": {"not_released": 3}},
+        }}}},
+    }  # fmt: skip
+    assert shift_yields(manifest) == {
+        "base": {"kept": 5, "rejected": 0, "not_released": 1},
+        "in_the_snow": {"kept": 1, "rejected": 2, "not_released": 3},
+    }
+    text = interfaces_section(manifest)
+    assert "Object-presence threshold: 0.2" in text
+    assert "| `base` | a photo of a &lt;TOKEN&gt; | – | unknown (keeps every image) |" in text
+    assert "| `in_the_snow` | a photo of a &lt;TOKEN&gt; in the snow | a photo in the snow | 0.16 |" in text
+    assert text.rstrip().count("\n| `") == 2 and "| 1 | 2 | 3 |" in text and "| 5 | 0 | 1 |" in text
+    assert interfaces_section({"source": {"kind": "imagefolder"}}) == ""
+
+
+# ---------------------------------------------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def releases(tmp_path_factory):
+    root = tmp_path_factory.mktemp("releases")
+    build(load_config("demo-star"), root / "star", progress=False, device="cpu")
+    build(load_config("demo"), root / "demo", progress=False, device="cpu")
+    return {"star": root / "star", "demo": root / "demo"}
+
+
+@pytest.fixture(scope="module")
+def model_and_checkpoint(tmp_path_factory, single_thread_torch):
+    import timm
+    import torch
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    model = timm.create_model("test_resnet", pretrained=False).eval()
+    head = model.get_classifier()
+    with torch.no_grad():
+        head.bias.fill_(-1e3)  # only the demo classes compete: accuracies between 0 and 100 that vary by class
+        head.bias[DEMO_CLASSES] = 0.0
+        head.weight.mul_(20.0)
+    path = tmp_path_factory.mktemp("ckpt") / "test_resnet-demo.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+    return model, path
+
+
+def _independent_correct(model, release_dir: Path, config: str) -> dict[str, tuple[int, bool]]:
+    """key -> (label, top-1 correct), read with ``datasets`` and timm's own eval transform, outside the harness."""
+    import datasets
+    import torch
+    from timm.data import create_transform, resolve_data_config
+
+    transform = create_transform(**resolve_data_config({}, model=model, use_test_size=True))
+    out = {}
+    for row in datasets.load_dataset(str(release_dir), config, split="test"):
+        with torch.no_grad():
+            logits = model(transform(row["png"].convert("RGB"))[None])
+        out[row["json"]["key"]] = (int(row["cls"]), int(logits.argmax(1)) == int(row["cls"]))
+    return out
+
+
+def _evaluate(release_dir: Path, checkpoint: Path, out: Path) -> dict:
+    from evaluation.harness import EvalOptions, run_evaluation
+    from evaluation.models import ModelSpec
+    from evaluation.release_reader import open_release
+
+    options = EvalOptions(device="cpu", workers=0, bootstrap=200, min_per_class=MIN_PER_CLASS, insights=False)
+    (summary,) = run_evaluation(
+        open_release(release_dir), [ModelSpec("test_resnet", checkpoint=checkpoint)], out, options
+    )
+    assert summary["status"] == "ok", summary
+    return summary
+
+
+@pytest.fixture(scope="module")
+def evaluated(releases, model_and_checkpoint, tmp_path_factory):
+    _, checkpoint = model_and_checkpoint
+    out = tmp_path_factory.mktemp("eval")
+    star = _evaluate(releases["star"], checkpoint, out / "star")
+    demo = _evaluate(releases["demo"], checkpoint, out / "demo")
+    return {"out": out, "star": star, "demo": demo}
+
+
+@pytest.mark.e2e
+def test_eval_reports_the_paper_metric_per_shift_against_independent_predictions(
+    releases, model_and_checkpoint, evaluated
+):
+    from evaluation.results import validate_results
+
+    model, _ = model_and_checkpoint
+    results = evaluated["star"]["results"]
+    validate_results(results)
+    section = results["interfaces"]
+    assert sorted(section["shifts"]) == SHIFTS and section["min_per_class"] == MIN_PER_CLASS
+    # no pairing between generated images: no paired metric anywhere, base is not treated as an original
+    assert results["sensitivity"]["overall"] is None and results["sensitivity_by_config"] == {}
+    assert all("paired_delta_acc1" not in entry and "delta_acc1" not in entry for entry in results["metrics"].values())
+    assert "insights" not in results
+    predictions = __import__("pandas").read_parquet(Path(evaluated["star"]["path"]).parent / "predictions.parquet")
+    base = _independent_correct(model, releases["star"], "base")
+
+    def per_class(correct: dict[str, tuple[int, bool]]) -> dict[int, list[bool]]:
+        out: dict[int, list[bool]] = {}
+        for label, ok in correct.values():
+            out.setdefault(label, []).append(ok)
+        return out
+
+    accuracies = []
+    for shift in SHIFTS:
+        shifted = _independent_correct(model, releases["star"], shift)
+        harness = predictions[predictions["config"] == shift].set_index("key")["correct1"].to_dict()
+        assert harness == {k: ok for k, (_, ok) in shifted.items()}
+        shift_classes, base_classes = per_class(shifted), per_class(base)
+        eligible = sorted(c for c, oks in shift_classes.items() if len(oks) >= MIN_PER_CLASS)
+        expected_acc = float(np.mean([100.0 * np.mean(shift_classes[c]) for c in eligible]))
+        expected_base = float(np.mean([100.0 * np.mean(base_classes[c]) for c in eligible]))
+        entry = section["shifts"][shift]
+        assert entry["classes"] == len(eligible) == 3 and entry["classes_excluded"] == []
+        assert entry["accuracy"] == pytest.approx(expected_acc)
+        assert entry["base_accuracy"] == pytest.approx(expected_base)
+        assert entry["drop"] == pytest.approx(expected_base - expected_acc)
+        accuracies.append(expected_acc)
+    assert any(0.0 < a < 100.0 for a in accuracies + [entry["base_accuracy"]]), "stand-in model scores trivially"
+    report = (Path(evaluated["star"]["path"]).parent / "report.html").read_text(encoding="utf-8")
+    assert "Per shift" in report and all(shift in report for shift in SHIFTS)
+
+
+@pytest.mark.e2e
+def test_leaderboard_puts_lance_edit_types_and_interfaces_shifts_side_by_side(evaluated, tmp_path):
+    import pandas as pd
+
+    out = tmp_path / "board"
+    proc = cli("leaderboard", str(evaluated["out"] / "demo"), str(evaluated["out"] / "star"), "--output", str(out))
+    assert "leaderboard written" in proc.stdout
+    combined = pd.read_csv(out / "combined.csv")
+    assert len(combined) == 1 and combined["model"][0].startswith("test_resnet")
+    star = evaluated["star"]["results"]["interfaces"]["shifts"]
+    for shift in SHIFTS:
+        assert combined[f"shift: {shift}"][0] == pytest.approx(star[shift]["drop"])
+    # LANCE side, recomputed from the demo predictions: original minus counterfactual top-1 over each edit type's pairs
+    predictions = pd.read_parquet(Path(evaluated["demo"]["path"]).parent / "predictions.parquet")
+    originals = predictions[predictions["config"] == "original"].set_index("key")["correct1"]
+    edits = predictions[predictions["config"] == "counterfactual"]
+    edit_types = sorted(edits["edit_type"].unique())
+    assert edit_types and [c for c in combined.columns if c.startswith("edit: ")] == [f"edit: {t}" for t in edit_types]
+    for edit_type, group in edits.groupby("edit_type"):
+        expected = 100.0 * (originals.loc[group["source_key"]].to_numpy(float).mean() - group["correct1"].mean())
+        assert combined[f"edit: {edit_type}"][0] == pytest.approx(expected)
+    shifts = pd.read_csv(out / "shifts.csv")
+    assert sorted(shifts["shift"]) == SHIFTS
+    markdown = (out / "leaderboard.md").read_text(encoding="utf-8")
+    assert "# Leaderboard: lance-demo 1.0.0" in markdown  # the LANCE leaderboard as before
+    assert "## Per shift: lance-demo-star 1.0.0" in markdown and "## LANCE edits vs generated shifts" in markdown
+    assert "do not cover the same classes" in markdown  # demo has 5 classes, demo-star 3
+    assert (out / "combined.png").stat().st_size > 0
+    assert "LANCE edits vs generated shifts" in (out / "leaderboard.html").read_text(encoding="utf-8")
+    # an interfaces release alone: its own leaderboard
+    alone = tmp_path / "alone"
+    cli("leaderboard", str(evaluated["out"] / "star"), "--output", str(alone))
+    assert "| test_resnet" in (alone / "leaderboard.md").read_text(encoding="utf-8")
+    assert not (alone / "combined.csv").exists()
+
+
+@pytest.mark.e2e
+def test_card_of_a_demo_star_build_lists_shifts_thresholds_and_yields(releases, tmp_path):
+    from dataset_cards.card import render_release_card
+
+    manifest = json.loads((releases["star"] / "manifest.json").read_text())
+    text = render_release_card(releases["star"], manifest, output_dir=tmp_path)
+    section = text[text.index("## Shifts (dataset interfaces)") :]
+    section = section[: section.index("\n## ", 5)]
+    for shift in manifest["source"]["shifts"]:
+        name = shift["name"]
+        released = manifest["counts"][name]["total"]
+        row = next(line for line in section.splitlines() if line.startswith(f"| `{name}` |"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[3] == f"{shift['threshold']:g}"
+        assert cells[5:] == [str(released), "0", "0"]
