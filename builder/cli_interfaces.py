@@ -100,6 +100,13 @@ def run_learn_tokens(args: argparse.Namespace) -> int:
     from lance_pipeline.textual_inversion import TextualInversionTrainer, save_token, token_for_class
 
     options = _options(args)  # bad settings fail here, before any image is read or model loaded
+    if args.push_to_hub:
+        from builder.publish import check_repo_id
+
+        try:  # a bad repo id must not wait for hours of training
+            check_repo_id(args.push_to_hub)
+        except ValueError:
+            raise ValueError(f"--push-to-hub {args.push_to_hub!r} is not a Hub repo id; expected ORG/NAME") from None
     if args.images_per_class is not None and args.images_per_class < 1:
         raise ValueError(f"--images-per-class {args.images_per_class}: expected a positive integer")
     source_options = {"classes": [c.strip() for c in args.classes.split(",")]} if args.classes else {}
@@ -146,15 +153,28 @@ def run_learn_tokens(args: argparse.Namespace) -> int:
     bar.close()
     sys.stdout.write(f"learned {len(todo)} token(s) into {output} ({len(per_class)} class(es) in all)\n")
     if args.push_to_hub:
-        push_tokens(output, args.push_to_hub, index)
+        return push_tokens(output, args.push_to_hub, index)
     return 0
 
 
-def push_tokens(directory: Path, repo_id: str, index: dict[str, Any]) -> None:
-    """Upload the token directory as a model repository with a card (the token files and tokens.json only)."""
-    from huggingface_hub import HfApi, ModelCard
+def push_tokens(directory: Path, repo_id: str, index: dict[str, Any]) -> int:
+    """Upload the tokens as a model repository in one commit: every ``LABEL.safetensors``, ``tokens.json`` and a card.
 
-    opts = index["options"]
+    A model given as a local directory is published by its last component only (no machine path in ``tokens.json``
+    or the card); the local ``tokens.json`` is left as it is, so that resuming still compares the real settings.
+    Hub errors become one line (exit code 1); the learned tokens stay on disk, so a re-run only pushes.
+    """
+    import os
+
+    from huggingface_hub import CommitOperationAdd, ModelCard
+
+    from builder.cli_publish import _talk_to_hub
+    from builder.publish import check_repo_id, create_api, refuse_token
+
+    opts = dict(index["options"])
+    if isinstance(opts.get("model"), str) and os.path.isdir(opts["model"]):
+        opts["model"] = Path(opts["model"]).name
+    public_index = {**index, "options": opts}
     rows = "\n".join(
         f"| {label} | {info['class_name']} | `{info['token']}` | {info['images']} |"
         for label, info in sorted(index["classes"].items(), key=lambda kv: int(kv[0]))
@@ -168,19 +188,25 @@ def push_tokens(directory: Path, repo_id: str, index: dict[str, Any]) -> None:
         f'`pipe.load_textual_inversion("{repo_id}", weight_name="LABEL.safetensors")`.\n\n'
         f"| label | class | token | images |\n|---|---|---|---|\n{rows}\n"
     )
-    api = HfApi()
-    api.create_repo(repo_id, repo_type="model", exist_ok=True)
-    staging = directory / ".hub-card"
-    staging.mkdir(exist_ok=True)
-    card.save(staging / "README.md")
-    api.upload_folder(
-        repo_id=repo_id,
-        folder_path=str(directory),
-        allow_patterns=["*.safetensors", TOKENS_INDEX],
-        commit_message="class tokens",
-    )
-    api.upload_file(path_or_fileobj=str(staging / "README.md"), path_in_repo="README.md", repo_id=repo_id)
+    operations = [
+        CommitOperationAdd(path_in_repo=f"{label}.safetensors", path_or_fileobj=str(directory / f"{label}.safetensors"))
+        for label in sorted(index["classes"], key=int)
+    ]
+    index_bytes = (json.dumps(public_index, indent=2, sort_keys=True) + "\n").encode()
+    operations.append(CommitOperationAdd(path_in_repo=TOKENS_INDEX, path_or_fileobj=index_bytes))
+    operations.append(CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=str(card).encode()))
+    check_repo_id(repo_id)
+
+    def push():
+        refuse_token({TOKENS_INDEX: index_bytes, "README.md": str(card).encode()})
+        api = create_api()
+        api.create_repo(repo_id, repo_type="model", exist_ok=True)
+        return api.create_commit(repo_id=repo_id, operations=operations, commit_message="lance-cf class tokens")
+
+    if _talk_to_hub("interfaces learn-tokens", push) is None:
+        return 1
     sys.stdout.write(f"pushed {len(index['classes'])} token(s) to {repo_id}\n")
+    return 0
 
 
 def create_demo_star_tokens(path: Path) -> Path:
