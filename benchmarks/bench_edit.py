@@ -356,7 +356,7 @@ def main(argv: list[str] | None = None) -> None:
 
     print(
         "| method | UNet fwd-eq / cf | inversion fwd-eq / image | editing fwd-eq / cf | s inversion / image | "
-        "s editing / cf | s / cf (all) | peak GPU GiB | recon. MSE | max px diff vs reference |"
+        "s editing / cf | s / cf (all) | peak GPU GiB | recon. MSE | max px diff vs reference | mean px diff |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
