@@ -56,6 +56,8 @@ SIZES = {
     # name: (image size, UNet block widths, cross-attention width, text layers, VAE widths, steps, null-text steps)
     "full": (512, (320, 640, 1280, 1280), 768, 12, (128, 256, 512, 512), 50, 10),
     "small": (64, (32, 64, 64, 64), 64, 2, (16, 32, 32, 32), 10, 3),
+    # The test suite's tiny SD (lance_pipeline.tiny_image_components): for counts only, in seconds.
+    "tiny": (32, None, None, None, None, 10, 3),
 }
 
 
@@ -69,6 +71,11 @@ def build_components(size: str, device: str, seed: int = 0):
     from lance_pipeline.tiny_image_components import PAPER_DDIM_CONFIG, write_clip_tokenizer_files
 
     image_size, unet_widths, text_width, text_layers, vae_widths, _, _ = SIZES[size]
+    if size == "tiny":
+        from lance_pipeline.sd_components import load_stable_diffusion_components
+        from lance_pipeline.tiny_image_components import create_tiny_stable_diffusion
+
+        return load_stable_diffusion_components(str(create_tiny_stable_diffusion(tempfile.mkdtemp())), device=device)
     directory = Path(tempfile.mkdtemp(prefix="bench-edit-tokenizer-"))
     vocab_path, merges_path = write_clip_tokenizer_files(directory)
     vocab = json.loads(vocab_path.read_text(encoding="utf-8"))
