@@ -36,6 +36,7 @@ def register(subparsers) -> None:
     discover.add_argument("--generator", default=None, help="Stable Diffusion checkpoint (default: SD 2)")
     discover.add_argument("--generator-revision", default=None, help="Hub revision of --generator")
     discover.add_argument("--steps", type=int, default=50, help="sampling steps (default 50)")
+    discover.add_argument("--image-size", type=int, default=None, help="generated image size (default: the model's)")
     discover.add_argument("--captioner", default=None, help="captioner checkpoint (default: BLIP-2 as in LANCE)")
     discover.add_argument("--clip-model", default="ViT-L-14", help="CLIP model for failure embeddings")
     discover.add_argument(
@@ -105,30 +106,57 @@ def _demo_components(targets) -> Any:
     )
 
 
+class _Described:
+    """A component whose ``describe()`` names models by reference (``demo:NAME``), never by a local path."""
+
+    def __init__(self, inner: Any, references: dict[str, str]) -> None:
+        self._inner, self._references = inner, references
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def describe(self) -> dict[str, Any]:
+        from builder.models import restore_model_references
+
+        return restore_model_references(self._inner.describe(), self._references)
+
+
 def _real_components(args: argparse.Namespace, targets, device: str) -> Any:
     import torch
 
     from builder.discover import DiscoveryComponents
+    from builder.models import resolve_model_references
     from lance_pipeline.captioning import LabelConditionedCaptioner
     from lance_pipeline.clip_gates import ClipScorer
     from lance_pipeline.generation import GenerationOptions, ShiftGenerator
 
-    generation = {"plain_prompt": True, "num_inference_steps": args.steps, "batch_size": args.batch_size}
+    # demo:/pkg: references resolve to local directories, as in build configs (and are named back in the output).
+    given = {"generator": args.generator, "captioner": args.captioner, "clip": args.clip_model}
+    resolved, references = resolve_model_references({k: v for k, v in given.items() if v})
+    generation: dict[str, Any] = {
+        "plain_prompt": True,
+        "num_inference_steps": args.steps,
+        "batch_size": args.batch_size,
+    }
+    if args.image_size:
+        generation.update(image_size=args.image_size, generation_size=args.image_size)
     if args.generator:
-        generation.update(model=args.generator, revision=args.generator_revision)
+        generation.update(model=resolved["generator"], revision=args.generator_revision)
     generator = ShiftGenerator(GenerationOptions(**generation), device)
     generator.load()
-    captioner = LabelConditionedCaptioner(**({"model": args.captioner, "revision": None} if args.captioner else {}))
+    captioning = {"model": resolved["captioner"], "revision": None} if args.captioner else {}
+    captioner = LabelConditionedCaptioner(**captioning)
     captioner.load(device)
-    scorer = ClipScorer(model=args.clip_model, pretrained=args.clip_pretrained)
+    clip_local = resolved["clip"] != args.clip_model
+    scorer = ClipScorer(model=resolved["clip"], pretrained=None if clip_local else args.clip_pretrained)
     scorer.load(device)
     classifiers, info = {}, {}
     for name in args.model:
         classifiers[name], info[name] = _timm_classifier(name, not args.no_pretrained, device, torch)
     return DiscoveryComponents(
-        generator=generator,
+        generator=_Described(generator, references),
         classifiers=classifiers,
-        captioner=captioner,
+        captioner=_Described(captioner, references),
         embedder=lambda images: scorer.encode_images(images).cpu().numpy(),
         classifier_info=info,
     )

@@ -246,3 +246,24 @@ def test_discover_release_mode_through_the_cli(tmp_path, capsys):
     assert {e["label"] for e in entries} == {1, 2} and all(e["n"] == 4 for e in entries)
     code, _, err = _run(capsys, "discover", "--release", str(tmp_path), "--model", "x", "--output", str(out))
     assert code == 2 and "not a release directory" in err
+
+
+@pytest.mark.e2e
+def test_discover_runs_on_the_real_components_at_tiny_size(tmp_path, capsys):
+    """The real path (Stable Diffusion generator, BLIP-2 captioner, CLIP, a timm model) on tiny random-weight
+    components: nothing meaningful can be found, but every step runs, is recorded and names models by reference."""
+    out = tmp_path / "real"
+    args = ("discover", "--model", "resnet18", "--no-pretrained", "--classes", "tench,goldfish", "--output", str(out),
+            "--generator", "demo:tiny-stable-diffusion", "--captioner", "demo:tiny-blip2",
+            "--clip-model", "demo:tiny-open-clip", "--steps", "2", "--image-size", "32", "--n-base", "6",
+            "--n-test", "4", "--batch-size", "6", "--device", "cpu", "--no-progress", "--no-release")  # fmt: skip
+    code, stdout, _ = _run(capsys, *args)
+    assert code == 0 and "discovered failure(s)" in stdout
+    document = json.loads((out / "discoveries.json").read_text())
+    assert document["generator"]["model"] == "demo:tiny-stable-diffusion"
+    assert document["captioner"]["model"] == "demo:tiny-blip2"
+    for entry in document["models"]["resnet18"]["classes"]:
+        assert entry["base"]["n"] == 6 and entry["superclass"] == "cyprinid"
+        for cluster in entry["clusters"]:
+            assert len(cluster["captions"]) == len(cluster["members"])  # every member captioned by the tiny BLIP-2
+    assert str(tmp_path) not in (out / "discoveries.json").read_text()
