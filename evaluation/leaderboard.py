@@ -359,9 +359,13 @@ def leaderboard_markdown(results: list[dict[str, Any]]) -> str:
 
     The dataset card embeds this table; ``lance-cf leaderboard`` writes it at the top of ``leaderboard.md``.
     """
+    from .interfaces import is_interfaces_release, shift_markdown
+
     results = [r for r in results if is_results(r)]
     if not any(r.get("status") == "ok" for r in results):
         return ""
+    if all(is_interfaces_release(r) for r in results):  # generated shifts: the per-shift table, not the paired one
+        return shift_markdown(results)
     return compact_markdown(build_leaderboard(results))
 
 

@@ -265,11 +265,13 @@ def test_leaderboard_puts_lance_edit_types_and_interfaces_shifts_side_by_side(ev
 
 
 @pytest.mark.e2e
-def test_card_of_a_demo_star_build_lists_shifts_thresholds_and_yields(releases, tmp_path):
+def test_card_of_a_demo_star_build_lists_shifts_thresholds_and_yields(releases, evaluated, tmp_path):
     from dataset_cards.card import render_release_card
 
     manifest = json.loads((releases["star"] / "manifest.json").read_text())
-    text = render_release_card(releases["star"], manifest, output_dir=tmp_path)
+    text = render_release_card(releases["star"], manifest, [evaluated["star"]["results"]], output_dir=tmp_path)
+    board = text[text.index("## Leaderboard\n") : text.index("## How it was built")]
+    assert "| test_resnet" in board and "| in_the_snow |" in board and "drop" in board  # the per-shift table
     section = text[text.index("## Shifts (dataset interfaces)") :]
     section = section[: section.index("\n## ", 5)]
     for shift in manifest["source"]["shifts"]:
