@@ -112,7 +112,8 @@ def pair_with_originals(df: Any, config: str) -> Any:
     """Rows of ``config`` joined with their original through ``source_key`` (``*_orig`` columns)."""
     originals = df[df["config"] == "original"].set_index("key")[["p_gt", "correct1", "correct5", "top5", "top5_prob"]]
     sub = df[df["config"] == config]
-    return sub.join(originals, on="source_key", how="inner", rsuffix="_orig")
+    # Suffix the original's columns up front: DataFrame.join's lsuffix/rsuffix keywords are deprecated in pandas.
+    return sub.join(originals.add_suffix("_orig"), on="source_key", how="inner")
 
 
 def compute_metrics(
