@@ -26,6 +26,8 @@ from builder.publish import PublishError, plan_release, publish_release
 from builder.verify import verify_release
 from dataset_cards import render_release_card
 
+pytestmark = pytest.mark.e2e  # real HTTP against the local Hub double
+
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "hf_double_secret_token_0123456789"
 REPO = "lance-org/lance-demo"
@@ -60,8 +62,6 @@ print("RESULT" + json.dumps(out))
 LEADERBOARD_SCRIPT = r"""
 import json, sys
 import datasets
-
-pytestmark = pytest.mark.e2e  # real HTTP against the local Hub double
 ds = datasets.load_dataset(sys.argv[1], "leaderboard", split="train")
 print("RESULT" + json.dumps([row["json"] for row in ds]))
 """

@@ -32,6 +32,8 @@ from builder.publish import (
 )
 from dataset_cards import render_release_card
 
+pytestmark = pytest.mark.e2e  # publishes over real HTTP against the local Hub double
+
 SECRET_TOKEN = "hf_private_token_in_a_dotenv_file_987"
 PRIVATE_KEY = b"-----BEGIN OPENSSH PRIVATE KEY-----\nnot-a-real-key-but-private-4242\n"
 ENDPOINT_PASSWORD = "endpoint-password-1729"
