@@ -97,10 +97,26 @@ def register(subparsers) -> None:
         "--engine",
         choices=ENGINE_NAMES,
         default="local",
-        help="local (default) or ray: run stages of several batches at once on Ray actors (extra: [ray])",
+        help="local (default); devices: one worker process per --devices entry; ray: stages of several batches at "
+        "once on Ray actors (extra: [ray]). Same bytes on each (docs/scaling.md)",
     )
     build.add_argument(
         "--workers", type=_positive_int, default=1, metavar="N", help="Ray actors (one GPU each on cuda)"
+    )
+    build.add_argument(
+        "--devices",
+        metavar="LIST",
+        help="one worker process per device on this machine, no Ray: e.g. cuda:0,cuda:1,cuda:2,cuda:3 (cpu,cpu: two "
+        "CPU workers); implies --engine devices",
+    )
+    build.add_argument(
+        "--ray-address", metavar="ADDRESS", help="Ray cluster to join (e.g. ray://head:10001 or auto); --engine ray"
+    )
+    build.add_argument(
+        "--gpus-per-worker",
+        type=float,
+        metavar="G",
+        help="GPUs each Ray actor reserves (default 1 on cuda; 0.5 puts two actors on a GPU); --engine ray",
     )
     build.add_argument(
         "--torch-threads",
@@ -230,12 +246,14 @@ def run_build(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         source_options=source_options,
     )
+    engine, device, engine_options = _engine_choice(args)
     manifest = build(
         config,
         args.output,
-        device=args.device,
+        device=device,
         progress=not args.no_progress,
-        engine=args.engine,
+        engine=engine,
+        engine_options=engine_options,
         workers=args.workers,
         allow_code=_allow_code(args),
         torch_threads=args.torch_threads,
@@ -244,6 +262,25 @@ def run_build(args: argparse.Namespace) -> int:
         schedule=args.schedule,
     )
     return _summarize_build(args.output, manifest)
+
+
+def _engine_choice(args: argparse.Namespace) -> tuple[str, str | None, dict]:
+    """(engine, device, engine options) from --engine, --devices, --ray-address, --gpus-per-worker."""
+    engine, device, options = args.engine, args.device, {}
+    if args.devices:
+        if engine not in ("local", "devices"):
+            raise ValueError(f"--devices runs the devices engine, not {engine}; with Ray use --workers")
+        from builder.multi_device import parse_devices
+
+        engine, options["devices"] = "devices", parse_devices(args.devices)
+        device = device or options["devices"][0]  # the driver records the determinism of the workers' device kind
+    for flag, key in (("ray_address", "address"), ("gpus_per_worker", "gpus_per_worker")):
+        value = getattr(args, flag)
+        if value is not None:
+            if engine != "ray":
+                raise ValueError(f"--{flag.replace('_', '-')} is for --engine ray")
+            options[key] = value
+    return engine, device, options
 
 
 def _summarize_build(output: Path, manifest: dict) -> int:

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -414,6 +416,7 @@ def build(
     retry_failures: bool = False,
     allow_version_change: bool = False,
     schedule: str = "batch-major",
+    engine_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Build (or resume) a release into ``output``; returns the manifest.
 
@@ -426,6 +429,8 @@ def build(
     (recorded: it changes float results). ``retry_failures`` also re-runs the stages of samples with final failures
     (errors are always retried). ``schedule``: ``batch-major`` (each batch through every stage) or ``stage-major``
     (every pending sample through one stage, its models released, then the next stage); same bytes.
+    ``engine_options``: keyword options of the engine (``devices`` for ``devices``, ``address`` and
+    ``gpus_per_worker`` for ``ray``); see docs/scaling.md.
     """
     from builder.registry import ENGINES
 
@@ -440,6 +445,11 @@ def build(
     preflight = getattr(run_engine, "preflight", None)
     if preflight is not None:
         preflight()  # e.g. the Ray engine without Ray: the install hint, before anything is written
+    if engine_options:
+        unknown = sorted(set(engine_options) - set(inspect.signature(run_engine).parameters))
+        if unknown:
+            raise ValueError(f"the {engine} engine takes no option {', '.join(unknown)} (see docs/scaling.md)")
+        run_engine = functools.partial(run_engine, **engine_options)
     if validated.active:  # a build of `original` alone never imports torch
         device = resolve_device(device)
     output = Path(output)

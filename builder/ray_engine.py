@@ -7,7 +7,7 @@ is fixed by the plan, so results do not depend on which actor ran them). The dri
 outputs and release samples as results arrive, in whatever order, so a killed Ray build resumes like a local one and
 the shards (written in key order from the ledger) are byte-identical to a local build's.
 
-Connects to the cluster named by ``RAY_ADDRESS`` when set, else starts a local one.
+Connects to ``--ray-address`` (or the cluster named by ``RAY_ADDRESS``) when set, else starts a local one. The\nloop that feeds actors and commits their results, with retries of batches whose actor died, is\n``builder.dispatch`` (shared with the ``devices`` engine).
 """
 
 from __future__ import annotations
@@ -60,15 +60,75 @@ def run_ray(
     workers: int = 1,
     torch_threads: int = 1,
     schedule: str = "batch-major",
+    address: str | None = None,
+    gpus_per_worker: float | None = None,
 ) -> None:
-    """The ``ray`` engine (``builder.registry.ENGINES``): plans like the local engine, runs batches on actors."""
+    """The ``ray`` engine (``builder.registry.ENGINES``): plans like the local engine, runs batches on actors.
+
+    ``address``: the Ray cluster to join (else ``RAY_ADDRESS``, else a local one); ``gpus_per_worker``: GPUs each
+    actor reserves (default 1 on cuda, 0 on cpu).
+    """
     from builder.engine import _drive
 
-    remote = functools.partial(_ray_loop, workers=workers, torch_threads=torch_threads)
+    remote = functools.partial(
+        _ray_loop, workers=workers, torch_threads=torch_threads, address=address, gpus_per_worker=gpus_per_worker
+    )
     _drive(validated, source, plan, ledger, runners, progress, schedule, remote=remote)
 
 
 run_ray.preflight = _import_ray  # build() calls an engine's preflight before it writes anything
+
+
+class RayActorPool:
+    """``workers`` StageWorker actors; a dead actor (``RayActorError``) is replaced by a new one."""
+
+    def __init__(
+        self,
+        ray: Any,
+        stages: list[Any],
+        device: str,
+        torch_threads: int,
+        worked: list[bool],
+        workers: int,
+        gpus: float,
+    ):
+        self._ray = ray
+        self._make = lambda: ray.remote(num_gpus=gpus, num_cpus=1, max_restarts=0)(StageWorker).remote(
+            stages, device, torch_threads, worked
+        )
+        self.actors = [self._make() for _ in range(max(1, workers))]
+        self.slots = len(self.actors)
+
+    def submit(self, slot: int, *args: Any) -> Any:
+        return self.actors[slot].run.remote(*args)
+
+    def wait(self, handles: list[Any]) -> list[Any]:
+        ready, _ = self._ray.wait(handles, num_returns=1)
+        return ready
+
+    def result(self, handle: Any) -> Any:
+        from ray.exceptions import RayActorError, RayTaskError, WorkerCrashedError
+
+        from builder.dispatch import WorkerLost
+        from builder.engine import StageNotWorking
+
+        try:
+            return self._ray.get(handle)
+        except (RayActorError, WorkerCrashedError) as err:
+            raise WorkerLost(str(err).splitlines()[0] if str(err) else type(err).__name__) from err
+        except RayTaskError as err:
+            # Ray wraps the actor's exception; a stage that has not worked yet is handled by the dispatcher.
+            if isinstance(getattr(err, "cause", None), StageNotWorking):
+                raise err.cause from None
+            raise
+
+    def restart(self, slot: int) -> None:
+        self._ray.kill(self.actors[slot])
+        self.actors[slot] = self._make()
+
+    def close(self) -> None:
+        for actor in self.actors:
+            self._ray.kill(actor)
 
 
 def _ray_loop(
@@ -82,74 +142,27 @@ def _ray_loop(
     *,
     workers: int,
     torch_threads: int,
+    address: str | None = None,
+    gpus_per_worker: float | None = None,
 ) -> None:
-    from builder.engine import StageNotWorking, _prepare_batch, commit_stage, finish_batch
+    from builder.dispatch import dispatch
 
     ray = _import_ray()
     if not ray.is_initialized():
-        ray.init(ignore_reinit_error=True, include_dashboard=False, log_to_driver=False)
+        ray.init(address=address, ignore_reinit_error=True, include_dashboard=False, log_to_driver=False)
     device = runners[0].device if runners else "cpu"
-    gpus = 1 if device.startswith("cuda") else 0
-    actor_cls = ray.remote(num_gpus=gpus, num_cpus=1)(StageWorker)
-    worked = [r.ever_succeeded for r in runners]
+    gpus = gpus_per_worker if gpus_per_worker is not None else (1 if device.startswith("cuda") else 0)
     stages = [r.validated for r in runners]
-    actors = [actor_cls.remote(stages, device, torch_threads, worked) for _ in range(max(1, workers))]
-    by_name = {r.name: r for r in runners}
-    idle = list(actors)
-    in_flight: dict[Any, tuple[Any, Any, dict, dict]] = {}  # object ref -> (actor, batch, records, live counts)
-    queue: list[tuple[Any, bool]] = [(index, False) for index in todo]  # (batch index or decoded batch, record errors)
-    deferred: list[tuple[Any, BaseException]] = []  # batches on which a stage has not worked yet (see StageNotWorking)
-    any_success = False
-
-    def submit() -> None:
-        while idle and queue:
-            item, record_errors = queue.pop(0)
-            batch = decode(item) if isinstance(item, int) else item
-            records, start, out = _prepare_batch(batch, ledger, runners, label_names)
-            if not start:
-                finish_batch(validated, batch, ledger, records, label_names)
-                bar.batch_done(batch)
-                continue
-            actor = idle.pop()
-            keys = [s.key for s in batch.samples]
-            ref = actor.run.remote(records, keys, start, out, record_errors)
-            in_flight[ref] = (actor, batch, records, out)
-
-    try:
-        submit()
-        while in_flight:
-            ready, _ = ray.wait(list(in_flight), num_returns=1)
-            ref = ready[0]
-            actor, batch, records, out = in_flight.pop(ref)
-            idle.append(actor)
-            try:
-                results = ray.get(ref)  # a stage error that is not per-sample surfaces here, as in a local build
-            except Exception as err:
-                # Ray wraps the actor's exception; its cause tells a stage that has not worked yet from the rest.
-                if not isinstance(err, StageNotWorking) and not isinstance(
-                    getattr(err, "cause", None), StageNotWorking
-                ):
-                    raise
-                if any_success:
-                    queue.append((batch, True))
-                else:
-                    deferred.append((batch, err))
-                submit()
-                continue
-            any_success = True
-            queue.extend((late, True) for late, _ in deferred)
-            deferred.clear()
-            for result in results:
-                commit_stage(ledger, batch.index, by_name[result.stage], result)
-                for key, update in result.updates.items():
-                    records[key].update(update)
-                n = len(result.updates) + len(result.failures) + len(result.errors)
-                bar.stage_done(batch, result.stage, n)
-            finish_batch(validated, batch, ledger, records, label_names)
-            bar.batch_done(batch)
-            submit()
-    finally:
-        for actor in actors:
-            ray.kill(actor)
-    if deferred:
-        raise deferred[0][1]
+    worked = [r.ever_succeeded for r in runners]
+    counts = dispatch(
+        validated,
+        todo,
+        decode,
+        ledger,
+        runners,
+        label_names,
+        bar,
+        lambda: RayActorPool(ray, stages, device, torch_threads, worked, workers, gpus),
+    )
+    if counts["worker_losses"]:
+        logger.warning("ray engine: %d batch run(s) lost with their actor and run again", counts["worker_losses"])

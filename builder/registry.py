@@ -98,11 +98,13 @@ DEMO_COMPONENTS = Registry(
 )
 
 # Build engines: ``lance-cf build --engine NAME``. Each is a function with the signature of
-# ``builder.engine.run_local`` (the local engine); ``ray`` runs batches on Ray actors (extra: [ray]).
+# ``builder.engine.run_local`` (the local engine), plus keyword options (``build(engine_options=...)``); ``devices``
+# runs batches on one process per device, ``ray`` on Ray actors (extra: [ray]). docs/scaling.md.
 ENGINES = Registry(
     "engine",
     {
         "local": "builder.engine:run_local",
+        "devices": "builder.multi_device:run_devices",
         "ray": "builder.ray_engine:run_ray",
     },
 )

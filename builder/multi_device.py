@@ -1,0 +1,137 @@
+"""The ``devices`` engine: one worker process per device on one machine, without Ray.
+
+``lance-cf build ... --devices cuda:0,cuda:1,cuda:2,cuda:3`` starts one process per listed device (a device may be
+listed twice, e.g. ``cpu,cpu`` for two CPU workers, or ``cuda:0,cuda:0`` for two workers sharing a large GPU). Each
+process loads every active stage once, on its device, under the build's torch settings (``--torch-threads``, CUDA
+determinism: ``builder.runtime.torch_settings``), and runs the stages of whole batches; the driver owns the plan,
+the ledger and the shards (``builder.dispatch``), so the release is byte-identical to a one-device build with the
+same thread settings on the same kind of device. A worker process that dies loses only the batch it was running,
+which goes to the next free worker; the dead worker is replaced.
+
+Processes are started with ``spawn`` (CUDA cannot be used in a forked child), so the stage classes must be
+importable by name (they are: a stage type is a registry name or a ``module:attr``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from builder.dispatch import WorkerLost, dispatch
+
+logger = logging.getLogger(__name__)
+
+_WORKER = None  # the StageWorker of this worker process (set by _init_worker)
+
+
+def parse_devices(text: str) -> list[str]:
+    """``"cuda:0,cuda:1"`` -> ``["cuda:0", "cuda:1"]``, each checked against this machine (one-line errors)."""
+    from lance_pipeline.devices import resolve_device
+
+    names = [part.strip() for part in str(text).split(",")]
+    if not names or any(not name for name in names):
+        raise ValueError(f"--devices {text!r}: expected a comma-separated list such as cuda:0,cuda:1 or cpu,cpu")
+    resolved = []
+    for name in names:
+        try:
+            resolved.append(resolve_device(name))
+        except ValueError as err:
+            raise ValueError(f"--devices {text}: {str(err).removeprefix('--device ')}") from None
+    return resolved
+
+
+def _init_worker(stages: list[Any], device: str, torch_threads: int, worked: list[bool]) -> None:
+    global _WORKER
+    from builder.ray_engine import StageWorker
+
+    _WORKER = StageWorker(stages, device, torch_threads, worked)
+
+
+def _run_on_worker(*args: Any) -> Any:
+    return _WORKER.run(*args)
+
+
+class DevicePool:
+    """One single-process executor per device: a dead process breaks only its own executor, which is replaced."""
+
+    def __init__(self, devices: list[str], stages: list[Any], torch_threads: int, worked: list[bool]):
+        import multiprocessing
+
+        self.devices = list(devices)
+        self.slots = len(self.devices)
+        self._context = multiprocessing.get_context("spawn")
+        self._init_args = (stages, torch_threads, worked)
+        self._executors = [self._start(device) for device in self.devices]
+
+    def _start(self, device: str) -> ProcessPoolExecutor:
+        stages, torch_threads, worked = self._init_args
+        return ProcessPoolExecutor(
+            max_workers=1,
+            mp_context=self._context,
+            initializer=_init_worker,
+            initargs=(stages, device, torch_threads, worked),
+        )
+
+    def submit(self, slot: int, *args: Any) -> Any:
+        return self._executors[slot].submit(_run_on_worker, *args)
+
+    def wait(self, handles: list[Any]) -> list[Any]:
+        done, _ = wait(handles, return_when=FIRST_COMPLETED)
+        return list(done)
+
+    def result(self, handle: Any) -> Any:
+        try:
+            return handle.result()
+        except BrokenProcessPool as err:
+            raise WorkerLost(f"worker process gone ({err})") from err
+
+    def restart(self, slot: int) -> None:
+        self._executors[slot].shutdown(wait=False, cancel_futures=True)
+        self._executors[slot] = self._start(self.devices[slot])
+
+    def close(self) -> None:
+        for executor in self._executors:
+            executor.shutdown(wait=True, cancel_futures=True)
+
+
+def run_devices(
+    validated: Any,
+    source: Any,
+    plan: list,
+    ledger: Any,
+    runners: list[Any],
+    progress: bool,
+    workers: int = 1,
+    torch_threads: int = 1,
+    schedule: str = "batch-major",
+    devices: list[str] | None = None,
+) -> None:
+    """The ``devices`` engine (``builder.registry.ENGINES``): ``devices`` lists one device per worker process
+    (default: ``workers`` processes on the build's device)."""
+    from builder.engine import _drive
+
+    if not devices:
+        devices = [runners[0].device if runners else "cpu"] * max(1, workers)
+    remote = functools.partial(_devices_loop, devices=list(devices), torch_threads=torch_threads)
+    _drive(validated, source, plan, ledger, runners, progress, schedule, remote=remote)
+
+
+def _devices_loop(validated, todo, decode, ledger, runners, label_names, bar, *, devices, torch_threads) -> None:
+    stages = [r.validated for r in runners]
+    worked = [r.ever_succeeded for r in runners]
+    logger.info("devices engine: %d worker process(es) on %s", len(devices), ", ".join(devices))
+    counts = dispatch(
+        validated,
+        todo,
+        decode,
+        ledger,
+        runners,
+        label_names,
+        bar,
+        lambda: DevicePool(devices, stages, torch_threads, worked),
+    )
+    if counts["worker_losses"]:
+        logger.warning("devices engine: %d batch run(s) lost with their worker and run again", counts["worker_losses"])
