@@ -119,6 +119,34 @@ def test_device_lists_and_engine_options_are_checked_before_anything_is_written(
     assert not out.exists()
 
 
+def test_stage_major_gives_the_batch_major_bytes_on_the_demo_stages_and_resumes(local_demo, tmp_path, monkeypatch):
+    from builder.registry import STAGES
+
+    # A stage-major build interrupted in its third stage (every batch has passed the first two) ...
+    label_check = STAGES.resolve("label_check")
+    real_process = label_check.process
+    calls = {"n": 0}
+
+    def interrupted(self, records):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt  # like Ctrl-C: not a per-sample error, the build stops
+        return real_process(self, records)
+
+    monkeypatch.setattr(label_check, "process", interrupted)
+    out = tmp_path / "stage-major"
+    with pytest.raises(KeyboardInterrupt):
+        build(_demo_config(), out, device="cpu", progress=False, schedule="stage-major")
+    with sqlite3.connect(out / ".lance-cf" / "ledger.sqlite") as db:
+        stored = dict(db.execute("SELECT stage, COUNT(*) FROM stage_outputs GROUP BY stage").fetchall())
+    assert stored.get("caption") == stored.get("perturb") == DEMO_LIMIT and stored.get("label_check") == 1
+    monkeypatch.setattr(label_check, "process", real_process)
+    # ... resumes (stage-major again) from the ledger and writes the batch-major build's bytes.
+    build(_demo_config(), out, device="cpu", progress=False, schedule="stage-major")
+    assert verify_release(out) == []
+    assert release_files(out) == release_files(local_demo)
+
+
 def test_two_cpu_device_workers_give_the_local_bytes_on_the_demo_stages(local_demo, tmp_path):
     out = tmp_path / "two"
     build(_demo_config(), out, device="cpu", progress=False, engine="devices", engine_options={"devices": ["cpu"] * 2})
@@ -151,8 +179,10 @@ def test_a_ray_actor_killed_mid_build_loses_nothing_and_the_bytes_match(local_de
     ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
     try:
         killed = _build_killing_one_worker(
-            out, lambda p: "ray::StageWorker" in _cmdline(p) or p.name().startswith("ray::StageWorker"),
-            engine="ray", workers=2,
+            out,
+            lambda p: "ray::StageWorker" in _cmdline(p) or p.name().startswith("ray::StageWorker"),
+            engine="ray",
+            workers=2,
         )
     finally:
         ray.shutdown()
