@@ -144,6 +144,13 @@ def register(subparsers) -> None:
         help="resume although the tool, torch, diffusers, transformers, open_clip, timm or --torch-threads changed "
         "since the build started (both recorded in the manifest)",
     )
+    build.add_argument(
+        "--keep-inversions",
+        choices=("yes", "no"),
+        default="yes",
+        help="no: drop each batch's stored inversions (~12 MB per 512 px image) from the ledger once the batch is "
+        "done; the release is the same, a batch retried later inverts again (docs/scaling.md)",
+    )
     build.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_allow_code(build)
     build.set_defaults(func=run_build)
@@ -254,6 +261,7 @@ def run_build(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         engine=engine,
         engine_options=engine_options,
+        keep_inversions=args.keep_inversions == "yes",
         workers=args.workers,
         allow_code=_allow_code(args),
         torch_threads=args.torch_threads,

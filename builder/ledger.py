@@ -70,6 +70,9 @@ class Ledger:
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
+        # Stages whose stored outputs go once their batch is done (``--keep-inversions no``): the release samples
+        # are written by then; a batch reopened later replays without them and runs those stages again.
+        self.drop_when_done: tuple[str, ...] = ()
         fix = f"move {path} away (or use a new --output directory) and build again"
         try:
             self.db = sqlite3.connect(str(path), isolation_level=None)  # explicit transactions only
@@ -182,6 +185,11 @@ class Ledger:
             [(*row, _sha256(row[3], row[4])) for row in rows],
         )
         self.db.execute("INSERT OR REPLACE INTO done_batches VALUES (?)", (batch,))
+        for stage in self.drop_when_done:
+            self.db.execute(
+                "DELETE FROM stage_outputs WHERE stage=? AND source_key IN (SELECT source_key FROM plan WHERE batch=?)",
+                (stage, batch),
+            )
 
     def has_worked(self, stage: str) -> bool:
         """Whether ``stage`` has stored an output for any sample of this build."""

@@ -147,6 +147,39 @@ def test_stage_major_gives_the_batch_major_bytes_on_the_demo_stages_and_resumes(
     assert release_files(out) == release_files(local_demo)
 
 
+def test_keep_inversions_no_drops_done_batches_inversions_and_resumes_to_the_same_bytes(
+    local_demo, tmp_path, monkeypatch
+):
+    from builder.registry import STAGES
+
+    edit = STAGES.resolve("prompt_to_prompt_edit")
+    real_process = edit.process
+    calls = {"n": 0}
+
+    def interrupted(self, records):
+        if type(self) is edit:
+            calls["n"] += 1
+            if calls["n"] == 3:  # batches 0 and 1 are done, batch 2 is inverted but not edited
+                raise KeyboardInterrupt
+        return real_process(self, records)
+
+    monkeypatch.setattr(edit, "process", interrupted)
+    out = tmp_path / "dropped"
+    with pytest.raises(KeyboardInterrupt):
+        build(_demo_config(), out, device="cpu", progress=False, keep_inversions=False)
+    ledger = out / ".lance-cf" / "ledger.sqlite"
+    query = "SELECT p.batch FROM stage_outputs s JOIN plan p USING (source_key) WHERE s.stage=? ORDER BY p.batch"
+    with sqlite3.connect(ledger) as db:
+        assert [r[0] for r in db.execute(query, ("invert",))] == [2]  # only the unfinished batch keeps its inversion
+        assert [r[0] for r in db.execute(query, ("reconstruct",))] == [0, 1, 2]
+    monkeypatch.setattr(edit, "process", real_process)
+    build(_demo_config(), out, device="cpu", progress=False, keep_inversions=False)
+    with sqlite3.connect(ledger) as db:
+        assert db.execute(query, ("invert",)).fetchall() == []
+    assert verify_release(out) == []
+    assert release_files(out) == release_files(local_demo)
+
+
 def test_two_cpu_device_workers_give_the_local_bytes_on_the_demo_stages(local_demo, tmp_path):
     out = tmp_path / "two"
     build(_demo_config(), out, device="cpu", progress=False, engine="devices", engine_options={"devices": ["cpu"] * 2})
