@@ -20,7 +20,6 @@ without a terminal).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import Counter, deque
@@ -43,13 +42,13 @@ class WorkerPool(Protocol):
     slots: int
 
     def submit(self, slot: int, *args: Any) -> Any:
-        """Run ``StageWorker.run_described(*args)`` on worker ``slot``; returns a handle."""
+        """Run ``StageWorker.run(*args)`` on worker ``slot``; returns a handle."""
 
     def wait(self, handles: list[Any]) -> list[Any]:
         """Block until at least one handle is finished; return the finished ones."""
 
     def result(self, handle: Any) -> Any:
-        """The worker's (stage results, stage descriptions); raises ``WorkerLost`` when the worker died, else the worker's exception."""
+        """The worker's stage results; raises ``WorkerLost`` when the worker died, else the worker's exception."""
 
     def restart(self, slot: int) -> None:
         """Replace worker ``slot`` (after ``WorkerLost``)."""
@@ -100,12 +99,13 @@ def dispatch(
     pool_factory: Callable[[], WorkerPool],
 ) -> dict[str, int]:
     """Run the ``todo`` batches on the pool ``pool_factory()`` makes; returns counts (batches, worker losses)."""
-    from builder.engine import StageNotWorking, _prepare_batch, finish_batch
+    from builder.engine import StageNotWorking, _prepare_batch, commit_stage, finish_batch
 
     for runner in runners:
         runner.stage  # resolve model references (e.g. build a demo component) once, before workers race for it  # noqa: B018
     sizes = Counter(row[1] for row in ledger.plan())
     meter = ProgressLog(ledger, sum(sizes[b] for b in todo))
+    by_name = {r.name: r for r in runners}
     queue: deque[tuple[Any, bool]] = deque((index, False) for index in todo)  # (batch index or batch, record errors)
     deferred: list[tuple[Any, BaseException]] = []  # batches on which a stage has not worked yet (StageNotWorking)
     in_flight: dict[Any, tuple[int, Any, dict, bool]] = {}  # handle -> (slot, batch, records, record errors)
@@ -134,7 +134,7 @@ def dispatch(
             for handle in pool.wait(list(in_flight)):
                 slot, batch, records, record_errors = in_flight.pop(handle)
                 try:
-                    outcome = pool.result(handle)
+                    results = pool.result(handle)
                 except WorkerLost as err:
                     losses[batch.index] += 1
                     keys = ", ".join(s.key for s in batch.samples)
@@ -169,12 +169,9 @@ def dispatch(
                 any_success = True
                 queue.extend((late, True) for late, _ in deferred)
                 deferred.clear()
-                results, descriptions = outcome
                 for result in results:
-                    # As commit_stage, with the stage described by the worker that loaded it (the manifest's entry).
-                    with ledger.transaction():
-                        ledger.record_stage(batch.index, result.stage, result.updates, result.failures, result.errors)
-                        ledger.set_meta(f"describe:{result.stage}", json.dumps(descriptions[result.stage]))
+                    # The result carries the stage's description from the worker that loaded it (the manifest's).
+                    commit_stage(ledger, batch.index, by_name[result.stage], result)
                     for key, message in result.errors.items():
                         logger.warning(
                             "stage %s raised on %s: %s (recorded; re-run the build to retry it)",

@@ -51,7 +51,7 @@ def _init_worker(stages: list[Any], device: str, torch_threads: int, worked: lis
 
 
 def _run_on_worker(*args: Any) -> Any:
-    return _WORKER.run_described(*args)
+    return _WORKER.run(*args)
 
 
 class DevicePool:

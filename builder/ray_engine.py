@@ -49,13 +49,6 @@ class StageWorker:
 
         return run_stages(self.runners, records, keys, start, out, record_errors=record_errors)
 
-    def run_described(self, records, keys, start, out, record_errors: bool):
-        """``run`` plus the description of each stage that ran, from its loaded instance on this worker (what a
-        local build records in the manifest; the driver's copy of a stage is never loaded, so it cannot say it)."""
-        results = self.run(records, keys, start, out, record_errors)
-        by_name = {r.name: r for r in self.runners}
-        return results, {result.stage: by_name[result.stage]._description() for result in results}
-
 
 def run_ray(
     validated: Any,
@@ -107,7 +100,7 @@ class RayActorPool:
         self.slots = len(self.actors)
 
     def submit(self, slot: int, *args: Any) -> Any:
-        return self.actors[slot].run_described.remote(*args)
+        return self.actors[slot].run.remote(*args)
 
     def wait(self, handles: list[Any]) -> list[Any]:
         ready, _ = self._ray.wait(handles, num_returns=1)
