@@ -119,6 +119,7 @@ def test_device_lists_and_engine_options_are_checked_before_anything_is_written(
     assert not out.exists()
 
 
+@pytest.mark.slow  # builds the demo preset's real tiny stages (minutes on a loaded 2-core machine)
 def test_stage_major_gives_the_batch_major_bytes_on_the_demo_stages_and_resumes(local_demo, tmp_path, monkeypatch):
     from builder.registry import STAGES
 
@@ -147,6 +148,7 @@ def test_stage_major_gives_the_batch_major_bytes_on_the_demo_stages_and_resumes(
     assert release_files(out) == release_files(local_demo)
 
 
+@pytest.mark.slow  # builds the demo preset's real tiny stages (minutes on a loaded 2-core machine)
 def test_keep_inversions_no_drops_done_batches_inversions_and_resumes_to_the_same_bytes(
     local_demo, tmp_path, monkeypatch
 ):
@@ -180,6 +182,7 @@ def test_keep_inversions_no_drops_done_batches_inversions_and_resumes_to_the_sam
     assert release_files(out) == release_files(local_demo)
 
 
+@pytest.mark.slow  # builds the demo preset's real tiny stages (minutes on a loaded 2-core machine)
 def test_two_cpu_device_workers_give_the_local_bytes_on_the_demo_stages(local_demo, tmp_path):
     out = tmp_path / "two"
     build(_demo_config(), out, device="cpu", progress=False, engine="devices", engine_options={"devices": ["cpu"] * 2})
@@ -187,6 +190,7 @@ def test_two_cpu_device_workers_give_the_local_bytes_on_the_demo_stages(local_de
     assert release_files(out) == release_files(local_demo)
 
 
+@pytest.mark.slow  # builds the demo preset's real tiny stages (minutes on a loaded 2-core machine)
 def test_a_device_worker_killed_mid_build_loses_nothing_and_the_bytes_match(local_demo, tmp_path, caplog):
     out = tmp_path / "killed"
     caplog.set_level(logging.WARNING, logger="builder.dispatch")
