@@ -149,12 +149,10 @@ def _device_list(value: str) -> list[str]:
 
 
 def resolve_device(device: str | None) -> str:
-    """A torch device name; ``None`` or ``"auto"`` means cuda when available, else cpu (as ``lance-cf build``)."""
-    if device not in (None, "auto"):
-        return device
-    import torch
+    """The device rule every command shares (``lance_pipeline.devices``): auto picks cuda when available."""
+    from lance_pipeline.devices import resolve_device as shared_rule
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return shared_rule(device)
 
 
 def _check_positive(name: str, value: int, minimum: int = 1) -> None:

@@ -48,7 +48,10 @@ from lance_pipeline.sd_components import (  # noqa: F401
     StableDiffusionComponents,
     load_stable_diffusion_components,
 )
-from lance_pipeline.stage import SCORE_NAMES, Record, ReleaseOutput, SampleFailure
+from lance_pipeline.stage import SCORE_NAMES, MetadataField, Record, ReleaseOutput, SampleFailure
+
+# Which editor rendered a sample (``builder.registry.EDITORS``): one field, so releases of two editors compare.
+EDITOR_FIELD = MetadataField("editor", "string", description="the editor that rendered the sample")
 
 logger = logging.getLogger(__name__)
 
@@ -234,7 +237,7 @@ class CounterfactualEditStage(_ImageStage):
     uses_clip = True
     consumes = {"key": "str", "caption": "str", "inversion": "dict", "edits": "list"}
     produces = {"counterfactuals": "list", "edit_candidates": "list"}
-    outputs = (ReleaseOutput("counterfactual", "counterfactuals", "cf", many=True),)
+    outputs = (ReleaseOutput("counterfactual", "counterfactuals", "cf", many=True, fields=(EDITOR_FIELD,)),)
     edits_field = "edits"
     output_field = "counterfactuals"
     candidates_field = "edit_candidates"
@@ -317,6 +320,8 @@ class CounterfactualEditStage(_ImageStage):
             requests = [EditRequest(e["edited_caption"], span_of(e, "edited_span")) for e in edits_in_context]
             sweep = editor.render(record, requests)
             chosen, candidates = selector.select(caption, edits_in_context, sweep)
+            for sample in chosen:
+                sample.setdefault("editor", self.editor_name)
             for candidate in candidates:  # index into the record's edits, not the in-context subset
                 candidate["edit_index"] = positions[candidate["edit_index"]]
             candidates = sorted(candidates + too_long, key=lambda c: c["edit_index"])
@@ -336,7 +341,7 @@ class LanceREditStage(CounterfactualEditStage):
     name = "lance_r_edit"
     consumes = {"key": "str", "caption": "str", "inversion": "dict", "random_edits": "list"}
     produces = {"lance_r": "list", "lance_r_candidates": "list"}
-    outputs = (ReleaseOutput("lance_r", "lance_r", "lr", many=True),)
+    outputs = (ReleaseOutput("lance_r", "lance_r", "lr", many=True, fields=(EDITOR_FIELD,)),)
     edits_field = "random_edits"
     output_field = "lance_r"
     candidates_field = "lance_r_candidates"

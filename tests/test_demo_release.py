@@ -50,6 +50,8 @@ def test_demo_populates_all_configs_with_complete_metadata(demo, tmp_path):
             clip_scores = ["clip_directional", "clip_image", "clip_text_original", "clip_text_edited"]
             assert all(isinstance(meta["scores"][s], float) for s in clip_scores)
             assert row["png"].size == (64, 64)
+    for row in rows["counterfactual"] + rows["lance_r"]:
+        assert row["json"]["editor"] == "prompt_to_prompt"  # which editor rendered it (comparable with ControlNet's)
     for row in rows["counterfactual"]:
         meta = row["json"]
         assert meta["edit_type"] in EDIT_TYPES
