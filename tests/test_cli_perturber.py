@@ -110,8 +110,10 @@ KEY = "sk-test-do-not-leak-1234"
 class ChatDouble:
     """An OpenAI chat-completions endpoint on 127.0.0.1 that answers by rule, with scripted faults.
 
-    ``faults`` maps a caption to the answers its first requests get instead of a good one: an HTTP status (``500``),
-    ``"malformed"`` (a 200 whose body has no ``choices``), ``"junk"`` (a well-formed answer with no usable line).
+    ``faults`` maps a caption, or a (caption, edit type) pair, to the answers its first requests get instead of a
+    good one: an HTTP status (``500``), ``"malformed"`` (a 200 whose body has no ``choices``), ``"junk"`` (a
+    well-formed answer with no usable line). A fault meant for one edit type is keyed with it: requests run
+    concurrently, so which type's request arrives first is not fixed.
     """
 
     def __init__(self, faults: dict[str, list]) -> None:
@@ -133,8 +135,11 @@ class ChatDouble:
                 with lock:
                     double.requests.append(body)
                     double.auth.add(self.headers.get("Authorization", ""))
-                    caption = body["messages"][-1]["content"].rsplit("Caption: ", 1)[1]
-                    fault = double.faults.get(caption, []).pop(0) if double.faults.get(caption) else None
+                    content = body["messages"][-1]["content"]
+                    caption = content.rsplit("Caption: ", 1)[1]
+                    edit_type = "domain" if "kind of image" in content else "weather"
+                    key = (caption, edit_type) if double.faults.get((caption, edit_type)) else caption
+                    fault = double.faults.get(key, []).pop(0) if double.faults.get(key) else None
                 if self.path != "/v1/chat/completions":
                     return self._send(404, b'{"error": "not found"}')
                 if isinstance(fault, int):  # an HTTP error status
@@ -180,7 +185,7 @@ def chat_double(monkeypatch):
         {
             "a photo of a husky pulling a sled in the snow": [500, 500],
             "a photo of a dog on a beach": ["malformed"],
-            "a photo of a cat on a sofa": ["junk"],
+            ("a photo of a cat on a sofa", "domain"): ["junk"],
             "a photo of a horse in a field": [500, 500, 500, 500, 500, 500, 500, 500],  # both types give up
         }
     )
