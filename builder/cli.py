@@ -139,6 +139,11 @@ def register(subparsers) -> None:
         help="also re-run the stages of samples with final failures (errors, i.e. exceptions, are always retried)",
     )
     build.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="exit 0 even when a selected config ends with no samples (such a config cannot be loaded or published)",
+    )
+    build.add_argument(
         "--allow-version-change",
         action="store_true",
         help="resume although the tool, torch, diffusers, transformers, open_clip, timm or --torch-threads changed "
@@ -269,7 +274,7 @@ def run_build(args: argparse.Namespace) -> int:
         allow_version_change=args.allow_version_change,
         schedule=args.schedule,
     )
-    return _summarize_build(args.output, manifest)
+    return _summarize_build(args.output, manifest, allow_empty=args.allow_empty)
 
 
 def _engine_choice(args: argparse.Namespace) -> tuple[str, str | None, dict]:
@@ -291,8 +296,9 @@ def _engine_choice(args: argparse.Namespace) -> tuple[str, str | None, dict]:
     return engine, device, options
 
 
-def _summarize_build(output: Path, manifest: dict) -> int:
-    """What was written, what went wrong, what to run next. Exit 1 while errors (retryable) remain."""
+def _summarize_build(output: Path, manifest: dict, allow_empty: bool = False) -> int:
+    """What was written, what went wrong, what to run next. Exit 1 while errors (retryable) remain, or when a
+    selected config has no sample (it could not be loaded: never report success over an empty release)."""
     write = sys.stdout.write
     counts = ", ".join(f"{c}: {manifest['counts'][c]['total']}" for c in manifest["configs"])
     failures = manifest["failures"]
@@ -317,6 +323,14 @@ def _summarize_build(output: Path, manifest: dict) -> int:
         f"  python -c \"import datasets; print(datasets.load_dataset('{output}', '{config}', split='test'))\"\n"
         f"  lance-cf eval --release {output} --model resnet50.a1_in1k --output eval-out\n"
     )
+    empty = list(manifest.get("empty_configs") or [])
+    if empty and not allow_empty:
+        sys.stderr.write(
+            f"lance-cf build: error: config(s) {', '.join(empty)} ended with no samples (see the failures above and "
+            "manifest.json); such a config cannot be loaded or published: fix the source or the stages and re-run the "
+            "same command, or pass --allow-empty to accept it\n"
+        )
+        return 1
     return 1 if errors else 0
 
 

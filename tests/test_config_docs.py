@@ -102,3 +102,17 @@ def test_lance_preset_without_source_says_what_it_takes():
     proc = cli("build", "lance", "--output", "unused", check=False)
     assert proc.returncode == 2
     assert "imagefolder:PATH" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_build_whose_configs_end_empty_exits_non_zero_unless_allowed(tmp_path):
+    folder = tmp_path / "broken" / "cat"
+    folder.mkdir(parents=True)
+    for i in range(3):
+        (folder / f"img_{i}.png").write_bytes(b"not an image at all")
+    args = ["build", "lance", "--source", f"imagefolder:{folder.parent}", "--configs", "original", "--no-progress"]
+    proc = cli(*args, "--output", str(tmp_path / "out"), check=False)
+    assert proc.returncode == 1
+    assert "config(s) original ended with no samples" in proc.stderr and "--allow-empty" in proc.stderr
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["empty_configs"] == ["original"] and len(manifest["failures"]) == 3  # recorded, not hidden
+    assert cli(*args, "--output", str(tmp_path / "ok"), "--allow-empty", check=False).returncode == 0
