@@ -126,6 +126,20 @@ def _pretty_name(name: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------------------------- prose
+def release_kind(manifest: rf.Manifest) -> str:
+    """Which system made the release, for the card's opening paragraph: ``lance`` (prompt-to-prompt edits),
+    ``controlnet`` (DILLEMA-style regeneration), ``interfaces`` (generated under named shifts) or ``discovery``
+    (images of discovered failures)."""
+    stage_types = {str(s.get("type")) for s in manifest.config.get("stages") or [] if isinstance(s, dict)}
+    if str(manifest.source.get("kind")) == "discovery":
+        return "discovery"
+    if str(manifest.source.get("kind")) == "generate" or "shift_generation" in stage_types:
+        return "interfaces"
+    if "controlnet_edit" in stage_types:
+        return "controlnet"
+    return "lance"
+
+
 def _template_context(
     manifest: rf.Manifest,
     results: list[dict] | None,
@@ -151,7 +165,11 @@ def _template_context(
     )
     description = manifest.config.get("description")
     extra_fields = [(c.name, f) for c in spec.configs if c.name in configs for f in c.fields]
+    kind = release_kind(manifest)
     return {
+        "release_kind": kind,
+        # The config the "How to load" example opens: LANCE's counterfactuals, else the release's first config.
+        "load_config": "counterfactual" if "counterfactual" in configs else (configs[0] if configs else "original"),
         "pretty_name": _pretty_name(manifest.name),
         "description": md_escape(description) if description else None,
         "name": manifest.name,
