@@ -429,9 +429,31 @@ def main(argv: list[str] | None = None) -> int:
             "  nothing was recorded against the data: fix the stage or its environment, then re-run the same command\n"
         )
         return 1
+    except OSError as err:
+        if not _is_model_download_error(err):
+            raise
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        sys.stderr.write(
+            f"lance-cf {args.command}: error: a model could not be loaded ({first}); connect to the Hub once "
+            "(unset HF_HUB_OFFLINE) to cache it, or give a local model directory instead of the Hub id\n"
+        )
+        return 2
     except KeyboardInterrupt:
         sys.stderr.write("lance-cf: interrupted; re-run the same command to resume\n")
         return 130
+
+
+def _is_model_download_error(err: BaseException) -> bool:
+    """A model or file that the Hub client could not fetch (offline, unreachable, not cached): the one environment
+    fault every model-loading command shares, so it is reported here once instead of as a library traceback."""
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    chain: BaseException | None = err
+    while chain is not None:
+        if isinstance(chain, LocalEntryNotFoundError) or "huggingface.co" in str(chain):
+            return True
+        chain = chain.__cause__ or chain.__context__
+    return False
 
 
 if __name__ == "__main__":

@@ -116,3 +116,11 @@ def test_a_build_whose_configs_end_empty_exits_non_zero_unless_allowed(tmp_path)
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["empty_configs"] == ["original"] and len(manifest["failures"]) == 3  # recorded, not hidden
     assert cli(*args, "--output", str(tmp_path / "ok"), "--allow-empty", check=False).returncode == 0
+
+
+def test_a_model_that_cannot_be_fetched_offline_is_one_line():
+    """`perturber try` with its default Hub model and no network: one line saying what to do, no traceback."""
+    proc = cli("perturber", "try", "a photo of a dog on the grass", "--label", "dog", "--device", "cpu", check=False)
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.strip().splitlines() if " INFO " not in line]
+    assert len(lines) == 1 and "a model could not be loaded" in lines[0] and "HF_HUB_OFFLINE" in lines[0], proc.stderr
