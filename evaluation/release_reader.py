@@ -7,7 +7,6 @@ space and shard list, and the WebDataset shards ``data/CONFIG/test-NNNNNN.tar`` 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from builder import release_format as rf
+from builder.release_format.shards import HashingReader
 
 logger = logging.getLogger(__name__)
 
@@ -247,25 +247,6 @@ class ReleaseIntegrityError(ValueError):
     """A shard's bytes are not the ones the manifest sealed: the release was modified after it was built."""
 
 
-class _HashingReader:
-    """A read-only file wrapper that hashes every byte read through it (tar stream mode reads sequentially)."""
-
-    def __init__(self, raw: Any) -> None:
-        self.raw = raw
-        self.digest = hashlib.sha256()
-
-    def read(self, size: int = -1) -> bytes:
-        data = self.raw.read(size)
-        self.digest.update(data)
-        return data
-
-    def drain(self) -> str:
-        """Read (and hash) what is left; return the hex digest of the whole file."""
-        while self.read(1 << 20):
-            pass
-        return self.digest.hexdigest()
-
-
 def iter_shard_samples(
     path: Path,
     image_ext: str,
@@ -304,7 +285,7 @@ def iter_shard_samples(
     sample: dict[str, bytes] = {}
     keep = False
     with open(path, "rb") as raw:
-        reader = _HashingReader(raw)
+        reader = HashingReader(raw)
         try:
             with tarfile.open(fileobj=reader, mode="r|") as tar:
                 for member in tar:

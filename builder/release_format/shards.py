@@ -113,8 +113,11 @@ class ShardIntegrityError(ValueError):
     """A shard's bytes are not the ones the manifest sealed (checked while streaming, at no extra pass)."""
 
 
-class _HashingReader:
-    """A read-only file wrapper that hashes every byte read through it (tar stream mode reads sequentially)."""
+class HashingReader:
+    """A read-only file wrapper that hashes every byte read through it (tar stream mode reads sequentially).
+
+    The one streaming hash of a release's shards: this reader and ``evaluation.release_reader`` use it.
+    """
 
     def __init__(self, raw: Any) -> None:
         self.raw = raw
@@ -125,7 +128,8 @@ class _HashingReader:
         self.digest.update(data)
         return data
 
-    def finish(self) -> str:
+    def drain(self) -> str:
+        """Read (and hash) what is left; return the hex digest of the whole file."""
         while self.read(1 << 20):
             pass
         return self.digest.hexdigest()
@@ -162,7 +166,7 @@ def iter_shard(
     keep = True
     index = start_index - 1
     with open(path, "rb") as raw:
-        hashing = _HashingReader(raw) if expected_sha256 is not None else None
+        hashing = HashingReader(raw) if expected_sha256 is not None else None
         try:
             # "r|" streams the file once (every byte hashed); "r:" seeks past the bytes of members it skips.
             tar = tarfile.open(fileobj=hashing, mode="r|") if hashing else tarfile.open(fileobj=raw, mode="r:")
@@ -194,7 +198,7 @@ def iter_shard(
         if current_key is not None:
             yield current_key, (members if keep else None)
         if hashing is not None:
-            digest = hashing.finish()
+            digest = hashing.drain()
             if digest != expected_sha256:
                 raise ShardIntegrityError(
                     f"{path}: sha256 {digest[:16]}… is not the manifest's {expected_sha256[:16]}…: the release was "
