@@ -408,25 +408,32 @@ class InversionMethod(Protocol):
     def describe(self) -> dict[str, Any]: ...
 
 
-class NullTextMethod:
-    """``null_text``: DDIM inversion plus null-text optimisation (Mokady et al. 2023), as the paper (default)."""
-
-    name = "null_text"
+class _DDIMPivotMethod:
+    """What every inversion method shares: the components and options, and DDIM inversion of the encoded batch."""
 
     def __init__(self, components, options) -> None:
         self.components = components
         self.options = options
+
+    def _pivots(self, images: list[Image.Image], captions: list[str]):
+        """(latent x_0, caption embeddings, DDIM inversion pivots) of a batch, in the UNet's dtype."""
+        c, o = self.components, self.options
+        latent, cond = _encode_batch(c, o, images, captions)
+        return latent, cond, ddim_inversion(c.unet, c.scheduler_config, latent, cond, o.num_inference_steps)
+
+
+class NullTextMethod(_DDIMPivotMethod):
+    """``null_text``: DDIM inversion plus null-text optimisation (Mokady et al. 2023), as the paper (default)."""
+
+    name = "null_text"
 
     def invert(self, images: list[Image.Image], captions: list[str]) -> list[dict[str, Any]]:
         """Invert a batch of images together (``null_text_optimization_batched``)."""
         c, o = self.components, self.options
         if not images:
             return []
-        dtype = c.unet.dtype
-        latent = torch.cat([encode_image(c.vae, image, o.image_size) for image in images]).to(dtype)
-        cond = encode_prompts(c.tokenizer, c.text_encoder, list(captions)).to(dtype)
-        null_init = encode_prompts(c.tokenizer, c.text_encoder, [""]).to(dtype)
-        pivots = ddim_inversion(c.unet, c.scheduler_config, latent, cond, o.num_inference_steps)
+        latent, cond, pivots = self._pivots(images, captions)
+        null_init = encode_prompts(c.tokenizer, c.text_encoder, [""]).to(c.unet.dtype)
         nulls, used, final = null_text_optimization_batched(
             c.unet,
             c.scheduler_config,
@@ -467,7 +474,7 @@ def _encode_batch(components, options, images, captions):
     return latent, cond
 
 
-class NegativePromptMethod:
+class NegativePromptMethod(_DDIMPivotMethod):
     """``negative_prompt``: negative-prompt inversion (Miyake et al. 2023, arXiv 2305.16807).
 
     DDIM inversion as null-text's first phase, then no optimisation: the caption embedding itself takes the place of
@@ -478,16 +485,11 @@ class NegativePromptMethod:
 
     name = "negative_prompt"
 
-    def __init__(self, components, options) -> None:
-        self.components = components
-        self.options = options
-
     def invert(self, images: list[Image.Image], captions: list[str]) -> list[dict[str, Any]]:
         c, o = self.components, self.options
         if not images:
             return []
-        latent, cond = _encode_batch(c, o, images, captions)
-        pivots = ddim_inversion(c.unet, c.scheduler_config, latent, cond, o.num_inference_steps)
+        latent, cond, pivots = self._pivots(images, captions)
         # The reconstruction's source branch: with the caption as negative prompt, guidance cancels out and each step
         # is one conditional prediction, so it is computed here once at batch n (not twice per step with CFG).
         sampler, _ = make_schedulers(c.scheduler_config, o.num_inference_steps, latent.device)
@@ -512,7 +514,7 @@ class NegativePromptMethod:
         return {"method": self.name, "reference": "Miyake et al. 2023, arXiv 2305.16807"}
 
 
-class DirectInversionMethod:
+class DirectInversionMethod(_DDIMPivotMethod):
     """``direct``: direct inversion ("PnP Inversion", Ju et al., ICLR 2024, arXiv 2310.01506), from the paper.
 
     DDIM inversion gives the trajectory ``z*_0 .. z*_T``. Editing starts every branch from ``z*_T`` with the plain
@@ -526,16 +528,11 @@ class DirectInversionMethod:
 
     name = "direct"
 
-    def __init__(self, components, options) -> None:
-        self.components = components
-        self.options = options
-
     def invert(self, images: list[Image.Image], captions: list[str]) -> list[dict[str, Any]]:
         c, o = self.components, self.options
         if not images:
             return []
-        latent, cond = _encode_batch(c, o, images, captions)
-        pivots = ddim_inversion(c.unet, c.scheduler_config, latent, cond, o.num_inference_steps)
+        latent, cond, pivots = self._pivots(images, captions)
         null = encode_prompts(c.tokenizer, c.text_encoder, [""])[0].float().cpu()
         steps = o.num_inference_steps
         # After sampling step i the source must hold z*_{T-i-1}: the trajectory in sampling order.
