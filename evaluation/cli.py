@@ -24,10 +24,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Evaluate one or more timm models on every config of a release (local directory or Hub dataset "
             "ORG/NAME[@REVISION]): acc@1/5, Delta acc, Delta p(y_GT), flip rate, breakdowns by edit type and "
             "class, bootstrap intervals, class-level insights; writes OUTPUT/<model>/results.json, "
-            "predictions.parquet and report.html."
+            "predictions.parquet and report.html. With several --release (the same source images edited by "
+            "different editors), each release is evaluated into OUTPUT/<release>/<model>/ and OUTPUT/side_by_side/ "
+            "gets one table and one plot: per edit type and editor, the accuracy drop and the image fidelity."
         ),
     )
-    p.add_argument("--release", required=True, help="release directory, or Hub dataset ORG/NAME[@REVISION]")
+    p.add_argument(
+        "--release",
+        action="append",
+        required=True,
+        help="release directory, or Hub dataset ORG/NAME[@REVISION]; repeat for releases of the same source images "
+        "by different editors (side by side)",
+    )
     p.add_argument(
         "--model",
         action="append",
@@ -116,6 +124,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-report", action="store_true", help="skip the HTML report")
     p.add_argument("--gallery-size", type=int, default=12, help="counterfactuals shown in the report gallery")
     p.add_argument("--force", action="store_true", help="re-run models whose results already exist")
+    from .fidelity import add_side_by_side_arguments  # light: argparse and stdlib at import
+
+    add_side_by_side_arguments(p)
     p.set_defaults(func=run_eval)
 
     lb = subparsers.add_parser(
@@ -177,9 +188,13 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.output.exists() and not args.output.is_dir():
         raise ValueError(f"--output {str(args.output)!r} is a file; give a directory")
 
+    from .fidelity import check_masks
     from .harness import EvalOptions, run_evaluation
     from .models import ModelSpec, expand_model_names
     from .release_reader import open_release
+
+    release_specs = args.release if isinstance(args.release, list) else [args.release]
+    check_masks(args.masks)
 
     devices = [resolve_device(d) for d in args.devices] if args.devices else None
     device = devices[0] if devices else resolve_device(args.device)
@@ -193,7 +208,8 @@ def run_eval(args: argparse.Namespace) -> int:
         ModelSpec(name=n, pretrained=pretrained, checkpoint=args.checkpoint, class_map=args.class_map, seed=args.seed)
         for n in names
     ]
-    release = open_release(args.release)
+    releases = [open_release(spec) for spec in release_specs]
+    side_by_side = _prepare_side_by_side(releases, args, device) if len(releases) > 1 else None
     options = EvalOptions(
         device=device,
         devices=devices,
@@ -222,22 +238,69 @@ def run_eval(args: argparse.Namespace) -> int:
         force=args.force,
     )
     where = ", ".join(devices) if devices else device
-    sys.stdout.write(
-        f"evaluating {len(specs)} model(s) on {release.name} {release.version} ({', '.join(release.configs)}) "
-        f"on {where}{f', first {args.limit} samples per config' if args.limit else ''}:\n"
-    )
-    for spec in specs:
-        sys.stdout.write(f"  {spec.name}{'' if spec.weights_id == 'pretrained' else f' [{spec.weights_id}]'}\n")
-    sys.stdout.flush()
-    summaries = run_evaluation(release, specs, args.output, options, on_result=_print_summary)
+    labels = side_by_side["labels"] if side_by_side else [None]
+    all_summaries: dict[str | None, list[dict]] = {}
+    for release, label in zip(releases, labels, strict=True):
+        output = args.output if label is None else args.output / label
+        sys.stdout.write(
+            f"evaluating {len(specs)} model(s) on {release.name} {release.version} ({', '.join(release.configs)}) "
+            f"on {where}{f', first {args.limit} samples per config' if args.limit else ''}:\n"
+        )
+        for spec in specs:
+            sys.stdout.write(f"  {spec.name}{'' if spec.weights_id == 'pretrained' else f' [{spec.weights_id}]'}\n")
+        sys.stdout.flush()
+        all_summaries[label] = run_evaluation(release, specs, output, options, on_result=_print_summary)
+    summaries = [s for group in all_summaries.values() for s in group]
     failed = [s for s in summaries if s["status"] == "error"]
     done = sum(s["status"] == "ok" for s in summaries)
     skipped = sum(s["status"] == "skipped" for s in summaries)
     sys.stdout.write(
         f"done: {done} evaluated, {skipped} skipped (results exist; --force re-runs), {len(failed)} failed; "
-        f"results in {args.output}; next: lance-cf leaderboard {args.output} --output LEADERBOARD_DIR\n"
+        f"results in {args.output}; next: lance-cf leaderboard {args.output} --output LEADERBOARD_DIR"
+        f"{' --split-releases' if side_by_side else ''}\n"
     )
+    if side_by_side:
+        _write_side_by_side(releases, all_summaries, args, side_by_side)
     return 1 if failed else 0
+
+
+def _prepare_side_by_side(releases: list, args: argparse.Namespace, device: str) -> dict:
+    """Before any model runs: release labels (output folders), the shared-source check and the CLIP scorer, so that a
+    problem is one line with nothing written."""
+    from .fidelity import load_side_by_side_clip, release_labels, shared_sources
+
+    labels = release_labels(releases)
+    common = shared_sources(releases, labels)
+    clip = None
+    if not args.no_clip_similarity:
+        clip = load_side_by_side_clip(args.clip_model, args.clip_pretrained, device)
+    return {"labels": labels, "shared": common, "clip": clip}
+
+
+def _write_side_by_side(releases: list, summaries: dict, args: argparse.Namespace, prepared: dict) -> None:
+    """The side-by-side table and plot (``evaluation.fidelity.side_by_side``) from this run's results."""
+    from .fidelity import side_by_side, table_markdown
+
+    results = {
+        label: [s["results"] for s in group if s["status"] in ("ok", "skipped") and s.get("results")]
+        for label, group in summaries.items()
+    }
+    output = args.output / "side_by_side"
+    table = side_by_side(
+        releases,
+        output,
+        results_by_release=results,
+        labels=prepared["labels"],
+        clip=prepared["clip"],
+        masks_dir=args.masks,
+    )
+    sys.stdout.write(
+        f"side by side ({len(prepared['shared'])} source images in every release; paired Δ acc@1 in points, "
+        "negative = the edits cost accuracy):\n"
+    )
+    sys.stdout.write(table_markdown(table))
+    sys.stdout.write(f"side by side written to {output}: fidelity.md, fidelity.png, fidelity.html, fidelity.json\n")
+    sys.stdout.flush()
 
 
 def _check_device(name: str) -> None:

@@ -13,14 +13,17 @@ Per counterfactual, against its source image (the ``original`` config, same ``so
 * ``background_psnr``: PSNR over the pixels outside the object mask, where a mask is known (``--masks DIR`` with
   ``SOURCE_KEY.png``, non-zero = object, e.g. Hard ImageNet's segmentations): does the edit leave the rest alone?
 
-Per (editor, edit type) the table joins these means with the accuracy drop that ``lance-cf eval`` measured on the
-same release (``paired_delta_acc1`` and ``flip_rate`` of ``sensitivity.by_edit_type`` in each model's
-``results.json``), and one plot shows them side by side. The editor of a sample is its metadata's ``editor`` field
-where the release has one, else the type of the stage that wrote the config (``prompt_to_prompt_edit`` ->
-``prompt_to_prompt``, ``controlnet_edit`` -> ``controlnet``).
+Per (editor, edit type, model) the table joins these means with the accuracy drop that ``lance-cf eval`` measured on
+the same release (``paired_delta_acc1`` and ``flip_rate`` of ``sensitivity.by_edit_type`` in each model's results),
+and one plot shows them side by side. The editor of a sample is its metadata's ``editor`` field where the release has
+one, else the type of the stage that wrote the config (``prompt_to_prompt_edit`` -> ``prompt_to_prompt``,
+``controlnet_edit`` -> ``controlnet``).
 
-``lance-cf compare-editors --release A --release B [--results EVAL_DIR ...] --output DIR`` writes ``fidelity.csv``,
-``fidelity.md``, ``fidelity.png`` and ``fidelity_samples.csv``.
+This module owns the side-by-side (:func:`side_by_side`). ``lance-cf eval --release A --release B ...`` evaluates
+each release and then calls it with the fresh results (``OUTPUT/side_by_side/``); ``lance-cf compare-editors
+--release A --release B [--results EVAL_DIR ...] --output DIR`` is the same table without evaluating a model (from
+earlier eval outputs, or fidelity only). Both write ``fidelity.md``, ``fidelity.csv``, ``fidelity.json``,
+``fidelity.png``, ``fidelity.html`` and ``fidelity_samples.csv``.
 """
 
 from __future__ import annotations
@@ -138,13 +141,41 @@ def _load_mask(masks_dir: Path | None, source_key: str, size: tuple[int, int]):
         return np.asarray(mask.convert("L").resize(size, resample=0))
 
 
-def release_fidelity(release, *, clip=None, masks_dir: Path | None = None) -> list[dict[str, Any]]:
-    """One row per counterfactual of ``release`` (an ``evaluation.release_reader.Release``).
+def counterfactual_metadata(release) -> dict[str, dict[str, Any]]:
+    """``key -> metadata`` of every counterfactual, from the shards' ``.json`` members only (images are skipped by
+    their tar headers, never read). A member that is not valid JSON is left out (eval records it as a failure)."""
+    import tarfile
+
+    out: dict[str, dict[str, Any]] = {}
+    for shard in release.shards.get("counterfactual", []):
+        with tarfile.open(shard, mode="r") as tar:
+            for member in tar:
+                name = member.name.rsplit("/", 1)[-1]
+                if not member.isfile() or not name.endswith(".json"):
+                    continue
+                handle = tar.extractfile(member)
+                try:
+                    meta = json.loads(handle.read()) if handle is not None else None
+                except (UnicodeDecodeError, json.JSONDecodeError):
+                    continue
+                if isinstance(meta, dict) and meta.get("source_key"):
+                    out[name[: -len(".json")]] = meta
+    return out
+
+
+def release_fidelity(
+    release, *, clip=None, masks_dir: Path | None = None, label: str | None = None, chunk_sources: int = 64
+) -> list[dict[str, Any]]:
+    """One row per counterfactual of ``release`` (an ``evaluation.release_reader.Release``), sorted by key.
+
+    Images are read ``chunk_sources`` source images at a time (their originals and counterfactuals), so memory does
+    not grow with the release.
 
     Args:
         release: The opened release.
         clip: A loaded ``lance_pipeline.clip_gates.ClipScorer`` for ``clip_image`` (None: the column is None).
         masks_dir: Folder of ``SOURCE_KEY.png`` object masks for ``background_psnr`` (None: the column is None).
+        label: The ``release`` column (default: the release's name).
 
     Returns:
         Rows with ``release``, ``editor``, ``source_key``, ``key``, ``edit_type`` and the three measures.
@@ -152,40 +183,49 @@ def release_fidelity(release, *, clip=None, masks_dir: Path | None = None) -> li
     ext = release.image_ext
     if "counterfactual" not in release.shards or "original" not in release.shards:
         raise ValueError(f"release {release.name}: comparing editors needs its original and counterfactual configs")
-    edited = _decode(release, "counterfactual", ext)
-    sources = {meta["source_key"] for meta, _ in edited.values()}
-    originals = {k: v for k, v in _decode(release, "original", ext, keys=sources).items()}
+    metadata = counterfactual_metadata(release)
+    by_source: dict[str, list[str]] = {}
+    for key in sorted(metadata):
+        by_source.setdefault(metadata[key]["source_key"], []).append(key)
+    sources = sorted(by_source)
     default_editor = _editor_of_release(release.manifest)
-    rows, pairs = [], []
-    for key in sorted(edited):
-        meta, image = edited[key]
-        source = originals.get(meta["source_key"])
-        if source is None:
-            logger.warning("%s: %s has no original %s; left out", release.name, key, meta["source_key"])
-            continue
-        original = source[1]
-        mask = _load_mask(masks_dir, meta["source_key"], original.size)
-        rows.append(
-            {
-                "release": release.name,
-                "editor": meta.get("editor") or default_editor or "unknown",
-                "source_key": meta["source_key"],
-                "key": key,
-                "edit_type": meta.get("edit_type") or "none",
-                "clip_image": None,
-                "edge_ssim": edge_ssim(original, image),
-                "background_psnr": None if mask is None else background_psnr(original, image, mask),
-            }
-        )
-        pairs.append((original, image))
-    if clip is not None and pairs:
-        import torch
+    rows = []
+    for start in range(0, len(sources), chunk_sources):
+        chunk = sources[start : start + chunk_sources]
+        originals = _decode(release, "original", ext, keys=set(chunk))
+        edited = _decode(release, "counterfactual", ext, keys={k for s in chunk for k in by_source[s]})
+        chunk_rows, pairs = [], []
+        for key in sorted(edited):
+            meta, image = edited[key]
+            source = originals.get(meta["source_key"])
+            if source is None:
+                logger.warning("%s: %s has no original %s; left out", release.name, key, meta["source_key"])
+                continue
+            original = source[1]
+            mask = _load_mask(masks_dir, meta["source_key"], original.size)
+            chunk_rows.append(
+                {
+                    "release": label or release.name,
+                    "editor": meta.get("editor") or default_editor or "unknown",
+                    "source_key": meta["source_key"],
+                    "key": key,
+                    "edit_type": meta.get("edit_type") or "none",
+                    "clip_image": None,
+                    "edge_ssim": edge_ssim(original, image),
+                    "background_psnr": None if mask is None else background_psnr(original, image, mask),
+                }
+            )
+            pairs.append((original, image))
+        if clip is not None and pairs:
+            import torch
 
-        a = clip.encode_images([p[0] for p in pairs])
-        b = clip.encode_images([p[1] for p in pairs])
-        for row, value in zip(rows, torch.nn.functional.cosine_similarity(a, b, dim=-1).tolist(), strict=True):
-            row["clip_image"] = float(value)
-    return rows
+            a = clip.encode_images([p[0] for p in pairs])
+            b = clip.encode_images([p[1] for p in pairs])
+            similarities = torch.nn.functional.cosine_similarity(a, b, dim=-1).tolist()
+            for row, value in zip(chunk_rows, similarities, strict=True):
+                row["clip_image"] = float(value)
+        rows += chunk_rows
+    return sorted(rows, key=lambda r: r["key"])
 
 
 def _decode(release, config: str, ext: str, keys: set[str] | None = None) -> dict[str, tuple[dict, Any]]:
@@ -195,12 +235,55 @@ def _decode(release, config: str, ext: str, keys: set[str] | None = None) -> dic
 
     out = {}
     for key, members in read_samples(release, config, keys).items():
+        if ext not in members or "json" not in members:
+            logger.warning("%s: %s/%s has no .%s or .json member; left out", release.name, config, key, ext)
+            continue
         with Image.open(io.BytesIO(members[ext])) as image:
             out[key] = (json.loads(members["json"]), image.convert("RGB"))
     return out
 
 
 # ---------------------------------------------------------------------------------------------- side by side
+
+
+def release_labels(releases: list[Any]) -> list[str]:
+    """How each release is named in the table and in ``lance-cf eval``'s output folders: its name, or, when two
+    releases share a name, ``<name>-v<version>-<manifest hash prefix>`` (as ``leaderboard --split-releases``)."""
+    names = [r.name for r in releases]
+    labels = []
+    for release in releases:
+        raw = release.name
+        if names.count(release.name) > 1:
+            raw = f"{release.name}-v{release.version}-{release.manifest_sha256[:12]}"
+        labels.append("".join(c if c.isalnum() or c in "._-" else "_" for c in raw)[:120])
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"releases {labels} are given more than once; give each release once")
+    return labels
+
+
+def shared_sources(releases: list[Any], labels: list[str] | None = None) -> set[str]:
+    """The source images (``source_key``) that have counterfactuals in every release; read from metadata only.
+
+    Raises:
+        ValueError: (one line) a release without counterfactual/original configs, or no source image in common.
+    """
+    labels = labels or [r.name for r in releases]
+    source_sets = []
+    for release, label in zip(releases, labels, strict=True):
+        if "counterfactual" not in release.shards or "original" not in release.shards:
+            raise ValueError(
+                f"release {label} has no original and counterfactual configs (it has {', '.join(release.configs)}): "
+                "the side-by-side compares editors' counterfactual releases; evaluate it on its own"
+            )
+        source_sets.append({meta["source_key"] for meta in counterfactual_metadata(release).values()})
+    common = set.intersection(*source_sets) if source_sets else set()
+    if not common:
+        raise ValueError(
+            f"releases {', '.join(labels)} share no source image (no source_key has counterfactuals in all of them): "
+            "build them from the same --source (same classes and --limit), one per editor, or evaluate them one at a "
+            "time"
+        )
+    return common
 
 
 def _mean(values: list[float | None]) -> float | None:
@@ -222,13 +305,33 @@ def load_results(paths: list[Path]) -> list[dict[str, Any]]:
     return found
 
 
-def fidelity_table(rows: list[dict[str, Any]], results: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+def results_of_release(release, results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The eval results of ``release``: same manifest hash where the results record one, else the same name."""
+    matching = []
+    for result in results:
+        described = result.get("release") or {}
+        if described.get("manifest_sha256"):
+            if described["manifest_sha256"] == release.manifest_sha256:
+                matching.append(result)
+        elif described.get("name") == release.name:
+            matching.append(result)
+    return matching
+
+
+def fidelity_table(
+    rows: list[dict[str, Any]], results_by_release: dict[str, list[dict[str, Any]]] | None = None
+) -> list[dict[str, Any]]:
     """Per (editor, release, edit type, model): counts, fidelity means and the model's accuracy drop.
 
-    ``results`` are eval results; those of a release (matched by its name and manifest digest, through
-    ``release_digests``) contribute one row per model and edit type. Without results, one row per edit type with the
-    accuracy columns empty.
+    Args:
+        rows: :func:`release_fidelity` rows of every release.
+        results_by_release: eval results (``results.json`` objects with a ``sensitivity`` section) per release
+            label (the rows' ``release``); each model contributes one row per edit type, its
+            ``sensitivity.by_edit_type`` (``overall`` for the ``all`` row). A release without results gets one row
+            per edit type with the accuracy columns empty.
     """
+    from .results import model_label
+
     by_group: dict[tuple[str, str, str], list[dict]] = {}
     for row in rows:
         by_group.setdefault((row["editor"], row["release"], row["edit_type"]), []).append(row)
@@ -244,22 +347,26 @@ def fidelity_table(rows: list[dict[str, Any]], results: list[dict[str, Any]] | N
             "n": len(group),
             **{column: _mean([r[column] for r in group]) for column in FIDELITY_COLUMNS},
         }
-        matching = [r for r in results or [] if r.get("release", {}).get("name") == release]
+        matching = [r for r in (results_by_release or {}).get(release, []) if r.get("sensitivity")]
         if not matching:
             table.append({**base, "model": None, **dict.fromkeys(ACCURACY_COLUMNS)})
             continue
         for result in matching:
             sensitivity = result["sensitivity"]
-            stats = sensitivity.get("overall") if edit_type == "all" else sensitivity["by_edit_type"].get(edit_type)
-            stats = stats or {}
-            table.append(
-                {**base, "model": result.get("model", {}).get("name"), **{c: stats.get(c) for c in ACCURACY_COLUMNS}}
-            )
+            by_type = sensitivity.get("by_edit_type") or {}
+            stats = (sensitivity.get("overall") if edit_type == "all" else by_type.get(edit_type)) or {}
+            table.append({**base, "model": model_label(result), **{c: stats.get(c) for c in ACCURACY_COLUMNS}})
     return table
 
 
 def table_markdown(table: list[dict[str, Any]]) -> str:
-    columns = ["editor", "edit_type", "model", "n", *ACCURACY_COLUMNS, *FIDELITY_COLUMNS]
+    """The side-by-side table in Markdown; a ``release`` column appears when one editor has several releases."""
+    releases_per_editor: dict[str, set[str]] = {}
+    for row in table:
+        releases_per_editor.setdefault(row["editor"], set()).add(row["release"])
+    with_release = any(len(r) > 1 for r in releases_per_editor.values())
+    columns = ["editor", *(["release"] if with_release else []), "edit_type", "model", "n"]
+    columns += [*ACCURACY_COLUMNS, *FIDELITY_COLUMNS]
     header = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n"
 
     def cell(value: Any) -> str:
@@ -267,41 +374,167 @@ def table_markdown(table: list[dict[str, Any]]) -> str:
             return "–"
         if isinstance(value, float):
             return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
-        return str(value)
+        return str(value).replace("|", "\\|")
 
     return header + "".join("| " + " | ".join(cell(row.get(c)) for c in columns) + " |\n" for row in table)
 
 
 def plot_fidelity(table: list[dict[str, Any]], path: Path) -> Path:
-    """One figure: per edit type, a bar per editor for each of the accuracy drop, CLIP image similarity, edge SSIM."""
-    import matplotlib
+    """One figure: per edit type, a bar per editor for each of the accuracy drop, CLIP image similarity, edge SSIM.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    With several models the accuracy bar is their mean. A missing value (no eval results, no CLIP) is no bar.
+    """
+    from .plots import _figure, _plain, _pyplot
 
     panels = [
-        ("paired_delta_acc1", "Δ acc@1 (pp, paired)"),
+        ("paired_delta_acc1", "paired Δ acc@1 (points; mean over models)"),
         ("clip_image", "CLIP image similarity"),
         ("edge_ssim", "SSIM of Canny edges"),
     ]
     editors = sorted({r["editor"] for r in table})
     edit_types = sorted({r["edit_type"] for r in table}, key=lambda t: (t == "all", t))
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
+    fig, axes = _figure(nrows=1, ncols=len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
     width = 0.8 / max(len(editors), 1)
     for ax, (column, title) in zip(axes[0], panels, strict=True):
         for i, editor in enumerate(editors):
-            values = []
-            for edit_type in edit_types:
-                cells = [r[column] for r in table if r["editor"] == editor and r["edit_type"] == edit_type]
-                values.append(_mean(cells) or 0.0)
-            ax.bar([x + i * width for x in range(len(edit_types))], values, width, label=editor)
+            xs, values = [], []
+            for x, edit_type in enumerate(edit_types):
+                value = _mean([r[column] for r in table if r["editor"] == editor and r["edit_type"] == edit_type])
+                if value is not None:
+                    xs.append(x + i * width)
+                    values.append(value)
+            ax.bar(xs, values, width, label=_plain(editor))
         ax.set_xticks([x + width * (len(editors) - 1) / 2 for x in range(len(edit_types))], edit_types, rotation=30)
+        ax.axhline(0, color="black", linewidth=0.6)
         ax.set_title(title)
     axes[0][0].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _pyplot().close(fig)
     return path
+
+
+def _clip_description(clip) -> dict[str, Any] | None:
+    if clip is None:
+        return None
+    try:
+        described = clip.describe()
+    except Exception:  # a description must never lose the table
+        return {"model": str(getattr(clip, "model", "?"))}
+    return {k: v for k, v in described.items() if k in ("model", "pretrained", "revision", "weights_sha256")}
+
+
+def side_by_side(
+    releases: list[Any],
+    output: Path,
+    *,
+    results_by_release: dict[str, list[dict[str, Any]]] | None = None,
+    labels: list[str] | None = None,
+    clip=None,
+    masks_dir: Path | None = None,
+) -> list[dict[str, Any]]:
+    """THE side-by-side of several releases of the same source images (used by ``lance-cf eval`` with several
+    ``--release`` and by ``lance-cf compare-editors``): measures every counterfactual, joins the eval results, and
+    writes ``fidelity.md`` (the table), ``fidelity.csv``, ``fidelity.json`` (table, releases, CLIP model),
+    ``fidelity.png`` (the plot), ``fidelity.html`` (table and plot) and ``fidelity_samples.csv`` (one row per
+    counterfactual) into ``output``.
+
+    Args:
+        releases: Opened releases (``evaluation.release_reader.Release``), at least two.
+        output: Folder for the files (created).
+        results_by_release: eval results per release label (see :func:`fidelity_table`).
+        labels: Names of the releases in the table (default :func:`release_labels`).
+        clip: A loaded ``ClipScorer`` for the CLIP image similarity, or None (column empty).
+        masks_dir: Object masks for the background PSNR, or None (column empty).
+
+    Returns:
+        The table rows.
+
+    Raises:
+        ValueError: (one line) fewer than two releases, or releases that share no source image.
+    """
+    import csv
+
+    if len(releases) < 2:
+        raise ValueError("the side-by-side needs at least two releases (the same source images, two editors)")
+    labels = labels or release_labels(releases)
+    common = shared_sources(releases, labels)
+    rows = []
+    counts = {}
+    for release, label in zip(releases, labels, strict=True):
+        release_rows = release_fidelity(release, clip=clip, masks_dir=masks_dir, label=label)
+        counts[label] = len({r["source_key"] for r in release_rows})
+        rows += release_rows
+    table = fidelity_table(rows, results_by_release)
+    output.mkdir(parents=True, exist_ok=True)
+    for name, data in (("fidelity.csv", table), ("fidelity_samples.csv", rows)):
+        with open(output / name, "w", newline="", encoding="utf-8") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(data[0]))
+            writer.writeheader()
+            writer.writerows(data)
+    note = (
+        f"Source images with counterfactuals in every release: {len(common)} "
+        f"({', '.join(f'{label}: {n}' for label, n in counts.items())}). Each release's numbers are over all of its "
+        "own counterfactuals. paired_delta_acc1: counterfactual minus original top-1, points (negative = the edits "
+        "cost accuracy); clip_image, edge_ssim, background_psnr: counterfactual against its source image."
+    )
+    markdown = table_markdown(table)
+    (output / "fidelity.md").write_text(f"{note}\n\n{markdown}", encoding="utf-8")
+    plot_fidelity(table, output / "fidelity.png")
+    summary = {
+        "releases": [
+            {"label": label, "name": r.name, "version": r.version, "manifest_sha256": r.manifest_sha256}
+            for r, label in zip(releases, labels, strict=True)
+        ],
+        "shared_sources": len(common),
+        "sources_with_counterfactuals": counts,
+        "clip": _clip_description(clip),
+        "masks": masks_dir is not None,
+        "table": table,
+    }
+    (output / "fidelity.json").write_text(json.dumps(summary, indent=2, allow_nan=False), encoding="utf-8")
+    _write_html(output / "fidelity.html", note, table)
+    return table
+
+
+def _write_html(path: Path, note: str, table: list[dict[str, Any]]) -> None:
+    import html
+
+    columns = ["editor", "release", "edit_type", "model", "n", *ACCURACY_COLUMNS, *FIDELITY_COLUMNS]
+
+    def cell(value: Any) -> str:
+        if value is None:
+            return "–"
+        return html.escape(f"{value:.3f}" if isinstance(value, float) else str(value))
+
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{cell(row.get(c))}</td>" for c in columns) + "</tr>" for row in table)
+    path.write_text(
+        "<!doctype html><html><head><meta charset='utf-8'><title>Editors side by side</title>"
+        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}</style></head><body>"
+        f"<h1>Editors side by side</h1><p>{html.escape(note)}</p><table><tr>{head}</tr>{body}</table>"
+        "<p><img src='fidelity.png' alt='accuracy drop and fidelity per edit type and editor'></p></body></html>",
+        encoding="utf-8",
+    )
+
+
+def load_side_by_side_clip(model: str, pretrained: str | None, device: str):
+    """The CLIP scorer of the CLIP image similarity, loaded; a model that cannot be loaded is one line (ValueError)."""
+    from lance_pipeline.clip_gates import ClipScorer
+
+    pretrained = None if pretrained is None or str(pretrained).lower() == "none" else pretrained
+    try:
+        clip = ClipScorer(model=model, pretrained=pretrained)
+        clip.load(device)
+    except (OSError, RuntimeError, ValueError) as error:
+        first_line = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
+        raise ValueError(
+            f"side by side: CLIP model {model!r} ({pretrained or 'no tag'}) could not be loaded "
+            f"({type(error).__name__}: {first_line}); pass a local open_clip directory with --clip-model DIR, or "
+            "--no-clip-similarity"
+        ) from error
+    return clip
 
 
 def compare_editors(
@@ -312,82 +545,76 @@ def compare_editors(
     clip=None,
     masks_dir: Path | None = None,
 ) -> list[dict[str, Any]]:
-    """The side-by-side table of several releases of the same source images; writes it (CSV, Markdown, plot).
+    """:func:`side_by_side` of releases given by spec, with eval results read from ``results_paths``.
 
     Returns:
         The table rows (see :func:`fidelity_table`).
     """
-    import csv
-
     from evaluation.release_reader import open_release
 
     if len(release_specs) < 2:
         raise ValueError("compare-editors needs at least two --release (the same source images, two editors)")
     releases = [open_release(spec) for spec in release_specs]
-    names = [r.name for r in releases]
-    if len(set(names)) != len(names):
-        raise ValueError(f"the releases must have distinct names to be told apart, got {names}")
-    rows = []
-    source_sets = []
-    for release in releases:
-        release_rows = release_fidelity(release, clip=clip, masks_dir=masks_dir)
-        rows += release_rows
-        source_sets.append({r["source_key"] for r in release_rows})
-    common = set.intersection(*source_sets) if source_sets else set()
-    if not common:
-        raise ValueError(f"releases {names} share no source image with a counterfactual: nothing to compare")
+    labels = release_labels(releases)
     results = load_results(results_paths or [])
-    table = fidelity_table(rows, results)
-    output.mkdir(parents=True, exist_ok=True)
-    for name, data in (("fidelity.csv", table), ("fidelity_samples.csv", rows)):
-        with open(output / name, "w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=list(data[0]))
-            writer.writeheader()
-            writer.writerows(data)
-    (output / "fidelity.md").write_text(
-        f"Source images with counterfactuals in every release: {len(common)}\n\n" + table_markdown(table)
-    )
-    plot_fidelity(table, output / "fidelity.png")
-    return table
+    by_release = {label: results_of_release(r, results) for r, label in zip(releases, labels, strict=True)}
+    return side_by_side(releases, output, results_by_release=by_release, labels=labels, clip=clip, masks_dir=masks_dir)
 
 
 # ---------------------------------------------------------------------------------------------- CLI
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``compare-editors`` subcommand."""
+    """Add the ``compare-editors`` subcommand (the side-by-side of ``lance-cf eval`` without evaluating models)."""
     p = subparsers.add_parser(
         "compare-editors",
-        help="side by side: image fidelity and accuracy drop of two editors' releases",
+        help="side by side from existing eval outputs (or fidelity only): `lance-cf eval --release A --release B` "
+        "evaluates and writes the same table",
         description=(
-            "Compare releases of the same source images made with different editors (prompt-to-prompt, ControlNet): "
-            "per editor and edit type, CLIP image similarity to the source, SSIM of Canny edges, background PSNR "
-            "(with --masks) and, from `lance-cf eval` outputs (--results), the paired accuracy drop and flip rate. "
-            "Writes fidelity.csv, fidelity.md, fidelity.png and fidelity_samples.csv."
+            "The side-by-side table of `lance-cf eval --release A --release B`, without evaluating any model: per "
+            "editor and edit type, the image fidelity (CLIP image similarity, SSIM of Canny edges, background PSNR "
+            "with --masks) of two or more releases of the same source images and, from earlier `lance-cf eval` "
+            "outputs (--results), the paired accuracy drop and flip rate. Writes fidelity.md, fidelity.csv, "
+            "fidelity.json, fidelity.png, fidelity.html and fidelity_samples.csv."
         ),
     )
     p.add_argument("--release", action="append", required=True, help="release directory or Hub id (twice or more)")
     p.add_argument("--results", action="append", type=Path, default=[], help="`lance-cf eval` output dir (repeat)")
     p.add_argument("--output", required=True, type=Path, help="output directory")
-    p.add_argument("--masks", type=Path, help="folder of SOURCE_KEY.png object masks (non-zero = object)")
+    add_side_by_side_arguments(p, no_clip_aliases=("--no-clip",))
     p.add_argument("--clip-model", default="ViT-L-14", help="open_clip model for the CLIP image similarity")
     p.add_argument("--clip-pretrained", default="openai", help="its pretrained tag (None for a directory)")
-    p.add_argument("--no-clip", action="store_true", help="skip the CLIP image similarity (no model is loaded)")
     p.add_argument("--device", default="cpu", help="device of the CLIP model")
     p.set_defaults(func=run_compare_editors)
 
 
-def run_compare_editors(args: argparse.Namespace) -> int:
-    clip = None
-    if not args.no_clip:
-        from lance_pipeline.clip_gates import ClipScorer
+def add_side_by_side_arguments(parser: argparse.ArgumentParser, no_clip_aliases: tuple[str, ...] = ()) -> None:
+    """The options the side-by-side adds (shared by ``eval`` and ``compare-editors``)."""
+    parser.add_argument(
+        "--masks",
+        type=Path,
+        help="side by side: folder of SOURCE_KEY.png object masks (non-zero = object) for the background PSNR",
+    )
+    parser.add_argument(
+        "--no-clip-similarity",
+        *no_clip_aliases,
+        dest="no_clip_similarity",
+        action="store_true",
+        help="side by side: skip the CLIP image similarity (no CLIP model is loaded for it)",
+    )
 
-        pretrained = None if str(args.clip_pretrained).lower() == "none" else args.clip_pretrained
-        clip = ClipScorer(model=args.clip_model, pretrained=pretrained)
-        clip.load(args.device)
-    if args.masks is not None and not args.masks.is_dir():
-        raise ValueError(f"--masks {args.masks}: not a directory")
+
+def check_masks(masks: Path | None) -> None:
+    if masks is not None and not masks.is_dir():
+        raise ValueError(f"--masks {masks}: not a directory; give the folder of SOURCE_KEY.png object masks")
+
+
+def run_compare_editors(args: argparse.Namespace) -> int:
+    check_masks(args.masks)
+    clip = None
+    if not args.no_clip_similarity:
+        clip = load_side_by_side_clip(args.clip_model, args.clip_pretrained, args.device)
     table = compare_editors(args.release, args.output, results_paths=args.results, clip=clip, masks_dir=args.masks)
     print(table_markdown(table))
-    print(f"wrote {args.output}/fidelity.csv, fidelity.md, fidelity.png")
+    print(f"wrote {args.output}/fidelity.md, fidelity.csv, fidelity.json, fidelity.png, fidelity.html")
     return 0

@@ -1,4 +1,5 @@
-"""Editors side by side: SSIM, edge SSIM, background PSNR, the per-editor table and plot, `lance-cf compare-editors`."""
+"""Editors side by side: SSIM, edge SSIM, background PSNR, the per-editor table and plot, through `lance-cf eval` with
+two releases and through `lance-cf compare-editors`."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ import math
 
 import numpy as np
 import pytest
-from builder_helpers import cli
 from PIL import Image
 from release_fixture import write_manifest, write_release
 
+from builder.cli import main
 from evaluation.fidelity import background_psnr, compare_editors, edge_ssim, release_fidelity, ssim
 from evaluation.release_reader import open_release
 
@@ -51,8 +52,12 @@ def test_edge_ssim_and_background_psnr():
         background_psnr(image, image, np.ones((8, 8)))
 
 
-def _editor_release(root, name: str, stage_type: str):
-    write_release(root, name=name, configs=("original", "counterfactual"), label_names=["a", "b", "c"], labels=(0, 1))
+def _editor_release(root, name: str, stage_type: str, seed: int = 0, labels=(0, 1)):
+    # The same source keys (src-LABEL-I) in every release of these labels; another seed draws other pixels, so that the
+    # two editors' numbers differ and a mix-up between them shows.
+    write_release(
+        root, name=name, configs=("original", "counterfactual"), label_names=["a", "b", "c"], labels=labels, seed=seed
+    )
     manifest = json.loads((root / "manifest.json").read_text())
     del manifest["manifest_sha256"]
     manifest["stages"]["edit"] = {"type": stage_type}
@@ -64,7 +69,7 @@ def _editor_release(root, name: str, stage_type: str):
 def two_releases(tmp_path_factory):
     root = tmp_path_factory.mktemp("editors")
     p2p = _editor_release(root / "p2p", "lance-fixture", "prompt_to_prompt_edit")
-    controlnet = _editor_release(root / "controlnet", "lance-fixture-controlnet", "controlnet_edit")
+    controlnet = _editor_release(root / "controlnet", "lance-fixture-controlnet", "controlnet_edit", seed=1)
     results = root / "eval" / "m" / "results.json"
     results.parent.mkdir(parents=True)
     results.write_text(
@@ -110,15 +115,21 @@ def test_release_fidelity_rows_match_direct_computation(two_releases, tmp_path):
     assert all(r["clip_image"] is None for r in rows)
 
 
-@pytest.mark.e2e
-def test_compare_editors_table_plot_and_cli(two_releases, tmp_path):
+@pytest.fixture(scope="module")
+def tiny_clip(tmp_path_factory):
     from lance_pipeline.clip_gates import ClipScorer
     from lance_pipeline.tiny_clip_components import create_tiny_open_clip
 
-    p2p, controlnet, results = two_releases
-    clip = ClipScorer(model=str(create_tiny_open_clip(tmp_path / "clip")), pretrained=None)
+    directory = create_tiny_open_clip(tmp_path_factory.mktemp("clip") / "clip")
+    clip = ClipScorer(model=str(directory), pretrained=None)
     clip.load("cpu")
-    table = compare_editors([str(p2p), str(controlnet)], tmp_path / "out", results_paths=[results], clip=clip)
+    return directory, clip
+
+
+@pytest.mark.e2e
+def test_compare_editors_table_plot_and_cli(two_releases, tiny_clip, tmp_path, capsys):
+    p2p, controlnet, results = two_releases
+    table = compare_editors([str(p2p), str(controlnet)], tmp_path / "out", results_paths=[results], clip=tiny_clip[1])
     editors = {r["editor"] for r in table}
     assert editors == {"prompt_to_prompt", "controlnet"}
     subject = next(r for r in table if r["editor"] == "controlnet" and r["edit_type"] == "subject")
@@ -128,21 +139,73 @@ def test_compare_editors_table_plot_and_cli(two_releases, tmp_path):
     p2p_all = next(r for r in table if r["editor"] == "prompt_to_prompt" and r["edit_type"] == "all")
     assert p2p_all["model"] is None and p2p_all["paired_delta_acc1"] is None  # no eval results for that release
     assert -1.0 <= p2p_all["clip_image"] <= 1.0 and 0.0 < p2p_all["edge_ssim"] <= 1.0
-    for name in ("fidelity.csv", "fidelity.md", "fidelity.png", "fidelity_samples.csv"):
+    for name in ("fidelity.csv", "fidelity.md", "fidelity.png", "fidelity_samples.csv", "fidelity.json"):
         assert (tmp_path / "out" / name).stat().st_size > 0
     assert "| controlnet | subject | m |" in (tmp_path / "out" / "fidelity.md").read_text()
-    proc = cli(
-        "compare-editors",
-        "--release",
-        str(p2p),
-        "--release",
-        str(controlnet),
-        "--no-clip",
-        "--results",
-        str(results),
-        "--output",
-        str(tmp_path / "cli"),
-    )
-    assert "| controlnet | subject | m |" in proc.stdout
-    refused = cli("compare-editors", "--release", str(p2p), "--no-clip", "--output", str(tmp_path / "x"), check=False)
-    assert refused.returncode == 2 and "at least two --release" in refused.stderr
+    assert json.loads((tmp_path / "out" / "fidelity.json").read_text())["table"] == table
+    argv = ["compare-editors", "--release", str(p2p), "--release", str(controlnet), "--no-clip"]
+    assert main([*argv, "--results", str(results), "--output", str(tmp_path / "cli")]) == 0
+    assert "| controlnet | subject | m |" in capsys.readouterr().out
+    assert main(["compare-editors", "--release", str(p2p), "--no-clip", "--output", str(tmp_path / "x")]) == 2
+    assert "at least two --release" in capsys.readouterr().err
+
+
+def _eval_argv(releases, output, clip_dir, class_map) -> list[str]:
+    argv = ["eval", "--model", "test_vit", "--no-pretrained", "--class-map", str(class_map), "--output", str(output)]
+    argv += ["--no-insights", "--no-report", "--bootstrap", "0", "--workers", "0", "--device", "cpu"]
+    argv += ["--clip-model", str(clip_dir), "--clip-pretrained", "none"]
+    for release in releases:
+        argv += ["--release", str(release)]
+    return argv
+
+
+@pytest.mark.e2e
+def test_eval_of_two_releases_prints_and_writes_the_side_by_side(two_releases, tiny_clip, tmp_path, capsys):
+    p2p, controlnet, _ = two_releases
+    class_map = tmp_path / "map.txt"
+    class_map.write_text("0\n1\n2\n")
+    # One release: the layout and output of today (OUTPUT/<model>/), no side by side.
+    assert main(_eval_argv([p2p], tmp_path / "one", tiny_clip[0], class_map)) == 0
+    assert "side by side" not in capsys.readouterr().out
+    single = json.loads((tmp_path / "one" / "test_vit__random" / "results.json").read_text())
+    assert sorted(p.name for p in (tmp_path / "one").iterdir()) == ["test_vit__random"]
+
+    out = tmp_path / "two"
+    assert main(_eval_argv([p2p, controlnet], out, tiny_clip[0], class_map)) == 0
+    printed = capsys.readouterr().out
+    results = {
+        label: json.loads((out / label / "test_vit__random" / "results.json").read_text())
+        for label in ("lance-fixture", "lance-fixture-controlnet")
+    }
+    # Each release is evaluated as a one-release run would evaluate it.
+    assert results["lance-fixture"]["metrics"] == single["metrics"]
+    assert results["lance-fixture"]["sensitivity"] == single["sensitivity"]
+    saved = json.loads((out / "side_by_side" / "fidelity.json").read_text())
+    table = saved["table"]
+    edit_types = {r["edit_type"] for r in release_fidelity(open_release(p2p))} & {
+        r["edit_type"] for r in release_fidelity(open_release(controlnet))
+    }
+    assert len(edit_types) == 6
+    for editor, label in (("prompt_to_prompt", "lance-fixture"), ("controlnet", "lance-fixture-controlnet")):
+        for edit_type in edit_types:
+            row = next(r for r in table if (r["editor"], r["edit_type"]) == (editor, edit_type))
+            assert f"| {editor} | {edit_type} | test_vit (random weights) | 2 |" in printed
+            stats = results[label]["sensitivity"]["by_edit_type"][edit_type]
+            assert (row["paired_delta_acc1"], row["flip_rate"]) == (stats["paired_delta_acc1"], stats["flip_rate"])
+            assert row["clip_image"] is not None and row["edge_ssim"] is not None
+    # The same numbers as the fidelity module computes from the same releases and results (compare-editors' path).
+    expected = compare_editors([str(p2p), str(controlnet)], tmp_path / "cmp", results_paths=[out], clip=tiny_clip[1])
+    assert table == expected
+    assert saved["shared_sources"] == 4 and saved["clip"]["model"]
+    assert (out / "side_by_side" / "fidelity.png").stat().st_size > 0
+    assert (out / "side_by_side" / "fidelity.md").read_text().count("\n| ") == len(table) + 1
+
+
+def test_eval_of_releases_without_a_shared_source_is_one_line_before_any_output(two_releases, tmp_path, capsys):
+    p2p, _, _ = two_releases
+    other = _editor_release(tmp_path / "other", "lance-other", "controlnet_edit", labels=(2,))
+    argv = ["eval", "--release", str(p2p), "--release", str(other), "--model", "test_vit", "--no-pretrained"]
+    assert main([*argv, "--output", str(tmp_path / "out"), "--device", "cpu"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "lance-fixture, lance-other share no source image" in error
+    assert "same --source" in error and not (tmp_path / "out").exists()
