@@ -1,43 +1,16 @@
-"""Explicit registries of things chosen by name (sources, stages), with lazy ``"module:attr"`` targets.
+"""The builder's registries of things chosen by name (stages, editors, inversion methods, demo components, engines,
+sources), with lazy ``"module:attr"`` targets.
 
-Registering a name never imports its target, so ``import builder`` and ``lance-cf --help`` stay fast and never pull
-in diffusers or transformers (the pattern of lm-evaluation-harness' registries). An unknown name fails with a
-"did you mean" hint.
+The ``Registry`` class itself is :class:`lance_pipeline.registry.Registry` (re-exported here), shared with
+evaluation's metrics. Registering a name never imports its target, so ``import builder`` and ``lance-cf --help``
+stay fast and never pull in diffusers or transformers. An unknown name fails with a "did you mean" hint.
 """
 
 from __future__ import annotations
 
-import difflib
-import importlib
-from typing import Any
+from lance_pipeline.registry import Registry
 
-
-class Registry:
-    def __init__(self, kind: str, entries: dict[str, str] | None = None):
-        self.kind = kind
-        self._targets: dict[str, str] = dict(entries or {})
-
-    def register(self, name: str, target: str) -> None:
-        if ":" not in target:
-            raise ValueError(f"{self.kind} {name!r}: target must look like 'package.module:attr', got {target!r}")
-        self._targets[name] = target
-
-    def names(self) -> list[str]:
-        return sorted(self._targets)
-
-    def target(self, name: str) -> str:
-        if name not in self._targets:
-            close = difflib.get_close_matches(name, self._targets, n=3)
-            hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-            raise ValueError(f"unknown {self.kind} {name!r} (known: {', '.join(self.names())}){hint}")
-        return self._targets[name]
-
-    def resolve(self, name: str) -> Any:
-        """The registered object; a ``package.module:attr`` name is imported directly (custom stages, sources)."""
-        target = name if ":" in name else self.target(name)
-        module_name, attr = target.split(":", 1)
-        module = importlib.import_module(module_name)
-        return getattr(module, attr)
+__all__ = ["DEMO_COMPONENTS", "EDITORS", "ENGINES", "INVERSIONS", "SOURCES", "STAGES", "Registry"]
 
 
 # Method stages: the ``type`` of a stage in a build config. Targets live in lance_pipeline/.
