@@ -10,6 +10,7 @@ import logging
 import sys
 from pathlib import Path
 
+from .metric_registry import parse_metric_names
 from .results import AMP_DTYPES, MODEL_DTYPES
 
 logger = logging.getLogger(__name__)
@@ -101,6 +102,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=Path,
         help="model output index for each release label: a text file (one integer a line) or JSON {label: index}",
     )
+    p.add_argument(
+        "--metrics",
+        metavar="LIST",
+        help="comma-separated registered metrics to compute (accuracy is always computed); default: every default "
+        "metric (docs/evaluation.md lists them)",
+    )
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for 95%% intervals (0: none)")
     p.add_argument(
         "--seed", type=int, default=0, help="seed of the bootstrap, K-Means and --no-pretrained weights (default 0)"
@@ -181,6 +188,7 @@ def run_eval(args: argparse.Namespace) -> int:
     _check_positive("--clusters", args.clusters)
     if args.limit is not None:
         _check_positive("--limit", args.limit)
+    metrics = parse_metric_names(args.metrics) if args.metrics is not None else None
     if args.checkpoint is not None and args.no_pretrained:
         raise ValueError("--checkpoint and --no-pretrained exclude each other (a checkpoint already sets the weights)")
     if args.class_map is not None and not args.class_map.is_file():
@@ -236,6 +244,7 @@ def run_eval(args: argparse.Namespace) -> int:
         report=not args.no_report,
         gallery_size=args.gallery_size,
         force=args.force,
+        metrics=metrics,
     )
     where = ", ".join(devices) if devices else device
     labels = side_by_side["labels"] if side_by_side else [None]

@@ -4,7 +4,8 @@ For each model: build it (:mod:`evaluation.models`), resolve its own data config
 (``resolve_data_config`` / ``create_transform``, as timm's validate.py does), stream every config's shards through a
 ``torch.utils.data.DataLoader`` (worker processes decode and transform, pinned memory on CUDA), and keep per sample
 only what the metrics need: p(y_GT) over the full softmax, top-1/top-5 correctness and the top-5 predictions.
-Metrics are then computed by :mod:`evaluation.metrics`, class-level insights by :mod:`evaluation.insights`.
+Metrics are then computed by the registered metrics (:mod:`evaluation.metric_registry`; ``--metrics`` selects them),
+class-level insights by :mod:`evaluation.insights`.
 """
 
 from __future__ import annotations
@@ -71,30 +72,44 @@ class EvalOptions:
     force: bool = False
     # evaluate different models in parallel, one worker process per device (cuda:0,cuda:1 or cpu,cpu)
     devices: list[str] | None = None
+    # registered metrics to compute (evaluation.metric_registry.METRICS); None: the default ones
+    metrics: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.metrics is not None:
+            from .metric_registry import default_metric_names, select_metrics
+
+            # run order, required ones added; the default selection is None so that its run key stays the same
+            selected = select_metrics(list(self.metrics))
+            self.metrics = None if selected == default_metric_names() else selected
 
     def result_options(self) -> dict[str, Any]:
         """Every option that changes the numbers in a results JSON (recorded, and part of the skip-if-done key).
 
         Device, batch size and DataLoader workers are left out: they change floating-point rounding at most.
         """
-        return {
-            "amp": self.amp,
-            "amp_dtype": self.amp_dtype if self.amp else None,
-            "model_dtype": self.model_dtype,
-            "channels_last": self.channels_last,
-            "torchcompile": self.torchcompile,
-            "tf32": self.tf32,
-            "limit": self.limit,
-            "verify": self.verify,
-            "bootstrap": self.bootstrap,
-            "seed": self.seed,
-            "insights": self.insights,
-            "clip_model": self.clip_model if self.insights else None,
-            "clip_pretrained": self.clip_pretrained if self.insights else None,
-            "clusters": self.insight_k if self.insights else None,
-            "top_clusters": self.insight_top if self.insights else None,
-        } | ({"min_per_class": self.min_per_class} if self.min_per_class != 5 else {})
-        # min_per_class only when it differs from the paper's 5, so that earlier runs keep their run key
+        return (
+            {
+                "amp": self.amp,
+                "amp_dtype": self.amp_dtype if self.amp else None,
+                "model_dtype": self.model_dtype,
+                "channels_last": self.channels_last,
+                "torchcompile": self.torchcompile,
+                "tf32": self.tf32,
+                "limit": self.limit,
+                "verify": self.verify,
+                "bootstrap": self.bootstrap,
+                "seed": self.seed,
+                "insights": self.insights,
+                "clip_model": self.clip_model if self.insights else None,
+                "clip_pretrained": self.clip_pretrained if self.insights else None,
+                "clusters": self.insight_k if self.insights else None,
+                "top_clusters": self.insight_top if self.insights else None,
+            }
+            | ({"min_per_class": self.min_per_class} if self.min_per_class != 5 else {})
+            | ({"metrics": self.metrics} if self.metrics is not None else {})
+        )
+        # min_per_class and metrics only when they differ from the defaults, so that earlier runs keep their run key
 
 
 class ShardSampleDataset(torch.utils.data.IterableDataset):
@@ -510,7 +525,6 @@ def evaluate_model(
     from timm.data import resolve_data_config
 
     from .insights import summarize_clusters
-    from .interfaces import is_interfaces_configs, shift_metrics
     from .metrics import compute_metrics
 
     model = create_eval_model(spec)
@@ -521,7 +535,16 @@ def evaluate_model(
     failures = timing.pop("failures")
     if not rows:
         raise ValueError(f"no sample of the release could be scored ({len(failures)} failed; first: {failures[0]})")
-    computed = compute_metrics(rows, release.label_names, n_boot=options.bootstrap, seed=options.seed)
+    # the selected registered metrics (evaluation.metric_registry), in registration order
+    computed = compute_metrics(
+        rows,
+        release.label_names,
+        n_boot=options.bootstrap,
+        seed=options.seed,
+        metrics=options.metrics,
+        min_per_class=options.min_per_class,
+        release_configs=list(release.configs),
+    )
     results: dict[str, Any] = {
         "schema": RESULTS_SCHEMA,
         "schema_version": RESULTS_SCHEMA_VERSION,
@@ -554,11 +577,6 @@ def evaluate_model(
         "failures": failures,
         **computed,
     }
-    if is_interfaces_configs(release.configs):
-        # generated images are not paired: the paper's per-shift metric replaces the paired LANCE metrics
-        results["interfaces"] = shift_metrics(
-            rows, release.label_names, min_per_class=options.min_per_class, n_boot=options.bootstrap, seed=options.seed
-        )
     if edit_clusters is not None:
         results["insights"] = summarize_clusters(edit_clusters, rows, top=options.insight_top)
     return results, rows
@@ -594,7 +612,14 @@ def is_done(path: Path, release: Release, spec: ModelSpec, options: EvalOptions)
         previous = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         return False
-    return previous.get("status") == "ok" and (previous.get("run") or {}).get("key") == run_key(release, spec, options)
+    if previous.get("status") != "ok" or (previous.get("run") or {}).get("key") != run_key(release, spec, options):
+        return False
+    # a metric whose version changed since (its numbers would differ) is computed again
+    from .metric_registry import METRICS, metric_versions
+
+    computed = previous.get("computed_metrics") or {}  # absent before results schema 3
+    current = metric_versions([name for name in computed if name in METRICS])
+    return all(current.get(name) == version for name, version in computed.items())
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .metric_registry import Metric, MetricContext
 from .shift_metrics import MIN_PER_CLASS, per_class_accuracy, shift_accuracy_drop
 
 BASE_CONFIG = "base"
@@ -65,6 +66,33 @@ def shift_metrics(
         "base_by_class": base_classes,
         "shifts": shifts,
     }
+
+
+class ShiftAccuracyDrop(Metric):
+    """The registered metric of an interfaces release (``METRICS["shift_accuracy_drop"]``): :func:`shift_metrics`."""
+
+    name = "shift_accuracy_drop"
+    version = "1"
+    description = (
+        "Interfaces releases (a base config, no original): per shift, the mean per-class top-1 accuracy over classes "
+        "with at least --min-per-class images there, and its drop against base over the same classes, with a 95% "
+        "bootstrap interval over classes (Vendrow et al. 2023)."
+    )
+    needs = ("config", "label", "correct1")
+    produces = ("interfaces",)
+
+    def applies(self, context: MetricContext) -> bool:
+        return is_interfaces_configs(context.release_configs)
+
+    def compute(self, context: MetricContext) -> dict[str, Any]:
+        section = shift_metrics(
+            context.rows,
+            context.label_names,
+            min_per_class=context.min_per_class,
+            n_boot=context.n_boot,
+            seed=context.seed,
+        )
+        return {"interfaces": section}
 
 
 def validate_interfaces(section: Any) -> None:

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from .metric_registry import Metric, MetricContext
+
 NONE_EDIT_TYPE = "none"
 
 
@@ -38,28 +40,6 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def _group_stats(pairs: Any) -> dict[str, Any]:
-    """Sensitivity statistics of a table of pairs (columns of the counterfactual and ``*_orig`` of its original)."""
-    n = len(pairs)
-    delta_p = (pairs["p_gt_orig"].to_numpy() - pairs["p_gt"].to_numpy()) * 100.0
-    base = pairs["correct1_orig"].to_numpy(dtype=bool)
-    flips = base & ~pairs["correct1"].to_numpy(dtype=bool)
-    return {
-        "n": int(n),
-        "acc1": _pct(pairs["correct1"]),
-        "acc5": _pct(pairs["correct5"]),
-        "orig_acc1": _pct(pairs["correct1_orig"]),
-        "orig_acc5": _pct(pairs["correct5_orig"]),
-        "paired_delta_acc1": _pct(pairs["correct1"].to_numpy(float) - pairs["correct1_orig"].to_numpy(float)),
-        "paired_delta_acc5": _pct(pairs["correct5"].to_numpy(float) - pairs["correct5_orig"].to_numpy(float)),
-        "delta_p_gt_mean": float(delta_p.mean()) if n else None,
-        "delta_p_gt_abs_mean": float(np.abs(delta_p).mean()) if n else None,
-        "flip_rate": float(flips.sum() / base.sum() * 100.0) if base.sum() else None,
-        "flips": int(flips.sum()),
-        "n_flip_base": int(base.sum()),
-    }
-
-
 class ClusterBootstrap:
     """Percentile bootstrap over source images (clusters), vectorised as multinomial weights over cluster sums.
 
@@ -67,6 +47,8 @@ class ClusterBootstrap:
     ``rng = numpy.random.default_rng(seed)``, clusters being the sorted distinct ``source_key`` values. A ratio
     statistic ``sum(x) / sum(n)`` is then ``(W @ x_g) / (W @ n_g)`` with ``W[b, g]`` the times cluster ``g`` was drawn.
     """
+
+    BLOCK = 4
 
     def __init__(self, clusters: list[str], n_boot: int, seed: int, level: float = 95.0, chunk: int = 200) -> None:
         self.clusters = clusters
@@ -83,21 +65,33 @@ class ClusterBootstrap:
         return out
 
     def replicate_ratios(self, numerators: list[np.ndarray], denominators: list[np.ndarray]) -> list[np.ndarray]:
-        """Bootstrap replicates of several ratio statistics at once (same draws for all)."""
+        """Bootstrap replicates of several ratio statistics at once (same draws for all).
+
+        The weighted sums run in matrix products of exactly ``BLOCK`` columns (zero-padded): a BLAS product's
+        rounding can depend on how many columns it has, and this keeps each statistic's replicates the same bits
+        whichever other statistics (metrics) are computed beside it.
+        """
         g = len(self.clusters)
-        num = np.stack(numerators, axis=1)
-        den = np.stack(denominators, axis=1)
-        out_num = np.empty((self.n_boot, num.shape[1]))
-        out_den = np.empty((self.n_boot, num.shape[1]))
+        k = len(numerators)
+        width = -(-k // self.BLOCK) * self.BLOCK
+        num = np.zeros((g, width))
+        den = np.zeros((g, width))
+        num[:, :k] = np.stack(numerators, axis=1)
+        den[:, :k] = np.stack(denominators, axis=1)
+        out_num = np.empty((self.n_boot, width))
+        out_den = np.empty((self.n_boot, width))
         for start in range(0, self.n_boot, self._chunk):
             draws = self._draws[start : start + self._chunk]
             weights = np.zeros((draws.shape[0], g))
             np.add.at(weights, (np.repeat(np.arange(draws.shape[0]), g), draws.ravel()), 1.0)
-            out_num[start : start + len(draws)] = weights @ num
-            out_den[start : start + len(draws)] = weights @ den
+            rows = slice(start, start + len(draws))
+            for block in range(0, width, self.BLOCK):
+                columns = slice(block, block + self.BLOCK)
+                out_num[rows, columns] = weights @ num[:, columns]
+                out_den[rows, columns] = weights @ den[:, columns]
         with np.errstate(invalid="ignore", divide="ignore"):
             ratios = np.where(out_den > 0, out_num / np.where(out_den > 0, out_den, 1.0), np.nan)
-        return [ratios[:, i] for i in range(ratios.shape[1])]
+        return [ratios[:, i] for i in range(k)]
 
     def interval(self, replicates: np.ndarray) -> list[float] | None:
         finite = replicates[np.isfinite(replicates)]
@@ -116,16 +110,342 @@ def pair_with_originals(df: Any, config: str) -> Any:
     return sub.join(originals.add_suffix("_orig"), on="source_key", how="inner")
 
 
+# -- shared intermediates (one per run, whichever metrics ask first) ---------------------------------------------------
+def _bootstrap(context: MetricContext) -> ClusterBootstrap:
+    df = context.predictions
+    return context.cached(
+        "bootstrap", lambda: ClusterBootstrap(sorted(set(df["source_key"])), context.n_boot, context.seed)
+    )
+
+
+def _config_rows(context: MetricContext, config: str) -> Any:
+    df = context.predictions
+    return context.cached(("rows", config), lambda: df[df["config"] == config])
+
+
+def _accuracy_replicates(context: MetricContext, config: str) -> list[np.ndarray]:
+    """Bootstrap replicates of a config's acc@1 and acc@5 (fractions), from per-source-image sums."""
+
+    def replicates() -> list[np.ndarray]:
+        boot, sub = _bootstrap(context), _config_rows(context, config)
+        n = boot.sums(sub["source_key"], np.ones(len(sub)))
+        c1, c5 = boot.sums(sub["source_key"], sub["correct1"]), boot.sums(sub["source_key"], sub["correct5"])
+        return boot.replicate_ratios([c1, c5], [n, n])
+
+    return context.cached(("accuracy_replicates", config), replicates)
+
+
+def _paired_configs(context: MetricContext) -> list[str]:
+    return [c for c in context.configs if c != "original"] if "original" in context.configs else []
+
+
+def _pairs(context: MetricContext, config: str) -> Any:
+    return context.cached(("pairs", config), lambda: pair_with_originals(context.predictions, config))
+
+
+# -- acc@k and its drop ------------------------------------------------------------------------------------------------
+class Accuracy(Metric):
+    name = "accuracy"
+    version = "1"
+    description = (
+        "acc@1 and acc@5 (%) of every config with its sample count, per class too, and 95% bootstrap intervals over "
+        "source images."
+    )
+    needs = ("config", "source_key", "label", "correct1", "correct5")
+    produces = (
+        "metrics.*.n",
+        "metrics.*.acc1",
+        "metrics.*.acc5",
+        "metrics.*.by_class",
+        "metrics.*.acc1_ci",
+        "metrics.*.acc5_ci",
+    )
+
+    def compute(self, context: MetricContext) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for config in context.configs:
+            sub = _config_rows(context, config)
+            entry: dict[str, Any] = {"n": int(len(sub)), "acc1": _pct(sub["correct1"]), "acc5": _pct(sub["correct5"])}
+            entry["by_class"] = {
+                str(label): {
+                    "label_name": context.label_name(int(label)),
+                    "n": int(len(group)),
+                    "acc1": _pct(group["correct1"]),
+                    "acc5": _pct(group["correct5"]),
+                }
+                for label, group in sub.groupby("label", sort=True)
+            }
+            if context.n_boot > 0:
+                boot = _bootstrap(context)
+                acc1, acc5 = _accuracy_replicates(context, config)
+                entry["acc1_ci"] = boot.interval(acc1 * 100.0)
+                entry["acc5_ci"] = boot.interval(acc5 * 100.0)
+            out[config] = entry
+        return {"metrics": out}
+
+
+class AccuracyDrop(Metric):
+    name = "accuracy_drop"
+    version = "1"
+    description = (
+        "Delta acc@1 and acc@5 of every config against original (LANCE eq. 3), in points, per class too, with 95% "
+        "bootstrap intervals: a set-level difference (paired_accuracy_drop pairs each sample with its own original)."
+    )
+    needs = ("config", "source_key", "label", "correct1", "correct5")
+    produces = (
+        "metrics.*.delta_acc1",
+        "metrics.*.delta_acc5",
+        "metrics.*.delta_acc1_ci",
+        "metrics.*.delta_acc5_ci",
+        "metrics.*.by_class.*.delta_acc1",
+        "metrics.*.by_class.*.delta_acc5",
+    )
+
+    def applies(self, context: MetricContext) -> bool:
+        return bool(_paired_configs(context))
+
+    def compute(self, context: MetricContext) -> dict[str, Any]:
+        original = _config_rows(context, "original")
+        base = (_pct(original["correct1"]), _pct(original["correct5"]))
+        base_by_class = {
+            str(label): (_pct(g["correct1"]), _pct(g["correct5"])) for label, g in original.groupby("label", sort=True)
+        }
+        out: dict[str, Any] = {}
+        for config in _paired_configs(context):
+            sub = _config_rows(context, config)
+            entry: dict[str, Any] = {
+                "delta_acc1": _pct(sub["correct1"]) - base[0],
+                "delta_acc5": _pct(sub["correct5"]) - base[1],
+            }
+            if context.n_boot > 0:
+                boot = _bootstrap(context)
+                here, there = _accuracy_replicates(context, config), _accuracy_replicates(context, "original")
+                entry["delta_acc1_ci"] = boot.interval((here[0] - there[0]) * 100.0)
+                entry["delta_acc5_ci"] = boot.interval((here[1] - there[1]) * 100.0)
+            by_class = {}
+            for label, group in sub.groupby("label", sort=True):
+                orig = base_by_class.get(str(label))
+                by_class[str(label)] = {
+                    "delta_acc1": _pct(group["correct1"]) - orig[0] if orig else None,
+                    "delta_acc5": _pct(group["correct5"]) - orig[1] if orig else None,
+                }
+            entry["by_class"] = by_class
+            out[config] = entry
+        return {"metrics": out}
+
+
+# -- paired metrics: each sample against its own original ------------------------------------------------------------
+_PAIRED_GROUPS = ("overall", "by_edit_type.*", "by_class.*")
+
+
+def paired_declarations(
+    stats: tuple[str, ...], intervals: tuple[str, ...] = (), config_keys: tuple[str, ...] = ()
+) -> tuple[tuple[str, ...], str]:
+    """``produces`` and its docs summary for a :class:`PairedMetric`: its statistics in every pair group of every
+    paired config (the counterfactual config under ``sensitivity``, the others under ``sensitivity_by_config.<c>``)."""
+    produces = [f"metrics.*.{key}" for key in config_keys]
+    for section in ("sensitivity", "sensitivity_by_config.*"):
+        produces += [f"{section}.config", f"{section}.overall.n_unpaired", f"{section}.by_class.*.label_name"]
+        produces += [f"{section}.{group}.{stat}" for group in _PAIRED_GROUPS for stat in ("n", *stats)]
+        produces += [f"{section}.overall.{name}_ci" for name in intervals]
+    summary = f"`metrics.*.{{{', '.join(config_keys)}}}`; " if config_keys else ""
+    summary += (
+        f"`{{sensitivity, sensitivity_by_config.*}}.{{overall, by_edit_type.*, by_class.*}}.{{{', '.join(stats)}}}`"
+    )
+    if intervals:
+        summary += f", `overall.{{{', '.join(f'{name}_ci' for name in intervals)}}}`"
+    return tuple(produces), summary
+
+
+class PairedMetric(Metric):
+    """A statistic of (original, edited) pairs, matched through ``source_key``: reported for every config paired
+    with ``original``, overall (with 95% bootstrap intervals over source images), by edit type and by class.
+
+    Subclasses define :meth:`group_stats` (point estimates of a table of pairs) and :meth:`interval_ratios`.
+    """
+
+    def applies(self, context: MetricContext) -> bool:
+        return bool(_paired_configs(context))
+
+    def group_stats(self, pairs: Any) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def interval_ratios(self, pairs: Any) -> dict[str, tuple[np.ndarray, np.ndarray, float]]:
+        """``{statistic: (per-pair numerator, per-pair denominator, scale)}`` of the ratio statistics that get a
+        bootstrap interval (``sum(numerator) / sum(denominator) * scale``)."""
+        return {}
+
+    def config_entry(self, overall: dict[str, Any]) -> dict[str, Any]:
+        """Keys this metric adds to ``metrics.<config>`` from its overall statistics."""
+        return {}
+
+    def compute(self, context: MetricContext) -> dict[str, Any]:
+        sections: dict[str, Any] = {}
+        config_entries: dict[str, Any] = {}
+        for config in _paired_configs(context):
+            pairs = _pairs(context, config)
+            if pairs.empty:
+                continue
+            overall = {"n": int(len(pairs)), **self.group_stats(pairs)}
+            overall["n_unpaired"] = int(len(_config_rows(context, config)) - len(pairs))
+            ratios = self.interval_ratios(pairs) if context.n_boot > 0 else {}
+            if ratios:
+                boot = _bootstrap(context)
+                keys = pairs["source_key"]
+                replicates = boot.replicate_ratios(
+                    [boot.sums(keys, numerator) for numerator, _, _ in ratios.values()],
+                    [boot.sums(keys, denominator) for _, denominator, _ in ratios.values()],
+                )
+                for (name, (_, _, scale)), values in zip(ratios.items(), replicates, strict=True):
+                    overall[f"{name}_ci"] = boot.interval(values * scale)
+            sections[config] = {
+                "config": config,
+                "overall": overall,
+                "by_edit_type": {
+                    str(t): {"n": int(len(group)), **self.group_stats(group)}
+                    for t, group in pairs.groupby("edit_type", sort=True)
+                },
+                "by_class": {
+                    str(label): {
+                        "label_name": context.label_name(int(label)),
+                        "n": int(len(group)),
+                        **self.group_stats(group),
+                    }
+                    for label, group in pairs.groupby("label", sort=True)
+                },
+            }
+            entry = self.config_entry(overall)
+            if entry:
+                config_entries[config] = entry
+        out: dict[str, Any] = {}
+        if config_entries:
+            out["metrics"] = config_entries
+        if "counterfactual" in sections:
+            out["sensitivity"] = sections.pop("counterfactual")
+        if sections:
+            out["sensitivity_by_config"] = sections
+        return out
+
+
+class PairedAccuracyDrop(PairedMetric):
+    name = "paired_accuracy_drop"
+    version = "1"
+    description = (
+        "acc@1/acc@5 (%) of the edited samples and of their own originals, and their difference (paired Delta acc, "
+        "the leaderboard's ranking), overall with a 95% interval, by edit type and by class."
+    )
+    needs = ("config", "key", "source_key", "label", "edit_type", "correct1", "correct5")
+    _stats = ("acc1", "acc5", "orig_acc1", "orig_acc5", "paired_delta_acc1", "paired_delta_acc5")
+    produces, summary = paired_declarations(
+        _stats, intervals=("paired_delta_acc1",), config_keys=("paired_delta_acc1", "paired_delta_acc5", "n_paired")
+    )
+
+    def group_stats(self, pairs: Any) -> dict[str, Any]:
+        return {
+            "acc1": _pct(pairs["correct1"]),
+            "acc5": _pct(pairs["correct5"]),
+            "orig_acc1": _pct(pairs["correct1_orig"]),
+            "orig_acc5": _pct(pairs["correct5_orig"]),
+            "paired_delta_acc1": _pct(pairs["correct1"].to_numpy(float) - pairs["correct1_orig"].to_numpy(float)),
+            "paired_delta_acc5": _pct(pairs["correct5"].to_numpy(float) - pairs["correct5_orig"].to_numpy(float)),
+        }
+
+    def interval_ratios(self, pairs: Any) -> dict[str, tuple[np.ndarray, np.ndarray, float]]:
+        diff1 = pairs["correct1"].to_numpy(float) - pairs["correct1_orig"].to_numpy(float)
+        return {"paired_delta_acc1": (diff1, np.ones(len(pairs)), 100.0)}
+
+    def config_entry(self, overall: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "paired_delta_acc1": overall["paired_delta_acc1"],
+            "paired_delta_acc5": overall["paired_delta_acc5"],
+            "n_paired": overall["n"],
+        }
+
+
+class TrueClassConfidenceDrop(PairedMetric):
+    name = "true_class_confidence_drop"
+    version = "1"
+    description = (
+        "Delta p(y_GT): the model's true-class probability (full softmax) on the original minus on the edited sample, "
+        "in points; signed mean and mean absolute value (the paper's sensitivity), overall with 95% intervals, by "
+        "edit type and by class."
+    )
+    needs = ("config", "key", "source_key", "label", "edit_type", "p_gt")
+    produces, summary = paired_declarations(
+        ("delta_p_gt_mean", "delta_p_gt_abs_mean"), intervals=("delta_p_gt_mean", "delta_p_gt_abs_mean")
+    )
+
+    @staticmethod
+    def _delta_p(pairs: Any) -> np.ndarray:
+        return (pairs["p_gt_orig"].to_numpy() - pairs["p_gt"].to_numpy()) * 100.0
+
+    def group_stats(self, pairs: Any) -> dict[str, Any]:
+        delta_p = self._delta_p(pairs)
+        return {
+            "delta_p_gt_mean": float(delta_p.mean()) if len(pairs) else None,
+            "delta_p_gt_abs_mean": float(np.abs(delta_p).mean()) if len(pairs) else None,
+        }
+
+    def interval_ratios(self, pairs: Any) -> dict[str, tuple[np.ndarray, np.ndarray, float]]:
+        delta_p, ones = self._delta_p(pairs), np.ones(len(pairs))
+        return {"delta_p_gt_mean": (delta_p, ones, 1.0), "delta_p_gt_abs_mean": (np.abs(delta_p), ones, 1.0)}
+
+
+class FlipRate(PairedMetric):
+    name = "flip_rate"
+    version = "1"
+    description = (
+        "Among pairs whose original is top-1 correct, the percentage whose edited sample is top-1 wrong (with the "
+        "counts), overall with a 95% interval, by edit type and by class."
+    )
+    needs = ("config", "key", "source_key", "label", "edit_type", "correct1")
+    produces, summary = paired_declarations(("flip_rate", "flips", "n_flip_base"), intervals=("flip_rate",))
+
+    @staticmethod
+    def _flips(pairs: Any) -> tuple[np.ndarray, np.ndarray]:
+        base = pairs["correct1_orig"].to_numpy(dtype=bool)
+        return base, base & ~pairs["correct1"].to_numpy(dtype=bool)
+
+    def group_stats(self, pairs: Any) -> dict[str, Any]:
+        base, flips = self._flips(pairs)
+        return {
+            "flip_rate": float(flips.sum() / base.sum() * 100.0) if base.sum() else None,
+            "flips": int(flips.sum()),
+            "n_flip_base": int(base.sum()),
+        }
+
+    def interval_ratios(self, pairs: Any) -> dict[str, tuple[np.ndarray, np.ndarray, float]]:
+        base, flips = self._flips(pairs)
+        return {"flip_rate": (flips, base, 100.0)}
+
+
+def _empty_sensitivity() -> dict[str, Any]:
+    return {"config": "counterfactual", "overall": None, "by_edit_type": {}, "by_class": {}}
+
+
 def compute_metrics(
-    rows: list[dict[str, Any]], label_names: list[str], n_boot: int = 1000, seed: int = 0
+    rows: list[dict[str, Any]],
+    label_names: list[str],
+    n_boot: int = 1000,
+    seed: int = 0,
+    *,
+    metrics: list[str] | None = None,
+    min_per_class: int = 5,
+    release_configs: list[str] | None = None,
 ) -> dict[str, Any]:
-    """All metrics of one model from its per-sample prediction rows.
+    """The metrics ``metrics`` (default: every default registered metric) of one model from its prediction rows.
+
+    ``release_configs`` (default: the configs of ``rows``) are all the configs the release declares, scored or not:
+    which metrics apply depends on the release, not on which configs a ``--limit`` run happened to reach.
 
     Returns:
-        ``{"metrics": {config: ...}, "sensitivity": {...counterfactual...}, "sensitivity_by_config": {config: ...}}``;
-        the layout is documented in docs/evaluation.md.
+        ``{"metrics": {config: ...}, "sensitivity": {...counterfactual...}, "sensitivity_by_config": {config: ...},
+        "computed_metrics": {name: version}}`` plus what other metrics write (``interfaces``); the layout is
+        documented in docs/evaluation.md.
     """
     import pandas as pd
+
+    from .metric_registry import run_metrics, select_metrics
 
     df = pd.DataFrame(rows)
     if df.empty:
@@ -133,111 +453,25 @@ def compute_metrics(
     df["edit_type"] = df["edit_type"].fillna(NONE_EDIT_TYPE)
     # original first, then every other config in the order the release lists them (declared configs included)
     present = list(dict.fromkeys(df["config"]))
-    configs = [c for c in ("original", *present) if c in present]
-    configs = list(dict.fromkeys(configs))
-    has_original = "original" in configs
-
-    def name_of(label: int) -> str:
-        return label_names[label] if 0 <= label < len(label_names) else str(label)
-
-    boot = ClusterBootstrap(sorted(set(df["source_key"])), n_boot, seed)
-
-    # 1. acc@k per config, with per-class breakdown, and the bootstrap sums per source image
-    metrics: dict[str, Any] = {}
-    acc_sums: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-    for config in configs:
-        sub = df[df["config"] == config]
-        entry: dict[str, Any] = {"n": int(len(sub)), "acc1": _pct(sub["correct1"]), "acc5": _pct(sub["correct5"])}
-        acc_sums[config] = (
-            boot.sums(sub["source_key"], sub["correct1"]),
-            boot.sums(sub["source_key"], sub["correct5"]),
-            boot.sums(sub["source_key"], np.ones(len(sub))),
-        )
-        by_class = {}
-        for label, group in sub.groupby("label", sort=True):
-            by_class[str(label)] = {
-                "label_name": name_of(int(label)),
-                "n": int(len(group)),
-                "acc1": _pct(group["correct1"]),
-                "acc5": _pct(group["correct5"]),
-            }
-        entry["by_class"] = by_class
-        metrics[config] = entry
-
-    # 2. Delta acc@k against original (eq. 3), set-level and paired, with bootstrap intervals
-    if n_boot > 0:
-        reps = {}
-        for config in configs:
-            c1, c5, n = acc_sums[config]
-            reps[config] = boot.replicate_ratios([c1, c5], [n, n])
-            metrics[config]["acc1_ci"] = boot.interval(reps[config][0] * 100.0)
-            metrics[config]["acc5_ci"] = boot.interval(reps[config][1] * 100.0)
-    if has_original:
-        base = metrics["original"]
-        for config in configs:
-            if config == "original":
-                continue
-            entry = metrics[config]
-            entry["delta_acc1"] = entry["acc1"] - base["acc1"]
-            entry["delta_acc5"] = entry["acc5"] - base["acc5"]
-            if n_boot > 0:
-                entry["delta_acc1_ci"] = boot.interval((reps[config][0] - reps["original"][0]) * 100.0)
-                entry["delta_acc5_ci"] = boot.interval((reps[config][1] - reps["original"][1]) * 100.0)
-            for label, cls in entry["by_class"].items():
-                orig_cls = base["by_class"].get(label)
-                cls["delta_acc1"] = cls["acc1"] - orig_cls["acc1"] if orig_cls else None
-                cls["delta_acc5"] = cls["acc5"] - orig_cls["acc5"] if orig_cls else None
-
-    # 3. Delta p(y_GT), flip rate: per pair, then overall / by edit type / by class
-    by_config: dict[str, Any] = {}
-    if has_original:
-        for config in configs:
-            if config == "original":
-                continue
-            pairs = pair_with_originals(df, config)
-            unpaired = int((df["config"] == config).sum() - len(pairs))
-            if pairs.empty:
-                continue
-            overall = _group_stats(pairs)
-            overall["n_unpaired"] = unpaired
-            metrics[config]["paired_delta_acc1"] = overall["paired_delta_acc1"]
-            metrics[config]["paired_delta_acc5"] = overall["paired_delta_acc5"]
-            metrics[config]["n_paired"] = overall["n"]
-            if n_boot > 0:
-                keys = pairs["source_key"]
-                delta_p = (pairs["p_gt_orig"].to_numpy() - pairs["p_gt"].to_numpy()) * 100.0
-                base_ok = pairs["correct1_orig"].to_numpy(dtype=bool)
-                flips = base_ok & ~pairs["correct1"].to_numpy(dtype=bool)
-                diff1 = pairs["correct1"].to_numpy(float) - pairs["correct1_orig"].to_numpy(float)
-                n = boot.sums(keys, np.ones(len(pairs)))
-                dp, dp_abs, fl, d1 = boot.replicate_ratios(
-                    [
-                        boot.sums(keys, delta_p),
-                        boot.sums(keys, np.abs(delta_p)),
-                        boot.sums(keys, flips),
-                        boot.sums(keys, diff1),
-                    ],
-                    [n, n, boot.sums(keys, base_ok), n],
-                )
-                overall["delta_p_gt_mean_ci"] = boot.interval(dp)
-                overall["delta_p_gt_abs_mean_ci"] = boot.interval(dp_abs)
-                overall["flip_rate_ci"] = boot.interval(fl * 100.0)
-                overall["paired_delta_acc1_ci"] = boot.interval(d1 * 100.0)
-            section: dict[str, Any] = {"config": config, "overall": overall}
-            section["by_edit_type"] = {
-                str(t): _group_stats(group) for t, group in pairs.groupby("edit_type", sort=True)
-            }
-            section["by_class"] = {
-                str(label): {"label_name": name_of(int(label)), **_group_stats(group)}
-                for label, group in pairs.groupby("label", sort=True)
-            }
-            by_config[config] = section
-
+    configs = list(dict.fromkeys(c for c in ("original", *present) if c in present))
+    context = MetricContext(
+        rows=rows,
+        predictions=df,
+        label_names=label_names,
+        configs=configs,
+        n_boot=n_boot,
+        seed=seed,
+        min_per_class=min_per_class,
+        release_configs=release_configs,
+    )
+    out, computed = run_metrics(context, select_metrics(metrics))
+    # the sections the results format always has, even when no selected metric applies to them
     out = {
-        "metrics": metrics,
-        "sensitivity": by_config.get("counterfactual")
-        or {"config": "counterfactual", "overall": None, "by_edit_type": {}, "by_class": {}},
-        "sensitivity_by_config": {c: s for c, s in by_config.items() if c != "counterfactual"},
+        "metrics": out.pop("metrics"),
+        "sensitivity": out.pop("sensitivity", None) or _empty_sensitivity(),
+        "sensitivity_by_config": out.pop("sensitivity_by_config", {}),
+        **out,
+        "computed_metrics": computed,
     }
     return _deep_clean(out)
 

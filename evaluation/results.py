@@ -10,11 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 RESULTS_SCHEMA = "lance-cf/eval-results"
-RESULTS_SCHEMA_VERSION = 2
+RESULTS_SCHEMA_VERSION = 3
 """2: ``tool``, ``options`` (every option that changes results), ``limit``, ``run.key``, ``failures``, release source
-without machine paths. Version 1 files are still read."""
+without machine paths. 3: ``computed_metrics`` (``{name: version}`` of the registered metrics that were computed,
+:mod:`evaluation.metric_registry`) in a successful run. Versions 1 and 2 are still read."""
 
-READABLE_SCHEMA_VERSIONS = (1, 2)
+READABLE_SCHEMA_VERSIONS = (1, 2, 3)
 AMP_DTYPES = ("bfloat16", "float16")  # --amp-dtype
 MODEL_DTYPES = ("float32", "bfloat16", "float16")  # --model-dtype
 STATUSES = ("ok", "error")
@@ -49,7 +50,8 @@ def validate_results(obj: Any) -> None:
     Checked: the schema tag and a readable schema version; ``status``; ``model.name``; ``release.name``,
     ``release.version`` and ``release.manifest_sha256``; for ``status == "ok"``: ``metrics`` with, per config, integer
     ``n`` and numeric (or null) ``acc1``; the optional ``interfaces`` section (per-shift metric of an interfaces
-    release, :func:`evaluation.interfaces.validate_interfaces`); for schema version 2 also ``tool.version``, ``options`` and ``limit``.
+    release, :func:`evaluation.interfaces.validate_interfaces`); from schema version 2 also ``tool.version``,
+    ``options`` and ``limit``; from version 3, in a successful run, ``computed_metrics`` (metric name -> version).
     """
     if not isinstance(obj, dict):
         raise ValueError(f"results JSON must be an object, got {type(obj).__name__}")
@@ -91,6 +93,13 @@ def validate_results(obj: Any) -> None:
         limit = obj["limit"]
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
             raise ValueError(f"results JSON field 'limit' must be null or a positive integer, got {limit!r}")
+    if version >= 3:
+        computed = _require(obj, "computed_metrics", dict)
+        for name, metric_version in computed.items():
+            if not isinstance(metric_version, str):
+                raise ValueError(
+                    f"results JSON field 'computed_metrics.{name}' must be a version string, got {metric_version!r:.60}"
+                )
 
 
 def is_complete(obj: dict[str, Any]) -> bool:

@@ -1,0 +1,266 @@
+"""Evaluation metrics chosen by name: the contract each metric declares, the registry, and the loop that runs them.
+
+A metric is a class with these declarations (docs/architecture.md, recipe "A metric")::
+
+    class MyMetric(Metric):
+        name = "my_metric"
+        version = "1"  # bump when the same predictions give different numbers; recorded in results.json
+        description = "One paragraph for docs/evaluation.md and cards."
+        needs = ("config", "label", "correct1")  # prediction columns read (PREDICTION_COLUMNS)
+        produces = ("metrics.*.my_value",)  # results keys written; '*' is one level (a config, an edit type, a class)
+        default = True  # computed by ``lance-cf eval`` without ``--metrics``
+
+        def applies(self, context) -> bool: ...  # optional: False skips it (e.g. no ``original`` config to pair with)
+        def compute(self, context) -> dict: ...  # a fragment of the results JSON, merged into it
+
+plus one line in :data:`METRICS`. Metrics run in registration order; each returns a fragment that is merged into the
+results (two metrics may write the same key only with the same value, e.g. a pair count), and every key a fragment
+holds must be covered by the metric's ``produces`` (:class:`MetricContractError` otherwise: a bug, not data).
+
+This module imports only the standard library and :mod:`lance_pipeline.registry`, so ``lance-cf eval --help`` and
+``--metrics`` checking stay light; the built-in metrics live in :mod:`evaluation.metrics` (LANCE's paired metrics) and
+:mod:`evaluation.interfaces` (the dataset-interfaces per-shift metric).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from lance_pipeline.registry import Registry
+
+# What one prediction row holds (evaluation.harness.predict_release writes them; predictions.parquet keeps them).
+PREDICTION_COLUMNS = {
+    "config": "release config of the sample",
+    "key": "sample key",
+    "source_key": "key of the source image (an original and all its counterfactuals share it)",
+    "label": "true class index",
+    "label_name": "true class name",
+    "edit_type": "LANCE edit type (null for originals and reconstructions)",
+    "caption": "source caption",
+    "edited_caption": "edited caption",
+    "original_span": "replaced words",
+    "edited_span": "replacing words",
+    "p_gt": "model probability of the true class (full softmax)",
+    "correct1": "true class is the top-1 prediction",
+    "correct5": "true class is among the top-5 predictions",
+    "top5": "top-5 predicted class indices",
+    "top5_prob": "their probabilities",
+}
+
+# Every results key the built-in metrics write, and the one a metric registered by a user writes, come from here.
+METRICS = Registry(
+    "metric",
+    {
+        "accuracy": "evaluation.metrics:Accuracy",
+        "accuracy_drop": "evaluation.metrics:AccuracyDrop",
+        "paired_accuracy_drop": "evaluation.metrics:PairedAccuracyDrop",
+        "true_class_confidence_drop": "evaluation.metrics:TrueClassConfidenceDrop",
+        "flip_rate": "evaluation.metrics:FlipRate",
+        "shift_accuracy_drop": "evaluation.interfaces:ShiftAccuracyDrop",
+    },
+)
+
+# Always computed: the results format requires ``metrics.<config>.n`` and ``acc1`` (evaluation.results).
+REQUIRED_METRICS = ("accuracy",)
+
+
+class MetricContractError(RuntimeError):
+    """A metric wrote a key it did not declare, or a value another metric wrote differently: a bug in the metric."""
+
+
+@dataclass
+class MetricContext:
+    """What every metric sees: the scored predictions of one model and the run's options.
+
+    ``cached(key, factory)`` shares an intermediate (a config's rows, the pairs with originals, bootstrap
+    replicates) between the metrics of one run, so that selecting several metrics costs what one pass did.
+    """
+
+    rows: list[dict[str, Any]]
+    predictions: Any  # pandas.DataFrame of ``rows``; ``edit_type`` nulls are ``"none"``
+    label_names: list[str]
+    configs: list[str]  # ``original`` first, then the release's order
+    n_boot: int = 1000
+    seed: int = 0
+    min_per_class: int = 5
+    release_configs: list[str] | None = None  # every config the release declares (scored or not); default: configs
+    _cache: dict[Any, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.release_configs is None:
+            self.release_configs = list(self.configs)
+
+    def cached(self, key: Any, factory: Any) -> Any:
+        if key not in self._cache:
+            self._cache[key] = factory()
+        return self._cache[key]
+
+    def label_name(self, label: int) -> str:
+        return self.label_names[label] if 0 <= label < len(self.label_names) else str(label)
+
+
+class Metric:
+    """Base of a registered metric: the declarations (see the module docstring) and the default ``applies``."""
+
+    name: ClassVar[str]
+    version: ClassVar[str] = "1"
+    description: ClassVar[str]
+    needs: ClassVar[tuple[str, ...]] = ()
+    produces: ClassVar[tuple[str, ...]] = ()
+    default: ClassVar[bool] = True
+    summary: ClassVar[str | None] = None  # optional short form of ``produces`` for the docs table
+
+    def applies(self, context: MetricContext) -> bool:
+        return True
+
+    def compute(self, context: MetricContext) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+def create_metric(name: str) -> Metric:
+    """An instance of the metric registered as ``name`` (unknown name: one line with "did you mean")."""
+    cls = METRICS.resolve(name)
+    check_declarations(cls, name)
+    return cls()
+
+
+def check_declarations(cls: Any, name: str) -> None:
+    """Refuse a metric class whose declarations are missing or malformed, naming the metric and the declaration."""
+    for attr in ("name", "version", "description"):
+        if not isinstance(getattr(cls, attr, None), str) or not getattr(cls, attr):
+            raise MetricContractError(f"metric {name!r}: declare a non-empty string {attr!r}")
+    if cls.name != name:
+        raise MetricContractError(f"metric registered as {name!r} declares name {cls.name!r}; they must agree")
+    unknown = [c for c in cls.needs if c not in PREDICTION_COLUMNS]
+    if unknown:
+        raise MetricContractError(
+            f"metric {name!r} needs unknown prediction column(s) {unknown} (columns: {', '.join(PREDICTION_COLUMNS)})"
+        )
+    if not cls.produces or not all(isinstance(p, str) and p for p in cls.produces):
+        raise MetricContractError(f"metric {name!r}: declare 'produces', the results keys it writes")
+
+
+def default_metric_names() -> list[str]:
+    """Registered metrics computed without ``--metrics``, in run order."""
+    return [n for n in METRICS.in_order() if n in REQUIRED_METRICS or METRICS.resolve(n).default]
+
+
+def select_metrics(names: list[str] | None) -> list[str]:
+    """The metrics to compute, in run (registration) order: ``names`` plus the required ones, or the defaults.
+
+    Raises:
+        ValueError: an unknown name (one line, with "did you mean").
+    """
+    if names is None:
+        return default_metric_names()
+    for name in names:
+        METRICS.target(name)
+    wanted = set(names) | set(REQUIRED_METRICS)
+    return [n for n in METRICS.in_order() if n in wanted]
+
+
+def parse_metric_names(text: str) -> list[str]:
+    """``--metrics a,b``: the names, each checked against the registry (one-line error with "did you mean")."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise ValueError(
+            f"--metrics {text!r} names no metric; give a comma-separated list of {', '.join(METRICS.in_order())}"
+        )
+    for name in names:
+        try:
+            METRICS.target(name)
+        except ValueError as error:
+            raise ValueError(f"--metrics: {error}") from None
+    return names
+
+
+def metric_versions(names: list[str]) -> dict[str, str]:
+    return {name: METRICS.resolve(name).version for name in names}
+
+
+def _leaf_paths(value: Any, prefix: str = "") -> list[str]:
+    if isinstance(value, dict) and value:
+        out = []
+        for key, item in value.items():
+            out += _leaf_paths(item, f"{prefix}.{key}" if prefix else str(key))
+        return out
+    return [prefix]
+
+
+def _declared(path: str, patterns: tuple[str, ...]) -> bool:
+    """True when a declared pattern covers ``path`` or one of its ancestors ('*' stands for one key)."""
+    parts = path.split(".")
+    for pattern in patterns:
+        want = pattern.split(".")
+        if len(want) <= len(parts) and all(fnmatch.fnmatchcase(p, w) for p, w in zip(parts, want, strict=False)):
+            return True
+    return False
+
+
+def merge_fragment(results: dict[str, Any], fragment: dict[str, Any], metric: str, path: str = "") -> None:
+    """Merge a metric's fragment into ``results``; the same key written twice must hold the same value."""
+    for key, value in fragment.items():
+        where = f"{path}.{key}" if path else str(key)
+        if key not in results:
+            results[key] = value
+        elif isinstance(results[key], dict) and isinstance(value, dict):
+            merge_fragment(results[key], value, metric, where)
+        elif results[key] != value:
+            raise MetricContractError(
+                f"metric {metric!r} writes '{where}' = {value!r:.60}, already {results[key]!r:.60}"
+            )
+
+
+def run_metrics(context: MetricContext, names: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Run the metrics ``names`` in order on ``context``.
+
+    Returns:
+        The merged results fragment and ``{name: version}`` of the metrics that applied (recorded in results.json as
+        ``computed_metrics``).
+    """
+    metrics = [create_metric(name) for name in names]
+    columns = set(getattr(context.predictions, "columns", ()))
+    for metric in metrics:
+        missing = [c for c in metric.needs if c not in columns]
+        if missing:
+            raise ValueError(f"metric {metric.name!r} needs prediction column(s) {missing}, which these rows lack")
+    results: dict[str, Any] = {}
+    computed: dict[str, str] = {}
+    for metric in metrics:
+        if not metric.applies(context):
+            continue
+        fragment = metric.compute(context)
+        stray = [p for p in _leaf_paths(fragment) if p and not _declared(p, metric.produces)]
+        if stray:
+            raise MetricContractError(
+                f"metric {metric.name!r} wrote undeclared results key(s) {stray[:5]}; add them to its 'produces'"
+            )
+        merge_fragment(results, fragment, metric.name)
+        computed[metric.name] = metric.version
+    return results, computed
+
+
+def metrics_markdown() -> str:
+    """The table of registered metrics for docs/evaluation.md (tests/test_metric_registry.py keeps the two equal)."""
+    lines = ["| Metric | Default | Version | Writes | What it is |", "|---|---|---|---|---|"]
+    for name in METRICS.in_order():
+        cls = METRICS.resolve(name)
+        default = "always" if name in REQUIRED_METRICS else ("yes" if cls.default else "no")
+        writes = cls.summary or ", ".join(f"`{p}`" for p in _summarise(cls.produces))
+        lines.append(f"| `{name}` | {default} | {cls.version} | {writes} | {' '.join(cls.description.split())} |")
+    return "\n".join(lines) + "\n"
+
+
+def _summarise(patterns: tuple[str, ...]) -> list[str]:
+    """Declared keys grouped by their parent for the docs table: ``metrics.*.{acc1, acc5}``."""
+    groups: dict[str, list[str]] = {}
+    for pattern in patterns:
+        parent, _, leaf = pattern.rpartition(".")
+        groups.setdefault(parent, []).append(leaf)
+    out = []
+    for parent, leaves in groups.items():
+        inner = leaves[0] if len(leaves) == 1 else "{" + ", ".join(leaves) + "}"
+        out.append(f"{parent}.{inner}" if parent else inner)
+    return out
