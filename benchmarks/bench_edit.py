@@ -17,8 +17,19 @@ image, seconds per counterfactual (everything, inversion included, divided by th
 reconstruction error (MSE in [0, 1] pixels against the input), and how far our candidates are from the reference's
 (max and mean pixel difference: for null-text fp32 the savings are exact, so this is rounding; for the other
 inversion methods and bf16 it is the change they make). Extra rows: ours with each inversion method (``--methods``)
-and precision (``--precisions``). A *counterfactual* here is one rendered edit (all its sweep values). Last line,
-both at the same method (null-text, fp32): ``speedup_vs_reference=X fwd_eq_ratio=Y``.
+and precision (``--precisions``), and the second editor (``--no-controlnet`` leaves it out):
+
+* **controlnet**: DILLEMA's ControlNet regeneration (``lance_pipeline.controlnet_editing.ControlNetEditor``) with the
+  ``hardimagenet-controlnet`` preset's settings (UniPC steps, images per edit, conditioning scales, negative prompt),
+  on the same images and edited captions: nothing per image, each edit rendered ``images_per_edit`` times. Its
+  ControlNet (``ControlNetModel.from_unet`` of the same UNet, the SD 1.5 ControlNet's architecture at ``--size
+  full``) is counted separately by the editor's own hook (``ControlNet fwd / cf``); the UNet by the same hook as
+  the other rows. It inverts and reconstructs nothing and renders other images, so its reconstruction and
+  pixel-difference columns are ``n/a``.
+
+A *counterfactual* here is one rendered edit (all its sweep values, or all its ControlNet candidates). CLIP gating is
+not in any row (both editors gate alike). Last line, both at the same method (null-text, fp32):
+``speedup_vs_reference=X fwd_eq_ratio=Y``; the line before it compares the ControlNet row with ours.
 
     python benchmarks/bench_edit.py --device cpu --size small          # minutes on a 2-core CPU
     python benchmarks/bench_edit.py --device cuda --size full --precisions fp32,bf16   # GPU, 512x512, 50 steps
@@ -284,6 +295,78 @@ def run_ours(components, options, images, captions, edits, device):
     return out
 
 
+CONTROLNET_PRESET = "hardimagenet-controlnet"
+CONTROLNET_PRESET_OPTIONS = (
+    "num_inference_steps",
+    "guidance_scale",
+    "negative_prompt",
+    "images_per_edit",
+    "conditioning_scales",
+    "batch_size",
+)
+
+
+def controlnet_options(image_size: int, preset: str = CONTROLNET_PRESET):
+    """``ControlNetEditorOptions`` with the preset's sampling and candidate settings (the editor's defaults where the
+    preset leaves them), for the benchmark's random components (no model is named or loaded)."""
+    from builder.config import load_config
+    from lance_pipeline.controlnet_editing import ControlNetEditorOptions
+
+    stage = next(s for s in load_config(preset).stages if s.type == "controlnet_edit")
+    chosen = {k: v for k, v in (stage.options or {}).items() if k in CONTROLNET_PRESET_OPTIONS}
+    return ControlNetEditorOptions(model="random-sd1", controlnet="random-controlnet", image_size=image_size, **chosen)
+
+
+def build_controlnet(components, seed: int = 0):
+    """A ControlNet for ``components``' UNet, as ControlNets are initialised (``ControlNetModel.from_unet``): the
+    SD 1.5 ControlNet's architecture for the full-size UNet. Its condition encoder downsamples as the VAE does."""
+    import math
+
+    import torch
+    from diffusers import ControlNetModel
+
+    stages = int(math.log2(components.vae_scale_factor))
+    torch.manual_seed(seed)
+    controlnet = ControlNetModel.from_unet(
+        components.unet, conditioning_embedding_out_channels=(16, 32, 96, 256)[: stages + 1]
+    )
+    device = next(components.unet.parameters()).device
+    return controlnet.requires_grad_(False).eval().to(device)
+
+
+def run_controlnet(components, controlnet, options, images, captions, edits, device):
+    """The ControlNet editor on the same images and edited captions: every edit rendered, nothing per image."""
+    from lance_pipeline.candidate_selection import EditRequest
+    from lance_pipeline.controlnet_editing import ControlNetEditor
+    from lance_pipeline.editing_cost import count_unet_evaluations
+
+    editor = ControlNetEditor(components, controlnet, options)
+    peak_memory_reset(device)
+    out = {"images": {}, "reconstruction_error": []}
+    with count_unet_evaluations(components.unet) as inversion_count:
+        with Clock(device) as inversion_clock:
+            pass  # nothing is inverted: the condition (Canny edges) is computed inside each render
+    with count_unet_evaluations(components.unet) as edit_count:
+        with Clock(device) as edit_clock:
+            for k, (image, caption) in enumerate(zip(images, captions, strict=True)):
+                record = {"image": image, "caption": caption, "seed": k}
+                sweep = editor.render(record, [EditRequest(e, "") for e in edits[k]])
+                for candidate, variant in zip(sweep.candidates, sweep.variants, strict=True):
+                    out["images"][(k, candidate.request_index, variant.seed, variant.conditioning_scale)] = (
+                        candidate.image
+                    )
+    out.update(
+        inversion_count=inversion_count,
+        edit_count=edit_count,
+        inversion_s=inversion_clock.seconds,
+        edit_s=edit_clock.seconds,
+        peak=peak_memory_gib(device),
+        controlnet_forwards=editor.counts.controlnet_samples,
+        other_editor=True,
+    )
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
@@ -302,6 +385,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--precisions", type=lambda v: v.split(","), default=["fp32"], help="fp32,bf16 (bf16: autocast sampling)"
+    )
+    parser.add_argument(
+        "--no-controlnet", action="store_true", help=f"leave out the ControlNet editor's row ({CONTROLNET_PRESET})"
     )
     args = parser.parse_args(argv)
 
@@ -332,6 +418,13 @@ def main(argv: list[str] | None = None) -> None:
         f"torch={torch.__version__} threads={torch.get_num_threads()} "
         f"seconds={'wall' if args.device.startswith('cuda') else 'process CPU time'}"
     )
+    cn_options = None if args.no_controlnet else controlnet_options(image_size)
+    if cn_options is not None:
+        print(
+            f"# controlnet ({CONTROLNET_PRESET} preset): {cn_options.num_inference_steps} UniPC steps, guidance "
+            f"{cn_options.guidance_scale}, images_per_edit={cn_options.images_per_edit}, "
+            f"conditioning_scales={list(cn_options.conditioning_scales)}, batch_size={cn_options.batch_size}"
+        )
     import dataclasses
 
     results = {}
@@ -344,6 +437,11 @@ def main(argv: list[str] | None = None) -> None:
             if name not in results:
                 variant = dataclasses.replace(options, inversion=method, precision=precision)
                 results[name] = run_ours(components, variant, images, captions, edits, args.device)
+    if cn_options is not None:
+        controlnet = build_controlnet(components)
+        results["controlnet fp32"] = run_controlnet(
+            components, controlnet, cn_options, images, captions, edits, args.device
+        )
 
     def mean_diff(result) -> float:
         return float(
@@ -363,24 +461,40 @@ def main(argv: list[str] | None = None) -> None:
 
     print(
         "| method | UNet fwd-eq / cf | inversion fwd-eq / image | editing fwd-eq / cf | s inversion / image | "
-        "s editing / cf | s / cf (all) | peak GPU GiB | recon. MSE | max px diff vs reference | mean px diff |"
+        "s editing / cf | s / cf (all) | peak GPU GiB | recon. MSE | max px diff vs reference | mean px diff | "
+        "ControlNet fwd / cf |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
         total = r["inversion_count"].forward_equivalents + r["edit_count"].forward_equivalents
         total_s = r["inversion_s"] + r["edit_s"]
         peak = f"{r['peak']:.2f}" if r["peak"] is not None else "n/a (CPU)"
+        if r.get("other_editor"):  # nothing reconstructed, other images: no distance to the reference's
+            quality = "n/a (no inversion) | n/a (other editor) | n/a"
+        else:
+            quality = f"{np.mean(r['reconstruction_error']):.5f} | {max_diff(r)} | {mean_diff(r):.2f}"
         print(
             f"| {name} | {total / n_cf:.0f} | {r['inversion_count'].forward_equivalents / args.images:.0f} | "
             f"{r['edit_count'].forward_equivalents / n_cf:.0f} | {r['inversion_s'] / args.images:.2f} | "
-            f"{r['edit_s'] / n_cf:.2f} | {total_s / n_cf:.2f} | {peak} | "
-            f"{np.mean(r['reconstruction_error']):.5f} | {max_diff(r)} | {mean_diff(r):.2f} |"
+            f"{r['edit_s'] / n_cf:.2f} | {total_s / n_cf:.2f} | {peak} | {quality} | "
+            f"{r.get('controlnet_forwards', 0) / n_cf:.0f} |"
         )
     print(f"# ours: edit_batch_size={ours['edit_batch_size']} target rows per run")
     reference_total = reference["inversion_s"] + reference["edit_s"]
     for name, r in results.items():
-        if r is not reference and r is not ours:
+        if r is not reference and r is not ours and not r.get("other_editor"):
             print(f"# {name}: speedup_vs_reference={reference_total / (r['inversion_s'] + r['edit_s']):.2f}")
+    if "controlnet fp32" in results:
+        cn = results["controlnet fp32"]
+        ours_fwd = ours["inversion_count"].forward_equivalents + ours["edit_count"].forward_equivalents
+        cn_fwd = cn["inversion_count"].forward_equivalents + cn["edit_count"].forward_equivalents
+        cn_s = cn["inversion_s"] + cn["edit_s"]
+        print(
+            f"# controlnet vs ours null_text fp32: unet_fwd_eq_ratio={ours_fwd / cn_fwd:.2f} "
+            f"seconds_ratio={(ours['inversion_s'] + ours['edit_s']) / cn_s:.2f} "
+            f"(controlnet_unet_fwd_per_cf={cn_fwd / n_cf:.0f} controlnet_s_per_cf={cn_s / n_cf:.3f}; the ControlNet's "
+            f"own {cn['controlnet_forwards'] / n_cf:.0f} forwards per cf not counted in the ratio)"
+        )
     speedup = (reference["inversion_s"] + reference["edit_s"]) / (ours["inversion_s"] + ours["edit_s"])
     ratio = sum(reference[k].forward_equivalents for k in ("inversion_count", "edit_count")) / sum(
         ours[k].forward_equivalents for k in ("inversion_count", "edit_count")

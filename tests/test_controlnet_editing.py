@@ -317,3 +317,36 @@ def test_stage_with_a_depth_condition(
     assert described["name"] == "depth" and described["depth_model"] == tiny_depth_dir.name
     canny = _stage(tiny_sd_dir, tiny_controlnet_dir, tiny_clip_dir).process([_record()])[0]["counterfactuals"]
     assert _bytes(canny[0]["image"]) != _bytes(first[0]["image"])  # another condition, another image
+
+
+# -- benchmarks/bench_edit.py's ControlNet row --------------------------------------------------------------------------
+
+
+def test_bench_edit_counts_the_controlnet_editor_with_the_presets_settings(tiny_sd, single_thread_torch):
+    """The row bench_edit prints beside prompt-to-prompt: the hardimagenet-controlnet preset's settings, the UNet counted
+    by the same hook as the other rows, every edit rendered images_per_edit times, nothing per image."""
+    import importlib.util
+    from pathlib import Path
+
+    import yaml
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_edit.py"
+    spec = importlib.util.spec_from_file_location("bench_edit", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    preset = yaml.safe_load(
+        (Path(bench.__file__).parents[1] / "builder/presets/hardimagenet-controlnet.yaml").read_text()
+    )
+    preset_options = next(s for s in preset["stages"] if s["type"] == "controlnet_edit")["options"]
+    options = bench.controlnet_options(image_size=32)
+    assert options.images_per_edit == preset_options["images_per_edit"] == 5 and options.num_inference_steps == 5
+    images, captions, edits = bench.workload(n_images=2, n_edits=2, image_size=32)
+    result = bench.run_controlnet(tiny_sd, bench.build_controlnet(tiny_sd), options, images, captions, edits, "cpu")
+    # 2 images x 2 edits x 5 images per edit x 5 UniPC steps x 2 (classifier-free guidance), the ControlNet likewise.
+    assert result["inversion_count"].forward_equivalents == 0
+    assert (result["edit_count"].forwards, result["edit_count"].backwards, result["controlnet_forwards"]) == (
+        200,
+        0,
+        200,
+    )
+    assert len(result["images"]) == 2 * 2 * 5 and result["other_editor"]
