@@ -835,7 +835,7 @@ def publishable_results(loaded: list[tuple[Path, dict[str, Any]]]) -> list[tuple
     Raises:
         PublishError: a result is not complete, or no result is left.
     """
-    from evaluation.results import is_complete
+    from evaluation.results import is_complete, missing_default_metrics
 
     kept = []
     for path, result in loaded:
@@ -846,6 +846,12 @@ def publishable_results(loaded: list[tuple[Path, dict[str, Any]]]) -> list[tuple
             raise PublishError(
                 f"{path}: results of a --limit {result['limit']} run score part of the release and never enter a "
                 "leaderboard; re-run `lance-cf eval` without --limit"
+            )
+        missing = missing_default_metrics(result)
+        if missing:
+            raise PublishError(
+                f"{path}: computed without the metrics {', '.join(missing)} (--metrics), so these results are not "
+                "complete; re-run `lance-cf eval` without --metrics"
             )
         if not is_complete(result):
             failed = len(result.get("failures") or [])

@@ -10,7 +10,7 @@ import logging
 import sys
 from pathlib import Path
 
-from .metric_registry import parse_metric_names
+from .metric_registry import METRICS, parse_metric_names
 from .results import AMP_DTYPES, MODEL_DTYPES
 
 logger = logging.getLogger(__name__)
@@ -105,8 +105,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--metrics",
         metavar="LIST",
-        help="comma-separated registered metrics to compute (accuracy is always computed); default: every default "
-        "metric (docs/evaluation.md lists them)",
+        help=f"comma-separated registered metrics to compute, of {', '.join(METRICS.in_order())} (accuracy is "
+        "always computed); default: every default metric (docs/evaluation.md describes them)",
     )
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for 95%% intervals (0: none)")
     p.add_argument(

@@ -23,7 +23,7 @@ import numbers
 from pathlib import Path
 from typing import Any
 
-from .results import display_name, is_complete, is_results, model_label, validate_results
+from .results import display_name, is_complete, is_results, missing_default_metrics, model_label, validate_results
 
 logger = logging.getLogger(__name__)
 
@@ -336,7 +336,10 @@ def compact_markdown(df: Any) -> str:
         name = _md_escape(display_name(row["model"], row["weights"]))
         if not row["complete"]:
             unranked += 1
-            why = f"--limit {row['limit']}" if not _missing(row["limit"]) else f"{row['failed_samples']} failed samples"
+            if not _missing(row["limit"]):
+                why = f"--limit {row['limit']}"
+            else:
+                why = f"{row['failed_samples']} failed samples" if row["failed_samples"] else "--metrics left some out"
             name += f" (incomplete: {why})"
         cells = [
             rank,
@@ -418,6 +421,9 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
         lines.append(f"{name}: --limit {results['limit']} run (first samples of each config only; not complete)")
     if results.get("failures"):
         lines.append(f"{name}: {len(results['failures'])} sample(s) could not be read; see 'failures' in results.json")
+    missing = missing_default_metrics(results)
+    if missing:
+        lines.append(f"{name}: --metrics left out {', '.join(missing)} (not complete)")
     return lines
 
 

@@ -103,11 +103,27 @@ def validate_results(obj: Any) -> None:
 
 
 def is_complete(obj: dict[str, Any]) -> bool:
-    """True when the run scored every sample of the release: no ``--limit`` and no sample that failed to decode.
+    """True when the run scored every sample of the release (no ``--limit``, no sample that failed to decode) with
+    every default metric (no ``--metrics`` selection that leaves one out).
 
     A run that is not complete may be shown, but never ranked or published as a leaderboard entry.
     """
-    return obj.get("status") == "ok" and obj.get("limit") is None and not obj.get("failures")
+    return (
+        obj.get("status") == "ok"
+        and obj.get("limit") is None
+        and not obj.get("failures")
+        and not missing_default_metrics(obj)
+    )
+
+
+def missing_default_metrics(obj: dict[str, Any]) -> list[str]:
+    """The default metrics a ``--metrics`` selection left out of this run (none for a default run or older files)."""
+    selection = (obj.get("options") or {}).get("metrics")
+    if selection is None:
+        return []
+    from .metric_registry import default_metric_names  # resolves the metric classes: numpy, only for a selection
+
+    return [name for name in default_metric_names() if name not in selection]
 
 
 def model_label(obj: dict[str, Any]) -> str:

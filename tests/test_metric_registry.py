@@ -18,6 +18,7 @@ import pytest
 from release_fixture import write_release
 
 from evaluation import cli
+from evaluation.leaderboard import leaderboard_markdown
 from evaluation.metric_registry import (
     METRICS,
     Metric,
@@ -28,7 +29,7 @@ from evaluation.metric_registry import (
     select_metrics,
 )
 from evaluation.metrics import compute_metrics
-from evaluation.results import validate_results
+from evaluation.results import is_complete, missing_default_metrics, validate_results
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -130,6 +131,11 @@ def test_a_metric_registered_from_a_test_is_computed_by_eval_and_recorded(regist
         and "delta_p_gt_mean" not in overall
         and "delta_acc1" not in results["metrics"]["lance_r"]
     )
+    # a run without every default metric is shown, never ranked or published (like a --limit run)
+    assert not is_complete(results) and "--metrics left some out" in leaderboard_markdown([results])
+    assert missing_default_metrics(results) == [n for n in default_metric_names() if n not in ("accuracy", "flip_rate")]
+    superset = {"options": {"metrics": [*default_metric_names(), "worst_class_accuracy"]}}
+    assert missing_default_metrics(superset) == [] and missing_default_metrics({"options": {}}) == []
     # a changed metric version makes the same run stale; the same version does not
     options = EvalOptions(bootstrap=0, insights=False, report=False, metrics=["worst_class_accuracy", "flip_rate"])
     spec = ModelSpec("test_vit", pretrained=False)
