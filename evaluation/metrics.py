@@ -440,12 +440,12 @@ def compute_metrics(
 
     Returns:
         ``{"metrics": {config: ...}, "sensitivity": {...counterfactual...}, "sensitivity_by_config": {config: ...},
-        "computed_metrics": {name: version}}`` plus what other metrics write (``interfaces``); the layout is
-        documented in docs/evaluation.md.
+        "computed_metrics": {name: version}}`` plus what other metrics write (``interfaces``) and, when a selection
+        left out default metrics that apply, ``metrics_left_out``; the layout is documented in docs/evaluation.md.
     """
     import pandas as pd
 
-    from .metric_registry import run_metrics, select_metrics
+    from .metric_registry import create_metric, default_metric_names, run_metrics, select_metrics
 
     df = pd.DataFrame(rows)
     if df.empty:
@@ -464,7 +464,10 @@ def compute_metrics(
         min_per_class=min_per_class,
         release_configs=release_configs,
     )
-    out, computed = run_metrics(context, select_metrics(metrics))
+    selected = select_metrics(metrics)
+    out, computed = run_metrics(context, selected)
+    # default metrics that would have run here but were not selected: such a run is not complete (evaluation.results)
+    left_out = [n for n in default_metric_names() if n not in selected and create_metric(n).applies(context)]
     # the sections the results format always has, even when no selected metric applies to them
     out = {
         "metrics": out.pop("metrics"),
@@ -472,7 +475,7 @@ def compute_metrics(
         "sensitivity_by_config": out.pop("sensitivity_by_config", {}),
         **out,
         "computed_metrics": computed,
-    }
+    } | ({"metrics_left_out": left_out} if left_out else {})
     return _deep_clean(out)
 
 

@@ -13,7 +13,8 @@ RESULTS_SCHEMA = "lance-cf/eval-results"
 RESULTS_SCHEMA_VERSION = 3
 """2: ``tool``, ``options`` (every option that changes results), ``limit``, ``run.key``, ``failures``, release source
 without machine paths. 3: ``computed_metrics`` (``{name: version}`` of the registered metrics that were computed,
-:mod:`evaluation.metric_registry`) in a successful run. Versions 1 and 2 are still read."""
+:mod:`evaluation.metric_registry`) in a successful run, and ``metrics_left_out`` (default metrics that apply but a
+``--metrics`` selection left out; absent when none). Versions 1 and 2 are still read."""
 
 READABLE_SCHEMA_VERSIONS = (1, 2, 3)
 AMP_DTYPES = ("bfloat16", "float16")  # --amp-dtype
@@ -51,7 +52,8 @@ def validate_results(obj: Any) -> None:
     ``release.version`` and ``release.manifest_sha256``; for ``status == "ok"``: ``metrics`` with, per config, integer
     ``n`` and numeric (or null) ``acc1``; the optional ``interfaces`` section (per-shift metric of an interfaces
     release, :func:`evaluation.interfaces.validate_interfaces`); from schema version 2 also ``tool.version``,
-    ``options`` and ``limit``; from version 3, in a successful run, ``computed_metrics`` (metric name -> version).
+    ``options`` and ``limit``; from version 3, in a successful run, ``computed_metrics`` (metric name -> version) and,
+    when present, ``metrics_left_out`` (a list of names).
     """
     if not isinstance(obj, dict):
         raise ValueError(f"results JSON must be an object, got {type(obj).__name__}")
@@ -100,6 +102,11 @@ def validate_results(obj: Any) -> None:
                 raise ValueError(
                     f"results JSON field 'computed_metrics.{name}' must be a version string, got {metric_version!r:.60}"
                 )
+        left_out = obj.get("metrics_left_out", [])
+        if not isinstance(left_out, list) or not all(isinstance(n, str) for n in left_out):
+            raise ValueError(
+                f"results JSON field 'metrics_left_out' must be a list of metric names, got {left_out!r:.60}"
+            )
 
 
 def is_complete(obj: dict[str, Any]) -> bool:
@@ -117,13 +124,8 @@ def is_complete(obj: dict[str, Any]) -> bool:
 
 
 def missing_default_metrics(obj: dict[str, Any]) -> list[str]:
-    """The default metrics a ``--metrics`` selection left out of this run (none for a default run or older files)."""
-    selection = (obj.get("options") or {}).get("metrics")
-    if selection is None:
-        return []
-    from .metric_registry import default_metric_names  # resolves the metric classes: numpy, only for a selection
-
-    return [name for name in default_metric_names() if name not in selection]
+    """The default metrics that apply to the release but that a ``--metrics`` selection left out of this run."""
+    return list(obj.get("metrics_left_out") or [])
 
 
 def model_label(obj: dict[str, Any]) -> str:

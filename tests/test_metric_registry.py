@@ -133,9 +133,8 @@ def test_a_metric_registered_from_a_test_is_computed_by_eval_and_recorded(regist
     )
     # a run without every default metric is shown, never ranked or published (like a --limit run)
     assert not is_complete(results) and "--metrics left some out" in leaderboard_markdown([results])
-    assert missing_default_metrics(results) == [n for n in default_metric_names() if n not in ("accuracy", "flip_rate")]
-    superset = {"options": {"metrics": [*default_metric_names(), "worst_class_accuracy"]}}
-    assert missing_default_metrics(superset) == [] and missing_default_metrics({"options": {}}) == []
+    # shift_accuracy_drop is a default metric too, but it does not apply to a LANCE release
+    assert missing_default_metrics(results) == ["accuracy_drop", "paired_accuracy_drop", "true_class_confidence_drop"]
     # a changed metric version makes the same run stale; the same version does not
     options = EvalOptions(bootstrap=0, insights=False, report=False, metrics=["worst_class_accuracy", "flip_rate"])
     spec = ModelSpec("test_vit", pretrained=False)
@@ -168,6 +167,13 @@ def test_selection_order_defaults_and_numbers_independent_of_what_else_is_select
     for key in ("delta_p_gt_mean", "delta_p_gt_abs_mean", "delta_p_gt_mean_ci", "delta_p_gt_abs_mean_ci", "n"):
         assert alone["sensitivity"]["overall"][key] == full["sensitivity"]["overall"][key]  # bit for bit
     assert "flip_rate" not in alone["sensitivity"]["overall"]
+    assert "metrics_left_out" not in full and alone["metrics_left_out"] == [
+        "accuracy_drop",
+        "paired_accuracy_drop",
+        "flip_rate",
+    ]
+    every_lance_metric = [n for n in default_metric_names() if n != "shift_accuracy_drop"]
+    assert "metrics_left_out" not in compute_metrics(rows, ["a", "b", "c"], n_boot=0, metrics=every_lance_metric)
     for config, entry in full["metrics"].items():
         assert {k: entry[k] for k in ("n", "acc1", "acc5", "acc1_ci", "acc5_ci")}.items() <= alone["metrics"][
             config
