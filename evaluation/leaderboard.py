@@ -353,8 +353,29 @@ def compact_markdown(df: Any) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", COMPACT_NOTE]
     if unranked:
-        lines.append("Incomplete runs (a `--limit` run or samples that failed to decode) are shown but not ranked.")
+        lines.append(
+            "Incomplete runs (a `--limit` run, samples that failed to decode, or a `--metrics` selection that left out "
+            "a default metric) are shown but not ranked."
+        )
     return "\n".join(lines) + "\n"
+
+
+def metric_versions_note(results: list[dict[str, Any]]) -> str:
+    """One line naming the registered metrics (and versions) behind a table of results, "" for results before schema 3.
+
+    Results that disagree on a metric's version show every version (``flip_rate 1/2``): their numbers may differ in
+    definition, not only in the models.
+    """
+    versions: dict[str, list[str]] = {}
+    for r in results:
+        if r.get("status") == "ok":
+            for name, version in (r.get("computed_metrics") or {}).items():
+                if version not in versions.setdefault(name, []):
+                    versions[name].append(version)
+    if not versions:
+        return ""
+    listed = ", ".join(f"`{name}` {'/'.join(v)}" for name, v in versions.items())
+    return f"Metrics (lance-cf eval, docs/evaluation.md, name and version): {listed}.\n"
 
 
 def leaderboard_markdown(results: list[dict[str, Any]]) -> str:
@@ -368,8 +389,8 @@ def leaderboard_markdown(results: list[dict[str, Any]]) -> str:
     if not any(r.get("status") == "ok" for r in results):
         return ""
     if all(is_interfaces_release(r) for r in results):  # generated shifts: the per-shift table, not the paired one
-        return shift_markdown(results)
-    return compact_markdown(build_leaderboard(results))
+        return shift_markdown(results) + metric_versions_note(results)
+    return compact_markdown(build_leaderboard(results)) + metric_versions_note(results)
 
 
 def to_markdown(df: Any) -> str:

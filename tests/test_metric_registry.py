@@ -132,7 +132,9 @@ def test_a_metric_registered_from_a_test_is_computed_by_eval_and_recorded(regist
         and "delta_acc1" not in results["metrics"]["lance_r"]
     )
     # a run without every default metric is shown, never ranked or published (like a --limit run)
-    assert not is_complete(results) and "--metrics left some out" in leaderboard_markdown([results])
+    board = leaderboard_markdown([results])
+    assert not is_complete(results) and "--metrics left some out" in board
+    assert "`accuracy` 1, `flip_rate` 1, `worst_class_accuracy` 2." in board  # what the card shows under the table
     # shift_accuracy_drop is a default metric too, but it does not apply to a LANCE release
     assert missing_default_metrics(results) == ["accuracy_drop", "paired_accuracy_drop", "true_class_confidence_drop"]
     # a changed metric version makes the same run stale; the same version does not
