@@ -7,7 +7,7 @@ A metric is a class with these declarations (docs/architecture.md, recipe "A met
         version = "1"  # bump when the same predictions give different numbers; recorded in results.json
         description = "One paragraph for docs/evaluation.md and cards."
         needs = ("config", "label", "correct1")  # prediction columns read (PREDICTION_COLUMNS)
-        produces = ("metrics.*.my_value",)  # results keys written; '*' is one level (a config, an edit type, a class)
+        produces = ("metrics.*.my_value",)  # results keys written; '*' is any one key (a config, an edit type, a class)
         default = True  # computed by ``lance-cf eval`` without ``--metrics``
 
         def applies(self, context) -> bool: ...  # optional: False skips it (e.g. no ``original`` config to pair with)
@@ -24,7 +24,6 @@ This module imports only the standard library and :mod:`lance_pipeline.registry`
 
 from __future__ import annotations
 
-import fnmatch
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -180,23 +179,45 @@ def metric_versions(names: list[str]) -> dict[str, str]:
     return {name: METRICS.resolve(name).version for name in names}
 
 
-def _leaf_paths(value: Any, prefix: str = "") -> list[str]:
-    if isinstance(value, dict) and value:
-        out = []
-        for key, item in value.items():
-            out += _leaf_paths(item, f"{prefix}.{key}" if prefix else str(key))
-        return out
-    return [prefix]
+_COVERED = object()  # a trie node where a declared pattern ends: everything below it is declared
 
 
-def _declared(path: str, patterns: tuple[str, ...]) -> bool:
-    """True when a declared pattern covers ``path`` or one of its ancestors ('*' stands for one key)."""
-    parts = path.split(".")
+def _pattern_trie(patterns: tuple[str, ...]) -> dict[str, Any]:
+    trie: dict[str, Any] = {}
     for pattern in patterns:
-        want = pattern.split(".")
-        if len(want) <= len(parts) and all(fnmatch.fnmatchcase(p, w) for p, w in zip(parts, want, strict=False)):
-            return True
-    return False
+        node = trie
+        parts = pattern.split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if child is _COVERED:
+                break
+            node = child
+        else:
+            node[parts[-1]] = _COVERED
+    return trie
+
+
+def undeclared_keys(fragment: Any, patterns: tuple[str, ...]) -> list[str]:
+    """Results keys of ``fragment`` that no declared pattern covers (a pattern covers a key and all below it; ``*``
+    stands for any one key). One walk of the fragment, so that a breakdown by 1,000 classes costs little."""
+    out: list[str] = []
+
+    def walk(value: Any, nodes: list[dict[str, Any]], prefix: str) -> None:
+        if not isinstance(value, dict) or not value:
+            out.append(prefix)
+            return
+        for key, item in value.items():
+            path = f"{prefix}.{key}" if prefix else str(key)
+            matches = [n[k] for n in nodes for k in (str(key), "*") if k in n]
+            if any(m is _COVERED for m in matches):
+                continue
+            if not matches:
+                out.append(path)
+                continue
+            walk(item, matches, path)
+
+    walk(fragment, [_pattern_trie(patterns)], "")
+    return out
 
 
 def merge_fragment(results: dict[str, Any], fragment: dict[str, Any], metric: str, path: str = "") -> None:
@@ -232,7 +253,7 @@ def run_metrics(context: MetricContext, names: list[str]) -> tuple[dict[str, Any
         if not metric.applies(context):
             continue
         fragment = metric.compute(context)
-        stray = [p for p in _leaf_paths(fragment) if p and not _declared(p, metric.produces)]
+        stray = undeclared_keys(fragment, metric.produces)
         if stray:
             raise MetricContractError(
                 f"metric {metric.name!r} wrote undeclared results key(s) {stray[:5]}; add them to its 'produces'"

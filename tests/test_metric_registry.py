@@ -27,6 +27,7 @@ from evaluation.metric_registry import (
     metrics_markdown,
     parse_metric_names,
     select_metrics,
+    undeclared_keys,
 )
 from evaluation.metrics import compute_metrics
 from evaluation.results import is_complete, missing_default_metrics, validate_results
@@ -193,6 +194,8 @@ def test_selection_order_defaults_and_numbers_independent_of_what_else_is_select
 
 
 def test_undeclared_results_key_or_a_conflicting_value_is_a_contract_error(registered):
+    fragment = {"metrics": {"cf": {"n": 1, "by_class": {"7": {"acc1": 2.0}}, "typo": 3}}, "other": {}}
+    assert undeclared_keys(fragment, ("metrics.*.n", "metrics.*.by_class")) == ["metrics.cf.typo", "other"]
     with pytest.raises(MetricContractError, match=r"'sloppy' wrote undeclared results key.*worst_class"):
         compute_metrics(fake_rows(), ["a", "b", "c"], n_boot=0, metrics=["sloppy"])
     METRICS.register("conflicting", f"{__name__}:ConflictingMetric")
