@@ -17,7 +17,10 @@ image, seconds per counterfactual (everything, inversion included, divided by th
 reconstruction error (MSE in [0, 1] pixels against the input), and how far our candidates are from the reference's
 (max and mean pixel difference: for null-text fp32 the savings are exact, so this is rounding; for the other
 inversion methods and bf16 it is the change they make). Extra rows: ours with each inversion method (``--methods``)
-and precision (``--precisions``), and the second editor (``--no-controlnet`` leaves it out):
+and precision (``--precisions``), with ``--compile MODE`` the null-text/method rows again on a copy of the components
+whose UNet blocks are compiled (``sd_components.compile_unet``; one untimed warm-up run per row compiles every shape
+first, its wall time printed, with the pixel difference from the eager row and ``compiled_vs_eager``), and the second
+editor (``--no-controlnet`` leaves it out):
 
 * **controlnet**: DILLEMA's ControlNet regeneration (``lance_pipeline.controlnet_editing.ControlNetEditor``) with the
   ``hardimagenet-controlnet`` preset's settings (UniPC steps, images per edit, conditioning scales, negative prompt),
@@ -28,16 +31,19 @@ and precision (``--precisions``), and the second editor (``--no-controlnet`` lea
   pixel-difference columns are ``n/a``.
 
 A *counterfactual* here is one rendered edit (all its sweep values, or all its ControlNet candidates). CLIP gating is
-not in any row (both editors gate alike). Last line, both at the same method (null-text, fp32):
+not in any row (both editors gate alike). Last line, both at the same method (null-text, fp32, eager):
 ``speedup_vs_reference=X fwd_eq_ratio=Y``; the line before it compares the ControlNet row with ours.
 
     python benchmarks/bench_edit.py --device cpu --size small          # minutes on a 2-core CPU
     python benchmarks/bench_edit.py --device cuda --size full --precisions fp32,bf16   # GPU, 512x512, 50 steps
+    python benchmarks/bench_edit.py --device cuda --size full --precisions fp32,bf16 --compile default
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import json
 import logging
 import sys
@@ -389,6 +395,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--no-controlnet", action="store_true", help=f"leave out the ControlNet editor's row ({CONTROLNET_PRESET})"
     )
+    parser.add_argument(
+        "--compile",
+        default="none",
+        help="torch.compile mode of the UNet blocks for extra rows (default, max-autotune-no-cudagraphs; none: off)",
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -425,8 +436,6 @@ def main(argv: list[str] | None = None) -> None:
             f"{cn_options.guidance_scale}, images_per_edit={cn_options.images_per_edit}, "
             f"conditioning_scales={list(cn_options.conditioning_scales)}, batch_size={cn_options.batch_size}"
         )
-    import dataclasses
-
     results = {}
     for name, runner in (("reference fp32", run_reference), ("ours null_text fp32", run_ours)):
         results[name] = runner(components, options, images, captions, edits, args.device)
@@ -443,20 +452,43 @@ def main(argv: list[str] | None = None) -> None:
             components, controlnet, cn_options, images, captions, edits, args.device
         )
 
-    def mean_diff(result) -> float:
+    compiled_rows = {}
+    if args.compile != "none":
+        from lance_pipeline.sd_components import compile_unet
+
+        compiled = dataclasses.replace(components, unet=copy.deepcopy(components.unet), compile=args.compile)
+        compiled.compiled_modules = compile_unet(compiled.unet, args.compile)
+        for method in args.methods:
+            for precision in args.precisions:
+                eager_name = f"ours {method} {precision}"
+                variant = dataclasses.replace(options, inversion=method, precision=precision, compile=args.compile)
+                warm_start = time.perf_counter()  # compiles every block at every shape this workload meets
+                run_ours(compiled, variant, images, captions, edits, args.device)
+                warm_seconds = time.perf_counter() - warm_start
+                name = f"{eager_name} compile={args.compile}"
+                results[name] = run_ours(compiled, variant, images, captions, edits, args.device)
+                compiled_rows[name] = (eager_name, warm_seconds)
+        import torch._dynamo
+
+        stats = torch._dynamo.utils.counters["stats"]
+        print(f"# torch.compile: {compiled.compiled_modules} UNet blocks, {stats['unique_graphs']} graphs compiled")
+
+    def mean_diff(result, against=None) -> float:
+        against = against or reference
         return float(
             np.mean(
                 [
                     np.abs(np.asarray(result["images"][key], np.float64) - np.asarray(image, np.float64)).mean()
-                    for key, image in reference["images"].items()
+                    for key, image in against["images"].items()
                 ]
             )
         )
 
-    def max_diff(result) -> int:
+    def max_diff(result, against=None) -> int:
+        against = against or reference
         return max(
             int(np.abs(np.asarray(result["images"][key], np.int16) - np.asarray(image, np.int16)).max())
-            for key, image in reference["images"].items()
+            for key, image in against["images"].items()
         )
 
     print(
@@ -480,6 +512,14 @@ def main(argv: list[str] | None = None) -> None:
             f"{r.get('controlnet_forwards', 0) / n_cf:.0f} |"
         )
     print(f"# ours: edit_batch_size={ours['edit_batch_size']} target rows per run")
+    for name, (eager_name, warm_seconds) in compiled_rows.items():
+        r, eager = results[name], results[eager_name]
+        print(
+            f"# {name}: compiled_vs_eager={(eager['inversion_s'] + eager['edit_s']) / (r['inversion_s'] + r['edit_s']):.2f} "
+            f"max px diff vs eager={max_diff(r, eager)} mean={mean_diff(r, eager):.3f} "
+            f"recon. MSE diff={abs(np.mean(r['reconstruction_error']) - np.mean(eager['reconstruction_error'])):.2e} "
+            f"warm-up (compilation + one run)={warm_seconds:.0f} s wall"
+        )
     reference_total = reference["inversion_s"] + reference["edit_s"]
     for name, r in results.items():
         if r is not reference and r is not ours and not r.get("other_editor"):

@@ -156,6 +156,12 @@ def register(subparsers) -> None:
         help="no: drop each batch's stored inversions (~12 MB per 512 px image) from the ledger once the batch is "
         "done; the release is the same, a batch retried later inverts again (docs/scaling.md)",
     )
+    build.add_argument(
+        "--record-memory",
+        action="store_true",
+        help="write each stage's peak memory per device (CUDA: max allocated; CPU: peak resident-set growth) into "
+        "the manifest's build.stage_memory; it is always logged. Off by default: it differs between identical builds",
+    )
     build.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_allow_code(build)
     build.set_defaults(func=run_build)
@@ -267,6 +273,7 @@ def run_build(args: argparse.Namespace) -> int:
         engine=engine,
         engine_options=engine_options,
         keep_inversions=args.keep_inversions == "yes",
+        record_memory=args.record_memory,
         workers=args.workers,
         allow_code=_allow_code(args),
         torch_threads=args.torch_threads,

@@ -100,6 +100,8 @@ class StageResult:
     failures: dict[str, str]
     errors: dict[str, str]
     description: dict[str, Any] | None = None  # the stage's manifest entry, taken where it ran (loaded)
+    # Peak memory of this run, measured where it ran: {device: entry} (builder.stage_memory), None if unmeasured.
+    peak_memory: dict[str, dict[str, Any]] | None = None
 
 
 class _StageRunner:
@@ -169,9 +171,45 @@ class _StageRunner:
         recorded, so the engine can defer the batch until the stage has worked on another one (then
         ``record_errors=True`` records them), and stop with the error, recording nothing, if it never does.
         """
+        from builder.stage_memory import format_bytes, measure_peak
+
         self.ensure_loaded()
         name = self.name
         views = [DeclaredRecord(r, name, self._readable) for r in records]
+        with measure_peak(self.device) as peak:
+            results, errors = self._process(views, record_errors)
+        if peak:
+            logger.info(
+                "stage %s: peak memory %s on %s (%s)",
+                name,
+                format_bytes(peak["peak_bytes"]),
+                peak["device"],
+                peak["measure"],
+            )
+        self.ever_succeeded = True
+        if len(results) != len(records):
+            raise RuntimeError(f"stage {name} returned {len(results)} results for {len(records)} records")
+        updates, failures = {}, {}
+        for record, result in zip(records, results, strict=True):
+            key = record["key"]
+            if key in errors:
+                continue
+            if isinstance(result, SampleFailure):
+                failures[key] = result.reason
+            elif isinstance(result, dict):
+                check_update(name, self.validated.contract.produces, result)
+                updates[key] = result
+            else:
+                raise StageContractError(
+                    f"stage {name} returned {type(result).__name__}; expected dict or SampleFailure"
+                )
+        return StageResult(
+            name, updates, failures, errors, self._description(), peak_memory={peak["device"]: peak} if peak else None
+        )
+
+    def _process(self, views: list[DeclaredRecord], record_errors: bool) -> tuple[list[Any], dict[str, str]]:
+        """``stage.process`` over the batch, and one sample at a time if the batch raises: (results, errors)."""
+        name = self.name
         errors: dict[str, str] = {}
         try:
             results = list(self.stage.process(views))
@@ -199,26 +237,9 @@ class _StageRunner:
                     errors[view["key"]] = f"{type(err).__name__}: {err}"
                     result = None
                 results.append(result)
-            if len(errors) == len(records) and not (record_errors or self.ever_succeeded):
+            if len(errors) == len(views) and not (record_errors or self.ever_succeeded):
                 raise StageNotWorking(name, first_error) from first_error
-        self.ever_succeeded = True
-        if len(results) != len(records):
-            raise RuntimeError(f"stage {name} returned {len(results)} results for {len(records)} records")
-        updates, failures = {}, {}
-        for record, result in zip(records, results, strict=True):
-            key = record["key"]
-            if key in errors:
-                continue
-            if isinstance(result, SampleFailure):
-                failures[key] = result.reason
-            elif isinstance(result, dict):
-                check_update(name, self.validated.contract.produces, result)
-                updates[key] = result
-            else:
-                raise StageContractError(
-                    f"stage {name} returned {type(result).__name__}; expected dict or SampleFailure"
-                )
-        return StageResult(name, updates, failures, errors, self._description())
+        return results, errors
 
 
 def _output_problem(output: Path) -> str | None:
@@ -418,6 +439,7 @@ def build(
     schedule: str = "batch-major",
     engine_options: dict[str, Any] | None = None,
     keep_inversions: bool = True,
+    record_memory: bool = False,
 ) -> dict[str, Any]:
     """Build (or resume) a release into ``output``; returns the manifest.
 
@@ -434,7 +456,9 @@ def build(
     ``gpus_per_worker`` for ``ray``); see docs/scaling.md. ``keep_inversions=False`` drops each batch's stored
     inversions (outputs of the stages that produce ``inversion``) from the ledger once the batch is done: about 12 MB
     per image at 512 px; the release is unchanged, and a batch reopened later (errors, ``--retry-failures``) inverts
-    again.
+    again. ``record_memory``: write each stage's peak memory per device (always logged per batch and kept in the
+    ledger; ``builder.stage_memory``) into the manifest's ``build.stage_memory``; off by default because it differs
+    between otherwise identical builds, so the manifest would no longer be byte-identical.
     """
     from builder.registry import ENGINES
 
@@ -486,6 +510,7 @@ def build(
                 allow_version_change,
                 schedule,
                 keep_inversions=keep_inversions,
+                record_memory=record_memory,
             )
     except (OSError, sqlite3.OperationalError) as err:
         mapped = _environment_error(err, output)
@@ -521,6 +546,7 @@ def _build_locked(
     schedule: str,
     *,
     keep_inversions: bool = True,
+    record_memory: bool = False,
 ) -> dict[str, Any]:
     from builder.release import write_release
 
@@ -557,11 +583,28 @@ def _build_locked(
             "version_changes": accepted_changes,
             "errors": errors,
         }
+        if record_memory:
+            build_record["stage_memory"] = _stage_memory(ledger, runners, device)
         return write_release(
             output, config, config_hash, source, ledger, stage_info, build_record, release_spec=validated.release_spec
         )
     finally:
         ledger.close()
+
+
+def _stage_memory(ledger: Ledger, runners: list[_StageRunner], device: str | None) -> dict[str, Any]:
+    """Each stage's peak memory per device over the build (``builder.stage_memory``), or why it has none."""
+    from builder.stage_memory import unmeasured_reason
+
+    out: dict[str, Any] = {}
+    for runner in runners:
+        stored = ledger.get_meta(f"memory:{runner.name}")
+        if stored:
+            out[runner.name] = json.loads(stored)
+        else:
+            reason = unmeasured_reason(str(device or "cpu")) or "no batch of this stage was measured"
+            out[runner.name] = {"unmeasured": reason}
+    return out
 
 
 def _routing_summary(validated: ValidatedBuild, source: Source, plan: list, ledger: Ledger) -> dict[str, Any]:
@@ -904,6 +947,12 @@ def commit_stage(ledger: Ledger, batch_index: int, runner: _StageRunner, result:
         ledger.record_stage(batch_index, result.stage, result.updates, result.failures, result.errors)
         if result.description is not None:  # from the process that ran the stage (a Ray actor, say), models loaded
             ledger.set_meta(f"describe:{runner.name}", json.dumps(result.description))
+        if result.peak_memory:  # the stage's maximum per device over every batch, resume and worker
+            from builder.stage_memory import merge
+
+            stored = ledger.get_meta(f"memory:{runner.name}")
+            merged = merge(json.loads(stored) if stored else None, result.peak_memory)
+            ledger.set_meta(f"memory:{runner.name}", json.dumps(merged, sort_keys=True))
 
 
 def finish_batch(

@@ -10,7 +10,7 @@ import math
 import os
 from dataclasses import dataclass
 
-from lance_pipeline.sd_components import DEFAULT_MODEL, DEFAULT_REVISION, DTYPES
+from lance_pipeline.sd_components import COMPILE_MODES, DEFAULT_MODEL, DEFAULT_REVISION, DTYPES
 
 # LANCE's paper sweep (section 3.2); the authors' code sweeps only up to 0.8.
 DEFAULT_SELF_REPLACE_SWEEP = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -41,6 +41,9 @@ class ImageEditorOptions:
         allow_tf32: On CUDA, TF32 matmuls and convolutions (the authors' code enabled TF32 too).
         cudnn_benchmark: On CUDA, let cuDNN pick convolution algorithms by timing (faster; bytes may differ between
             runs, so off by default).
+        compile: ``"none"`` (default), ``"default"`` or ``"max-autotune-no-cudagraphs"``: ``torch.compile`` (inductor,
+            that mode) of the UNet's residual blocks and feed-forward layers, once per loaded set of components
+            (``sd_components.compile_unet``). Outputs equal eager ones within float tolerance, not bit for bit.
         image_size: Square size in pixels the image is resized to before encoding (512).
         num_inference_steps: DDIM steps (50).
         guidance_scale: Classifier-free guidance (7.5).
@@ -71,6 +74,7 @@ class ImageEditorOptions:
     precision: str = "fp32"
     allow_tf32: bool = True
     cudnn_benchmark: bool = False
+    compile: str = "none"
     image_size: int = 512
     num_inference_steps: int = 50
     guidance_scale: float = 7.5
@@ -139,6 +143,7 @@ class ImageEditorOptions:
             ("refine_padding", REFINE_PADDINGS),
             ("selection", SELECTIONS),
             ("precision", PRECISIONS),
+            ("compile", COMPILE_MODES),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")

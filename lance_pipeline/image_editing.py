@@ -59,31 +59,6 @@ SCORE_FIELDS = SCORE_NAMES  # the release's per-sample scores (lance_pipeline.st
 STAGE_VERSION = "2"  # goes into the manifest; bump when a stage's outputs change for the same inputs
 
 
-class _PeakMemory:
-    """Peak CUDA memory of a block (nothing on CPU): logged, and the stage's maximum kept in ``peak_gpu_memory``."""
-
-    def __init__(self, stage) -> None:
-        self.stage = stage
-
-    def __enter__(self):
-        import torch
-
-        self.cuda = (
-            torch.cuda.is_available() and self.stage.editor is not None and self.stage.editor.device.type == "cuda"
-        )
-        if self.cuda:
-            torch.cuda.reset_peak_memory_stats(self.stage.editor.device)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        import torch
-
-        if self.cuda:
-            peak = torch.cuda.max_memory_allocated(self.stage.editor.device)
-            self.stage.peak_gpu_memory = max(self.stage.peak_gpu_memory or 0, peak)
-            logger.info("%s: peak GPU memory %.2f GiB in this batch", self.stage.name, peak / 2**30)
-
-
 class _ImageStage:
     """Shared construction, loading and description of the image stages.
 
@@ -105,7 +80,6 @@ class _ImageStage:
             raise ValueError(f"{type(self).__name__}: {err}; known options: {known}") from err
         self.scorer = scorer
         self.editor = None
-        self.peak_gpu_memory: int | None = None  # bytes, CUDA only: the largest batch peak seen (logged per batch)
 
     def load(self, device: str) -> None:
         from builder.registry import EDITORS
@@ -125,16 +99,8 @@ class _ImageStage:
             self.scorer.load(device)
 
     def process(self, records: list[Record]) -> list[Record | SampleFailure]:
-        """Run the stage on a batch; its peak GPU memory is logged (``peak_gpu_memory`` keeps the maximum)."""
-        with self._track_memory():
-            return self._process(records)
-
-    def _process(self, records: list[Record]) -> list[Record | SampleFailure]:
+        """Run the stage on a batch (the engine measures and records its peak memory: ``builder.stage_memory``)."""
         raise NotImplementedError
-
-    def _track_memory(self):
-        """Context: log the peak GPU memory of one ``process`` call and keep the stage's maximum."""
-        return _PeakMemory(self)
 
     def _require_editor(self):
         if self.editor is None:
@@ -153,6 +119,7 @@ class _ImageStage:
             "num_inference_steps": o.num_inference_steps,
             "guidance_scale": o.guidance_scale,
             "inversion": o.inversion,
+            "compile": o.compile,
             "null_text": {"num_inner_steps": o.num_inner_steps, "early_stop_epsilon": o.early_stop_epsilon},
         }
         if self.editor is not None:
@@ -184,7 +151,7 @@ class InversionStage(_ImageStage):
     consumes = {"image": "image", "caption": "str"}
     produces = {"inversion": "dict"}
 
-    def _process(self, records: list[Record]) -> list[Record | SampleFailure]:
+    def process(self, records: list[Record]) -> list[Record | SampleFailure]:
         import torch
 
         editor = self._require_editor()
@@ -214,7 +181,7 @@ class ReconstructionStage(_ImageStage):
     produces = {"reconstruction": "image"}
     outputs = (ReleaseOutput("reconstructed", "reconstruction", "rec"),)
 
-    def _process(self, records: list[Record]) -> list[Record | SampleFailure]:
+    def process(self, records: list[Record]) -> list[Record | SampleFailure]:
         editor = self._require_editor()
         out: list[Record | SampleFailure] = []
         for record in records:
@@ -296,7 +263,7 @@ class CounterfactualEditStage(_ImageStage):
             )
         return positions, rejected
 
-    def _process(self, records: list[Record]) -> list[Record | SampleFailure]:
+    def process(self, records: list[Record]) -> list[Record | SampleFailure]:
         editor = self._require_editor()
         selector = self._selector()
         out: list[Record | SampleFailure] = []

@@ -52,7 +52,8 @@ class PromptToPromptEditor:
 
         On CUDA this also applies the arithmetic settings of the options: TF32 matmuls and convolutions
         (``allow_tf32``; the authors' code enabled TF32 too) and ``cudnn.benchmark`` (``cudnn_benchmark``, off by
-        default: it picks convolution algorithms by timing, so bytes can differ between runs).
+        default: it picks convolution algorithms by timing, so bytes can differ between runs). ``compile`` other than
+        ``"none"`` loads (or shares) components whose UNet blocks are compiled (``sd_components.compile_unet``).
         """
         import torch
 
@@ -61,7 +62,7 @@ class PromptToPromptEditor:
             torch.backends.cudnn.allow_tf32 = options.allow_tf32
             torch.backends.cudnn.benchmark = options.cudnn_benchmark
         components = load_stable_diffusion_components(
-            options.model, options.revision, options.dtype, device, options.cache_dir
+            options.model, options.revision, options.dtype, device, options.cache_dir, compile=options.compile
         )
         return cls(components, options)
 

@@ -175,3 +175,29 @@ class FlakyCaptionStage(FakeCaptionStage):
                 raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
             out.append({"caption": f"a photo of a {r['label_name']} (seed {r['seed']})"})
         return out
+
+
+class FakeAllocatingStage:
+    """Holds ``mebibytes`` of written memory while it processes a batch (``big_key`` in the batch: ``big_mebibytes``)."""
+
+    name = "alloc"
+    version = "1"
+    consumes = {"caption": "str"}
+    produces = {}
+
+    def __init__(self, mebibytes: int = 8, big_mebibytes: int = 64, big_key: str = ""):
+        self.mebibytes = mebibytes
+        self.big_mebibytes = big_mebibytes
+        self.big_key = big_key
+
+    def load(self, device: str) -> None:
+        pass
+
+    def process(self, records):
+        size = self.big_mebibytes if any(r["key"] == self.big_key for r in records) else self.mebibytes
+        held = np.ones(size * 2**20, dtype=np.uint8)  # written, so resident
+        assert int(held[::4096].sum()) == size * 2**20 // 4096
+        return [{} for _ in records]
+
+    def describe(self):
+        return {"model": None}

@@ -613,3 +613,31 @@ def test_bf16_sampling_stays_close_to_fp32(record, sd_dir):
     assert edit_difference > 0 and edit_size > 0 and recon_error < 0.05
     with pytest.raises(ValueError, match="precision must be one of"):
         CounterfactualEditStage(model=sd_dir, precision="fp16")
+
+
+def test_compile_option_compiles_the_unet_blocks_of_its_own_copy_and_is_recorded(sd_dir):
+    """compile: the UNet's residual and feed-forward blocks are wrapped by torch.compile in a copy of the components
+    that only editors asking for the same mode share; the mode is in the manifest entry. Nothing runs here (dynamo
+    compiles lazily, minutes on this CPU): that compiled outputs equal eager ones is measured by
+    ``benchmarks/bench_edit.py --compile`` (docs/performance.md)."""
+    from diffusers.models.attention import FeedForward
+    from diffusers.models.resnet import ResnetBlock2D
+
+    eager = InversionStage(**options(sd_dir))
+    compiled = InversionStage(**options(sd_dir, compile="default"))
+    eager.load("cpu")
+    compiled.load("cpu")
+    assert compiled.editor.components is not eager.editor.components
+    unet, plain = compiled.editor.components.unet, eager.editor.components.unet
+    blocks = [m for m in unet.modules() if isinstance(m, (ResnetBlock2D, FeedForward))]
+    assert blocks and compiled.editor.components.compiled_modules == len(blocks)
+    assert all(m._compiled_call_impl is not None for m in blocks)
+    assert all(m._compiled_call_impl is None for m in plain.modules())  # the eager copy is untouched
+    # Same weights, same state dict keys: compile wraps the blocks, it does not replace them.
+    assert list(unet.state_dict()) == list(plain.state_dict())
+    assert compiled.describe()["compile"] == "default" and eager.describe()["compile"] == "none"
+    edit = CounterfactualEditStage(**options(sd_dir, compile="default"), scorer=StubScorer())
+    edit.load("cpu")
+    assert edit.editor.components is compiled.editor.components  # one compiled copy per process and mode
+    with pytest.raises(ValueError, match="compile must be one of"):
+        InversionStage(**options(sd_dir, compile="reduce-overhead"))
