@@ -5,7 +5,7 @@ For each model: build it (:mod:`evaluation.models`), resolve its own data config
 ``torch.utils.data.DataLoader`` (worker processes decode and transform, pinned memory on CUDA), and keep per sample
 only what the metrics need: p(y_GT) over the full softmax, top-1/top-5 correctness and the top-5 predictions.
 Metrics are then computed by the registered metrics (:mod:`evaluation.metric_registry`; ``--metrics`` selects them),
-class-level insights by :mod:`evaluation.insights`.
+class-level insights among them (:mod:`evaluation.insights`, from edit clusters computed once per run).
 """
 
 from __future__ import annotations
@@ -524,7 +524,6 @@ def evaluate_model(
     import timm
     from timm.data import resolve_data_config
 
-    from .insights import summarize_clusters
     from .metrics import compute_metrics
 
     model = create_eval_model(spec)
@@ -544,6 +543,8 @@ def evaluate_model(
         metrics=options.metrics,
         min_per_class=options.min_per_class,
         release_configs=list(release.configs),
+        edit_clusters=edit_clusters,
+        insight_top=options.insight_top,
     )
     results: dict[str, Any] = {
         "schema": RESULTS_SCHEMA,
@@ -577,8 +578,6 @@ def evaluate_model(
         "failures": failures,
         **computed,
     }
-    if edit_clusters is not None:
-        results["insights"] = summarize_clusters(edit_clusters, rows, top=options.insight_top)
     return results, rows
 
 
@@ -811,7 +810,13 @@ def run_evaluation(
     from .interfaces import is_interfaces_configs
 
     # insights cluster the edits of a LANCE release; an interfaces release has generated images and no edits
-    insights = options.insights and not is_interfaces_configs(release.configs)
+    from .metric_registry import select_metrics
+
+    insights = (
+        options.insights
+        and not is_interfaces_configs(release.configs)
+        and "insights" in select_metrics(options.metrics)
+    )
     edit_clusters = prepare_insights(release, options) if insights else None
     if options.devices and len(options.devices) > 1 and len(todo) > 1:
         summaries += _run_parallel(release, todo, output_dir, options, edit_clusters, on_result)

@@ -19,6 +19,7 @@ from typing import Any
 
 from builder import release_format as rf
 
+from .metric_registry import Metric, MetricContext
 from .release_reader import Release, iter_shard_samples
 
 logger = logging.getLogger(__name__)
@@ -189,3 +190,23 @@ def summarize_clusters(clustering: dict[str, Any], rows: list[dict[str, Any]], t
             "top_clusters": scored[:top],
         }
     return out
+
+
+class EditClusterInsights(Metric):
+    """The registered metric (``METRICS["insights"]``): :func:`summarize_clusters` of the run's edit clusters."""
+
+    name = "insights"
+    version = "1"
+    description = (
+        "Per class, the clusters of counterfactual edits (K-Means over CLIP text edit directions, once per run) that "
+        "lower the model's true-class probability most, with example edits (LANCE section 4.3). Needs the CLIP model; "
+        "off with --no-insights."
+    )
+    needs = ("config", "key", "source_key", "p_gt")
+    produces = ("insights",)
+
+    def applies(self, context: MetricContext) -> bool:
+        return context.edit_clusters is not None
+
+    def compute(self, context: MetricContext) -> dict[str, Any]:
+        return {"insights": summarize_clusters(context.edit_clusters, context.rows, top=context.insight_top)}

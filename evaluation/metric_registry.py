@@ -19,7 +19,8 @@ holds must be covered by the metric's ``produces`` (:class:`MetricContractError`
 
 This module imports only the standard library and :mod:`lance_pipeline.registry`, so ``lance-cf eval --help`` and
 ``--metrics`` checking stay light; the built-in metrics live in :mod:`evaluation.metrics` (LANCE's paired metrics) and
-:mod:`evaluation.interfaces` (the dataset-interfaces per-shift metric).
+:mod:`evaluation.interfaces` (the dataset-interfaces per-shift metric) and :mod:`evaluation.insights` (class-level
+insights from the run's edit clusters).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ METRICS = Registry(
         "true_class_confidence_drop": "evaluation.metrics:TrueClassConfidenceDrop",
         "flip_rate": "evaluation.metrics:FlipRate",
         "shift_accuracy_drop": "evaluation.interfaces:ShiftAccuracyDrop",
+        "insights": "evaluation.insights:EditClusterInsights",
     },
 )
 
@@ -85,6 +87,8 @@ class MetricContext:
     seed: int = 0
     min_per_class: int = 5
     release_configs: list[str] | None = None  # every config the release declares (scored or not); default: configs
+    edit_clusters: dict[str, Any] | None = None  # the release's edit clusters (insights), None when not computed
+    insight_top: int = 3
     _cache: dict[Any, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:

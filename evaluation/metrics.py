@@ -433,11 +433,15 @@ def compute_metrics(
     metrics: list[str] | None = None,
     min_per_class: int = 5,
     release_configs: list[str] | None = None,
+    edit_clusters: dict[str, Any] | None = None,
+    insight_top: int = 3,
 ) -> dict[str, Any]:
     """The metrics ``metrics`` (default: every default registered metric) of one model from its prediction rows.
 
     ``release_configs`` (default: the configs of ``rows``) are all the configs the release declares, scored or not:
     which metrics apply depends on the release, not on which configs a ``--limit`` run happened to reach.
+    ``edit_clusters`` (:func:`evaluation.insights.cluster_release_edits`, once per run) enables the ``insights``
+    metric, which reports ``insight_top`` clusters per class.
 
     Returns:
         ``{"metrics": {config: ...}, "sensitivity": {...counterfactual...}, "sensitivity_by_config": {config: ...},
@@ -464,6 +468,8 @@ def compute_metrics(
         seed=seed,
         min_per_class=min_per_class,
         release_configs=release_configs,
+        edit_clusters=edit_clusters,
+        insight_top=insight_top,
     )
     selected = select_metrics(metrics)
     out, computed = run_metrics(context, selected)

@@ -111,7 +111,9 @@ def test_a_metric_registered_from_a_test_is_computed_by_eval_and_recorded(regist
     release = open_release(str(root))
     out = tmp_path / "eval"
     argv = ["eval", "--release", str(root), "--model", "test_vit", "--no-pretrained", "--output", str(out)]
-    argv += ["--workers", "0", "--bootstrap", "0", "--no-insights", "--no-report"]
+    argv += ["--workers", "0", "--bootstrap", "0", "--no-report"]
+    # insights are a metric too: not selected, so their CLIP model (here one that does not exist) is never loaded
+    argv += ["--clip-model", str(tmp_path / "no-such-clip")]
     args = parse([*argv, "--metrics", "worst_class_accuracy,flip_rate"])
     assert args.func(args) == 0
     path = results_path(out, ModelSpec("test_vit", pretrained=False))
@@ -139,10 +141,11 @@ def test_a_metric_registered_from_a_test_is_computed_by_eval_and_recorded(regist
     # shift_accuracy_drop is a default metric too, but it does not apply to a LANCE release
     assert missing_default_metrics(results) == ["accuracy_drop", "paired_accuracy_drop", "true_class_confidence_drop"]
     # a changed metric version makes the same run stale; the same version does not
-    options = EvalOptions(bootstrap=0, insights=False, report=False, metrics=["worst_class_accuracy", "flip_rate"])
+    common = {"bootstrap": 0, "report": False, "clip_model": str(tmp_path / "no-such-clip")}
+    options = EvalOptions(**common, metrics=["worst_class_accuracy", "flip_rate"])
     spec = ModelSpec("test_vit", pretrained=False)
     assert is_done(path, release, spec, options)
-    assert not is_done(path, release, spec, EvalOptions(bootstrap=0, insights=False, report=False))
+    assert not is_done(path, release, spec, EvalOptions(**common))
     path.write_text(json.dumps({**results, "computed_metrics": {**results["computed_metrics"], "flip_rate": "0"}}))
     assert not is_done(path, release, spec, options)
 
@@ -190,7 +193,8 @@ def test_selection_order_defaults_and_numbers_independent_of_what_else_is_select
     originals = {r["source_key"]: r["p_gt"] for r in rows if r["config"] == "original"}
     deltas = [(originals[r["source_key"]] - r["p_gt"]) * 100 for r in rows if r["config"] == "counterfactual"]
     assert full["sensitivity"]["overall"]["delta_p_gt_mean"] == pytest.approx(np.mean(deltas))
-    assert set(full["computed_metrics"]) == set(default_metric_names()) - {"shift_accuracy_drop"}  # not interfaces
+    # not an interfaces release, and no edit clusters (insights) were given
+    assert set(full["computed_metrics"]) == set(default_metric_names()) - {"shift_accuracy_drop", "insights"}
 
 
 def test_undeclared_results_key_or_a_conflicting_value_is_a_contract_error(registered):
