@@ -105,8 +105,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--metrics",
         metavar="LIST",
-        help=f"comma-separated registered metrics to compute, of {', '.join(METRICS.in_order())} (accuracy is "
-        "always computed); default: every default metric (docs/evaluation.md describes them)",
+        help=f"comma-separated registered metrics to compute, of {', '.join(METRICS.in_order())}; 'default' stands "
+        "for every default metric (default,NAME adds one); accuracy is always computed; default: every default metric "
+        "(docs/evaluation.md describes them)",
     )
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for 95%% intervals (0: none)")
     p.add_argument(

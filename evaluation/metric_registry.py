@@ -150,17 +150,27 @@ def default_metric_names() -> list[str]:
     return [n for n in METRICS.in_order() if n in REQUIRED_METRICS or METRICS.resolve(n).default]
 
 
+# In a selection, this word stands for every default metric (``--metrics default,my_metric``).
+DEFAULT_SELECTION = "default"
+
+
 def select_metrics(names: list[str] | None) -> list[str]:
     """The metrics to compute, in run (registration) order: ``names`` plus the required ones, or the defaults.
+
+    ``"default"`` among ``names`` stands for every default metric.
 
     Raises:
         ValueError: an unknown name (one line, with "did you mean").
     """
     if names is None:
         return default_metric_names()
+    wanted = set(REQUIRED_METRICS)
     for name in names:
-        METRICS.target(name)
-    wanted = set(names) | set(REQUIRED_METRICS)
+        if name == DEFAULT_SELECTION:
+            wanted |= set(default_metric_names())
+        else:
+            METRICS.target(name)
+            wanted.add(name)
     return [n for n in METRICS.in_order() if n in wanted]
 
 
@@ -169,13 +179,16 @@ def parse_metric_names(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     if not names:
         raise ValueError(
-            f"--metrics {text!r} names no metric; give a comma-separated list of {', '.join(METRICS.in_order())}"
+            f"--metrics {text!r} names no metric; give a comma-separated list of {', '.join(METRICS.in_order())} "
+            f"(or {DEFAULT_SELECTION!r} for every default one)"
         )
     for name in names:
+        if name == DEFAULT_SELECTION:
+            continue
         try:
             METRICS.target(name)
         except ValueError as error:
-            raise ValueError(f"--metrics: {error}") from None
+            raise ValueError(f"--metrics: {error}; {DEFAULT_SELECTION!r} selects every default metric") from None
     return names
 
 

@@ -166,6 +166,7 @@ def test_unknown_metric_is_one_line_with_did_you_mean_before_anything_runs(tmp_p
 def test_selection_order_defaults_and_numbers_independent_of_what_else_is_selected():
     assert default_metric_names() == METRICS.in_order()  # every built-in metric is a default one
     assert select_metrics(["flip_rate", "accuracy_drop"]) == ["accuracy", "accuracy_drop", "flip_rate"]
+    assert select_metrics(["flip_rate", "default"]) == select_metrics(None) == default_metric_names()
     rows = fake_rows()
     full = compute_metrics(rows, ["a", "b", "c"], n_boot=64, seed=3)
     alone = compute_metrics(rows, ["a", "b", "c"], n_boot=64, seed=3, metrics=["true_class_confidence_drop"])
