@@ -119,6 +119,18 @@ def register(subparsers) -> None:
         help="GPUs each Ray actor reserves (default 1 on cuda; 0.5 puts two actors on a GPU); --engine ray",
     )
     build.add_argument(
+        "--stage-workers",
+        metavar="STAGE=N,...",
+        help="per-stage worker pools (devices, ray): e.g. edit=6,caption=1 (invert+edit=6: one pool for both); the "
+        "stages not named share one pool of --workers (devices: one per --devices entry); same bytes",
+    )
+    build.add_argument(
+        "--stage-gpus",
+        metavar="STAGE=G,...",
+        help="GPUs each actor of a stage's pool reserves, e.g. caption=0.5,edit=1 (default --gpus-per-worker); "
+        "--engine ray",
+    )
+    build.add_argument(
         "--torch-threads",
         type=_positive_int,
         default=1,
@@ -131,7 +143,7 @@ def register(subparsers) -> None:
         choices=("batch-major", "stage-major"),
         default="batch-major",
         help="batch-major (default): each batch through every stage; stage-major: every sample through one stage, "
-        "its models freed, then the next (fits smaller GPUs; same bytes; local engine)",
+        "its models freed, then the next (fits smaller GPUs; same bytes; on devices/ray one stage's pool at a time)",
     )
     build.add_argument(
         "--retry-failures",
@@ -285,7 +297,8 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def _engine_choice(args: argparse.Namespace) -> tuple[str, str | None, dict]:
-    """(engine, device, engine options) from --engine, --devices, --ray-address, --gpus-per-worker."""
+    """(engine, device, engine options) from --engine, --devices, --ray-address, --gpus-per-worker, --stage-workers,
+    --stage-gpus."""
     engine, device, options = args.engine, args.device, {}
     if args.devices:
         if engine not in ("local", "devices"):
@@ -300,6 +313,17 @@ def _engine_choice(args: argparse.Namespace) -> tuple[str, str | None, dict]:
             if engine != "ray":
                 raise ValueError(f"--{flag.replace('_', '-')} is for --engine ray")
             options[key] = value
+    if args.stage_workers is not None or args.stage_gpus is not None:
+        from builder.dispatch import parse_stage_settings
+
+        if args.stage_workers is not None:
+            if engine not in ("ray", "devices"):
+                raise ValueError("--stage-workers is for --engine ray or --devices (worker pools)")
+            options["stage_workers"] = parse_stage_settings(args.stage_workers, "--stage-workers", int)
+        if args.stage_gpus is not None:
+            if engine != "ray":
+                raise ValueError("--stage-gpus is for --engine ray")
+            options["stage_gpus"] = parse_stage_settings(args.stage_gpus, "--stage-gpus", float)
     return engine, device, options
 
 

@@ -29,6 +29,16 @@ class StageConfig:
     type: str
     configs: list[str]  # the release configs that need this stage; it runs only if one of them is built
     options: dict[str, Any] = field(default_factory=dict)
+    # At most this many records per call of the stage: sub-batches of the build batch, in key order. It can change
+    # the stage's results (batched numerics), so it is config (hashed); None = the whole build batch per call.
+    batch_size: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stage as the config records it; ``batch_size`` only when set (older configs hash unchanged)."""
+        data = dataclasses.asdict(self)
+        if self.batch_size is None:
+            del data["batch_size"]
+        return data
 
 
 @dataclass
@@ -101,13 +111,22 @@ class BuildConfig:
         names = [s.name for s in self.stages]
         if len(set(names)) != len(names):
             raise ValueError(f"stages: duplicate stage names in {names}")
+        for stage in self.stages:
+            size = stage.batch_size
+            if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
+                raise ValueError(
+                    f"stage {stage.name!r}: batch_size {size!r}: expected an integer >= 1 (records per call of the "
+                    "stage), or leave it out for the whole build batch"
+                )
 
     def active_stages(self) -> list[StageConfig]:
         """Stages needed by the selected configs, in declared order."""
         return [s for s in self.stages if set(s.configs) & set(self.configs)]
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        data["stages"] = [s.to_dict() for s in self.stages]
+        return data
 
     def public_dict(self) -> dict[str, Any]:
         """The config as a release records it: the source spec without machine paths (``imagefolder:/home/me/x`` is
@@ -123,7 +142,7 @@ class BuildConfig:
     def config_hash(self) -> str:
         """Hash of everything that decides the release's content. Inactive stages are left out."""
         data = self.public_dict()
-        data["stages"] = [dataclasses.asdict(s) for s in self.active_stages()]
+        data["stages"] = [s.to_dict() for s in self.active_stages()]
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -152,7 +171,7 @@ def _from_dict(data: dict[str, Any], origin: str) -> BuildConfig:
     for i, raw in enumerate(raw_stages):
         if not isinstance(raw, dict) or not {"name", "type", "configs"} <= set(raw):
             raise ValueError(f"{origin}: stages[{i}] needs name, type and configs")
-        extra = sorted(set(raw) - {"name", "type", "configs", "options"})
+        extra = sorted(set(raw) - {"name", "type", "configs", "options", "batch_size"})
         if extra:
             raise ValueError(f"{origin}: stages[{i}] has unknown field(s) {extra}")
         where = f"{origin}: stage {raw['name']!r}"
@@ -163,7 +182,7 @@ def _from_dict(data: dict[str, Any], origin: str) -> BuildConfig:
         options = raw.get("options") or {}
         if not isinstance(options, dict):
             raise ValueError(f"{where}: options must be a mapping of name: value, not a {type(options).__name__}")
-        stages.append(StageConfig(raw["name"], raw["type"], list(raw["configs"]), dict(options)))
+        stages.append(StageConfig(raw["name"], raw["type"], list(raw["configs"]), dict(options), raw.get("batch_size")))
     for name in ("source_options",):
         if name in data and data[name] is not None and not isinstance(data[name], dict):
             raise ValueError(f"{origin}: {name} must be a mapping of name: value, not a {type(data[name]).__name__}")

@@ -45,6 +45,7 @@ STAGE_KEY_DOCS: dict[str, str] = {
     "type": "registered stage type (lance-cf validate lists them)",
     "configs": "release configs that need this stage; it runs only when one of them is built",
     "options": "the stage's options; every one is documented in docs/config.md",
+    "batch_size": "at most this many records per call of the stage (sub-batches of the build batch; hashed)",
 }
 
 
@@ -81,6 +82,8 @@ def commented_yaml(data: dict[str, Any], *, origin: str) -> str:
                 lines.append(f"  - name: {_dump(stage['name'])}{note['name']}")
                 lines.append(f"    type: {_dump(stage['type'])}{note['type']}")
                 lines.append(f"    configs: {_dump(stage['configs'])}{note['configs']}")
+                if stage.get("batch_size") is not None:
+                    lines.append(f"    batch_size: {_dump(stage['batch_size'])}  # {STAGE_KEY_DOCS['batch_size']}")
                 options = stage.get("options") or {}
                 if not options:
                     lines.append("    options: {}")

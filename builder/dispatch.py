@@ -1,17 +1,29 @@
-"""Batches to a pool of workers and their results back into the ledger: the loop the multi-worker engines share.
+"""Stages of batches to pools of workers and their results back into the ledger: the multi-worker engines' loop.
 
-The ``devices`` engine (one process per device, ``builder.multi_device``) and the ``ray`` engine (Ray actors,
+The ``devices`` engine (processes, ``builder.multi_device``) and the ``ray`` engine (Ray actors,
 ``builder.ray_engine``) differ only in how a worker is started, fed and lost; this module owns everything that
 decides what the release holds, exactly as the local engine does it (``builder.engine``): the driver decodes each
-batch, replays what the ledger holds for it, sends the stages still to run to an idle worker, and commits each
-stage's results and the batch's release samples as they come back, in whatever order. Batch composition is fixed by
-the plan, so a result does not depend on which worker computed it, and shards are written in key order from the
-ledger: any number of workers gives the local engine's bytes.
+batch, replays what the ledger holds for it, sends the stages still to run to a worker, and commits each stage's
+results and the batch's release samples as they come back, in whatever order. Batch composition is fixed by the plan
+(and a stage's sub-batches by its ``batch_size``, ``builder.engine.run_stage``), so a result does not depend on which
+worker computed it, and shards are written in key order from the ledger: any layout of workers gives the local
+engine's bytes.
 
-Faults: a worker that dies (killed, out of memory, its node gone) loses only the batch it was running, which nothing
-had committed yet; that batch goes back to the front of the queue and the worker is restarted. A batch that loses
-its worker ``MAX_WORKER_LOSSES`` times stops the build (probably the batch itself kills workers). Everything
-committed stays committed: a build interrupted as a whole resumes from the ledger like a local one.
+Worker pools (``PoolSpec``): each pool's workers load only the pool's stages, once. With no ``--stage-workers``
+there is one pool holding every active stage (each worker runs whole batches). ``--stage-workers edit=4,caption=1``
+gives the named stages pools of their own (``invert+edit=4`` one pool for both); the stages not named share one pool
+of ``--workers`` workers. The unit of work is (batch, the run of consecutive stages its next pool holds): a batch goes
+pool to pool, committed stage by stage, so different batches are in different stages at once (a pipeline).
+
+Schedules: ``batch-major`` opens every pool at once (the pipeline above); ``stage-major`` opens one stage's pool at a
+time (with that stage's worker count), runs every pending batch through it, closes it (freeing its models and GPUs),
+then the next stage; the release samples are written at the end. Same units, same bytes.
+
+Faults: a worker that dies (killed, out of memory, its node gone) loses only the unit it was running, which nothing
+had committed yet; the unit goes back to the front of its pool's queue and the worker is replaced. A batch that loses
+its worker ``MAX_WORKER_LOSSES`` times stops the build (probably the batch itself kills workers). A stage that fails
+on every sample before it has worked anywhere (``StageNotWorking``) defers that batch until the stage works on
+another batch. Everything committed stays committed: a build interrupted as a whole resumes from the ledger.
 
 Progress on the driver: the engine's bar (done, per-stage counts, failed, errors, elapsed<remaining) and, every
 ``PROGRESS_EVERY_S`` seconds, one log line with done/total, failed, errors, rate and ETA (for logs of a cluster job
@@ -20,10 +32,12 @@ without a terminal).
 
 from __future__ import annotations
 
+import difflib
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 logger = logging.getLogger(__name__)
@@ -33,19 +47,25 @@ PROGRESS_EVERY_S = 30.0
 
 
 class WorkerLost(RuntimeError):
-    """The worker running a batch died (its process or node is gone); the batch did not commit anything."""
+    """The worker running a unit died (its process or node is gone); the unit did not commit anything."""
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """Workers that each load ``stages`` once: how many, and the GPUs each reserves (``None``: the engine's default)."""
+
+    stages: tuple[str, ...]
+    workers: int
+    gpus: float | None = None
 
 
 class WorkerPool(Protocol):
-    """Workers that each hold every active stage, loaded once (``builder.ray_engine.StageWorker``)."""
+    """The workers of one ``PoolSpec`` (``builder.ray_engine.StageWorker`` holding the pool's stages)."""
 
     slots: int
 
     def submit(self, slot: int, *args: Any) -> Any:
         """Run ``StageWorker.run(*args)`` on worker ``slot``; returns a handle."""
-
-    def wait(self, handles: list[Any]) -> list[Any]:
-        """Block until at least one handle is finished; return the finished ones."""
 
     def result(self, handle: Any) -> Any:
         """The worker's stage results; raises ``WorkerLost`` when the worker died, else the worker's exception."""
@@ -54,7 +74,106 @@ class WorkerPool(Protocol):
         """Replace worker ``slot`` (after ``WorkerLost``)."""
 
     def close(self) -> None:
-        """Stop every worker."""
+        """Stop every worker (their models and devices are freed)."""
+
+
+class WorkerBackend(Protocol):
+    """How an engine starts pools and waits on their handles (handles of several pools at once)."""
+
+    def open_pools(self, specs: Sequence[PoolSpec], worked: dict[str, bool]) -> list[WorkerPool]:
+        """Start one pool per spec; ``worked``: stage name -> it has worked in this build (for ``StageNotWorking``)."""
+
+    def wait(self, handles: list[Any]) -> list[Any]:
+        """Block until at least one handle is finished; return the finished ones."""
+
+
+# --- per-stage pool settings (--stage-workers / --stage-gpus) ------------------------------------------------------
+
+
+def parse_stage_settings(text: str, flag: str, kind: type = int) -> dict[str, Any]:
+    """``"edit=4,caption=1"`` (or ``invert+edit=4`` for one pool holding both) -> ``{"edit": 4, "caption": 1}``
+    (keys keep the ``+``). Syntax only; the names are checked against the config by ``check_pool_options``."""
+    what = "a positive integer" if kind is int else "a number >= 0"
+    settings: dict[str, Any] = {}
+    for part in str(text).split(","):
+        name, sep, value = part.strip().partition("=")
+        stages = [s.strip() for s in name.split("+")]
+        if not sep or not all(stages) or not value.strip():
+            raise ValueError(f"{flag} {text!r}: expected STAGE=VALUE[,STAGE=VALUE...], e.g. {flag} edit=4,caption=1")
+        try:
+            number = kind(value)
+        except ValueError:
+            number = None
+        if number is None or (kind is int and number < 1) or number < 0:
+            raise ValueError(f"{flag} {text!r}: {value.strip()!r} for {name.strip()} is not {what}")
+        key = "+".join(stages)
+        if key in settings:
+            raise ValueError(f"{flag} {text!r}: {key} is given twice")
+        settings[key] = number
+    return settings
+
+
+def _check_names(settings: dict[str, Any], flag: str, configured: list[str]) -> None:
+    seen: set[str] = set()
+    for key in settings:
+        for name in key.split("+"):
+            if name not in configured:
+                close = difflib.get_close_matches(name, configured, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else f" (stages: {', '.join(configured)})"
+                raise ValueError(f"{flag}: the config has no stage {name!r}{hint}")
+            if name in seen:
+                raise ValueError(f"{flag}: stage {name!r} is named twice")
+            seen.add(name)
+
+
+def check_pool_options(validated: Any, options: dict[str, Any]) -> None:
+    """Check ``stage_workers`` / ``stage_gpus`` against the config before anything is written (one-line errors)."""
+    configured = [s.name for s in validated.config.stages]
+    active = [s.config.name for s in validated.active]
+    workers = options.get("stage_workers") or {}
+    gpus = options.get("stage_gpus") or {}
+    _check_names(workers, "--stage-workers", configured)
+    _check_names(gpus, "--stage-gpus", configured)
+    plan_pools(active, workers, gpus, default_workers=1, default_gpus=None)  # raises on a conflicting layout
+
+
+def plan_pools(
+    active: list[str],
+    stage_workers: dict[str, int] | None,
+    stage_gpus: dict[str, float] | None,
+    default_workers: int,
+    default_gpus: float | None,
+) -> list[PoolSpec]:
+    """The pools of a build, in stage order of their first stage: one per ``stage_workers`` key (its active stages),
+    and one for the active stages no key names (``default_workers`` workers). Stages named but not active (their
+    configs are not built) are left out."""
+    stage_workers = stage_workers or {}
+    stage_gpus = stage_gpus or {}
+    groups: list[tuple[tuple[str, ...], int]] = []
+    named: set[str] = set()
+    for key, count in stage_workers.items():
+        members = tuple(s for s in active if s in key.split("+"))
+        named.update(key.split("+"))
+        if members:
+            groups.append((members, count))
+    rest = tuple(s for s in active if s not in named)
+    if rest:
+        groups.append((rest, default_workers))
+    gpus_of = {name: value for key, value in stage_gpus.items() for name in key.split("+")}
+    pools = []
+    for members, count in groups:
+        given = {gpus_of[s] for s in members if s in gpus_of}
+        if len(given) > 1:
+            raise ValueError(
+                f"--stage-gpus: stages {', '.join(members)} share one pool but are given different GPUs "
+                f"({', '.join(str(g) for g in sorted(given))}); give the pool one value"
+            )
+        pools.append(PoolSpec(members, count, given.pop() if given else default_gpus))
+    pools.sort(key=lambda p: active.index(p.stages[0]))
+    return pools
+
+
+# --- the loop ---------------------------------------------------------------------------------------------------------
 
 
 class ProgressLog:
@@ -88,6 +207,29 @@ class ProgressLog:
         )
 
 
+@dataclass
+class _BatchState:
+    """A decoded batch on its way through the stages: its records (stage outputs merged in as they commit)."""
+
+    batch: Any
+    records: dict[str, dict[str, Any]]
+    start: dict[str, int]  # key -> index of its first stage still to run
+    out: set[str]  # keys failed or errored at a stage: out of the running
+    position: int = 0  # the next stage to consider
+
+
+@dataclass
+class _Unit:
+    """Stages ``first..last`` (indices into the runners, all held by one pool) of one batch."""
+
+    state: _BatchState
+    pool: int
+    first: int
+    last: int
+    record_errors: bool = False
+    keys: list[str] = field(default_factory=list)
+
+
 def dispatch(
     validated: Any,
     todo: list[int],
@@ -96,9 +238,17 @@ def dispatch(
     runners: list[Any],
     label_names: list[str],
     bar: Any,
-    pool_factory: Callable[[], WorkerPool],
+    backend: WorkerBackend,
+    pools: Sequence[PoolSpec],
+    *,
+    finish: bool = True,
 ) -> dict[str, int]:
-    """Run the ``todo`` batches on the pool ``pool_factory()`` makes; returns counts (batches, worker losses)."""
+    """Run the stages of ``runners`` over the ``todo`` batches on ``pools``; returns counts (units, worker losses).
+
+    Every stage a batch still needs must be held by one of ``pools``, except the stages already done for every batch
+    (stage-major passes the earlier stages, done, and one pool). ``finish``: write each batch's release samples once
+    its stages are done (stage-major writes them after the last stage).
+    """
     from builder.engine import StageNotWorking, _prepare_batch, commit_stage, finish_batch
 
     for runner in runners:
@@ -106,88 +256,188 @@ def dispatch(
     sizes = Counter(row[1] for row in ledger.plan())
     meter = ProgressLog(ledger, sum(sizes[b] for b in todo))
     by_name = {r.name: r for r in runners}
-    queue: deque[tuple[Any, bool]] = deque((index, False) for index in todo)  # (batch index or batch, record errors)
-    deferred: list[tuple[Any, BaseException]] = []  # batches on which a stage has not worked yet (StageNotWorking)
-    in_flight: dict[Any, tuple[int, Any, dict, bool]] = {}  # handle -> (slot, batch, records, record errors)
+    pool_of = {name: i for i, spec in enumerate(pools) for name in spec.stages}
+    pending: deque[int] = deque(todo)  # batch indices not decoded yet
+    queues: list[deque[_Unit]] = [deque() for _ in pools]
+    deferred: dict[str, list[tuple[_Unit, BaseException]]] = {}  # stage -> units waiting for it to work somewhere
+    in_flight: dict[Any, tuple[int, _Unit]] = {}  # handle -> (slot, unit)
     losses: Counter[int] = Counter()
-    any_success = False
-    pool = pool_factory()
-    idle = list(range(pool.slots))
+    counts = {"units": 0, "worker_losses": 0}
+    live_batches = 0  # decoded, not finished, not deferred: bounded so that decoded images stay few
+    workers = backend.open_pools(pools, {r.name: r.ever_succeeded for r in runners}) if pools else []
+    idle = [list(range(pool.slots)) for pool in workers]
+    max_live = sum(pool.slots for pool in workers) + len(workers)
+
+    def live_at(state: _BatchState, index: int) -> list[str]:
+        return [
+            s.key
+            for s in state.batch.samples
+            if state.start.get(s.key, len(runners)) <= index and s.key not in state.out
+        ]
+
+    def route(state: _BatchState) -> None:
+        """Queue the batch's next run of stages on the pool holding them, or finish it."""
+        nonlocal live_batches
+        index = state.position
+        while index < len(runners) and not live_at(state, index):
+            index += 1
+        if index == len(runners):
+            live_batches -= 1
+            if finish:
+                finish_batch(validated, state.batch, ledger, state.records, label_names)
+                bar.batch_done(state.batch)
+                meter.batch_done(len(state.batch.samples))
+            return
+        pool = pool_of.get(runners[index].name)
+        if pool is None:  # a bug in the caller: a stage to run that no pool holds
+            raise RuntimeError(f"batch {state.batch.index} needs stage {runners[index].name}, which no pool holds")
+        last = index
+        while last + 1 < len(runners) and pool_of.get(runners[last + 1].name) == pool:
+            last += 1
+        queues[pool].append(_Unit(state, pool, index, last))
+
+    def admit() -> None:
+        nonlocal live_batches
+        while pending and live_batches < max(1, max_live):
+            batch = decode(pending.popleft())
+            records, start, out = _prepare_batch(batch, ledger, runners, label_names)
+            live_batches += 1
+            route(_BatchState(batch, records, start, out))
 
     def submit() -> None:
-        while idle and queue:
-            item, record_errors = queue.popleft()
-            batch = decode(item) if isinstance(item, int) else item
-            records, start, out = _prepare_batch(batch, ledger, runners, label_names)
-            if not start:  # everything stored already (a resumed batch): just write its samples
-                finish_batch(validated, batch, ledger, records, label_names)
-                bar.batch_done(batch)
-                meter.batch_done(len(batch.samples))
-                continue
-            slot = idle.pop(0)
-            handle = pool.submit(slot, records, [s.key for s in batch.samples], start, out, record_errors)
-            in_flight[handle] = (slot, batch, records, record_errors)
+        admit()
+        for pool, queue in enumerate(queues):
+            while idle[pool] and queue:
+                unit = queue.popleft()
+                state = unit.state
+                names = [r.name for r in runners[unit.first : unit.last + 1]]
+                keys = [s.key for s in state.batch.samples if state.start.get(s.key, len(runners)) <= unit.last]
+                keys = [k for k in keys if k not in state.out]
+                # Stage indices relative to the unit's first stage; only the records the unit's stages read travel.
+                start = {k: max(0, state.start[k] - unit.first) for k in keys}
+                records = {k: state.records[k] for k in keys}
+                slot = idle[pool].pop(0)
+                handle = workers[pool].submit(slot, names, records, keys, start, set(), unit.record_errors)
+                in_flight[handle] = (slot, unit)
+                counts["units"] += 1
+
+    def lost(slot: int, unit: _Unit, err: WorkerLost) -> None:
+        batch = unit.state.batch
+        losses[batch.index] += 1
+        counts["worker_losses"] += 1
+        keys = ", ".join(s.key for s in batch.samples)
+        stages = ", ".join(r.name for r in runners[unit.first : unit.last + 1])
+        if losses[batch.index] >= MAX_WORKER_LOSSES:
+            raise RuntimeError(
+                f"batch {batch.index} ({keys}) lost its worker {losses[batch.index]} times (last: {err}); "
+                "the batch itself probably kills workers (e.g. out of memory): lower --batch-size (or the stage's "
+                "batch_size), then re-run the same command (finished samples are kept)"
+            ) from err
+        logger.warning(
+            "worker %d of the %s pool died running batch %d (%s): %s; the batch goes to the next worker",
+            slot,
+            stages,
+            batch.index,
+            keys,
+            err,
+        )
+        workers[unit.pool].restart(slot)
+        queues[unit.pool].appendleft(unit)
+
+    def not_working(unit: _Unit, err: StageNotWorking) -> None:
+        nonlocal live_batches
+        if by_name[err.stage].ever_succeeded:  # it works elsewhere: this batch's errors are its samples'
+            unit.record_errors = True
+            queues[unit.pool].append(unit)
+            return
+        logger.warning("%s; deferring batch %d until the stage works on another batch", err, unit.state.batch.index)
+        deferred.setdefault(err.stage, []).append((unit, err))
+        live_batches -= 1
+
+    def commit(unit: _Unit, results: list[Any]) -> None:
+        nonlocal live_batches
+        state = unit.state
+        for result in results:
+            # The result carries the stage's description from the worker that loaded it (the manifest's).
+            runner = by_name[result.stage]
+            commit_stage(ledger, state.batch.index, runner, result)
+            for key, message in result.errors.items():
+                logger.warning(
+                    "stage %s raised on %s: %s (recorded; re-run the build to retry it)", result.stage, key, message
+                )
+            for key, update in result.updates.items():
+                state.records[key].update(update)
+            state.out |= set(result.failures) | set(result.errors)
+            bar.stage_done(state.batch, result.stage, len(result.updates) + len(result.failures) + len(result.errors))
+            runner.ever_succeeded = True
+            for late, _err in deferred.pop(result.stage, []):  # the stage works: their errors are their samples'
+                late.record_errors = True
+                queues[late.pool].append(late)
+                live_batches += 1
+        state.position = unit.last + 1
+        route(state)
 
     try:
         submit()
         while in_flight:
-            for handle in pool.wait(list(in_flight)):
-                slot, batch, records, record_errors = in_flight.pop(handle)
+            for handle in backend.wait(list(in_flight)):
+                slot, unit = in_flight.pop(handle)
                 try:
-                    results = pool.result(handle)
+                    results = workers[unit.pool].result(handle)
                 except WorkerLost as err:
-                    losses[batch.index] += 1
-                    keys = ", ".join(s.key for s in batch.samples)
-                    if losses[batch.index] >= MAX_WORKER_LOSSES:
-                        raise RuntimeError(
-                            f"batch {batch.index} ({keys}) lost its worker {losses[batch.index]} times (last: {err}); "
-                            "the batch itself probably kills workers (e.g. out of memory): lower --batch-size, then "
-                            "re-run the same command (finished samples are kept)"
-                        ) from err
-                    logger.warning(
-                        "worker %d died running batch %d (%s): %s; the batch goes to the next worker",
-                        slot,
-                        batch.index,
-                        keys,
-                        err,
-                    )
-                    pool.restart(slot)
-                    idle.append(slot)
-                    queue.appendleft((batch, record_errors))
+                    lost(slot, unit, err)
+                    idle[unit.pool].append(slot)
                     continue
                 except StageNotWorking as err:
-                    idle.append(slot)
-                    if any_success:
-                        queue.append((batch, True))
-                    else:
-                        logger.warning(
-                            "%s; deferring batch %d until the stage works on another batch", err, batch.index
-                        )
-                        deferred.append((batch, err))
+                    idle[unit.pool].append(slot)
+                    not_working(unit, err)
                     continue
-                idle.append(slot)
-                any_success = True
-                queue.extend((late, True) for late, _ in deferred)
-                deferred.clear()
-                for result in results:
-                    # The result carries the stage's description from the worker that loaded it (the manifest's).
-                    commit_stage(ledger, batch.index, by_name[result.stage], result)
-                    for key, message in result.errors.items():
-                        logger.warning(
-                            "stage %s raised on %s: %s (recorded; re-run the build to retry it)",
-                            result.stage,
-                            key,
-                            message,
-                        )
-                    for key, update in result.updates.items():
-                        records[key].update(update)
-                    bar.stage_done(batch, result.stage, len(result.updates) + len(result.failures) + len(result.errors))
-                finish_batch(validated, batch, ledger, records, label_names)
-                bar.batch_done(batch)
-                meter.batch_done(len(batch.samples))
+                idle[unit.pool].append(slot)
+                commit(unit, results)
             submit()
     finally:
-        pool.close()
+        for pool in workers:
+            pool.close()
     if deferred:
-        raise deferred[0][1]
-    return {"batches": len(todo), "worker_losses": sum(losses.values())}
+        raise next(iter(deferred.values()))[0][1]
+    return counts
+
+
+def run_pools(
+    validated: Any,
+    todo: list[int],
+    decode: Callable[[int], Any],
+    ledger: Any,
+    runners: list[Any],
+    label_names: list[str],
+    bar: Any,
+    backend: WorkerBackend,
+    pools: Sequence[PoolSpec],
+    schedule: str = "batch-major",
+) -> dict[str, int]:
+    """Run a build's pending batches on ``pools`` under ``schedule``; returns counts (units, worker losses)."""
+    if schedule != "stage-major":
+        return dispatch(validated, todo, decode, ledger, runners, label_names, bar, backend, pools)
+    totals: Counter[str] = Counter()
+    for position, runner in enumerate(runners):
+        spec = next(p for p in pools if runner.name in p.stages)
+        only = PoolSpec((runner.name,), spec.workers, spec.gpus)
+        logger.info("stage-major: stage %s on %d worker(s)", runner.name, only.workers)
+        totals.update(
+            dispatch(
+                validated,
+                todo,
+                decode,
+                ledger,
+                runners[: position + 1],
+                label_names,
+                bar,
+                backend,
+                [only],
+                finish=False,
+            )
+        )
+        logger.info("stage %s done for every pending sample; its workers are stopped", runner.name)
+    # Every stage is done: replay each batch from the ledger and write its release samples (no worker needed).
+    totals.update(dispatch(validated, todo, decode, ledger, runners, label_names, bar, backend, [], finish=True))
+    return dict(totals)

@@ -453,7 +453,8 @@ def build(
     (errors are always retried). ``schedule``: ``batch-major`` (each batch through every stage) or ``stage-major``
     (every pending sample through one stage, its models released, then the next stage); same bytes.
     ``engine_options``: keyword options of the engine (``devices`` for ``devices``, ``address`` and
-    ``gpus_per_worker`` for ``ray``); see docs/scaling.md. ``keep_inversions=False`` drops each batch's stored
+    ``gpus_per_worker`` for ``ray``; ``stage_workers`` / ``stage_gpus`` for per-stage worker pools on both, see
+    ``builder.dispatch``); see docs/scaling.md. ``keep_inversions=False`` drops each batch's stored
     inversions (outputs of the stages that produce ``inversion``) from the ledger once the batch is done: about 12 MB
     per image at 512 px; the release is unchanged, and a batch reopened later (errors, ``--retry-failures``) inverts
     again. ``record_memory``: write each stage's peak memory per device (always logged per batch and kept in the
@@ -466,8 +467,6 @@ def build(
     run_engine = ENGINES.resolve(engine)  # an unknown engine fails here, before anything is written
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule {schedule!r}: expected one of {', '.join(SCHEDULES)}")
-    if schedule != "batch-major" and engine != "local":
-        raise ValueError(f"--schedule {schedule} runs on the local engine; the {engine} engine is batch-major")
     if not isinstance(torch_threads, int) or isinstance(torch_threads, bool) or torch_threads < 1:
         raise ValueError(f"torch threads {torch_threads!r}: expected a positive integer")
     preflight = getattr(run_engine, "preflight", None)
@@ -477,6 +476,9 @@ def build(
         unknown = sorted(set(engine_options) - set(inspect.signature(run_engine).parameters))
         if unknown:
             raise ValueError(f"the {engine} engine takes no option {', '.join(unknown)} (see docs/scaling.md)")
+        check_options = getattr(run_engine, "check_options", None)
+        if check_options is not None:  # e.g. --stage-workers naming a stage the config lacks: before any write
+            check_options(validated, engine_options)
         run_engine = functools.partial(run_engine, **engine_options)
     if validated.active:  # a build of `original` alone never imports torch
         device = resolve_device(device)
@@ -932,7 +934,7 @@ def run_stages(
             continue
         if on_stage_start is not None:
             on_stage_start(runner.name)
-        result = runner.run(live, record_errors)
+        result = run_stage(runner, live, record_errors)
         if on_stage_done is not None:
             on_stage_done(result, len(live))
         for key, update in result.updates.items():
@@ -940,6 +942,24 @@ def run_stages(
         out |= set(result.failures) | set(result.errors)
         results.append(result)
     return results
+
+
+def run_stage(runner: _StageRunner, live: list[dict[str, Any]], record_errors: bool = False) -> StageResult:
+    """One stage over the live records of a batch, in calls of at most the stage's ``batch_size`` records (key order).
+
+    Every engine runs stages through here, so the sub-batches, and so the bytes, are the same on each. The parts
+    merge into one result, committed as one: a stage commits whole per build batch, as without sub-batches.
+    """
+    size = runner.config.batch_size
+    if not size or size >= len(live):
+        return runner.run(live, record_errors)
+    parts = [runner.run(live[i : i + size], record_errors) for i in range(0, len(live), size)]
+    merged = StageResult(runner.name, {}, {}, {}, parts[-1].description)
+    for part in parts:
+        merged.updates.update(part.updates)
+        merged.failures.update(part.failures)
+        merged.errors.update(part.errors)
+    return merged
 
 
 def commit_stage(ledger: Ledger, batch_index: int, runner: _StageRunner, result: StageResult) -> None:

@@ -2,8 +2,9 @@
 
 ``lance-cf build ... --devices cuda:0,cuda:1,cuda:2,cuda:3`` starts one process per listed device (a device may be
 listed twice, e.g. ``cpu,cpu`` for two CPU workers, or ``cuda:0,cuda:0`` for two workers sharing a large GPU). Each
-process loads every active stage once, on its device, under the build's torch settings (``--torch-threads``, CUDA
-determinism: ``builder.runtime.torch_settings``), and runs the stages of whole batches; the driver owns the plan,
+process loads every active stage once (or, with ``--stage-workers``, its pool's stages), on its device, under the
+build's torch settings (``--torch-threads``, CUDA determinism: ``builder.runtime.torch_settings``), and runs those
+stages over whole batches (``builder.dispatch``: pools, schedules, faults); the driver owns the plan,
 the ledger and the shards (``builder.dispatch``), so the release is byte-identical to a one-device build with the
 same thread settings on the same kind of device. A worker process that dies loses only the batch it was running,
 which goes to the next free worker; the dead worker is replaced.
@@ -20,7 +21,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from builder.dispatch import WorkerLost, dispatch
+from builder.dispatch import WorkerLost
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ def _run_on_worker(*args: Any) -> Any:
 
 
 class DevicePool:
-    """One single-process executor per device: a dead process breaks only its own executor, which is replaced."""
+    """One single-process executor per worker: a dead process breaks only its own executor, which is replaced."""
 
     def __init__(self, devices: list[str], stages: list[Any], torch_threads: int, worked: list[bool]):
         import multiprocessing
@@ -78,10 +79,6 @@ class DevicePool:
     def submit(self, slot: int, *args: Any) -> Any:
         return self._executors[slot].submit(_run_on_worker, *args)
 
-    def wait(self, handles: list[Any]) -> list[Any]:
-        done, _ = wait(handles, return_when=FIRST_COMPLETED)
-        return list(done)
-
     def result(self, handle: Any) -> Any:
         try:
             return handle.result()
@@ -97,6 +94,36 @@ class DevicePool:
             executor.shutdown(wait=True, cancel_futures=True)
 
 
+class DeviceBackend:
+    """Starts ``DevicePool``s, dealing the listed devices to their workers in order (cycling when there are more
+    workers than devices): pools opened together take consecutive devices, each opening starts again at the first."""
+
+    def __init__(self, devices: list[str], stages: dict[str, Any], torch_threads: int):
+        self._devices = list(devices)
+        self._stages = stages
+        self._torch_threads = torch_threads
+
+    def open_pools(self, specs, worked: dict[str, bool]) -> list[DevicePool]:
+        pools, dealt = [], 0
+        for spec in specs:
+            devices = [self._devices[(dealt + i) % len(self._devices)] for i in range(spec.workers)]
+            dealt += spec.workers
+            logger.info("devices engine: %s on %s", "+".join(spec.stages), ", ".join(devices))
+            pools.append(
+                DevicePool(
+                    devices,
+                    [self._stages[name] for name in spec.stages],
+                    self._torch_threads,
+                    [worked[name] for name in spec.stages],
+                )
+            )
+        return pools
+
+    def wait(self, handles: list[Any]) -> list[Any]:
+        done, _ = wait(handles, return_when=FIRST_COMPLETED)
+        return list(done)
+
+
 def run_devices(
     validated: Any,
     source: Any,
@@ -108,30 +135,41 @@ def run_devices(
     torch_threads: int = 1,
     schedule: str = "batch-major",
     devices: list[str] | None = None,
+    stage_workers: dict[str, int] | None = None,
 ) -> None:
     """The ``devices`` engine (``builder.registry.ENGINES``): ``devices`` lists one device per worker process
-    (default: ``workers`` processes on the build's device)."""
+    (default: ``workers`` processes on the build's device); ``stage_workers`` gives stages pools of their own
+    (``builder.dispatch.plan_pools``; the other stages share one pool of ``len(devices)`` workers)."""
     from builder.engine import _drive
 
     if not devices:
         devices = [runners[0].device if runners else "cpu"] * max(1, workers)
-    remote = functools.partial(_devices_loop, devices=list(devices), torch_threads=torch_threads)
+    remote = functools.partial(
+        _devices_loop,
+        devices=list(devices),
+        torch_threads=torch_threads,
+        schedule=schedule,
+        stage_workers=stage_workers,
+    )
     _drive(validated, source, plan, ledger, runners, progress, schedule, remote=remote)
 
 
-def _devices_loop(validated, todo, decode, ledger, runners, label_names, bar, *, devices, torch_threads) -> None:
-    stages = [r.validated for r in runners]
-    worked = [r.ever_succeeded for r in runners]
-    logger.info("devices engine: %d worker process(es) on %s", len(devices), ", ".join(devices))
-    counts = dispatch(
-        validated,
-        todo,
-        decode,
-        ledger,
-        runners,
-        label_names,
-        bar,
-        lambda: DevicePool(devices, stages, torch_threads, worked),
-    )
-    if counts["worker_losses"]:
-        logger.warning("devices engine: %d batch run(s) lost with their worker and run again", counts["worker_losses"])
+def _check_devices_options(validated: Any, options: dict[str, Any]) -> None:
+    from builder.dispatch import check_pool_options
+
+    check_pool_options(validated, options)
+
+
+run_devices.check_options = _check_devices_options  # build() checks the options against the config first
+
+
+def _devices_loop(
+    validated, todo, decode, ledger, runners, label_names, bar, *, devices, torch_threads, schedule, stage_workers
+) -> None:
+    from builder.dispatch import plan_pools, run_pools
+
+    pools = plan_pools([r.name for r in runners], stage_workers, None, len(devices), None)
+    backend = DeviceBackend(devices, {r.name: r.validated for r in runners}, torch_threads)
+    counts = run_pools(validated, todo, decode, ledger, runners, label_names, bar, backend, pools, schedule)
+    if counts.get("worker_losses"):
+        logger.warning("devices engine: %d unit(s) lost with their worker and run again", counts["worker_losses"])

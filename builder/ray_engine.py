@@ -1,13 +1,16 @@
-"""The Ray engine: the same build, with the stages of several batches running at once on Ray actors.
+"""The Ray engine: the same build, with its stages running on pools of Ray actors, on any nodes.
 
 The driver keeps everything that decides the release's bytes: the plan, decoding, the ledger and emission. Each
-actor loads the stages' models once, with the same torch settings as a local build (intra-op threads, CUDA
-determinism: ``builder.runtime.torch_settings``), and runs the unfinished stages of whole batches (batch composition
-is fixed by the plan, so results do not depend on which actor ran them). The driver commits each batch's stage
-outputs and release samples as results arrive, in whatever order, so a killed Ray build resumes like a local one and
-the shards (written in key order from the ledger) are byte-identical to a local build's.
+actor loads its pool's stages once (every active stage by default; one stage or a group with ``--stage-workers``),
+with the same torch settings as a local build (intra-op threads, CUDA determinism: ``builder.runtime.torch_settings``),
+and runs those stages over whole batches (batch composition is fixed by the plan, so results do not depend on which
+actor ran them). The driver commits each stage's outputs and each batch's release samples as results arrive, in
+whatever order, so a killed Ray build resumes like a local one and the shards (written in key order from the ledger)
+are byte-identical to a local build's.
 
-Connects to ``--ray-address`` (or the cluster named by ``RAY_ADDRESS``) when set, else starts a local one. The\nloop that feeds actors and commits their results, with retries of batches whose actor died, is\n``builder.dispatch`` (shared with the ``devices`` engine).
+Connects to ``--ray-address`` (or the cluster named by ``RAY_ADDRESS``) when set, else starts a local one. The loop
+that feeds the pools and commits their results, with retries of units whose actor died, and the schedules, are
+``builder.dispatch`` (shared with the ``devices`` engine).
 """
 
 from __future__ import annotations
@@ -31,23 +34,26 @@ def _import_ray():
 
 
 class StageWorker:
-    """One Ray actor: the active stages, loaded once on this actor's device, under the build's torch settings."""
+    """One worker (a Ray actor or a ``devices`` process): the stages of its pool, each loaded once on this worker's
+    device, under the build's torch settings."""
 
     def __init__(self, stages: list[Any], device: str, torch_threads: int, worked: list[bool]):
         from builder.engine import _StageRunner
         from builder.runtime import torch_settings
 
-        # Entered for the actor's life (it runs nothing else); the driver records the same settings.
+        # Entered for the worker's life (it runs nothing else); the driver records the same settings.
         self._settings = torch_settings(torch_threads, device)
         self._settings.__enter__()
-        self.runners = [_StageRunner(s, device, ledger=None) for s in stages]
-        for runner, has_worked in zip(self.runners, worked, strict=True):
+        self.runners = {s.config.name: _StageRunner(s, device, ledger=None) for s in stages}
+        for runner, has_worked in zip(self.runners.values(), worked, strict=True):
             runner.ever_succeeded = has_worked
 
-    def run(self, records, keys, start, out, record_errors: bool):
+    def run(self, names: list[str], records, keys, start, out, record_errors: bool):
+        """Stages ``names`` (consecutive in the build, all of this worker's pool) over a batch's records."""
         from builder.engine import run_stages
 
-        return run_stages(self.runners, records, keys, start, out, record_errors=record_errors)
+        runners = [self.runners[name] for name in names]
+        return run_stages(runners, records, keys, start, out, record_errors=record_errors)
 
 
 def run_ray(
@@ -62,25 +68,46 @@ def run_ray(
     schedule: str = "batch-major",
     address: str | None = None,
     gpus_per_worker: float | None = None,
+    stage_workers: dict[str, int] | None = None,
+    stage_gpus: dict[str, float] | None = None,
 ) -> None:
-    """The ``ray`` engine (``builder.registry.ENGINES``): plans like the local engine, runs batches on actors.
+    """The ``ray`` engine (``builder.registry.ENGINES``): plans like the local engine, runs stages on actor pools.
 
     ``address``: the Ray cluster to join (else ``RAY_ADDRESS``, else a local one); ``gpus_per_worker``: GPUs each
-    actor reserves (default 1 on cuda, 0 on cpu).
+    actor reserves (default 1 on cuda, 0 on cpu); ``stage_workers`` / ``stage_gpus``: per-stage pools
+    (``builder.dispatch.plan_pools``; ``{"edit": 4}``, ``{"invert+edit": 4}``), the other stages sharing one pool of
+    ``workers`` actors.
     """
     from builder.engine import _drive
 
     remote = functools.partial(
-        _ray_loop, workers=workers, torch_threads=torch_threads, address=address, gpus_per_worker=gpus_per_worker
+        _ray_loop,
+        workers=workers,
+        torch_threads=torch_threads,
+        schedule=schedule,
+        address=address,
+        gpus_per_worker=gpus_per_worker,
+        stage_workers=stage_workers,
+        stage_gpus=stage_gpus,
     )
     _drive(validated, source, plan, ledger, runners, progress, schedule, remote=remote)
 
 
+def _check_ray_options(validated: Any, options: dict[str, Any]) -> None:
+    from builder.dispatch import check_pool_options
+
+    check_pool_options(validated, options)
+
+
 run_ray.preflight = _import_ray  # build() calls an engine's preflight before it writes anything
+run_ray.check_options = _check_ray_options  # and checks its options against the config
 
 
 class RayActorPool:
-    """``workers`` StageWorker actors; a dead actor (``RayActorError``) is replaced by a new one."""
+    """``workers`` StageWorker actors holding ``stages``; a dead actor (``RayActorError``) is replaced by a new one.
+
+    Actors are spread over the cluster's nodes (``SPREAD``), so losing a node loses as few of a pool's actors as can be.
+    """
 
     def __init__(
         self,
@@ -93,18 +120,13 @@ class RayActorPool:
         gpus: float,
     ):
         self._ray = ray
-        self._make = lambda: ray.remote(num_gpus=gpus, num_cpus=1, max_restarts=0)(StageWorker).remote(
-            stages, device, torch_threads, worked
-        )
+        actor = ray.remote(num_gpus=gpus, num_cpus=1, max_restarts=0, scheduling_strategy="SPREAD")(StageWorker)
+        self._make = lambda: actor.remote(stages, device, torch_threads, worked)
         self.actors = [self._make() for _ in range(max(1, workers))]
         self.slots = len(self.actors)
 
     def submit(self, slot: int, *args: Any) -> Any:
         return self.actors[slot].run.remote(*args)
-
-    def wait(self, handles: list[Any]) -> list[Any]:
-        ready, _ = self._ray.wait(handles, num_returns=1)
-        return ready
 
     def result(self, handle: Any) -> Any:
         from ray.exceptions import RayActorError, RayTaskError, WorkerCrashedError
@@ -131,6 +153,52 @@ class RayActorPool:
             self._ray.kill(actor)
 
 
+class RayBackend:
+    """Starts ``RayActorPool``s on the connected cluster; waits on the handles of all of them at once."""
+
+    def __init__(self, ray: Any, stages: dict[str, Any], device: str, torch_threads: int, default_gpus: float):
+        self._ray = ray
+        self._stages = stages
+        self._device = device
+        self._torch_threads = torch_threads
+        self._default_gpus = default_gpus
+
+    def open_pools(self, specs, worked: dict[str, bool]) -> list[RayActorPool]:
+        _warn_if_the_cluster_is_too_small(self._ray, specs, self._default_gpus)
+        return [
+            RayActorPool(
+                self._ray,
+                [self._stages[name] for name in spec.stages],
+                self._device,
+                self._torch_threads,
+                [worked[name] for name in spec.stages],
+                spec.workers,
+                spec.gpus if spec.gpus is not None else self._default_gpus,
+            )
+            for spec in specs
+        ]
+
+    def wait(self, handles: list[Any]) -> list[Any]:
+        ready, _ = self._ray.wait(handles, num_returns=1)
+        return ready
+
+
+def _warn_if_the_cluster_is_too_small(ray: Any, specs, default_gpus: float) -> None:
+    """Actors that do not fit wait for resources forever (or for an autoscaler): say so instead of hanging quietly."""
+    cpus = sum(spec.workers for spec in specs)
+    gpus = sum(spec.workers * (spec.gpus if spec.gpus is not None else default_gpus) for spec in specs)
+    have = ray.cluster_resources()
+    if cpus > have.get("CPU", 0) or gpus > have.get("GPU", 0) + 1e-9:
+        logger.warning(
+            "the worker pools need %d CPU(s) and %g GPU(s) (1 CPU per actor) but the Ray cluster has %g and %g: "
+            "the actors that do not fit wait until resources appear (lower --workers / --stage-workers, or add nodes)",
+            cpus,
+            gpus,
+            have.get("CPU", 0),
+            have.get("GPU", 0),
+        )
+
+
 def _ray_loop(
     validated: Any,
     todo: list[int],
@@ -142,27 +210,25 @@ def _ray_loop(
     *,
     workers: int,
     torch_threads: int,
+    schedule: str = "batch-major",
     address: str | None = None,
     gpus_per_worker: float | None = None,
+    stage_workers: dict[str, int] | None = None,
+    stage_gpus: dict[str, float] | None = None,
 ) -> None:
-    from builder.dispatch import dispatch
+    from builder.dispatch import plan_pools, run_pools
 
     ray = _import_ray()
     if not ray.is_initialized():
         ray.init(address=address, ignore_reinit_error=True, include_dashboard=False, log_to_driver=False)
     device = runners[0].device if runners else "cpu"
     gpus = gpus_per_worker if gpus_per_worker is not None else (1 if device.startswith("cuda") else 0)
-    stages = [r.validated for r in runners]
-    worked = [r.ever_succeeded for r in runners]
-    counts = dispatch(
-        validated,
-        todo,
-        decode,
-        ledger,
-        runners,
-        label_names,
-        bar,
-        lambda: RayActorPool(ray, stages, device, torch_threads, worked, workers, gpus),
+    pools = plan_pools([r.name for r in runners], stage_workers, stage_gpus, max(1, workers), gpus)
+    logger.info(
+        "ray engine: %s",
+        "; ".join(f"{'+'.join(p.stages)}: {p.workers} actor(s), {p.gpus} GPU each" for p in pools),
     )
-    if counts["worker_losses"]:
-        logger.warning("ray engine: %d batch run(s) lost with their actor and run again", counts["worker_losses"])
+    backend = RayBackend(ray, {r.name: r.validated for r in runners}, device, torch_threads, gpus)
+    counts = run_pools(validated, todo, decode, ledger, runners, label_names, bar, backend, pools, schedule)
+    if counts.get("worker_losses"):
+        logger.warning("ray engine: %d unit(s) lost with their actor and run again", counts["worker_losses"])

@@ -98,3 +98,101 @@ def release_files(root: Path) -> dict[str, str]:
         if path.is_file() and not rel.startswith(".lance-cf/"):
             out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
     return out
+
+
+DEMO_LIMIT = 4  # four demo photos in batches of one: enough batches for two workers and a kill
+
+
+def demo_config():
+    """The demo preset's real tiny stages on four photos in batches of one (the ``local_demo`` fixture's config)."""
+    from builder.config import apply_overrides, load_config
+
+    return apply_overrides(load_config("demo"), batch_size=1, limit=DEMO_LIMIT)
+
+
+def done_batches(output: Path) -> int:
+    """Batches the build in ``output`` has finished so far (read-only; 0 before the ledger exists)."""
+    import sqlite3
+
+    path = output / ".lance-cf" / "ledger.sqlite"
+    if not path.exists():
+        return 0
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5) as db:
+            return db.execute("SELECT COUNT(*) FROM done_batches").fetchone()[0]
+    except sqlite3.Error:
+        return 0  # tables not created yet
+
+
+def stored_stage_outputs(output: Path) -> int:
+    """Stage results committed so far (any stage, any sample): a stage-major build's progress."""
+    import sqlite3
+
+    path = output / ".lance-cf" / "ledger.sqlite"
+    if not path.exists():
+        return 0
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5) as db:
+            return db.execute("SELECT COUNT(*) FROM stage_outputs").fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
+def cmdline(process) -> str:
+    import psutil
+
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:
+        return ""
+
+
+def build_while(config, output: Path, strike, **build_kwargs) -> bool:
+    """Run build() on a thread; every 0.5 s call ``strike()`` until it returns True (it did its harm: killed a
+    worker, removed a node) or the build ends. Returns whether it struck; re-raises the build's error."""
+    import threading
+    import time
+
+    from builder.engine import build
+
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["manifest"] = build(config, output, device="cpu", progress=False, **build_kwargs)
+        except BaseException as err:  # noqa: BLE001 - re-raised on the test's thread
+            outcome["error"] = err
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    struck = False
+    while thread.is_alive() and not struck:
+        time.sleep(0.5)
+        struck = bool(strike())
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return struck
+
+
+def build_killing_one_worker(output: Path, is_worker, **build_kwargs) -> list[int]:
+    """Build ``demo_config()``; once a batch is done, SIGKILL one worker process (found by ``is_worker``) while later
+    batches are still running. Returns the killed pids."""
+    import os
+    import signal
+
+    import psutil
+
+    killed: list[int] = []
+
+    def strike() -> bool:
+        if done_batches(output) < 1:
+            return False
+        workers = [p for p in psutil.Process().children(recursive=True) if is_worker(p)]
+        if len(workers) >= 2:
+            os.kill(workers[0].pid, signal.SIGKILL)
+            killed.append(workers[0].pid)
+        return bool(killed)
+
+    build_while(demo_config(), output, strike, **build_kwargs)
+    return killed

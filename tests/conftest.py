@@ -49,3 +49,17 @@ def tiny_sd(tiny_sd_dir):
     from lance_pipeline.sd_components import load_stable_diffusion_components
 
     return load_stable_diffusion_components(str(tiny_sd_dir), dtype="float32", device="cpu")
+
+
+# -- one local build of the demo preset's real tiny stages, the reference of every engine/schedule byte comparison ---
+@pytest.fixture(scope="session")
+def local_demo(tmp_path_factory):
+    """``builder_helpers.demo_config()`` built by the local engine, batch-major (tests/test_scale.py,
+    tests/test_builder_ray.py, tests/test_builder_schedule.py compare other engines and schedules to it)."""
+    from builder_helpers import demo_config
+
+    from builder.engine import build
+
+    out = tmp_path_factory.mktemp("demo-local") / "release"
+    build(demo_config(), out, device="cpu", progress=False)
+    return out

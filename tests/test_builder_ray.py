@@ -1,12 +1,32 @@
-"""The Ray engine gives the same bytes as the local one, and a missing Ray extra is a one-line install hint."""
+"""The Ray engine gives the local engine's bytes: per-stage actor pools, per-stage batch sizes, both schedules, an
+actor killed by pid and a whole node removed mid-build; a missing Ray extra is a one-line install hint.
+
+One Ray cluster serves the module: a head and a second node (``ray.cluster_utils.Cluster``: each node its own
+raylet, on this machine). The node-removal test runs last and adds a fresh node back.
+"""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import logging
+import os
 
 import pytest
-from builder_helpers import ALL_CONFIGS, FAKE_STAGES, REPO, cli, make_imagefolder, release_files, write_config
+from builder_helpers import (
+    ALL_CONFIGS,
+    FAKE_STAGES,
+    REPO,
+    build_killing_one_worker,
+    build_while,
+    cli,
+    cmdline,
+    demo_config,
+    make_imagefolder,
+    release_files,
+    stored_stage_outputs,
+    write_config,
+)
 
 from builder.config import load_config
 from builder.engine import build
@@ -15,29 +35,53 @@ from builder.verify import verify_release
 pytestmark = pytest.mark.slow  # starts Ray
 
 HAS_RAY = importlib.util.find_spec("ray") is not None
+needs_ray = pytest.mark.skipif(not HAS_RAY, reason="the [ray] extra is not installed")
+NODE_CPUS = 2  # logical CPUs per node: the pools of these tests need at most 3 actors of 1 CPU
 
 
-@pytest.mark.skipif(not HAS_RAY, reason="the [ray] extra is not installed")
-def test_ray_engine_matches_local_build_byte_for_byte(tmp_path):
+@pytest.fixture(scope="module")
+def ray_cluster():
     import ray
+    from ray.cluster_utils import Cluster
 
-    src = make_imagefolder(tmp_path / "src", ["a", "b", "c"], per_class=3)
-    # Batches of one, and the first sample breaks the caption stage: its batch is deferred until the stage has
-    # worked on another batch, then recorded as a failure, on Ray as locally.
-    stages = [FAKE_STAGES[0] | {"options": {"fail_keys": ["a_img_000", "b_img_001"]}}, FAKE_STAGES[1]]
-    cfg = load_config(
-        str(write_config(tmp_path / "c.yaml", f"imagefolder:{src}", stages=stages, configs=ALL_CONFIGS, batch_size=1))
+    # A dead node is noticed within about a second (the default health check takes ~30 s).
+    system = {"health_check_period_ms": 500, "health_check_failure_threshold": 2, "health_check_initial_delay_ms": 0}
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": NODE_CPUS, "include_dashboard": False, "_system_config": system},
     )
-    build(cfg, tmp_path / "local", progress=False)
-    # Actors import the stages (tests.fake_stages) from the repository.
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+    cluster.add_node(num_cpus=NODE_CPUS)
+    # Actors import the stages (tests.fake_stages, demo components) like the driver: same path, same caches.
+    env_vars = {
+        name: os.environ[name]
+        for name in ("LANCE_CF_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
+        if name in os.environ
+    }
+    ray.init(address=cluster.address, runtime_env={"env_vars": {"PYTHONPATH": str(REPO), **env_vars}})
+    cluster.wait_for_nodes()
     try:
-        build(cfg, tmp_path / "ray", progress=False, engine="ray", workers=2)
+        yield cluster
     finally:
         ray.shutdown()
+        cluster.shutdown()
+
+
+@needs_ray
+def test_ray_pools_and_stage_batch_sizes_give_the_local_bytes_with_errors_and_deferral(ray_cluster, tmp_path):
+    """Fake stages whose edit output depends on a record's position in its call, with ``batch_size: 1`` on the edit
+    stage and batches of two: the sub-batches are the same on Ray. The first batch breaks the caption stage on both
+    samples: deferred until the stage has worked on another batch, then recorded as errors, as locally."""
+    src = make_imagefolder(tmp_path / "src", ["a", "b", "c"], per_class=3)
+    caption = FAKE_STAGES[0] | {"options": {"fail_keys": ["a_img_000", "a_img_001", "b_img_001"]}}
+    stages = [caption, FAKE_STAGES[1] | {"batch_size": 1}]
+    cfg = load_config(
+        str(write_config(tmp_path / "c.yaml", f"imagefolder:{src}", stages=stages, configs=ALL_CONFIGS, batch_size=2))
+    )
+    build(cfg, tmp_path / "local", progress=False)
+    build(cfg, tmp_path / "ray", progress=False, engine="ray", workers=2)  # one pool of two actors, whole batches
     assert verify_release(tmp_path / "ray") == []
     manifest = json.loads((tmp_path / "ray" / "manifest.json").read_text())
-    assert [e["source_key"] for e in manifest["build"]["errors"]] == ["a_img_000", "b_img_001"]
+    assert [e["source_key"] for e in manifest["build"]["errors"]] == ["a_img_000", "a_img_001", "b_img_001"]
     assert release_files(tmp_path / "ray") == release_files(tmp_path / "local")
 
 
@@ -47,7 +91,6 @@ def test_missing_ray_extra_names_the_install_command(tmp_path):
     # Hide ray from the subprocess, whether or not it is installed here.
     (tmp_path / "shadow").mkdir()
     (tmp_path / "shadow" / "ray.py").write_text("raise ImportError('No module named ray')\n")
-    import os
 
     env_path = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = f"{tmp_path / 'shadow'}{os.pathsep}{env_path}"
@@ -59,30 +102,54 @@ def test_missing_ray_extra_names_the_install_command(tmp_path):
     assert "pip install 'lance-counterfactuals[ray]'" in proc.stderr and "Traceback" not in proc.stderr
 
 
-@pytest.mark.skipif(not HAS_RAY, reason="the [ray] extra is not installed")
-def test_ray_with_two_workers_matches_local_on_the_demo_real_tiny_models(tmp_path):
-    """The demo preset's real stages (tiny BLIP-2, causal LM, MiniLM, masked LM, Stable Diffusion, CLIP): Ray with
-    2 workers writes the same bytes as the local engine, because both run stages with the same torch threads."""
-    import os
-
-    import ray
-
-    from builder.config import apply_overrides
-
-    config = apply_overrides(load_config("demo"), limit=3, batch_size=1)  # 3 batches for 2 actors
-    build(config, tmp_path / "local", progress=False)
-    env_vars = {
-        name: os.environ[name]
-        for name in ("LANCE_CF_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
-        if name in os.environ
-    }
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO), **env_vars}})
-    try:
-        build(config, tmp_path / "ray", progress=False, engine="ray", workers=2)
-    finally:
-        ray.shutdown()
-    assert verify_release(tmp_path / "ray") == []
-    manifest = json.loads((tmp_path / "ray" / "manifest.json").read_text())
-    assert manifest["counts"]["counterfactual"]["total"] > 0 and manifest["build"]["torch_threads"] == 1
+@needs_ray
+def test_per_stage_pools_on_the_demo_stages_with_an_actor_killed_give_the_local_bytes(
+    ray_cluster, local_demo, tmp_path, caplog
+):
+    """The demo preset's real tiny stages: the edit stage in a pool of two actors, the other seven stages in a pool of
+    one (a pipeline: batches in different stages at once). One actor is killed by pid once a batch is done; its unit
+    is retried on a new actor and the release is byte-identical to the local engine's."""
+    out = tmp_path / "ray"
+    caplog.set_level(logging.WARNING, logger="builder.dispatch")
+    killed = build_killing_one_worker(
+        out,
+        lambda p: "ray::StageWorker" in cmdline(p) or p.name().startswith("ray::StageWorker"),
+        engine="ray",
+        workers=1,
+        engine_options={"stage_workers": {"edit": 2}},
+    )
+    assert killed, "the build ended before an actor could be killed"
+    assert any("died running batch" in r.getMessage() for r in caplog.records), "no unit was retried"
+    assert verify_release(out) == []
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["build"]["torch_threads"] == 1
     assert "scheduler" in manifest["stages"]["invert"]  # described where it ran, with its models loaded
-    assert release_files(tmp_path / "ray") == release_files(tmp_path / "local")
+    assert release_files(out) == release_files(local_demo)
+
+
+@needs_ray
+def test_stage_major_on_two_nodes_with_one_node_removed_gives_the_local_bytes(
+    ray_cluster, local_demo, tmp_path, caplog
+):
+    """Stage-major on Ray (one stage's pool of two actors at a time, spread over the two nodes): once the first stage
+    results are committed the second node is removed (its raylet and every actor on it killed, no drain); the lost
+    units run again on the head node and the release is byte-identical to the local engine's batch-major build."""
+    out = tmp_path / "ray"
+    caplog.set_level(logging.WARNING, logger="builder.dispatch")
+    (node,) = [n for n in ray_cluster.worker_nodes]
+
+    def remove_node() -> bool:
+        if stored_stage_outputs(out) < 1:
+            return False
+        ray_cluster.remove_node(node, allow_graceful=False)
+        return True
+
+    try:
+        removed = build_while(demo_config(), out, remove_node, engine="ray", workers=2, schedule="stage-major")
+    finally:
+        if node not in ray_cluster.worker_nodes:
+            ray_cluster.add_node(num_cpus=NODE_CPUS)  # leave the module's cluster as it was
+    assert removed, "the build ended before the node could be removed"
+    assert any("died running batch" in r.getMessage() for r in caplog.records), "no unit was retried"
+    assert verify_release(out) == []
+    assert release_files(out) == release_files(local_demo)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from builder_helpers import ALL_CONFIGS, FAKE_STAGES, make_imagefolder, release_files, write_config
 
-from builder.config import apply_overrides, load_config
+from builder.config import load_config
 from builder.engine import build
 from builder.verify import verify_release
 
@@ -16,6 +16,7 @@ def folder(tmp_path_factory):
 
 
 def test_stage_major_equals_batch_major_with_fake_stages(tmp_path, folder):
+    # On the demo's real stages: tests/test_scale.py (local, interrupted and resumed; devices), test_builder_ray.py.
     stages = [FAKE_STAGES[0] | {"options": {"fail_keys": ["cat_img_000"]}}, FAKE_STAGES[1]]
     config = load_config(
         str(write_config(tmp_path / "c.yaml", f"imagefolder:{folder}", stages=stages, configs=ALL_CONFIGS))
@@ -24,22 +25,6 @@ def test_stage_major_equals_batch_major_with_fake_stages(tmp_path, folder):
     build(config, tmp_path / "stage", progress=False, schedule="stage-major")
     assert verify_release(tmp_path / "stage") == []
     assert release_files(tmp_path / "stage") == release_files(tmp_path / "batch")
-
-
-def test_stage_major_equals_batch_major_on_the_demo_real_tiny_models(tmp_path):
-    config = apply_overrides(load_config("demo"), limit=3, batch_size=2)
-    build(config, tmp_path / "batch", progress=False)
-    build(config, tmp_path / "stage", progress=False, schedule="stage-major")
-    assert release_files(tmp_path / "stage") == release_files(tmp_path / "batch")
-
-
-def test_stage_major_is_local_only(tmp_path, folder):
-    config = load_config(
-        str(write_config(tmp_path / "c.yaml", f"imagefolder:{folder}", stages=FAKE_STAGES, configs=ALL_CONFIGS))
-    )
-    with pytest.raises(ValueError, match="runs on the local engine"):
-        build(config, tmp_path / "out", engine="ray", schedule="stage-major")
-    assert not (tmp_path / "out").exists()
 
 
 def test_progress_moves_per_stage_and_logs_stay_off_its_line(tmp_path, folder, capsys):

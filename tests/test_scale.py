@@ -1,105 +1,78 @@
-"""Scale: the devices engine (one process per device) and the Ray engine give the local engine's bytes, also when a
-worker is killed mid-build; on fake stages and on the demo preset's real tiny stages."""
+"""Scale: the devices engine (one process per device, per-stage pools, both schedules) gives the local engine's bytes,
+also when a worker is killed mid-build; on fake stages and on the demo preset's real tiny stages. The Ray engine's
+tests are in tests/test_builder_ray.py (one Ray cluster for all of them)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
-import os
-import signal
 import sqlite3
-import threading
-import time
 
 import pytest
-from builder_helpers import ALL_CONFIGS, FAKE_STAGES, REPO, cli, make_imagefolder, release_files, write_config
+from builder_helpers import (
+    ALL_CONFIGS,
+    DEMO_LIMIT,
+    FAKE_STAGES,
+    build_killing_one_worker,
+    cmdline,
+    demo_config,
+    make_imagefolder,
+    release_files,
+    write_config,
+)
 
-from builder.config import apply_overrides, load_config
+from builder.config import load_config
 from builder.engine import build
 from builder.verify import verify_release
 
-HAS_RAY = importlib.util.find_spec("ray") is not None
-DEMO_LIMIT = 4  # four demo photos in batches of one: enough batches for two workers and a kill
 
-
-def _demo_config():
-    return apply_overrides(load_config("demo"), batch_size=1, limit=DEMO_LIMIT)
-
-
-@pytest.fixture(scope="module")
-def local_demo(tmp_path_factory):
-    out = tmp_path_factory.mktemp("scale-local") / "release"
-    build(_demo_config(), out, device="cpu", progress=False)
-    return out
-
-
-def _done_batches(output) -> int:
-    path = output / ".lance-cf" / "ledger.sqlite"
-    if not path.exists():
-        return 0
-    try:
-        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5) as db:
-            return db.execute("SELECT COUNT(*) FROM done_batches").fetchone()[0]
-    except sqlite3.Error:
-        return 0  # tables not created yet
-
-
-def _build_killing_one_worker(output, is_worker, **build_kwargs) -> list[int]:
-    """Run build() on a thread; once a batch is done, SIGKILL one worker process (found by ``is_worker``) while
-    later batches are still running. Returns the killed pids."""
-    import psutil
-
-    outcome: dict = {}
-
-    def run():
-        try:
-            outcome["manifest"] = build(_demo_config(), output, device="cpu", progress=False, **build_kwargs)
-        except BaseException as err:  # noqa: BLE001 - re-raised on the test's thread
-            outcome["error"] = err
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    killed: list[int] = []
-    while thread.is_alive() and not killed:
-        time.sleep(0.5)
-        if _done_batches(output) < 1:
-            continue
-        workers = [p for p in psutil.Process().children(recursive=True) if is_worker(p)]
-        if len(workers) >= 2:
-            os.kill(workers[0].pid, signal.SIGKILL)
-            killed.append(workers[0].pid)
-    thread.join()
-    if "error" in outcome:
-        raise outcome["error"]
-    return killed
-
-
-def _cmdline(process) -> str:
-    import psutil
-
-    try:
-        return " ".join(process.cmdline())
-    except psutil.Error:
-        return ""
-
-
-def test_devices_engine_gives_the_local_bytes_with_errors_and_deferral(tmp_path):
+def test_devices_engine_pools_stage_batch_sizes_and_stage_major_give_the_local_bytes(tmp_path):
+    """Fake stages whose edit output depends on a record's position in its call: a stage's ``batch_size`` (records
+    per call) changes the bytes, so it is config, and every engine, pool layout and schedule honours it identically.
+    Batches of two; the caption stage raises on both samples of the first batch (deferred until the stage works on
+    another batch, then recorded as errors) and on one more, as the local engine does."""
     src = make_imagefolder(tmp_path / "src", ["a", "b", "c"], per_class=3)
-    # Batches of one; the caption stage raises on two samples: recorded errors, same as the local engine.
-    stages = [FAKE_STAGES[0] | {"options": {"fail_keys": ["a_img_000", "b_img_001"]}}, FAKE_STAGES[1]]
+    caption = FAKE_STAGES[0] | {"options": {"fail_keys": ["a_img_000", "a_img_001", "b_img_001"]}}
+    fields = {"configs": ALL_CONFIGS, "batch_size": 2}
     cfg = load_config(
-        str(write_config(tmp_path / "c.yaml", f"imagefolder:{src}", stages=stages, configs=ALL_CONFIGS, batch_size=1))
+        str(
+            write_config(
+                tmp_path / "c.yaml",
+                f"imagefolder:{src}",
+                stages=[caption, FAKE_STAGES[1] | {"batch_size": 1}],
+                **fields,
+            )
+        )
     )
+    whole = load_config(
+        str(write_config(tmp_path / "w.yaml", f"imagefolder:{src}", stages=[caption, FAKE_STAGES[1]], **fields))
+    )
+    assert cfg.config_hash() != whole.config_hash() and "batch_size" not in whole.to_dict()["stages"][1]
     build(cfg, tmp_path / "local", progress=False)
-    build(cfg, tmp_path / "two", progress=False, engine="devices", engine_options={"devices": ["cpu", "cpu"]})
-    assert verify_release(tmp_path / "two") == []
-    manifest = json.loads((tmp_path / "two" / "manifest.json").read_text())
-    assert [e["source_key"] for e in manifest["build"]["errors"]] == ["a_img_000", "b_img_001"]
-    assert release_files(tmp_path / "two") == release_files(tmp_path / "local")
+    build(whole, tmp_path / "whole", progress=False)
+    assert release_files(tmp_path / "whole") != release_files(tmp_path / "local")  # the sub-batches took effect
+    # caption in a pool of one worker process, edit in a pool of two (a pipeline); then stage-major on one device.
+    pools = {"devices": ["cpu", "cpu"], "stage_workers": {"caption": 1}}
+    build(cfg, tmp_path / "pools", progress=False, engine="devices", engine_options=pools)
+    build(
+        cfg,
+        tmp_path / "stage",
+        progress=False,
+        engine="devices",
+        engine_options={"devices": ["cpu"]},
+        schedule="stage-major",
+    )
+    for out in ("pools", "stage"):
+        assert verify_release(tmp_path / out) == []
+        manifest = json.loads((tmp_path / out / "manifest.json").read_text())
+        assert [e["source_key"] for e in manifest["build"]["errors"]] == ["a_img_000", "a_img_001", "b_img_001"]
+        assert manifest["config"]["stages"][1]["batch_size"] == 1
+        assert release_files(tmp_path / out) == release_files(tmp_path / "local"), out
 
 
-def test_device_lists_and_engine_options_are_checked_before_anything_is_written(tmp_path):
+def test_device_lists_and_engine_options_are_checked_before_anything_is_written(tmp_path, capsys):
+    from builder.cli import main
+
     src = make_imagefolder(tmp_path / "src", ["a"], per_class=1)
     cfg = write_config(tmp_path / "c.yaml", f"imagefolder:{src}", stages=FAKE_STAGES, configs=ALL_CONFIGS)
     out = tmp_path / "out"
@@ -109,10 +82,17 @@ def test_device_lists_and_engine_options_are_checked_before_anything_is_written(
         (["--devices", "cpu,cpu", "--engine", "ray"], "--devices runs the devices engine, not ray"),
         (["--ray-address", "auto"], "--ray-address is for --engine ray"),
         (["--engine", "devices", "--gpus-per-worker", "1"], "--gpus-per-worker is for --engine ray"),
+        (["--devices", "cpu,cpu", "--stage-workers", "edt=2"], "the config has no stage 'edt'; did you mean 'edit'?"),
+        (["--devices", "cpu,cpu", "--stage-workers", "edit=0"], "'0' for edit is not a positive integer"),
+        (["--devices", "cpu,cpu", "--stage-workers", "edit"], "expected STAGE=VALUE[,STAGE=VALUE...]"),
+        (["--devices", "cpu,cpu", "--stage-workers", "edit=1,caption+edit=2"], "stage 'edit' is named twice"),
+        (["--stage-workers", "edit=2"], "--stage-workers is for --engine ray or --devices"),
+        (["--devices", "cpu,cpu", "--stage-gpus", "edit=1"], "--stage-gpus is for --engine ray"),
     ):
-        proc = cli("build", str(cfg), "--output", str(out), "--no-progress", *flags, check=False)
-        assert proc.returncode == 2, (flags, proc.stderr)
-        assert expected in proc.stderr and "Traceback" not in proc.stderr, (flags, proc.stderr)
+        code = main(["build", str(cfg), "--output", str(out), "--no-progress", *flags])
+        err = capsys.readouterr().err
+        assert code == 2, (flags, err)
+        assert expected in err and err.count("\n") == 1, (flags, err)
         assert not out.exists()
     with pytest.raises(ValueError, match="the local engine takes no option devices"):
         build(load_config(str(cfg)), out, progress=False, engine_options={"devices": ["cpu"]})
@@ -137,13 +117,13 @@ def test_stage_major_gives_the_batch_major_bytes_on_the_demo_stages_and_resumes(
     monkeypatch.setattr(label_check, "process", interrupted)
     out = tmp_path / "stage-major"
     with pytest.raises(KeyboardInterrupt):
-        build(_demo_config(), out, device="cpu", progress=False, schedule="stage-major")
+        build(demo_config(), out, device="cpu", progress=False, schedule="stage-major")
     with sqlite3.connect(out / ".lance-cf" / "ledger.sqlite") as db:
         stored = dict(db.execute("SELECT stage, COUNT(*) FROM stage_outputs GROUP BY stage").fetchall())
     assert stored.get("caption") == stored.get("perturb") == DEMO_LIMIT and stored.get("label_check") == 1
     monkeypatch.setattr(label_check, "process", real_process)
     # ... resumes (stage-major again) from the ledger and writes the batch-major build's bytes.
-    build(_demo_config(), out, device="cpu", progress=False, schedule="stage-major")
+    build(demo_config(), out, device="cpu", progress=False, schedule="stage-major")
     assert verify_release(out) == []
     assert release_files(out) == release_files(local_demo)
 
@@ -168,14 +148,14 @@ def test_keep_inversions_no_drops_done_batches_inversions_and_resumes_to_the_sam
     monkeypatch.setattr(edit, "process", interrupted)
     out = tmp_path / "dropped"
     with pytest.raises(KeyboardInterrupt):
-        build(_demo_config(), out, device="cpu", progress=False, keep_inversions=False)
+        build(demo_config(), out, device="cpu", progress=False, keep_inversions=False)
     ledger = out / ".lance-cf" / "ledger.sqlite"
     query = "SELECT p.batch FROM stage_outputs s JOIN plan p USING (source_key) WHERE s.stage=? ORDER BY p.batch"
     with sqlite3.connect(ledger) as db:
         assert [r[0] for r in db.execute(query, ("invert",))] == [2]  # only the unfinished batch keeps its inversion
         assert [r[0] for r in db.execute(query, ("reconstruct",))] == [0, 1, 2]
     monkeypatch.setattr(edit, "process", real_process)
-    build(_demo_config(), out, device="cpu", progress=False, keep_inversions=False)
+    build(demo_config(), out, device="cpu", progress=False, keep_inversions=False)
     with sqlite3.connect(ledger) as db:
         assert db.execute(query, ("invert",)).fetchall() == []
     assert verify_release(out) == []
@@ -183,9 +163,18 @@ def test_keep_inversions_no_drops_done_batches_inversions_and_resumes_to_the_sam
 
 
 @pytest.mark.slow  # builds the demo preset's real tiny stages (minutes on a loaded 2-core machine)
-def test_two_cpu_device_workers_give_the_local_bytes_on_the_demo_stages(local_demo, tmp_path):
+def test_stage_major_on_two_cpu_device_workers_gives_the_local_bytes_on_the_demo_stages(local_demo, tmp_path):
     out = tmp_path / "two"
-    build(_demo_config(), out, device="cpu", progress=False, engine="devices", engine_options={"devices": ["cpu"] * 2})
+    options = {"devices": ["cpu"] * 2}
+    build(
+        demo_config(),
+        out,
+        device="cpu",
+        progress=False,
+        engine="devices",
+        engine_options=options,
+        schedule="stage-major",
+    )
     assert verify_release(out) == []
     assert release_files(out) == release_files(local_demo)
 
@@ -194,36 +183,13 @@ def test_two_cpu_device_workers_give_the_local_bytes_on_the_demo_stages(local_de
 def test_a_device_worker_killed_mid_build_loses_nothing_and_the_bytes_match(local_demo, tmp_path, caplog):
     out = tmp_path / "killed"
     caplog.set_level(logging.WARNING, logger="builder.dispatch")
-    killed = _build_killing_one_worker(
+    killed = build_killing_one_worker(
         out,
-        lambda p: "multiprocessing" in _cmdline(p) and "spawn_main" in _cmdline(p),
+        lambda p: "multiprocessing" in cmdline(p) and "spawn_main" in cmdline(p),
         engine="devices",
         engine_options={"devices": ["cpu", "cpu"]},
     )
     assert killed, "the build ended before a worker could be killed"
-    assert any("died running batch" in r.getMessage() for r in caplog.records), "no batch was retried"
-    assert verify_release(out) == []
-    assert release_files(out) == release_files(local_demo)
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not HAS_RAY, reason="the [ray] extra is not installed")
-def test_a_ray_actor_killed_mid_build_loses_nothing_and_the_bytes_match(local_demo, tmp_path, caplog):
-    import ray
-
-    out = tmp_path / "ray"
-    caplog.set_level(logging.WARNING, logger="builder.dispatch")
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
-    try:
-        killed = _build_killing_one_worker(
-            out,
-            lambda p: "ray::StageWorker" in _cmdline(p) or p.name().startswith("ray::StageWorker"),
-            engine="ray",
-            workers=2,
-        )
-    finally:
-        ray.shutdown()
-    assert killed, "the build ended before an actor could be killed"
     assert any("died running batch" in r.getMessage() for r in caplog.records), "no batch was retried"
     assert verify_release(out) == []
     assert release_files(out) == release_files(local_demo)
