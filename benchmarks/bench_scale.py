@@ -7,8 +7,13 @@ included, as a user sees it), images/s, speed-up over the local engine, efficien
 and whether the release is byte-identical to the local one (it must be). The machine's CPU count and load average
 are printed: on a shared machine the efficiencies say more about the neighbours than about the engine.
 
+With ``--pools LAYOUT`` (a ``--stage-workers`` value, e.g. ``invert+reconstruct+edit+lance_r_edit=1``: those stages
+in a pool of their own, the rest in a pool of one) the devices engine also runs with per-stage pools (a pipeline: the
+workers column counts every process); ``--stage-major`` adds the stage-major schedule on each worker count.
+
     python benchmarks/bench_scale.py                     # local, devices x1, x2 on 8 images
     python benchmarks/bench_scale.py --images 16 --workers 1 2 4 --ray
+    python benchmarks/bench_scale.py --workers 1 2 --pools invert+reconstruct+edit+lance_r_edit=1 --stage-major
 """
 
 from __future__ import annotations
@@ -64,11 +69,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--images", type=int, default=8)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--ray", action="store_true", help="also the Ray engine (local Ray, started here)")
+    parser.add_argument("--pools", action="append", default=[], metavar="LAYOUT", help="a --stage-workers layout")
+    parser.add_argument("--stage-major", action="store_true", help="also the stage-major schedule (devices engine)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("LANCE_CF_CACHE", str(Path(tempfile.gettempdir()) / "lance-cf-bench-cache"))
 
     from builder.config import apply_overrides, load_config
+    from builder.dispatch import parse_stage_settings, plan_pools
 
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
         root = Path(tmp)
@@ -84,6 +92,19 @@ def main(argv: list[str] | None = None) -> None:
             out = root / f"devices-{workers}"
             seconds = run(config, out, engine="devices", engine_options={"devices": ["cpu"] * workers})
             rows.append(("devices", workers, seconds, release_digest(out) == local_digest))
+            if args.stage_major:
+                out = root / f"stage-major-{workers}"
+                options = {"devices": ["cpu"] * workers}
+                seconds = run(config, out, engine="devices", engine_options=options, schedule="stage-major")
+                rows.append(("devices, stage-major", workers, seconds, release_digest(out) == local_digest))
+        for layout in args.pools:
+            stage_workers = parse_stage_settings(layout, "--pools")
+            active = [s.name for s in config.active_stages()]
+            processes = sum(p.workers for p in plan_pools(active, stage_workers, None, 1, None))
+            out = root / f"pools-{len(rows)}"
+            options = {"devices": ["cpu"], "stage_workers": stage_workers}
+            seconds = run(config, out, engine="devices", engine_options=options)
+            rows.append((f"devices, pools {layout} + rest=1", processes, seconds, release_digest(out) == local_digest))
         if args.ray:
             import ray
 

@@ -953,13 +953,17 @@ def run_stage(runner: _StageRunner, live: list[dict[str, Any]], record_errors: b
     size = runner.config.batch_size
     if not size or size >= len(live):
         return runner.run(live, record_errors)
+    from builder.stage_memory import merge
+
     parts = [runner.run(live[i : i + size], record_errors) for i in range(0, len(live), size)]
-    merged = StageResult(runner.name, {}, {}, {}, parts[-1].description)
+    result = StageResult(runner.name, {}, {}, {}, parts[-1].description)
     for part in parts:
-        merged.updates.update(part.updates)
-        merged.failures.update(part.failures)
-        merged.errors.update(part.errors)
-    return merged
+        result.updates.update(part.updates)
+        result.failures.update(part.failures)
+        result.errors.update(part.errors)
+        if part.peak_memory:
+            result.peak_memory = merge(result.peak_memory, part.peak_memory)
+    return result
 
 
 def commit_stage(ledger: Ledger, batch_index: int, runner: _StageRunner, result: StageResult) -> None:

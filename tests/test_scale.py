@@ -193,3 +193,29 @@ def test_a_device_worker_killed_mid_build_loses_nothing_and_the_bytes_match(loca
     assert any("died running batch" in r.getMessage() for r in caplog.records), "no batch was retried"
     assert verify_release(out) == []
     assert release_files(out) == release_files(local_demo)
+
+
+def test_a_stage_batch_size_cuts_calls_in_key_order_and_merges_them_into_one_result():
+    """``run_stage`` calls a stage with at most ``batch_size`` records (key order) and merges the parts into the one
+    result the batch commits, keeping the largest peak memory per device (``builder.stage_memory``)."""
+    from types import SimpleNamespace
+
+    from builder.engine import StageResult, run_stage
+
+    calls, peaks = [], iter([3 << 30, 5 << 30])
+
+    def run(records, record_errors=False):
+        calls.append([r["key"] for r in records])
+        peak = {"cuda:0": {"device": "cuda:0", "peak_bytes": next(peaks)}}
+        return StageResult("edit", {r["key"]: {"n": len(records)} for r in records}, {}, {}, {"type": "x"}, peak)
+
+    runner = SimpleNamespace(name="edit", config=SimpleNamespace(batch_size=2), run=run)
+    result = run_stage(runner, [{"key": k} for k in ("a", "b", "c")])
+    assert calls == [["a", "b"], ["c"]]
+    assert result.updates == {"a": {"n": 2}, "b": {"n": 2}, "c": {"n": 1}}
+    assert result.peak_memory["cuda:0"]["peak_bytes"] == 5 << 30 and result.description == {"type": "x"}
+    runner.config.batch_size = 3  # a batch no larger than the stage's batch_size is one call
+    calls.clear()
+    peaks = iter([1])
+    run_stage(runner, [{"key": k} for k in ("a", "b", "c")])
+    assert calls == [["a", "b", "c"]]
