@@ -101,7 +101,11 @@ def register(subparsers) -> None:
         "once on Ray actors (extra: [ray]). Same bytes on each (docs/scaling.md)",
     )
     build.add_argument(
-        "--workers", type=_positive_int, default=1, metavar="N", help="Ray actors (one GPU each on cuda)"
+        "--workers",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="Ray actors (one GPU each on cuda) of the pool of stages --stage-workers does not name (all, by default)",
     )
     build.add_argument(
         "--devices",
