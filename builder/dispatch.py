@@ -16,8 +16,9 @@ of ``--workers`` workers. The unit of work is (batch, the run of consecutive sta
 pool to pool, committed stage by stage, so different batches are in different stages at once (a pipeline).
 
 Schedules: ``batch-major`` opens every pool at once (the pipeline above); ``stage-major`` opens one stage's pool at a
-time (with that stage's worker count), runs every pending batch through it, closes it (freeing its models and GPUs),
-then the next stage; the release samples are written at the end. Same units, same bytes.
+time (with that stage's worker count), runs every pending batch through it, closes it (its workers drop the stage's
+models; the backend hands them to the next stage's pool or stops them), then the next stage; the release samples are
+written at the end. Same units, same bytes.
 
 Faults: a worker that dies (killed, out of memory, its node gone) loses only the unit it was running, which nothing
 had committed yet; the unit goes back to the front of its pool's queue and the worker is replaced. A batch that loses
@@ -85,6 +86,9 @@ class WorkerBackend(Protocol):
 
     def wait(self, handles: list[Any]) -> list[Any]:
         """Block until at least one handle is finished; return the finished ones."""
+
+    def close(self) -> None:
+        """Stop the workers the closed pools handed back (a backend may keep them for the next pools)."""
 
 
 # --- per-stage pool settings (--stage-workers / --stage-gpus) ------------------------------------------------------
@@ -416,8 +420,16 @@ def run_pools(
     schedule: str = "batch-major",
 ) -> dict[str, int]:
     """Run a build's pending batches on ``pools`` under ``schedule``; returns counts (units, worker losses)."""
-    if schedule != "stage-major":
-        return dispatch(validated, todo, decode, ledger, runners, label_names, bar, backend, pools)
+    try:
+        if schedule != "stage-major":
+            return dispatch(validated, todo, decode, ledger, runners, label_names, bar, backend, pools)
+        return _stage_major(validated, todo, decode, ledger, runners, label_names, bar, backend, pools)
+    finally:
+        backend.close()
+
+
+def _stage_major(validated, todo, decode, ledger, runners, label_names, bar, backend, pools) -> dict[str, int]:
+    """One stage's pool at a time (its workers reused from the last stage's where the backend can), then emit."""
     totals: Counter[str] = Counter()
     for position, runner in enumerate(runners):
         spec = next(p for p in pools if runner.name in p.stages)
@@ -437,7 +449,7 @@ def run_pools(
                 finish=False,
             )
         )
-        logger.info("stage %s done for every pending sample; its workers are stopped", runner.name)
+        logger.info("stage %s done for every pending sample; its workers dropped its models", runner.name)
     # Every stage is done: replay each batch from the ledger and write its release samples (no worker needed).
     totals.update(dispatch(validated, todo, decode, ledger, runners, label_names, bar, backend, [], finish=True))
     return dict(totals)

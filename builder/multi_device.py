@@ -44,40 +44,37 @@ def parse_devices(text: str) -> list[str]:
     return resolved
 
 
-def _init_worker(stages: list[Any], device: str, torch_threads: int, worked: list[bool]) -> None:
+def _init_worker(device: str, torch_threads: int) -> None:
     global _WORKER
     from builder.ray_engine import StageWorker
 
-    _WORKER = StageWorker(stages, device, torch_threads, worked)
+    _WORKER = StageWorker(device, torch_threads)
 
 
 def _run_on_worker(*args: Any) -> Any:
     return _WORKER.run(*args)
 
 
+def _release_on_worker() -> None:
+    _WORKER.release()
+
+
 class DevicePool:
-    """One single-process executor per worker: a dead process breaks only its own executor, which is replaced."""
+    """One single-process executor per worker (taken from the backend: reused across pools); a dead process breaks
+    only its own executor, which is replaced."""
 
-    def __init__(self, devices: list[str], stages: list[Any], torch_threads: int, worked: list[bool]):
-        import multiprocessing
-
+    def __init__(self, backend: DeviceBackend, devices: list[str], stages: list[Any], worked: list[bool]):
+        self._backend = backend
         self.devices = list(devices)
         self.slots = len(self.devices)
-        self._context = multiprocessing.get_context("spawn")
-        self._init_args = (stages, torch_threads, worked)
-        self._executors = [self._start(device) for device in self.devices]
-
-    def _start(self, device: str) -> ProcessPoolExecutor:
-        stages, torch_threads, worked = self._init_args
-        return ProcessPoolExecutor(
-            max_workers=1,
-            mp_context=self._context,
-            initializer=_init_worker,
-            initargs=(stages, device, torch_threads, worked),
-        )
+        self._assignment = (stages, worked)
+        self._executors = [backend.take(device) for device in self.devices]
+        self._fresh = [True] * self.slots  # the slot's next unit carries the assignment
 
     def submit(self, slot: int, *args: Any) -> Any:
-        return self._executors[slot].submit(_run_on_worker, *args)
+        assignment = self._assignment if self._fresh[slot] else None
+        self._fresh[slot] = False
+        return self._executors[slot].submit(_run_on_worker, assignment, *args)
 
     def result(self, handle: Any) -> Any:
         try:
@@ -87,21 +84,49 @@ class DevicePool:
 
     def restart(self, slot: int) -> None:
         self._executors[slot].shutdown(wait=False, cancel_futures=True)
-        self._executors[slot] = self._start(self.devices[slot])
+        self._executors[slot] = self._backend.new_executor(self.devices[slot])
+        self._fresh[slot] = True
 
     def close(self) -> None:
-        for executor in self._executors:
-            executor.shutdown(wait=True, cancel_futures=True)
+        for device, executor in zip(self.devices, self._executors, strict=True):
+            self._backend.give_back(device, executor)
 
 
 class DeviceBackend:
     """Starts ``DevicePool``s, dealing the listed devices to their workers in order (cycling when there are more
-    workers than devices): pools opened together take consecutive devices, each opening starts again at the first."""
+    workers than devices): pools opened together take consecutive devices, each opening starts again at the first.
+    Worker processes are kept between pools (stage-major: the next stage's pool reuses the last one's processes on
+    the same devices, after they dropped their models) and stopped when an opening does not need them or when the
+    build's loop ends."""
 
     def __init__(self, devices: list[str], stages: dict[str, Any], torch_threads: int):
+        import multiprocessing
+
         self._devices = list(devices)
         self._stages = stages
         self._torch_threads = torch_threads
+        self._context = multiprocessing.get_context("spawn")
+        self._idle: dict[str, list[ProcessPoolExecutor]] = {}
+
+    def new_executor(self, device: str) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(
+            max_workers=1,
+            mp_context=self._context,
+            initializer=_init_worker,
+            initargs=(device, self._torch_threads),
+        )
+
+    def take(self, device: str) -> ProcessPoolExecutor:
+        idle = self._idle.get(device)
+        return idle.pop() if idle else self.new_executor(device)
+
+    def give_back(self, device: str, executor: ProcessPoolExecutor) -> None:
+        try:
+            executor.submit(_release_on_worker)  # its models go now, not when it is reused
+        except (BrokenProcessPool, RuntimeError):  # a dead or shut-down worker is not kept
+            executor.shutdown(wait=False, cancel_futures=True)
+            return
+        self._idle.setdefault(device, []).append(executor)
 
     def open_pools(self, specs, worked: dict[str, bool]) -> list[DevicePool]:
         pools, dealt = [], 0
@@ -111,17 +136,21 @@ class DeviceBackend:
             logger.info("devices engine: %s on %s", "+".join(spec.stages), ", ".join(devices))
             pools.append(
                 DevicePool(
-                    devices,
-                    [self._stages[name] for name in spec.stages],
-                    self._torch_threads,
-                    [worked[name] for name in spec.stages],
+                    self, devices, [self._stages[name] for name in spec.stages], [worked[name] for name in spec.stages]
                 )
             )
+        self.close()  # idle processes no pool took: free their devices
         return pools
 
     def wait(self, handles: list[Any]) -> list[Any]:
         done, _ = wait(handles, return_when=FIRST_COMPLETED)
         return list(done)
+
+    def close(self) -> None:
+        for executors in self._idle.values():
+            for executor in executors:
+                executor.shutdown(wait=True, cancel_futures=True)
+        self._idle.clear()
 
 
 def run_devices(

@@ -34,24 +34,44 @@ def _import_ray():
 
 
 class StageWorker:
-    """One worker (a Ray actor or a ``devices`` process): the stages of its pool, each loaded once on this worker's
-    device, under the build's torch settings."""
+    """One worker (a Ray actor or a ``devices`` process) on one device, under the build's torch settings. It holds the
+    stages of the pool it serves, each loaded once; a worker handed to another pool (the next stage, stage-major)
+    drops its stages and their models first, so a process is started once per build, not once per stage."""
 
-    def __init__(self, stages: list[Any], device: str, torch_threads: int, worked: list[bool]):
-        from builder.engine import _StageRunner
+    def __init__(self, device: str, torch_threads: int):
         from builder.runtime import torch_settings
 
+        self.device = device
         # Entered for the worker's life (it runs nothing else); the driver records the same settings.
         self._settings = torch_settings(torch_threads, device)
         self._settings.__enter__()
-        self.runners = {s.config.name: _StageRunner(s, device, ledger=None) for s in stages}
+        self.runners: dict[str, Any] = {}
+
+    def assign(self, stages: list[Any], worked: list[bool]) -> None:
+        """Serve a pool holding ``stages`` (models load on first use); ``worked``: each has worked in this build."""
+        from builder.engine import _StageRunner
+
+        self.release()
+        self.runners = {s.config.name: _StageRunner(s, self.device, ledger=None) for s in stages}
         for runner, has_worked in zip(self.runners.values(), worked, strict=True):
             runner.ever_succeeded = has_worked
 
-    def run(self, names: list[str], records, keys, start, out, record_errors: bool):
-        """Stages ``names`` (consecutive in the build, all of this worker's pool) over a batch's records."""
+    def release(self) -> None:
+        """Drop the stages and their models (and the CUDA cache): the worker waits for its next pool."""
+        from builder.engine import _free_accelerator_memory
+
+        for runner in self.runners.values():
+            runner.release()
+        self.runners = {}
+        _free_accelerator_memory()
+
+    def run(self, assignment, names: list[str], records, keys, start, out, record_errors: bool):
+        """Stages ``names`` (consecutive in the build, all of this worker's pool) over a batch's records;
+        ``assignment`` (stages, worked) comes with the first unit a worker gets from a pool."""
         from builder.engine import run_stages
 
+        if assignment is not None:
+            self.assign(*assignment)
         runners = [self.runners[name] for name in names]
         return run_stages(runners, records, keys, start, out, record_errors=record_errors)
 
@@ -104,29 +124,22 @@ run_ray.check_options = _check_ray_options  # and checks its options against the
 
 
 class RayActorPool:
-    """``workers`` StageWorker actors holding ``stages``; a dead actor (``RayActorError``) is replaced by a new one.
+    """``workers`` StageWorker actors serving ``stages`` (taken from the backend: reused across pools); a dead actor
+    (``RayActorError``) is replaced by a new one."""
 
-    Actors are spread over the cluster's nodes (``SPREAD``), so losing a node loses as few of a pool's actors as can be.
-    """
-
-    def __init__(
-        self,
-        ray: Any,
-        stages: list[Any],
-        device: str,
-        torch_threads: int,
-        worked: list[bool],
-        workers: int,
-        gpus: float,
-    ):
-        self._ray = ray
-        actor = ray.remote(num_gpus=gpus, num_cpus=1, max_restarts=0, scheduling_strategy="SPREAD")(StageWorker)
-        self._make = lambda: actor.remote(stages, device, torch_threads, worked)
-        self.actors = [self._make() for _ in range(max(1, workers))]
+    def __init__(self, backend: RayBackend, stages: list[Any], worked: list[bool], workers: int, gpus: float):
+        self._backend = backend
+        self._ray = backend.ray
+        self.gpus = gpus
+        self._assignment = (stages, worked)
+        self.actors = [backend.take(gpus) for _ in range(max(1, workers))]
         self.slots = len(self.actors)
+        self._fresh = [True] * self.slots  # the slot's next unit carries the assignment
 
     def submit(self, slot: int, *args: Any) -> Any:
-        return self.actors[slot].run.remote(*args)
+        assignment = self._assignment if self._fresh[slot] else None
+        self._fresh[slot] = False
+        return self.actors[slot].run.remote(assignment, *args)
 
     def result(self, handle: Any) -> Any:
         from ray.exceptions import RayActorError, RayTaskError, WorkerCrashedError
@@ -146,41 +159,66 @@ class RayActorPool:
 
     def restart(self, slot: int) -> None:
         self._ray.kill(self.actors[slot])
-        self.actors[slot] = self._make()
+        self.actors[slot] = self._backend.new_actor(self.gpus)
+        self._fresh[slot] = True
 
     def close(self) -> None:
         for actor in self.actors:
-            self._ray.kill(actor)
+            self._backend.give_back(self.gpus, actor)
 
 
 class RayBackend:
-    """Starts ``RayActorPool``s on the connected cluster; waits on the handles of all of them at once."""
+    """Starts ``RayActorPool``s on the connected cluster and waits on the handles of all of them at once. Actors are
+    kept between pools (stage-major: the next stage's pool reuses the last one's actors, same GPU reservation) and
+    killed when an opening does not need them (their GPUs go to the new pools) or when the build's loop ends.
+
+    Actors are spread over the cluster's nodes (``SPREAD``), so losing a node loses as few of a pool's actors as can be.
+    """
 
     def __init__(self, ray: Any, stages: dict[str, Any], device: str, torch_threads: int, default_gpus: float):
-        self._ray = ray
+        self.ray = ray
         self._stages = stages
         self._device = device
         self._torch_threads = torch_threads
         self._default_gpus = default_gpus
+        self._idle: dict[float, list[Any]] = {}
+
+    def new_actor(self, gpus: float) -> Any:
+        actor = self.ray.remote(num_gpus=gpus, num_cpus=1, max_restarts=0, scheduling_strategy="SPREAD")(StageWorker)
+        return actor.remote(self._device, self._torch_threads)
+
+    def take(self, gpus: float) -> Any:
+        idle = self._idle.get(gpus)
+        return idle.pop() if idle else self.new_actor(gpus)
+
+    def give_back(self, gpus: float, actor: Any) -> None:
+        actor.release.remote()  # its models go now, not when it is reused
+        self._idle.setdefault(gpus, []).append(actor)
 
     def open_pools(self, specs, worked: dict[str, bool]) -> list[RayActorPool]:
-        _warn_if_the_cluster_is_too_small(self._ray, specs, self._default_gpus)
-        return [
+        _warn_if_the_cluster_is_too_small(self.ray, specs, self._default_gpus)
+        pools = [
             RayActorPool(
-                self._ray,
+                self,
                 [self._stages[name] for name in spec.stages],
-                self._device,
-                self._torch_threads,
                 [worked[name] for name in spec.stages],
                 spec.workers,
                 spec.gpus if spec.gpus is not None else self._default_gpus,
             )
             for spec in specs
         ]
+        self.close()  # idle actors no pool took: free their CPUs and GPUs
+        return pools
 
     def wait(self, handles: list[Any]) -> list[Any]:
-        ready, _ = self._ray.wait(handles, num_returns=1)
+        ready, _ = self.ray.wait(handles, num_returns=1)
         return ready
+
+    def close(self) -> None:
+        for actors in self._idle.values():
+            for actor in actors:
+                self.ray.kill(actor)
+        self._idle.clear()
 
 
 def _warn_if_the_cluster_is_too_small(ray: Any, specs, default_gpus: float) -> None:
