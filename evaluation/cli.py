@@ -204,6 +204,11 @@ def run_eval(args: argparse.Namespace) -> int:
 
     release_specs = args.release if isinstance(args.release, list) else [args.release]
     check_masks(args.masks)
+    if len(release_specs) == 1 and (args.masks is not None or args.no_clip_similarity):
+        raise ValueError(
+            "--masks and --no-clip-similarity apply to the side by side of several --release (the same source "
+            "images, different editors); with one release leave them out"
+        )
 
     devices = [resolve_device(d) for d in args.devices] if args.devices else None
     device = devices[0] if devices else resolve_device(args.device)

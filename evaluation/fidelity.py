@@ -478,6 +478,12 @@ def side_by_side(
         "own counterfactuals. paired_delta_acc1: counterfactual minus original top-1, points (negative = the edits "
         "cost accuracy); clip_image, edge_ssim, background_psnr: counterfactual against its source image."
     )
+    limits = sorted({r["limit"] for group in (results_by_release or {}).values() for r in group if r.get("limit")})
+    if limits:
+        note += (
+            f" The accuracy columns come from --limit runs ({', '.join(map(str, limits))} samples per config), the "
+            "fidelity columns from every counterfactual."
+        )
     markdown = table_markdown(table)
     (output / "fidelity.md").write_text(f"{note}\n\n{markdown}", encoding="utf-8")
     plot_fidelity(table, output / "fidelity.png")

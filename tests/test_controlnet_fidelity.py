@@ -209,3 +209,8 @@ def test_eval_of_releases_without_a_shared_source_is_one_line_before_any_output(
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "lance-fixture, lance-other share no source image" in error
     assert "same --source" in error and not (tmp_path / "out").exists()
+    # Side-by-side options on a one-release run are a mistake, said in one line.
+    assert main([*argv[:3], *argv[5:], "--no-clip-similarity", "--output", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "apply to the side by side of several --release" in error
+    assert not (tmp_path / "out").exists()
