@@ -321,7 +321,7 @@ def results_of_release(release, results: list[dict[str, Any]]) -> list[dict[str,
 def fidelity_table(
     rows: list[dict[str, Any]], results_by_release: dict[str, list[dict[str, Any]]] | None = None
 ) -> list[dict[str, Any]]:
-    """Per (editor, release, edit type, model): counts, fidelity means and the model's accuracy drop.
+    """Per (edit type, editor, release, model): counts, fidelity means and the model's accuracy drop.
 
     Args:
         rows: :func:`release_fidelity` rows of every release.
@@ -337,8 +337,9 @@ def fidelity_table(
         by_group.setdefault((row["editor"], row["release"], row["edit_type"]), []).append(row)
         by_group.setdefault((row["editor"], row["release"], "all"), []).append(row)
     table = []
+    # Grouped by edit type (the row "all" last), the editors next to each other within it: the side by side.
     for (editor, release, edit_type), group in sorted(
-        by_group.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] == "all", kv[0][2])
+        by_group.items(), key=lambda kv: (kv[0][2] == "all", kv[0][2], kv[0][0], kv[0][1])
     ):
         base = {
             "editor": editor,
@@ -365,7 +366,7 @@ def table_markdown(table: list[dict[str, Any]]) -> str:
     for row in table:
         releases_per_editor.setdefault(row["editor"], set()).add(row["release"])
     with_release = any(len(r) > 1 for r in releases_per_editor.values())
-    columns = ["editor", *(["release"] if with_release else []), "edit_type", "model", "n"]
+    columns = ["edit_type", "editor", *(["release"] if with_release else []), "model", "n"]
     columns += [*ACCURACY_COLUMNS, *FIDELITY_COLUMNS]
     header = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n"
 
@@ -506,7 +507,7 @@ def side_by_side(
 def _write_html(path: Path, note: str, table: list[dict[str, Any]]) -> None:
     import html
 
-    columns = ["editor", "release", "edit_type", "model", "n", *ACCURACY_COLUMNS, *FIDELITY_COLUMNS]
+    columns = ["edit_type", "editor", "release", "model", "n", *ACCURACY_COLUMNS, *FIDELITY_COLUMNS]
 
     def cell(value: Any) -> str:
         if value is None:

@@ -141,11 +141,11 @@ def test_compare_editors_table_plot_and_cli(two_releases, tiny_clip, tmp_path, c
     assert -1.0 <= p2p_all["clip_image"] <= 1.0 and 0.0 < p2p_all["edge_ssim"] <= 1.0
     for name in ("fidelity.csv", "fidelity.md", "fidelity.png", "fidelity_samples.csv", "fidelity.json"):
         assert (tmp_path / "out" / name).stat().st_size > 0
-    assert "| controlnet | subject | m |" in (tmp_path / "out" / "fidelity.md").read_text()
+    assert "| subject | controlnet | m |" in (tmp_path / "out" / "fidelity.md").read_text()
     assert json.loads((tmp_path / "out" / "fidelity.json").read_text())["table"] == table
     argv = ["compare-editors", "--release", str(p2p), "--release", str(controlnet), "--no-clip"]
     assert main([*argv, "--results", str(results), "--output", str(tmp_path / "cli")]) == 0
-    assert "| controlnet | subject | m |" in capsys.readouterr().out
+    assert "| subject | controlnet | m |" in capsys.readouterr().out
     assert main(["compare-editors", "--release", str(p2p), "--no-clip", "--output", str(tmp_path / "x")]) == 2
     assert "at least two --release" in capsys.readouterr().err
 
@@ -189,7 +189,7 @@ def test_eval_of_two_releases_prints_and_writes_the_side_by_side(two_releases, t
     for editor, label in (("prompt_to_prompt", "lance-fixture"), ("controlnet", "lance-fixture-controlnet")):
         for edit_type in edit_types:
             row = next(r for r in table if (r["editor"], r["edit_type"]) == (editor, edit_type))
-            assert f"| {editor} | {edit_type} | test_vit (random weights) | 2 |" in printed
+            assert f"| {edit_type} | {editor} | test_vit (random weights) | 2 |" in printed
             stats = results[label]["sensitivity"]["by_edit_type"][edit_type]
             assert (row["paired_delta_acc1"], row["flip_rate"]) == (stats["paired_delta_acc1"], stats["flip_rate"])
             assert row["clip_image"] is not None and row["edge_ssim"] is not None
