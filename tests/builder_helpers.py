@@ -175,9 +175,9 @@ def build_while(config, output: Path, strike, **build_kwargs) -> bool:
     return struck
 
 
-def build_killing_one_worker(output: Path, is_worker, **build_kwargs) -> list[int]:
-    """Build ``demo_config()``; once a batch is done, SIGKILL one worker process (found by ``is_worker``) while later
-    batches are still running. Returns the killed pids."""
+def build_killing_one_worker(output: Path, is_worker, min_workers: int = 2, **build_kwargs) -> list[int]:
+    """Build ``demo_config()``; once a batch is done and ``min_workers`` processes pass ``is_worker``, SIGKILL the first
+    of them while later batches are still running. Returns the killed pids."""
     import os
     import signal
 
@@ -189,7 +189,7 @@ def build_killing_one_worker(output: Path, is_worker, **build_kwargs) -> list[in
         if done_batches(output) < 1:
             return False
         workers = [p for p in psutil.Process().children(recursive=True) if is_worker(p)]
-        if len(workers) >= 2:
+        if len(workers) >= min_workers:
             os.kill(workers[0].pid, signal.SIGKILL)
             killed.append(workers[0].pid)
         return bool(killed)
