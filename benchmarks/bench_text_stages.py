@@ -23,7 +23,7 @@ sample-forwards per image. This script measures what can be measured on the mach
 Last line: ``text_share_flops_full=X text_share_time_measured=Y batching_speedup_caption=A batching_speedup_perturb=B``.
 
     python benchmarks/bench_text_stages.py --device cpu --size small --threads 1
-    python benchmarks/bench_text_stages.py --device cuda --size full --images 8
+    python benchmarks/bench_text_stages.py --device cuda --size full --images 4
 """
 
 from __future__ import annotations
