@@ -488,7 +488,7 @@ def test_shared_prefix_sweep_equals_one_run_per_sweep_value_and_counts_match(rec
     for (index, f), expected in reference.items():
         torch.testing.assert_close(latents[(index, steps_of(f, steps))], expected[1:2], rtol=0, atol=1e-4)
         torch.testing.assert_close(source, expected[0:1], rtol=0, atol=1e-4)
-    assert shared_count.forwards == 2 * (steps + 3 * (steps + (6 + 5 + 4 + 3 + 2)))  # 2 * 70 = 140: worked by hand
+    assert shared_count.forwards == 2 * (steps + 3 * (steps + (6 + 5 + 4 + 3 + 2)))  # 2 * 100 = 200: worked by hand
     # Counted by the hook: the reference runs 2 prompts x CFG per (edit, value); the shared run one source plus, per
     # edit, a trunk over all steps and one branch per smaller cut-off from its fork step on.
     assert reference_count.forwards == len(requests) * len(SWEEP) * steps * 2 * 2
