@@ -1,5 +1,5 @@
-"""The builder's registries of things chosen by name (stages, editors, inversion methods, demo components, engines,
-sources), with lazy ``"module:attr"`` targets.
+"""The builder's registries of things chosen by name (stages, demo components, engines, sources), with lazy
+``"module:attr"`` targets; the method's editors and inversion methods are re-exported from ``lance_pipeline.registry``.
 
 The ``Registry`` class itself is :class:`lance_pipeline.registry.Registry` (re-exported here), shared with
 evaluation's metrics. Registering a name never imports its target, so ``import builder`` and ``lance-cf --help``
@@ -8,7 +8,8 @@ stay fast and never pull in diffusers or transformers. An unknown name fails wit
 
 from __future__ import annotations
 
-from lance_pipeline.registry import Registry
+# The method's own registries (editors, inversion methods) live with the method, which may not import the builder.
+from lance_pipeline.registry import EDITORS, INVERSIONS, Registry
 
 __all__ = ["DEMO_COMPONENTS", "EDITORS", "ENGINES", "INVERSIONS", "SOURCES", "STAGES", "Registry"]
 
@@ -31,27 +32,6 @@ STAGES = Registry(
         "controlnet_edit": "lance_pipeline.controlnet_editing:ControlNetEditStage",
         "shift_generation": "lance_pipeline.generation:ShiftGenerationStage",
         "shift_filter": "lance_pipeline.generation:ShiftFilterStage",
-    },
-)
-
-# Image editors: what renders candidate counterfactuals of one source image (interface in
-# lance_pipeline/candidate_selection.py: ``Editor``). Chosen by an edit stage's ``editor_name``.
-EDITORS = Registry(
-    "editor",
-    {
-        "prompt_to_prompt": "lance_pipeline.prompt_to_prompt:PromptToPromptEditor",
-        "controlnet": "lance_pipeline.controlnet_editing:ControlNetEditor",
-    },
-)
-
-# Inversion methods of a real image (interface: ``lance_pipeline.inversion.InversionMethod``). Chosen by the image
-# stages' ``inversion`` option.
-INVERSIONS = Registry(
-    "inversion method",
-    {
-        "null_text": "lance_pipeline.inversion:NullTextMethod",
-        "negative_prompt": "lance_pipeline.inversion:NegativePromptMethod",
-        "direct": "lance_pipeline.inversion:DirectInversionMethod",
     },
 )
 

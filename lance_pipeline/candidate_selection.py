@@ -80,7 +80,7 @@ class SweepResult:
 
 @runtime_checkable
 class Editor(Protocol):
-    """What an editor registered in ``builder.registry.EDITORS`` implements (see docs/architecture.md).
+    """What an editor registered in ``lance_pipeline.registry.EDITORS`` implements (see docs/architecture.md).
 
     Built by its edit stage in ``load(device)`` as ``EditorClass.load(options, device)``.
     """

@@ -47,7 +47,7 @@ class ImageEditorOptions:
         image_size: Square size in pixels the image is resized to before encoding (512).
         num_inference_steps: DDIM steps (50).
         guidance_scale: Classifier-free guidance (7.5).
-        inversion: Inversion method, a name of ``builder.registry.INVERSIONS`` (``null_text`` as the paper).
+        inversion: Inversion method, a name of ``lance_pipeline.registry.INVERSIONS`` (``null_text`` as the paper).
         num_inner_steps: Null-text Adam iterations per step (10).
         early_stop_epsilon: Null-text early-stop base threshold (1e-5).
         cross_replace: Fraction of the steps with cross-attention injection (0.8).
@@ -149,7 +149,7 @@ class ImageEditorOptions:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.guidance_scale < 1.0:
             raise ValueError(f"guidance_scale must be >= 1, got {self.guidance_scale!r}")
-        from builder.registry import INVERSIONS
+        from lance_pipeline.registry import INVERSIONS
 
         if ":" not in self.inversion:  # "package.module:attr" names a custom method directly
             INVERSIONS.target(self.inversion)  # an unknown name fails here, with "did you mean"

@@ -6,8 +6,8 @@ is in the pieces they assemble,
 
 * ``sd_components``: the Stable Diffusion components an editor owns (shared weakly between the editors of one
   process);
-* ``inversion``: the inversion methods, chosen by name from ``builder.registry.INVERSIONS`` (null-text by default);
-* ``prompt_to_prompt``: the prompt-to-prompt editor (``builder.registry.EDITORS``), which renders every edited
+* ``inversion``: the inversion methods, chosen by name from ``lance_pipeline.registry.INVERSIONS`` (null-text by default);
+* ``prompt_to_prompt``: the prompt-to-prompt editor (``lance_pipeline.registry.EDITORS``), which renders every edited
   caption at every self-attention fraction of the sweep;
 * ``candidate_selection``: CLIP gates and the choice of one candidate per edit, with a CLIP scorer shared by the
   stages of a build (``clip_gates``, loaded by ``clip_loader``).
@@ -50,7 +50,7 @@ from lance_pipeline.sd_components import (  # noqa: F401
 )
 from lance_pipeline.stage import SCORE_NAMES, MetadataField, Record, ReleaseOutput, SampleFailure
 
-# Which editor rendered a sample (``builder.registry.EDITORS``): one field, so releases of two editors compare.
+# Which editor rendered a sample (``lance_pipeline.registry.EDITORS``): one field, so releases of two editors compare.
 EDITOR_FIELD = MetadataField("editor", "string", description="the editor that rendered the sample")
 
 logger = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ STAGE_VERSION = "2"  # goes into the manifest; bump when a stage's outputs chang
 class _ImageStage:
     """Shared construction, loading and description of the image stages.
 
-    ``editor_name`` names the editor in ``builder.registry.EDITORS``; ``options_class`` is the typed options
+    ``editor_name`` names the editor in ``lance_pipeline.registry.EDITORS``; ``options_class`` is the typed options
     structure. A new editor with its own options subclasses a stage and sets both.
     """
 
@@ -82,7 +82,7 @@ class _ImageStage:
         self.editor = None
 
     def load(self, device: str) -> None:
-        from builder.registry import EDITORS
+        from lance_pipeline.registry import EDITORS
 
         self.editor = EDITORS.resolve(self.editor_name).load(self.options, device)
         if self.uses_clip:

@@ -379,7 +379,7 @@ class NullTextInversion:
 
 @runtime_checkable
 class InversionMethod(Protocol):
-    """What an inversion method registered in ``builder.registry.INVERSIONS`` implements.
+    """What an inversion method registered in ``lance_pipeline.registry.INVERSIONS`` implements.
 
     Constructed as ``Method(components, options)`` (``sd_components.StableDiffusionComponents``,
     ``editing_options.ImageEditorOptions``); never loads weights itself.
@@ -555,7 +555,7 @@ class DirectInversionMethod(_DDIMPivotMethod):
 
 
 def make_inversion_method(name: str, components, options) -> InversionMethod:
-    """The registered inversion method ``name`` (``builder.registry.INVERSIONS``) for these components."""
-    from builder.registry import INVERSIONS
+    """The registered inversion method ``name`` (``lance_pipeline.registry.INVERSIONS``) for these components."""
+    from lance_pipeline.registry import INVERSIONS
 
     return INVERSIONS.resolve(name)(components, options)

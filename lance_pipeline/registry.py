@@ -4,9 +4,11 @@ Registering a name never imports its target, so ``import builder``, ``lance-cf -
 registered stay fast and never pull in diffusers, transformers or torch (the pattern of lm-evaluation-harness'
 registries). An unknown name fails with a "did you mean" hint.
 
-The class lives here, in the lowest layer, because every layer above chooses things by name: the builder (sources,
-stages, editors, inversion methods, engines: ``builder/registry.py``) and evaluation (metrics:
-``evaluation/metric_registry.py``), and evaluation may not import the builder (docs/architecture.md, "Layers").
+The class lives here, in the lowest layer, because every layer chooses things by name: the method itself (editors
+and inversion methods, registered at the bottom of this module, since the method may not import the builder), the
+builder (sources, stages, engines, demo components: ``builder/registry.py``, which re-exports the method's registries)
+and evaluation (metrics: ``evaluation/metric_registry.py``), which may not import the builder either
+(docs/architecture.md, "Layers"; ``tests/test_layers.py``).
 """
 
 from __future__ import annotations
@@ -62,3 +64,25 @@ class Registry:
         module_name, attr = target.split(":", 1)
         module = importlib.import_module(module_name)
         return getattr(module, attr)
+
+
+# Image editors: what renders candidate counterfactuals of one source image (interface in
+# lance_pipeline/candidate_selection.py: ``Editor``). Chosen by an edit stage's ``editor_name``.
+EDITORS = Registry(
+    "editor",
+    {
+        "prompt_to_prompt": "lance_pipeline.prompt_to_prompt:PromptToPromptEditor",
+        "controlnet": "lance_pipeline.controlnet_editing:ControlNetEditor",
+    },
+)
+
+# Inversion methods of a real image (interface: ``lance_pipeline.inversion.InversionMethod``). Chosen by the image
+# stages' ``inversion`` option.
+INVERSIONS = Registry(
+    "inversion method",
+    {
+        "null_text": "lance_pipeline.inversion:NullTextMethod",
+        "negative_prompt": "lance_pipeline.inversion:NegativePromptMethod",
+        "direct": "lance_pipeline.inversion:DirectInversionMethod",
+    },
+)

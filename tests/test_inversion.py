@@ -141,9 +141,9 @@ class PlainDDIMInversion:
 
 
 def test_an_inversion_method_registered_from_a_test_runs_in_the_stages(tiny_sd_dir, image):
-    from builder.registry import INVERSIONS
     from lance_pipeline.image_editing import InversionStage, ReconstructionStage
     from lance_pipeline.inversion import InversionMethod
+    from lance_pipeline.registry import INVERSIONS
 
     assert isinstance(PlainDDIMInversion(None, None), InversionMethod)
     INVERSIONS.register("plain_ddim_test", f"{__name__}:PlainDDIMInversion")

@@ -239,28 +239,12 @@ def test_docs_list_every_registered_metric():
     )
 
 
-def builder_imports(path: Path) -> list[str]:
-    """Every module of ``builder`` a source file imports, at the top or inside a function."""
-    import ast
-
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            found += [a.name for a in node.names if a.name.split(".")[0] == "builder"]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "builder":
-            found += [node.module if node.module != "builder" else f"builder.{a.name}" for a in node.names]
-    return found
-
-
-def test_registry_class_is_shared_and_evaluation_imports_no_builder_module_but_the_format():
+def test_registry_class_is_shared_and_the_metrics_registry_imports_no_numeric_library():
+    # Which layers evaluation may import is checked for every package by tests/test_layers.py.
     from builder import registry
     from lance_pipeline.registry import Registry
 
     assert registry.Registry is Registry and registry.STAGES.kind == "stage type"
-    imports = {p.name: builder_imports(p) for p in sorted((REPO / "evaluation").glob("*.py"))}
-    assert imports["harness.py"] == ["builder.release_format"]  # the check sees what it should
-    bad = {name: [m for m in found if not m.startswith("builder.release_format")] for name, found in imports.items()}
-    assert not any(bad.values()), f"evaluation may import only builder.release_format from builder: {bad}"
     code = (
         "import sys, evaluation.metric_registry; print(sorted(m for m in ('torch', 'numpy', 'pandas') if m in "
         "sys.modules))"

@@ -1,0 +1,64 @@
+"""The layers of docs/architecture.md ("Layers and what each may import"), checked on every import statement of every
+module, including the lazy ones inside functions (a lazy import is still a dependency)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+FIRST_PARTY = ("builder", "lance_pipeline", "evaluation", "dataset_cards")
+
+# Layer -> the first-party layers it may import (itself always). The graph is acyclic: each layer imports only
+# layers listed before it.
+ALLOWED = {
+    "builder.release_format": set(),
+    "lance_pipeline": set(),
+    "evaluation": {"builder.release_format", "lance_pipeline"},
+    "dataset_cards": {"builder.release_format", "evaluation"},
+    "builder": {"builder.release_format", "lance_pipeline", "evaluation", "dataset_cards"},
+}
+
+
+def layer_of(module: str) -> str | None:
+    if module == "builder.release_format" or module.startswith("builder.release_format."):
+        return "builder.release_format"
+    top = module.split(".")[0]
+    return top if top in FIRST_PARTY else None
+
+
+def first_party_imports(path: Path) -> list[str]:
+    """Every first-party module a file imports (``from builder import x`` counts as ``builder.x``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module in FIRST_PARTY:
+                found += [f"{node.module}.{alias.name}" for alias in node.names]
+            else:
+                found.append(node.module)
+    return [m for m in found if layer_of(m) is not None]
+
+
+def test_every_module_imports_only_the_layers_below_it():
+    violations = []
+    checked = 0
+    for layer, allowed in ALLOWED.items():
+        folder = REPO / layer.replace(".", "/")
+        for path in sorted(folder.glob("*.py")):
+            checked += 1
+            for module in first_party_imports(path):
+                target = layer_of(module)
+                if target != layer and target not in allowed:
+                    violations.append(f"{path.relative_to(REPO)} imports {module} ({layer} may import {allowed})")
+    assert checked > 80  # every package was found
+    assert not violations, "\n".join(violations)
+
+
+def test_the_check_sees_lazy_imports_inside_functions(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from builder.registry import EDITORS\n    import evaluation.metrics\n")
+    assert first_party_imports(module) == ["builder.registry", "evaluation.metrics"]
+    assert layer_of("builder.registry") == "builder" and "builder" not in ALLOWED["lance_pipeline"]
+    assert layer_of("builder.release_format.shards") == "builder.release_format"
