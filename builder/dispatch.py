@@ -136,6 +136,11 @@ def check_pool_options(validated: Any, options: dict[str, Any]) -> None:
     active = [s.config.name for s in validated.active]
     workers = options.get("stage_workers") or {}
     gpus = options.get("stage_gpus") or {}
+    for flag, settings, low in (("--stage-workers", workers, 1), ("--stage-gpus", gpus, 0)):
+        for key, value in settings.items():
+            if isinstance(value, bool) or not isinstance(value, int if low else (int, float)) or value < low:
+                what = "a positive integer" if low else "a number >= 0"
+                raise ValueError(f"{flag}: {value!r} for {key} is not {what}")
     _check_names(workers, "--stage-workers", configured)
     _check_names(gpus, "--stage-gpus", configured)
     plan_pools(active, workers, gpus, default_workers=1, default_gpus=None)  # raises on a conflicting layout
@@ -402,6 +407,8 @@ def dispatch(
     finally:
         for pool in workers:
             pool.close()
+    if any(queues) or pending:  # a bug here, not bad input: work left that no worker will ever take
+        raise RuntimeError("the dispatcher stopped with units still queued")
     if deferred:
         raise next(iter(deferred.values()))[0][1]
     return counts

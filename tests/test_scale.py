@@ -96,6 +96,13 @@ def test_device_lists_and_engine_options_are_checked_before_anything_is_written(
         assert not out.exists()
     with pytest.raises(ValueError, match="the local engine takes no option devices"):
         build(load_config(str(cfg)), out, progress=False, engine_options={"devices": ["cpu"]})
+    with pytest.raises(ValueError, match="--stage-workers: 0 for edit is not a positive integer"):
+        build(
+            load_config(str(cfg)),
+            out,
+            engine="devices",
+            engine_options={"devices": ["cpu"], "stage_workers": {"edit": 0}},
+        )
     assert not out.exists()
 
 
