@@ -38,7 +38,7 @@ import logging
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 logger = logging.getLogger(__name__)
@@ -236,7 +236,6 @@ class _Unit:
     first: int
     last: int
     record_errors: bool = False
-    keys: list[str] = field(default_factory=list)
 
 
 def dispatch(
