@@ -226,3 +226,29 @@ def test_a_stage_batch_size_cuts_calls_in_key_order_and_merges_them_into_one_res
     peaks = iter([1])
     run_stage(runner, [{"key": k} for k in ("a", "b", "c")])
     assert calls == [["a", "b", "c"]]
+
+
+def test_a_stage_batch_size_is_validated_hashed_and_shown_by_presets_show(tmp_path):
+    import dataclasses
+
+    import yaml
+
+    from builder.config_docs import commented_yaml
+
+    stages = [FAKE_STAGES[0] | {"batch_size": 2}, FAKE_STAGES[1]]
+    cfg = load_config(str(write_config(tmp_path / "c.yaml", "demo", stages=stages, configs=ALL_CONFIGS)))
+    shown = commented_yaml(cfg.to_dict(), origin="test")
+    assert "    batch_size: 2  # at most this many records per call" in shown
+    assert yaml.safe_load(shown) == cfg.to_dict()
+    assert (
+        cfg.config_hash()
+        != dataclasses.replace(
+            cfg, stages=[dataclasses.replace(cfg.stages[0], batch_size=None), cfg.stages[1]]
+        ).config_hash()
+    )
+    for bad in (0, "2", True):
+        broken = load_config(
+            str(write_config(tmp_path / "b.yaml", "demo", stages=[FAKE_STAGES[0] | {"batch_size": bad}]))
+        )
+        with pytest.raises(ValueError, match=r"stage 'caption': batch_size .*: expected an integer >= 1"):
+            broken.validate()
