@@ -110,32 +110,29 @@ def demo_config():
     return apply_overrides(load_config("demo"), batch_size=1, limit=DEMO_LIMIT)
 
 
-def done_batches(output: Path) -> int:
-    """Batches the build in ``output`` has finished so far (read-only; 0 before the ledger exists)."""
+def ledger_rows(output: Path, table: str) -> int:
+    """Rows of a ledger table of the build in ``output`` so far (read-only, sqlite's own lock wait; 0 before the
+    ledger or the table exists). ``done_batches``: finished batches; ``stage_outputs``: committed stage results."""
     import sqlite3
 
     path = output / ".lance-cf" / "ledger.sqlite"
     if not path.exists():
         return 0
     try:
-        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5) as db:
-            return db.execute("SELECT COUNT(*) FROM done_batches").fetchone()[0]
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+            return db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
     except sqlite3.Error:
-        return 0  # tables not created yet
+        return 0  # tables not created yet, or the writer holds the lock: ask again on the next poll
+
+
+def done_batches(output: Path) -> int:
+    """Batches the build in ``output`` has finished so far."""
+    return ledger_rows(output, "done_batches")
 
 
 def stored_stage_outputs(output: Path) -> int:
     """Stage results committed so far (any stage, any sample): a stage-major build's progress."""
-    import sqlite3
-
-    path = output / ".lance-cf" / "ledger.sqlite"
-    if not path.exists():
-        return 0
-    try:
-        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5) as db:
-            return db.execute("SELECT COUNT(*) FROM stage_outputs").fetchone()[0]
-    except sqlite3.Error:
-        return 0
+    return ledger_rows(output, "stage_outputs")
 
 
 def cmdline(process) -> str:
@@ -149,9 +146,9 @@ def cmdline(process) -> str:
 
 def build_while(config, output: Path, strike, **build_kwargs) -> bool:
     """Run build() on a thread; every 0.5 s call ``strike()`` until it returns True (it did its harm: killed a
-    worker, removed a node) or the build ends. Returns whether it struck; re-raises the build's error."""
+    worker, removed a node) or the build ends. Returns whether it struck; re-raises the build's error. (The 0.5 s is
+    a polling interval, not a limit: the build may take as long as it needs.)"""
     import threading
-    import time
 
     from builder.engine import build
 
@@ -166,8 +163,10 @@ def build_while(config, output: Path, strike, **build_kwargs) -> bool:
     thread = threading.Thread(target=run)
     thread.start()
     struck = False
-    while thread.is_alive() and not struck:
-        time.sleep(0.5)
+    while not struck:
+        thread.join(0.5)  # returns at once when the build ends
+        if not thread.is_alive():
+            break
         struck = bool(strike())
     thread.join()
     if "error" in outcome:

@@ -338,8 +338,7 @@ def test_kills_while_writing_shards_and_manifest_resume_to_the_clean_bytes(tmp_p
     ]
     for moment in moments:
         proc = subprocess.Popen(command, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 60
-        while proc.poll() is None and not moment(names()) and time.monotonic() < deadline:
+        while proc.poll() is None and not moment(names()):  # no deadline: a busy machine only takes longer
             time.sleep(0.002)
         assert proc.poll() is None, "the build finished before the kill moment"
         proc.send_signal(signal.SIGKILL)

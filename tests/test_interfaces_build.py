@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
 
 import pytest
 import yaml
-from builder_helpers import cli, env, release_files
+from builder_helpers import cli, env, release_files, stored_stage_outputs
 
 from builder.config import load_config
 from builder.engine import build
@@ -97,21 +96,13 @@ def test_killed_demo_star_build_resumes_byte_identical(star, tmp_path):
     out = tmp_path / "killed"
     command = [sys.executable, "-m", "builder.cli", "build", "demo-star", "--output", str(out), "--no-progress",
                "--device", "cpu"]  # fmt: skip
-    ledger = out / ".lance-cf" / "ledger.sqlite"
-
-    def stage_rows() -> int:
-        try:
-            with sqlite3.connect(ledger, timeout=5) as db:
-                return db.execute("SELECT COUNT(*) FROM stage_outputs").fetchone()[0]
-        except sqlite3.Error:
-            return 0
 
     proc = subprocess.Popen(command, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    while proc.poll() is None and stage_rows() < 6:  # the first batch's generation is stored
+    while proc.poll() is None and stored_stage_outputs(out) < 6:  # the first batch's generation is stored
         time.sleep(0.05)
     if proc.poll() is None:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    assert 0 < stage_rows() < 36, "the kill did not land mid-build"
+    assert 0 < stored_stage_outputs(out) < 36, "the kill did not land mid-build"
     cli("build", "demo-star", "--output", str(out), "--no-progress", "--device", "cpu")
     assert release_files(out) == release_files(star)

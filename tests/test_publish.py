@@ -293,8 +293,7 @@ def test_interrupted_publish_resumes_without_duplicates(hub_env, tmp_path):
     script = "import sys; from builder.publish import publish_release; publish_release(sys.argv[1], sys.argv[2])"
     proc = subprocess.Popen([sys.executable, "-c", script, str(release_dir), REPO], env=env, cwd=ROOT)
     try:
-        deadline = time.monotonic() + 90
-        while hub.faults.held == 0 and proc.poll() is None and time.monotonic() < deadline:
+        while hub.faults.held == 0 and proc.poll() is None:  # no deadline: a busy machine only takes longer
             time.sleep(0.05)
         assert hub.faults.held > 0, "the publish never reached the held upload"
     finally:
