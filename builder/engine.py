@@ -797,6 +797,25 @@ def _drive(
         bar.close()
 
 
+def _run_deferring(batches: Any, run: Any) -> None:
+    """``run(batch, record_errors)`` over ``batches``; a batch on which a stage has not worked yet
+    (``StageNotWorking``) waits until the stage works on another batch, then runs again with its errors recorded (they
+    belong to its samples); if the stage never works, its first error stops the build."""
+    deferred: list[tuple[_Batch, StageNotWorking]] = []
+    for batch in batches:
+        try:
+            run(batch, False)
+        except StageNotWorking as err:
+            logger.warning("%s; deferring batch %d until the stage works on another batch", err, batch.index)
+            deferred.append((batch, err))
+            continue
+        while deferred:
+            late, _ = deferred.pop(0)
+            run(late, True)
+    if deferred:
+        raise deferred[0][1]
+
+
 def _run_batch_major(
     validated: ValidatedBuild,
     todo: list[int],
@@ -806,20 +825,10 @@ def _run_batch_major(
     label_names: list[str],
     bar: _Progress,
 ) -> None:
-    deferred: list[tuple[_Batch, StageNotWorking]] = []
-    for batch in _decoded(todo, decode):
-        try:
-            _run_batch(validated, batch, ledger, runners, label_names, bar)
-        except StageNotWorking as err:
-            logger.warning("%s; deferring batch %d until the stage works on another batch", err, batch.index)
-            deferred.append((batch, err))
-            continue
-        # The stage works: the deferred batches' errors belong to their samples.
-        while deferred:
-            late, _ = deferred.pop(0)
-            _run_batch(validated, late, ledger, runners, label_names, bar, record_errors=True)
-    if deferred:
-        raise deferred[0][1]
+    _run_deferring(
+        _decoded(todo, decode),
+        lambda batch, record_errors: _run_batch(validated, batch, ledger, runners, label_names, bar, record_errors),
+    )
 
 
 def _run_stage_major(
@@ -837,19 +846,13 @@ def _run_stage_major(
     stage's results commit per batch as they come, so a killed build resumes from the ledger like a batch-major one.
     """
     for position, runner in enumerate(runners):
-        deferred: list[tuple[_Batch, StageNotWorking]] = []
-        for batch in _decoded(todo, decode):  # decoded again per stage: memory stays one batch, not the dataset
-            try:
-                _run_batch(validated, batch, ledger, runners[: position + 1], label_names, bar, finish=False)
-            except StageNotWorking as err:
-                logger.warning("%s; deferring batch %d until the stage works on another batch", err, batch.index)
-                deferred.append((batch, err))
-                continue
-            while deferred:
-                late, _ = deferred.pop(0)
-                _run_batch(validated, late, ledger, runners[: position + 1], label_names, bar, True, finish=False)
-        if deferred:
-            raise deferred[0][1]
+        upto = runners[: position + 1]
+        _run_deferring(
+            _decoded(todo, decode),  # decoded again per stage: memory stays one batch, not the dataset
+            lambda batch, record_errors, upto=upto: _run_batch(
+                validated, batch, ledger, upto, label_names, bar, record_errors, finish=False
+            ),
+        )
         logger.info("stage %s done for every pending sample; releasing its models", runner.name)
         runner.release()
         _free_accelerator_memory()

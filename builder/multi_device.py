@@ -21,7 +21,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from builder.dispatch import WorkerLost
+from builder.dispatch import WorkerLost, check_pool_options
 
 logger = logging.getLogger(__name__)
 
@@ -183,13 +183,7 @@ def run_devices(
     _drive(validated, source, plan, ledger, runners, progress, schedule, remote=remote)
 
 
-def _check_devices_options(validated: Any, options: dict[str, Any]) -> None:
-    from builder.dispatch import check_pool_options
-
-    check_pool_options(validated, options)
-
-
-run_devices.check_options = _check_devices_options  # build() checks the options against the config first
+run_devices.check_options = check_pool_options  # build() checks the options against the config first
 
 
 def _devices_loop(

@@ -20,6 +20,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from builder.dispatch import check_pool_options
+
 logger = logging.getLogger(__name__)
 
 INSTALL_HINT = "the Ray engine needs Ray: pip install 'lance-counterfactuals[ray]'"
@@ -113,14 +115,8 @@ def run_ray(
     _drive(validated, source, plan, ledger, runners, progress, schedule, remote=remote)
 
 
-def _check_ray_options(validated: Any, options: dict[str, Any]) -> None:
-    from builder.dispatch import check_pool_options
-
-    check_pool_options(validated, options)
-
-
 run_ray.preflight = _import_ray  # build() calls an engine's preflight before it writes anything
-run_ray.check_options = _check_ray_options  # and checks its options against the config
+run_ray.check_options = check_pool_options  # and checks its options against the config
 
 
 class RayActorPool:
