@@ -22,7 +22,7 @@ whose UNet blocks are compiled (``sd_components.compile_unet``; one untimed warm
 first, its wall time printed, with the pixel difference from the eager row and ``compiled_vs_eager``), and the second
 editor (``--no-controlnet`` leaves it out):
 
-* **controlnet**: DILLEMA's ControlNet regeneration (``lance_pipeline.controlnet_editing.ControlNetEditor``) with the
+* **controlnet**: DILLEMA's ControlNet regeneration (``lance_pipeline.dillema.controlnet_editing.ControlNetEditor``) with the
   ``hardimagenet-controlnet`` preset's settings (UniPC steps, images per edit, conditioning scales, negative prompt),
   on the same images and edited captions: nothing per image, each edit rendered ``images_per_edit`` times. Its
   ControlNet (``ControlNetModel.from_unet`` of the same UNet, the SD 1.5 ControlNet's architecture at ``--size
@@ -73,7 +73,7 @@ SIZES = {
     # name: (image size, UNet block widths, cross-attention width, text layers, VAE widths, steps, null-text steps)
     "full": (512, (320, 640, 1280, 1280), 768, 12, (128, 256, 512, 512), 50, 10),
     "small": (64, (32, 64, 64, 64), 64, 2, (16, 32, 32, 32), 10, 3),
-    # The test suite's tiny SD (lance_pipeline.tiny_image_components): for counts only, in seconds.
+    # The test suite's tiny SD (lance_pipeline.tiny.image_components): for counts only, in seconds.
     "tiny": (32, None, None, None, None, 10, 3),
 }
 
@@ -84,13 +84,13 @@ def build_components(size: str, device: str, seed: int = 0):
     from diffusers import AutoencoderKL, DDIMScheduler, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
-    from lance_pipeline.sd_components import DDIM_OVERRIDES, StableDiffusionComponents
-    from lance_pipeline.tiny_image_components import PAPER_DDIM_CONFIG, write_clip_tokenizer_files
+    from lance_pipeline.editing.sd_components import DDIM_OVERRIDES, StableDiffusionComponents
+    from lance_pipeline.tiny.image_components import PAPER_DDIM_CONFIG, write_clip_tokenizer_files
 
     image_size, unet_widths, text_width, text_layers, vae_widths, _, _ = SIZES[size]
     if size == "tiny":
-        from lance_pipeline.sd_components import load_stable_diffusion_components
-        from lance_pipeline.tiny_image_components import create_tiny_stable_diffusion
+        from lance_pipeline.editing.sd_components import load_stable_diffusion_components
+        from lance_pipeline.tiny.image_components import create_tiny_stable_diffusion
 
         return load_stable_diffusion_components(str(create_tiny_stable_diffusion(tempfile.mkdtemp())), device=device)
     directory = Path(tempfile.mkdtemp(prefix="bench-edit-tokenizer-"))
@@ -223,10 +223,10 @@ def peak_memory_gib(device: str) -> float | None:
 
 def run_reference(components, options, images, captions, edits, device):
     """The authors' algorithm: one image at a time, a reconstruction pass, one P2P run per (edit, sweep value)."""
-    from lance_pipeline.candidate_selection import EditRequest
-    from lance_pipeline.editing_cost import count_unet_evaluations, reference_reconstruction, reference_sweep
-    from lance_pipeline.inversion import NullTextInversion, decode_latents
-    from lance_pipeline.prompt_to_prompt import PromptToPromptEditor
+    from lance_pipeline.editing.candidate_selection import EditRequest
+    from lance_pipeline.editing.cost import count_unet_evaluations, reference_reconstruction, reference_sweep
+    from lance_pipeline.editing.inversion import NullTextInversion, decode_latents
+    from lance_pipeline.editing.prompt_to_prompt import PromptToPromptEditor
 
     editor = PromptToPromptEditor(components, options)
     inverter = NullTextInversion(
@@ -272,9 +272,9 @@ def run_reference(components, options, images, captions, edits, device):
 
 
 def run_ours(components, options, images, captions, edits, device):
-    from lance_pipeline.candidate_selection import EditRequest
-    from lance_pipeline.editing_cost import count_unet_evaluations
-    from lance_pipeline.prompt_to_prompt import PromptToPromptEditor
+    from lance_pipeline.editing.candidate_selection import EditRequest
+    from lance_pipeline.editing.cost import count_unet_evaluations
+    from lance_pipeline.editing.prompt_to_prompt import PromptToPromptEditor
 
     editor = PromptToPromptEditor(components, options)
     peak_memory_reset(device)
@@ -316,7 +316,7 @@ def controlnet_options(image_size: int, preset: str = CONTROLNET_PRESET):
     """``ControlNetEditorOptions`` with the preset's sampling and candidate settings (the editor's defaults where the
     preset leaves them), for the benchmark's random components (no model is named or loaded)."""
     from builder.config import load_config
-    from lance_pipeline.controlnet_editing import ControlNetEditorOptions
+    from lance_pipeline.dillema.controlnet_editing import ControlNetEditorOptions
 
     stage = next(s for s in load_config(preset).stages if s.type == "controlnet_edit")
     chosen = {k: v for k, v in (stage.options or {}).items() if k in CONTROLNET_PRESET_OPTIONS}
@@ -342,9 +342,9 @@ def build_controlnet(components, seed: int = 0):
 
 def run_controlnet(components, controlnet, options, images, captions, edits, device):
     """The ControlNet editor on the same images and edited captions: every edit rendered, nothing per image."""
-    from lance_pipeline.candidate_selection import EditRequest
-    from lance_pipeline.controlnet_editing import ControlNetEditor
-    from lance_pipeline.editing_cost import count_unet_evaluations
+    from lance_pipeline.dillema.controlnet_editing import ControlNetEditor
+    from lance_pipeline.editing.candidate_selection import EditRequest
+    from lance_pipeline.editing.cost import count_unet_evaluations
 
     editor = ControlNetEditor(components, controlnet, options)
     peak_memory_reset(device)
@@ -407,7 +407,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from lance_pipeline.editing_options import ImageEditorOptions
+    from lance_pipeline.editing.options import ImageEditorOptions
 
     image_size, *_, steps, inner = SIZES[args.size]
     steps = args.steps or steps
@@ -454,7 +454,7 @@ def main(argv: list[str] | None = None) -> None:
 
     compiled_rows = {}
     if args.compile != "none":
-        from lance_pipeline.sd_components import compile_unet
+        from lance_pipeline.editing.sd_components import compile_unet
 
         compiled = dataclasses.replace(components, unet=copy.deepcopy(components.unet), compile=args.compile)
         compiled.compiled_modules = compile_unet(compiled.unet, args.compile)

@@ -82,7 +82,7 @@ SIZES = {
 
 
 def _tokenizer(specials: list[str], extra: list[str]):
-    from lance_pipeline.tiny_text_components import _word_level_tokenizer
+    from lance_pipeline.tiny.text_components import _word_level_tokenizer
 
     return _word_level_tokenizer(specials, extra_added=extra)
 
@@ -134,7 +134,7 @@ def write_perturber(path: Path, size: str) -> Path:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from lance_pipeline.tiny_text_components import _CHAT_TEMPLATE
+    from lance_pipeline.tiny.text_components import _CHAT_TEMPLATE
 
     s = SIZES[size]
     specials = ["<pad>", "<s>", "</s>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
@@ -203,8 +203,8 @@ def timed_flops(fn, device: str):
 
 def run_text_stages(args, images, label_names, workdir: Path) -> dict:
     """Caption and perturb ``images`` batched and one at a time (interleaved); seconds, FLOPs, tokens."""
-    from lance_pipeline.captioning import LabelConditionedCaptioner
-    from lance_pipeline.perturbation import PromptPerturber
+    from lance_pipeline.text.captioning import LabelConditionedCaptioner
+    from lance_pipeline.text.perturbation import PromptPerturber
 
     captioner_dir = write_captioner(workdir / "captioner", args.size)
     perturber_dir = write_perturber(workdir / "perturber", args.size)
@@ -243,7 +243,7 @@ def run_editing(args, images, captions) -> dict:
     from bench_edit import SIZES as EDIT_SIZES
     from bench_edit import build_components, run_ours, workload
 
-    from lance_pipeline.editing_options import ImageEditorOptions
+    from lance_pipeline.editing.options import ImageEditorOptions
 
     image_size, *_, steps, inner = EDIT_SIZES[args.size]
     components = build_components(args.size, args.device)

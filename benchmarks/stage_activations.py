@@ -4,7 +4,7 @@
 the batch: null-text optimisation backpropagates through the UNet for every image of a batch, and each sweep run
 pushes ``2 x (1 + targets)`` rows (source and targets, with classifier-free guidance) through a UNet whose
 controlled attention layers materialise their probabilities. This script runs the real editor
-(``lance_pipeline.prompt_to_prompt.PromptToPromptEditor``) on full-size SD 1.x components at 512x512 with random
+(``lance_pipeline.editing.prompt_to_prompt.PromptToPromptEditor``) on full-size SD 1.x components at 512x512 with random
 weights (memory does not depend on weight values) for a few DDIM steps (the peak is per UNet call, so the step
 count does not change it) and reports how far the process's resident set rose above the loaded weights
 (``builder.stage_memory.measure_peak``: peak RSS growth, Linux).
@@ -39,9 +39,9 @@ def main(argv: list[str] | None = None) -> None:
     from bench_edit import build_components, workload
 
     from builder.stage_memory import format_bytes, measure_peak, unmeasured_reason
-    from lance_pipeline.candidate_selection import EditRequest
-    from lance_pipeline.editing_options import ImageEditorOptions
-    from lance_pipeline.prompt_to_prompt import PromptToPromptEditor
+    from lance_pipeline.editing.candidate_selection import EditRequest
+    from lance_pipeline.editing.options import ImageEditorOptions
+    from lance_pipeline.editing.prompt_to_prompt import PromptToPromptEditor
 
     logging.basicConfig(level=logging.WARNING)
     reason = unmeasured_reason("cpu")

@@ -20,11 +20,11 @@ ENGINE_NAMES = tuple(ENGINES.names())
 # Modules that add subcommands, in the order `--help` lists them. A module that is not installed is skipped.
 SUBCOMMAND_MODULES = (
     "builder.cli",  # build, validate, verify, presets
-    "builder.cli_perturber",  # perturber
-    "builder.cli_interfaces",  # interfaces learn-tokens
+    "builder.perturber.cli",  # perturber
+    "builder.interfaces.cli",  # interfaces learn-tokens
     "evaluation.cli",  # eval, leaderboard
     "evaluation.fidelity",  # compare-editors
-    "builder.cli_discover",  # discover
+    "builder.discovery.cli",  # discover
     "builder.cli_publish",  # publish, publish-results
 )
 

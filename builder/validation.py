@@ -206,7 +206,7 @@ _DEFAULT_METHOD_CONFIGS = ("reconstructed", "counterfactual", "lance_r")
 def source_declaration(spec: str | None) -> tuple[bool, dict[str, str], tuple[ReleaseOutput, ...]]:
     """(generates, record fields, outputs) a registered source class declares, read without constructing it.
 
-    A generating source (``builder.generated_source``) plans samples without images; its records start with the
+    A generating source (``builder.interfaces.source``) plans samples without images; its records start with the
     fields it declares (name -> contract kind) instead of ``image``. Any source may declare record fields and its
     own release outputs (default: ``original``).
     """

@@ -2,7 +2,7 @@
 provenance, and yields per shift.
 
 Read from the manifest only: ``source.shifts`` (each shift's name, prompt, shift caption, threshold and provenance, as
-:mod:`lance_pipeline.shifts` records them), the filter stage's ``object_threshold`` and ``build.routing`` (where each
+:mod:`lance_pipeline.interfaces.shifts` records them), the filter stage's ``object_threshold`` and ``build.routing`` (where each
 generated image went: its shift config, ``rejected`` or ``not_released``). Empty for any other release.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .markdown import code_span, md_escape
+from dataset_cards.markdown import code_span, md_escape
 
 PROVENANCE = {
     "confirmed": "prompt as in MadryLab's notebook",

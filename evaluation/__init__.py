@@ -7,6 +7,6 @@ results JSON per model, a leaderboard over models and an HTML report per model. 
 validation: :mod:`evaluation.results`.
 """
 
-from .results import RESULTS_SCHEMA, RESULTS_SCHEMA_VERSION
+from evaluation.results import RESULTS_SCHEMA, RESULTS_SCHEMA_VERSION
 
 __all__ = ["RESULTS_SCHEMA", "RESULTS_SCHEMA_VERSION"]

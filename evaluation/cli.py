@@ -10,8 +10,8 @@ import logging
 import sys
 from pathlib import Path
 
-from .metric_registry import METRICS, parse_metric_names
-from .results import AMP_DTYPES, MODEL_DTYPES
+from evaluation.metric_registry import METRICS, parse_metric_names
+from evaluation.results import AMP_DTYPES, MODEL_DTYPES
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-report", action="store_true", help="skip the HTML report")
     p.add_argument("--gallery-size", type=int, default=12, help="counterfactuals shown in the report gallery")
     p.add_argument("--force", action="store_true", help="re-run models whose results already exist")
-    from .fidelity import add_side_by_side_arguments  # light: argparse and stdlib at import
+    from evaluation.fidelity import add_side_by_side_arguments  # light: argparse and stdlib at import
 
     add_side_by_side_arguments(p)
     p.set_defaults(func=run_eval)
@@ -197,10 +197,10 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.output.exists() and not args.output.is_dir():
         raise ValueError(f"--output {str(args.output)!r} is a file; give a directory")
 
-    from .fidelity import check_masks
-    from .harness import EvalOptions, run_evaluation
-    from .models import ModelSpec, expand_model_names
-    from .release_reader import open_release
+    from evaluation.fidelity import check_masks
+    from evaluation.harness import EvalOptions, run_evaluation
+    from evaluation.models import ModelSpec, expand_model_names
+    from evaluation.release_reader import open_release
 
     release_specs = args.release if isinstance(args.release, list) else [args.release]
     check_masks(args.masks)
@@ -282,7 +282,7 @@ def run_eval(args: argparse.Namespace) -> int:
 def _prepare_side_by_side(releases: list, args: argparse.Namespace, device: str) -> dict:
     """Before any model runs: release labels (output folders), the shared-source check and the CLIP scorer, so that a
     problem is one line with nothing written."""
-    from .fidelity import load_side_by_side_clip, release_labels, shared_sources
+    from evaluation.fidelity import load_side_by_side_clip, release_labels, shared_sources
 
     labels = release_labels(releases)
     common = shared_sources(releases, labels)
@@ -294,7 +294,7 @@ def _prepare_side_by_side(releases: list, args: argparse.Namespace, device: str)
 
 def _write_side_by_side(releases: list, summaries: dict, args: argparse.Namespace, prepared: dict) -> None:
     """The side-by-side table and plot (``evaluation.fidelity.side_by_side``) from this run's results."""
-    from .fidelity import side_by_side, table_markdown
+    from evaluation.fidelity import side_by_side, table_markdown
 
     results = {
         label: [s["results"] for s in group if s["status"] in ("ok", "skipped") and s.get("results")]
@@ -335,7 +335,7 @@ def _check_device(name: str) -> None:
 
 def _print_summary(summary: dict) -> None:
     """One line per model and config as it finishes, as timm's validate.py prints its ``* Acc@1 ...`` line."""
-    from .leaderboard import summary_lines
+    from evaluation.leaderboard import summary_lines
 
     if summary["status"] == "error":
         sys.stdout.write(f"{summary['model']}: FAILED: {summary.get('error')}\n")
@@ -347,7 +347,7 @@ def _print_summary(summary: dict) -> None:
 
 
 def run_leaderboard(args: argparse.Namespace) -> int:
-    from .leaderboard import write_leaderboard
+    from evaluation.leaderboard import write_leaderboard
 
     _check_positive("--bootstrap", args.bootstrap, 0)
     written = write_leaderboard(

@@ -173,7 +173,7 @@ def release_fidelity(
 
     Args:
         release: The opened release.
-        clip: A loaded ``lance_pipeline.clip_gates.ClipScorer`` for ``clip_image`` (None: the column is None).
+        clip: A loaded ``lance_pipeline.clip.gates.ClipScorer`` for ``clip_image`` (None: the column is None).
         masks_dir: Folder of ``SOURCE_KEY.png`` object masks for ``background_psnr`` (None: the column is None).
         label: The ``release`` column (default: the release's name).
 
@@ -330,7 +330,7 @@ def fidelity_table(
             ``sensitivity.by_edit_type`` (``overall`` for the ``all`` row). A release without results gets one row
             per edit type with the accuracy columns empty.
     """
-    from .results import model_label
+    from evaluation.results import model_label
 
     by_group: dict[tuple[str, str, str], list[dict]] = {}
     for row in rows:
@@ -385,7 +385,7 @@ def plot_fidelity(table: list[dict[str, Any]], path: Path) -> Path:
 
     With several models the accuracy bar is their mean. A missing value (no eval results, no CLIP) is no bar.
     """
-    from .plots import _figure, _plain, _pyplot
+    from evaluation.plots import _figure, _plain, _pyplot
 
     panels = [
         ("paired_delta_acc1", "paired Δ acc@1 (points; mean over models)"),
@@ -528,7 +528,7 @@ def _write_html(path: Path, note: str, table: list[dict[str, Any]]) -> None:
 
 def load_side_by_side_clip(model: str, pretrained: str | None, device: str):
     """The CLIP scorer of the CLIP image similarity, loaded; a model that cannot be loaded is one line (ValueError)."""
-    from lance_pipeline.clip_gates import ClipScorer
+    from lance_pipeline.clip.gates import ClipScorer
 
     pretrained = None if pretrained is None or str(pretrained).lower() == "none" else pretrained
     try:

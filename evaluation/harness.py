@@ -24,10 +24,9 @@ from typing import Any
 import torch
 
 from builder import release_format as rf
-
-from .models import ModelSpec, create_eval_model, describe_weights, resolve_label_indices
-from .release_reader import Release, iter_shard_samples
-from .results import AMP_DTYPES, MODEL_DTYPES, RESULTS_SCHEMA, RESULTS_SCHEMA_VERSION  # noqa: F401 - re-exported
+from evaluation.models import ModelSpec, create_eval_model, describe_weights, resolve_label_indices
+from evaluation.release_reader import Release, iter_shard_samples
+from evaluation.results import AMP_DTYPES, MODEL_DTYPES, RESULTS_SCHEMA, RESULTS_SCHEMA_VERSION  # noqa: F401 - re-exported
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +76,7 @@ class EvalOptions:
 
     def __post_init__(self) -> None:
         if self.metrics is not None:
-            from .metric_registry import default_metric_names, select_metrics
+            from evaluation.metric_registry import default_metric_names, select_metrics
 
             # run order, required ones added; the default selection is None so that its run key stays the same
             selected = select_metrics(list(self.metrics))
@@ -148,7 +147,7 @@ class ShardSampleDataset(torch.utils.data.IterableDataset):
     def __iter__(self):
         from PIL import Image
 
-        from .release_reader import ReleaseIntegrityError
+        from evaluation.release_reader import ReleaseIntegrityError
 
         info = torch.utils.data.get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
@@ -346,7 +345,7 @@ def predict_release(
     from timm.data import create_transform
     from tqdm.auto import tqdm
 
-    from .release_reader import ReleaseIntegrityError
+    from evaluation.release_reader import ReleaseIntegrityError
 
     device = torch.device(options.device)
     backend = configure_backends(device, options)
@@ -524,7 +523,7 @@ def evaluate_model(
     import timm
     from timm.data import resolve_data_config
 
-    from .metrics import compute_metrics
+    from evaluation.metrics import compute_metrics
 
     model = create_eval_model(spec)
     label_indices = resolve_label_indices(spec, model.num_classes, release.num_classes)
@@ -614,7 +613,7 @@ def is_done(path: Path, release: Release, spec: ModelSpec, options: EvalOptions)
     if previous.get("status") != "ok" or (previous.get("run") or {}).get("key") != run_key(release, spec, options):
         return False
     # a metric whose version changed since (its numbers would differ) is computed again
-    from .metric_registry import METRICS, metric_versions
+    from evaluation.metric_registry import METRICS, metric_versions
 
     computed = previous.get("computed_metrics") or {}  # absent before results schema 3
     current = metric_versions([name for name in computed if name in METRICS])
@@ -654,7 +653,7 @@ def _quiet_root_logger():
 def prepare_insights(release: Release, options: EvalOptions) -> dict[str, Any]:
     """The release's edit clusters, computed before any model runs. A CLIP model that cannot be loaded is a one-line
     ``ValueError`` saying what to do, raised before anything is written."""
-    from .insights import cluster_release_edits
+    from evaluation.insights import cluster_release_edits
 
     try:
         with _quiet_root_logger():  # open_clip logs download failures on the root logger; our one line says it all
@@ -676,7 +675,7 @@ def _evaluate_and_write(
     """Evaluate one model and write its files; a model that fails gets an error results file. Returns its summary."""
     import pandas as pd
 
-    from .release_reader import ReleaseIntegrityError
+    from evaluation.release_reader import ReleaseIntegrityError
 
     path = results_path(output_dir, spec)
     try:
@@ -691,7 +690,7 @@ def _evaluate_and_write(
     pd.DataFrame(rows).to_parquet(path.parent / "predictions.parquet", index=False)
     write_json(path, results)
     if options.report:
-        from .report import write_model_report
+        from evaluation.report import write_model_report
 
         try:
             write_model_report(results, rows, release, path.parent, gallery_size=options.gallery_size)
@@ -704,7 +703,7 @@ def _device_worker(device: str, threads: int, tasks: Any, done: Any, release, ou
     """One ``--devices`` worker process: evaluates the models it takes from ``tasks`` on its device."""
     import dataclasses
 
-    from .release_reader import ReleaseIntegrityError
+    from evaluation.release_reader import ReleaseIntegrityError
 
     torch.set_num_threads(threads)
     options = dataclasses.replace(options, device=device, devices=None)
@@ -728,7 +727,7 @@ def _run_parallel(release, specs, output_dir, options, clusters, on_result) -> l
     first come first served. Each model's numbers are those of a single-device run (same code, same thread count)."""
     import multiprocessing
 
-    from .release_reader import ReleaseIntegrityError
+    from evaluation.release_reader import ReleaseIntegrityError
 
     context = multiprocessing.get_context("spawn")
     tasks, done = context.Queue(), context.Queue()
@@ -807,10 +806,10 @@ def run_evaluation(
             todo.append(spec)
     if not todo:
         return summaries
-    from .interfaces import is_interfaces_configs
+    from evaluation.interfaces.shift_results import is_interfaces_configs
 
     # insights cluster the edits of a LANCE release; an interfaces release has generated images and no edits
-    from .metric_registry import select_metrics
+    from evaluation.metric_registry import select_metrics
 
     insights = (
         options.insights

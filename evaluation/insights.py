@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from builder import release_format as rf
-
-from .metric_registry import Metric, MetricContext
-from .release_reader import Release, iter_shard_samples
+from evaluation.metric_registry import Metric, MetricContext
+from evaluation.release_reader import Release, iter_shard_samples
 
 logger = logging.getLogger(__name__)
 
@@ -35,9 +34,9 @@ def resolve_clip_name(model: str) -> str:
 def load_clip_text_encoder(model: str, pretrained: str | None, device: str = "cpu") -> tuple[Any, Any]:
     """Load an open_clip model and its tokenizer (``ViT-L-14``+``openai``, ``hf-hub:ORG/NAME``, a local dir).
 
-    Through the project's one CLIP loader (``lance_pipeline.clip_loader``), which applies the QuickGELU rule.
+    Through the project's one CLIP loader (``lance_pipeline.clip.loader``), which applies the QuickGELU rule.
     """
-    from lance_pipeline.clip_loader import load_clip
+    from lance_pipeline.clip.loader import load_clip
 
     name = resolve_clip_name(model)
     has_schema = name.startswith(("hf-hub:", "local-dir:"))

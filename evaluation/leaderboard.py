@@ -23,7 +23,14 @@ import numbers
 from pathlib import Path
 from typing import Any
 
-from .results import display_name, is_complete, is_results, missing_default_metrics, model_label, validate_results
+from evaluation.results import (
+    display_name,
+    is_complete,
+    is_results,
+    missing_default_metrics,
+    model_label,
+    validate_results,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -224,7 +231,7 @@ def build_leaderboard(results: list[dict[str, Any]]) -> Any:
     """
     import pandas as pd
 
-    from .robustness import effective_robustness
+    from evaluation.robustness import effective_robustness
 
     check_one_release(results)
     rows = [leaderboard_row(r) for r in results]
@@ -383,7 +390,7 @@ def leaderboard_markdown(results: list[dict[str, Any]]) -> str:
 
     The dataset card embeds this table; ``lance-cf leaderboard`` writes it at the top of ``leaderboard.md``.
     """
-    from .interfaces import is_interfaces_release, shift_markdown
+    from evaluation.interfaces.shift_results import is_interfaces_release, shift_markdown
 
     results = [r for r in results if is_results(r)]
     if not any(r.get("status") == "ok" for r in results):
@@ -524,8 +531,8 @@ def leaderboard_records(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _published_drops(results: dict[str, Any] | None) -> dict[str, Any]:
     """The timm-published top-1 drop (shift minus ImageNet) of the model's weights on each real shift, so that the
     published table carries what the shift correlation is computed from (null for other weights or configs)."""
-    from .robustness import timm_model_name
-    from .timm_results import SHIFTS, load_shift_table
+    from evaluation.robustness import timm_model_name
+    from evaluation.timm_results import SHIFTS, load_shift_table
 
     name = timm_model_name(results) if results is not None else None
     published = load_shift_table().get(name) if name else None
@@ -535,7 +542,7 @@ def _published_drops(results: dict[str, Any] | None) -> dict[str, Any]:
 
 def robustness_markdown(results: list[dict[str, Any]], n_boot: int = 1000, seed: int = 0) -> str:
     """The effective-robustness fit and the agreement with real shifts as Markdown sections (for the card too)."""
-    from .robustness import effective_robustness, shift_correlations
+    from evaluation.robustness import effective_robustness, shift_correlations
 
     results = [r for r in results if is_results(r)]
     check_one_release(results)
@@ -630,7 +637,7 @@ def write_leaderboard(
     ``OUTPUT/<name>-v<version>-<hash>/`` (the returned paths are then those of the first release's leaderboard, and
     ``OUTPUT/index.md`` lists them all).
     """
-    from .interfaces import is_interfaces_release, write_interfaces_leaderboard
+    from evaluation.interfaces.shift_results import is_interfaces_release, write_interfaces_leaderboard
 
     results = find_results(paths)
     if any(is_interfaces_release(r) for r in results):
@@ -651,14 +658,14 @@ def write_leaderboard(
 
 
 def _write_one(results: list[dict[str, Any]], output_dir: Path, n_boot: int, seed: int) -> dict[str, Path]:
-    from .plots import (
+    from evaluation.plots import (
         plot_acc_scatter,
         plot_class_delta_acc,
         plot_edit_type_sensitivity,
         plot_effective_robustness,
         plot_shift_correlation,
     )
-    from .robustness import effective_robustness, shift_correlations
+    from evaluation.robustness import effective_robustness, shift_correlations
 
     df = build_leaderboard(results)  # refuses mixed releases before anything is written
     fit = effective_robustness(results)

@@ -19,7 +19,7 @@ holds must be covered by the metric's ``produces`` (:class:`MetricContractError`
 
 This module imports only the standard library and :mod:`lance_pipeline.registry`, so ``lance-cf eval --help`` and
 ``--metrics`` checking stay light; the built-in metrics live in :mod:`evaluation.metrics` (LANCE's paired metrics) and
-:mod:`evaluation.interfaces` (the dataset-interfaces per-shift metric) and :mod:`evaluation.insights` (class-level
+:mod:`evaluation.interfaces.shift_results` (the dataset-interfaces per-shift metric) and :mod:`evaluation.insights` (class-level
 insights from the run's edit clusters).
 """
 
@@ -58,7 +58,7 @@ METRICS = Registry(
         "paired_accuracy_drop": "evaluation.metrics:PairedAccuracyDrop",
         "true_class_confidence_drop": "evaluation.metrics:TrueClassConfidenceDrop",
         "flip_rate": "evaluation.metrics:FlipRate",
-        "shift_accuracy_drop": "evaluation.interfaces:ShiftAccuracyDrop",
+        "shift_accuracy_drop": "evaluation.interfaces.shift_results:ShiftAccuracyDrop",
         "insights": "evaluation.insights:EditClusterInsights",
     },
 )

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .metric_registry import Metric, MetricContext
+from evaluation.metric_registry import Metric, MetricContext
 
 NONE_EDIT_TYPE = "none"
 
@@ -450,7 +450,7 @@ def compute_metrics(
     """
     import pandas as pd
 
-    from .metric_registry import create_metric, default_metric_names, run_metrics, select_metrics
+    from evaluation.metric_registry import create_metric, default_metric_names, run_metrics, select_metrics
 
     df = pd.DataFrame(rows)
     if df.empty:

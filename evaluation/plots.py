@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from .results import model_label
+from evaluation.results import model_label
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ def plot_class_delta_acc(
 
 def plot_acc_scatter(results: list[dict[str, Any]], path: Path) -> Path:
     """Scatter of paired acc@1 on originals (x) against their counterfactuals (y), one point per model, y = x dashed."""
-    from .robustness import paired_accuracies
+    from evaluation.robustness import paired_accuracies
 
     points = [(r, paired_accuracies(r)) for r in _ok(results)]
     points = [(r, acc) for r, acc in points if acc is not None]
@@ -169,8 +169,8 @@ def plot_effective_robustness(results: list[dict[str, Any]], fit: dict[str, Any]
     import numpy as np
     from scipy.stats import norm
 
-    from .results import is_complete
-    from .robustness import paired_accuracies, probit
+    from evaluation.results import is_complete
+    from evaluation.robustness import paired_accuracies, probit
 
     points = [(r, paired_accuracies(r)) for r in _ok(results) if is_complete(r)]
     points = [(r, acc) for r, acc in points if acc is not None]

@@ -13,9 +13,9 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
-from .leaderboard import fmt_number
-from .release_reader import Release, read_samples
-from .results import model_label
+from evaluation.leaderboard import fmt_number
+from evaluation.release_reader import Release, read_samples
+from evaluation.results import model_label
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def _sensitivity_table(results: dict[str, Any]) -> str:
 
 
 def _shift_table(results: dict[str, Any]) -> str:
-    """An interfaces release's per-shift metric (:mod:`evaluation.interfaces`); "" for a LANCE release."""
+    """An interfaces release's per-shift metric (:mod:`evaluation.interfaces.shift_results`); "" for a LANCE release."""
     section = results.get("interfaces")
     if not isinstance(section, dict):
         return ""
@@ -219,7 +219,7 @@ def write_model_report(
     results: dict[str, Any], rows: list[dict[str, Any]], release: Release, out_dir: Path, gallery_size: int = 12
 ) -> Path:
     """Write ``out_dir/report.html`` and its ``assets/`` for one model's results and prediction rows."""
-    from .plots import plot_acc_scatter, plot_class_delta_acc, plot_edit_type_sensitivity
+    from evaluation.plots import plot_acc_scatter, plot_class_delta_acc, plot_edit_type_sensitivity
 
     out_dir = Path(out_dir)
     assets = out_dir / "assets"

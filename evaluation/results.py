@@ -51,7 +51,7 @@ def validate_results(obj: Any) -> None:
     Checked: the schema tag and a readable schema version; ``status``; ``model.name``; ``release.name``,
     ``release.version`` and ``release.manifest_sha256``; for ``status == "ok"``: ``metrics`` with, per config, integer
     ``n`` and numeric (or null) ``acc1``; the optional ``interfaces`` section (per-shift metric of an interfaces
-    release, :func:`evaluation.interfaces.validate_interfaces`); from schema version 2 also ``tool.version``,
+    release, :func:`evaluation.interfaces.shift_results.validate_interfaces`); from schema version 2 also ``tool.version``,
     ``options`` and ``limit``; from version 3, in a successful run, ``computed_metrics`` (metric name -> version) and,
     when present, ``metrics_left_out`` (a list of names).
     """
@@ -83,8 +83,10 @@ def validate_results(obj: Any) -> None:
         acc1 = entry.get("acc1")
         if acc1 is not None and (isinstance(acc1, bool) or not isinstance(acc1, (int, float))):
             raise ValueError(f"results JSON field 'metrics.{config}.acc1' must be a number or null, got {acc1!r:.60}")
-    if "interfaces" in obj:  # an interfaces (ImageNet*-style) release: the per-shift section (evaluation.interfaces)
-        from .interfaces import validate_interfaces
+    if (
+        "interfaces" in obj
+    ):  # an interfaces (ImageNet*-style) release: the per-shift section (evaluation.interfaces.shift_results)
+        from evaluation.interfaces.shift_results import validate_interfaces
 
         validate_interfaces(obj["interfaces"])
     if version >= 2:

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .results import is_complete
+from evaluation.results import is_complete
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ def shift_correlations(
         ``{"source", "models": [{"model", "delta_here", "drops": {shift: drop}}], "by_shift": {shift: {"name",
         "spearman", "ci", "n_models"}}, "reason"}``.
     """
-    from .timm_results import SHIFTS, SOURCE_NOTE, load_shift_table
+    from evaluation.timm_results import SHIFTS, SOURCE_NOTE, load_shift_table
 
     table = load_shift_table() if table is None else table
     models = []

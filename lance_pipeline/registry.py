@@ -67,22 +67,22 @@ class Registry:
 
 
 # Image editors: what renders candidate counterfactuals of one source image (interface in
-# lance_pipeline/candidate_selection.py: ``Editor``). Chosen by an edit stage's ``editor_name``.
+# lance_pipeline/editing/candidate_selection.py: ``Editor``). Chosen by an edit stage's ``editor_name``.
 EDITORS = Registry(
     "editor",
     {
-        "prompt_to_prompt": "lance_pipeline.prompt_to_prompt:PromptToPromptEditor",
-        "controlnet": "lance_pipeline.controlnet_editing:ControlNetEditor",
+        "prompt_to_prompt": "lance_pipeline.editing.prompt_to_prompt:PromptToPromptEditor",
+        "controlnet": "lance_pipeline.dillema.controlnet_editing:ControlNetEditor",
     },
 )
 
-# Inversion methods of a real image (interface: ``lance_pipeline.inversion.InversionMethod``). Chosen by the image
+# Inversion methods of a real image (interface: ``lance_pipeline.editing.inversion.InversionMethod``). Chosen by the image
 # stages' ``inversion`` option.
 INVERSIONS = Registry(
     "inversion method",
     {
-        "null_text": "lance_pipeline.inversion:NullTextMethod",
-        "negative_prompt": "lance_pipeline.inversion:NegativePromptMethod",
-        "direct": "lance_pipeline.inversion:DirectInversionMethod",
+        "null_text": "lance_pipeline.editing.inversion:NullTextMethod",
+        "negative_prompt": "lance_pipeline.editing.inversion:NegativePromptMethod",
+        "direct": "lance_pipeline.editing.inversion:DirectInversionMethod",
     },
 )

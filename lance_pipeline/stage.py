@@ -73,7 +73,7 @@ SCORE_NAMES = (
 )
 
 EDIT_TYPES = ("subject", "object", "background", "weather", "adjective", "domain")
-# DILLEMA's counterfactuals apply up to three alternatives at once (lance_pipeline.dillema_text): a release may also
+# DILLEMA's counterfactuals apply up to three alternatives at once (lance_pipeline.dillema.text_stages): a release may also
 # hold this type. The perturber asks only for EDIT_TYPES.
 MULTI_EDIT_TYPE = "multi"
 RELEASE_EDIT_TYPES = (*EDIT_TYPES, MULTI_EDIT_TYPE)

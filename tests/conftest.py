@@ -39,14 +39,14 @@ def single_thread_torch():
 
 @pytest.fixture(scope="session")
 def tiny_sd_dir(tmp_path_factory):
-    from lance_pipeline.tiny_image_components import create_tiny_stable_diffusion
+    from lance_pipeline.tiny.image_components import create_tiny_stable_diffusion
 
     return create_tiny_stable_diffusion(tmp_path_factory.mktemp("tiny-sd"))
 
 
 @pytest.fixture(scope="session")
 def tiny_sd(tiny_sd_dir):
-    from lance_pipeline.sd_components import load_stable_diffusion_components
+    from lance_pipeline.editing.sd_components import load_stable_diffusion_components
 
     return load_stable_diffusion_components(str(tiny_sd_dir), dtype="float32", device="cpu")
 

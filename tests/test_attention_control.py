@@ -9,7 +9,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from lance_pipeline.attention_control import (  # noqa: E402
+from lance_pipeline.editing.attention_control import (  # noqa: E402
     AttentionStore,
     EditTarget,
     PromptToPromptController,
@@ -148,7 +148,7 @@ class RecordingController(PromptToPromptController):
 
 
 def _run(tiny_sd, controller, prompts, steps):
-    from lance_pipeline.inversion import ddim_sample, encode_prompts
+    from lance_pipeline.editing.inversion import ddim_sample, encode_prompts
 
     cond = encode_prompts(tiny_sd.tokenizer, tiny_sd.text_encoder, prompts)
     nulls = encode_prompts(tiny_sd.tokenizer, tiny_sd.text_encoder, [""]).expand(steps, -1, -1)
@@ -157,7 +157,7 @@ def _run(tiny_sd, controller, prompts, steps):
 
 
 def test_controller_injects_source_maps_in_the_unet_only_while_scheduled(tiny_sd):
-    from lance_pipeline.inversion import prompt_token_ids
+    from lance_pipeline.editing.inversion import prompt_token_ids
 
     steps, n_cross, n_self = 6, 3, 2
     source, edited = "a photo of a dog", "a photo of a big dog"

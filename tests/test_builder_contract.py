@@ -77,8 +77,8 @@ def test_wrong_option_values_name_the_stage_and_the_option(tmp_path, stage, opti
 
 
 def test_options_type_is_derived_from_the_signature_or_declared():
-    from lance_pipeline.captioning import LabelConditionedCaptioner
-    from lance_pipeline.image_editing import ImageEditorOptions, InversionStage
+    from lance_pipeline.editing.stages import ImageEditorOptions, InversionStage
+    from lance_pipeline.text.captioning import LabelConditionedCaptioner
 
     assert options_type(InversionStage) is ImageEditorOptions
     typed = check_options(LabelConditionedCaptioner, {"max_new_tokens": 7}, "stage caption")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from PIL import Image
 
-from lance_pipeline.captioning import LabelConditionedCaptioner, caption_prompt, join_caption
 from lance_pipeline.stage import SampleFailure, Stage
-from lance_pipeline.tiny_text_components import create_tiny_blip2
+from lance_pipeline.text.captioning import LabelConditionedCaptioner, caption_prompt, join_caption
+from lance_pipeline.tiny.text_components import create_tiny_blip2
 
 COLOURS = [(220, 30, 30), (30, 30, 220), (30, 200, 30), (240, 240, 240)]
 LABELS = ["dog sled", "husky", "ice cream", "patio"]

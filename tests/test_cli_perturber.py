@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from builder import cli_perturber
-from lance_pipeline.perturbation import PromptPerturber
-from lance_pipeline.perturber_collect import load_dataset_split
-from lance_pipeline.tiny_text_components import create_tiny_causal_lm
+from builder.perturber import cli as cli_perturber
+from lance_pipeline.perturber.collect import load_dataset_split
+from lance_pipeline.text.perturbation import PromptPerturber
+from lance_pipeline.tiny.text_components import create_tiny_causal_lm
 
 CAPTION = "a photo of a husky pulling a sled in the snow"
 
@@ -88,7 +88,7 @@ def test_bad_values_are_value_errors(tiny_lm, extra, message) -> None:
 
 
 def test_module_import_is_light() -> None:
-    code = "import sys, builder.cli_perturber; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    code = "import sys, builder.perturber.cli; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -196,7 +196,7 @@ def chat_double(monkeypatch):
 
 
 def test_collect_from_an_openai_endpoint_with_faults(chat_double, tmp_path, capsys) -> None:
-    from lance_pipeline.perturber_collect import load_dataset_split
+    from lance_pipeline.perturber.collect import load_dataset_split
 
     captions = tmp_path / "captions.txt"
     captions.write_text(
@@ -255,7 +255,7 @@ def test_collect_from_an_openai_endpoint_with_faults(chat_double, tmp_path, caps
 
 
 def test_collect_stops_on_a_refused_key(chat_double, tmp_path, monkeypatch) -> None:
-    from lance_pipeline.perturber_collect import CaptionItem, OpenAIChatTeacher, TeacherError, collect_edits
+    from lance_pipeline.perturber.collect import CaptionItem, OpenAIChatTeacher, TeacherError, collect_edits
 
     teacher = OpenAIChatTeacher("teacher-model", base_url=chat_double.url + "/wrong", backoff_s=0)
     with pytest.raises(TeacherError, match="HTTP 404"):
@@ -316,8 +316,8 @@ import json, sys
 import datasets
 import torch
 torch.set_num_threads(1)
-from lance_pipeline.perturbation import PromptPerturber
-from lance_pipeline.perturber_collect import load_dataset_split
+from lance_pipeline.text.perturbation import PromptPerturber
+from lance_pipeline.perturber.collect import load_dataset_split
 base, adapter, data = sys.argv[1:4]
 rows = datasets.load_dataset(data, split="train")
 perturber = PromptPerturber(model=base, revision=None, adapter=adapter, adapter_revision="main",
@@ -387,7 +387,7 @@ def test_push_data_and_adapter_then_load_the_adapter_by_hub_id(chat_double, tiny
 
 
 def test_collect_from_a_local_teacher_over_captioned_source_images(tiny_lm, tmp_path, monkeypatch, capsys) -> None:
-    from lance_pipeline.tiny_text_components import create_tiny_blip2
+    from lance_pipeline.tiny.text_components import create_tiny_blip2
 
     blip2 = create_tiny_blip2(tmp_path / "tiny-blip2")
     prompts_seen = []
@@ -422,7 +422,7 @@ def test_collect_from_a_local_teacher_over_captioned_source_images(tiny_lm, tmp_
 
 
 def test_a_client_error_fails_only_its_row_and_urls_are_redacted(chat_double) -> None:
-    from lance_pipeline.perturber_collect import CaptionItem, OpenAIChatTeacher, _redact, collect_edits
+    from lance_pipeline.perturber.collect import CaptionItem, OpenAIChatTeacher, _redact, collect_edits
 
     chat_double.faults["a photo of a dog in a field"] = [400]
     teacher = OpenAIChatTeacher("teacher-model", backoff_s=0)

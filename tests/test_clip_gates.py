@@ -1,4 +1,4 @@
-"""Tests of the CLIP gates (lance_pipeline/clip_gates.py) on a tiny open_clip model built locally."""
+"""Tests of the CLIP gates (lance_pipeline/clip/gates.py) on a tiny open_clip model built locally."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from lance_pipeline.clip_gates import (
+from lance_pipeline.clip.gates import (
     ClipGateThresholds,
     ClipScorer,
     clip_directional_similarity,
@@ -21,8 +21,8 @@ from lance_pipeline.clip_gates import (
     gate_failures,
     word_check_from_embeddings,
 )
-from lance_pipeline.clip_loader import ClipModelRef, needs_forced_quick_gelu
-from lance_pipeline.tiny_clip_components import (
+from lance_pipeline.clip.loader import ClipModelRef, needs_forced_quick_gelu
+from lance_pipeline.tiny.clip_components import (
     TINY_OPEN_CLIP_MODEL_CFG,
     TINY_OPEN_CLIP_PREPROCESS_CFG,
     build_tiny_open_clip,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from lance_pipeline.controlnet_editing import (
+from lance_pipeline.dillema.controlnet_editing import (
     DILLEMA_NEGATIVE_PROMPT,
     ControlNetEditorOptions,
     ControlNetEditStage,
@@ -107,14 +107,14 @@ def test_candidate_seeds_depend_on_sample_seed_and_image_index_only():
 
 @pytest.fixture(scope="module")
 def tiny_controlnet_dir(tmp_path_factory):
-    from lance_pipeline.tiny_controlnet_components import create_tiny_controlnet
+    from lance_pipeline.tiny.controlnet_components import create_tiny_controlnet
 
     return create_tiny_controlnet(tmp_path_factory.mktemp("tiny-controlnet"))
 
 
 @pytest.fixture(scope="module")
 def tiny_clip_dir(tmp_path_factory):
-    from lance_pipeline.tiny_clip_components import create_tiny_open_clip
+    from lance_pipeline.tiny.clip_components import create_tiny_open_clip
 
     return create_tiny_open_clip(tmp_path_factory.mktemp("tiny-clip"))
 
@@ -287,7 +287,7 @@ def test_records_that_cannot_be_edited(tiny_sd_dir, tiny_controlnet_dir, tiny_cl
 
 @pytest.fixture(scope="module")
 def tiny_depth_dir(tmp_path_factory):
-    from lance_pipeline.tiny_controlnet_components import create_tiny_depth_estimator
+    from lance_pipeline.tiny.controlnet_components import create_tiny_depth_estimator
 
     return create_tiny_depth_estimator(tmp_path_factory.mktemp("tiny-depth"))
 
@@ -295,7 +295,7 @@ def tiny_depth_dir(tmp_path_factory):
 def test_depth_condition_is_the_depth_estimation_pipelines_map(tiny_depth_dir, single_thread_torch):
     from transformers import pipeline
 
-    from lance_pipeline.controlnet_editing import depth_condition, load_depth_estimator
+    from lance_pipeline.dillema.controlnet_editing import depth_condition, load_depth_estimator
 
     image = _photo(2)
     condition = np.asarray(depth_condition(image, *load_depth_estimator(str(tiny_depth_dir), None, "cpu")))

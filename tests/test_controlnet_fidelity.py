@@ -117,8 +117,8 @@ def test_release_fidelity_rows_match_direct_computation(two_releases, tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_clip(tmp_path_factory):
-    from lance_pipeline.clip_gates import ClipScorer
-    from lance_pipeline.tiny_clip_components import create_tiny_open_clip
+    from lance_pipeline.clip.gates import ClipScorer
+    from lance_pipeline.tiny.clip_components import create_tiny_open_clip
 
     directory = create_tiny_open_clip(tmp_path_factory.mktemp("clip") / "clip")
     clip = ClipScorer(model=str(directory), pretrained=None)

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from lance_pipeline.dillema_text import (
+from lance_pipeline.dillema.text_stages import (
     DillemaAlternativesStage,
     DillemaCounterfactualStage,
     DillemaKeywordStage,
@@ -16,7 +16,7 @@ from lance_pipeline.dillema_text import (
     parse_json_answer,
 )
 from lance_pipeline.stage import SampleFailure
-from lance_pipeline.tiny_text_components import create_tiny_causal_lm, create_tiny_lora_adapter
+from lance_pipeline.tiny.text_components import create_tiny_causal_lm, create_tiny_lora_adapter
 
 CAPTION = "a husky pulling a dog sled in the snow at night"
 LABEL = "dog sled"
@@ -301,7 +301,7 @@ def test_rewrite_checks_reject_with_reasons(tiny_lm):
 
 
 def test_label_check_rejects_edits_whose_changed_words_name_the_class():
-    from lance_pipeline.label_checks import LabelPreservationCheck
+    from lance_pipeline.text.label_checks import LabelPreservationCheck
 
     check = LabelPreservationCheck(model="sentence-transformers/all-MiniLM-L6-v2", revision=None)
     check.load("cpu")

@@ -12,9 +12,9 @@ import math
 
 import pytest
 
-from builder.discover import ClassTarget, Discovery, DiscoveryComponents, DiscoverySettings, discovered
-from lance_pipeline.discovery import ClusteringSettings
-from lance_pipeline.tiny_discovery_components import (
+from builder.discovery.run import ClassTarget, Discovery, DiscoveryComponents, DiscoverySettings, discovered
+from lance_pipeline.discovery.method import ClusteringSettings
+from lance_pipeline.tiny.discovery_components import (
     ColourCaptioner,
     PaletteGenerator,
     colour_histogram_embedder,
@@ -192,8 +192,8 @@ def test_discovery_on_an_existing_release_clusters_and_describes_failing_counter
     from release_fixture import write_release
 
     from builder import release_format as rf
-    from builder.discover import describe_release_failures
-    from lance_pipeline.discovery import merge_captions
+    from builder.discovery.run import describe_release_failures
+    from lance_pipeline.discovery.method import merge_captions
 
     root = write_release(tmp_path / "release", labels=(1, 2), originals_per_class=4, edits_per_original=3)
 

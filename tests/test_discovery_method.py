@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from lance_pipeline.discovery import (
+from lance_pipeline.discovery.method import (
     ClusteringSettings,
     FailureCounts,
     benjamini_hochberg,
@@ -110,7 +110,7 @@ class _ScriptedPerturber:
 
 
 def test_llm_merge_keeps_content_words_without_the_class_and_falls_back_to_keywords():
-    from lance_pipeline.discovery import LLMCaptionMerger
+    from lance_pipeline.discovery.method import LLMCaptionMerger
 
     captions = ["a red tench on grass", "a red tench in a river", "red fish on green grass"]
     merger = LLMCaptionMerger(_ScriptedPerturber("The Tench is red, on the grass!\nsecond line ignored"), max_words=3)
@@ -122,9 +122,9 @@ def test_llm_merge_keeps_content_words_without_the_class_and_falls_back_to_keywo
 
 
 def test_llm_merge_with_the_tiny_causal_lm_is_seeded(tmp_path):
-    from lance_pipeline.discovery import LLMCaptionMerger
-    from lance_pipeline.perturbation import PromptPerturber
-    from lance_pipeline.tiny_text_components import create_tiny_causal_lm
+    from lance_pipeline.discovery.method import LLMCaptionMerger
+    from lance_pipeline.text.perturbation import PromptPerturber
+    from lance_pipeline.tiny.text_components import create_tiny_causal_lm
 
     model = create_tiny_causal_lm(tmp_path / "lm")
     perturber = PromptPerturber(model=str(model), revision=None, max_new_tokens=8, do_sample=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lance_pipeline.edit_spans import compute_edit_spans, diff_captions, tokenize_caption
+from lance_pipeline.text.edit_spans import compute_edit_spans, diff_captions, tokenize_caption
 
 BASE = "a photo of a man in a red jacket"
 

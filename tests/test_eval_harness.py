@@ -407,7 +407,7 @@ def test_insights_match_independent_clip_kmeans(scored, tmp_path):
     from sklearn.cluster import KMeans
 
     from evaluation.insights import cluster_release_edits, summarize_clusters
-    from lance_pipeline.tiny_clip_components import create_tiny_open_clip
+    from lance_pipeline.tiny.clip_components import create_tiny_open_clip
 
     clip_dir = create_tiny_open_clip(tmp_path / "clip")
     options = EvalOptions(clip_model=str(clip_dir), insight_k=2, insight_top=2)

@@ -17,7 +17,7 @@ from release_fixture import write_release
 
 from evaluation import cli
 from evaluation.leaderboard import TIMM_COLUMNS
-from lance_pipeline.tiny_clip_components import create_tiny_open_clip
+from lance_pipeline.tiny.clip_components import create_tiny_open_clip
 
 pytestmark = pytest.mark.e2e  # CLI runs, leaderboards and a headless browser
 

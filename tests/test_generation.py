@@ -8,9 +8,9 @@ import pytest
 import torch
 from builder_helpers import photo
 
-from lance_pipeline.generation import GenerationOptions, ShiftGenerator, clip_presence_scores
-from lance_pipeline.shifts import IMAGENET_STAR_SHIFTS, Shift, shifts_by_name
-from lance_pipeline.textual_inversion import TextualInversionOptions, TextualInversionTrainer, save_token
+from lance_pipeline.interfaces.generation import GenerationOptions, ShiftGenerator, clip_presence_scores
+from lance_pipeline.interfaces.shifts import IMAGENET_STAR_SHIFTS, Shift, shifts_by_name
+from lance_pipeline.interfaces.textual_inversion import TextualInversionOptions, TextualInversionTrainer, save_token
 
 pytestmark = pytest.mark.usefixtures("single_thread_torch")
 
@@ -74,8 +74,8 @@ def test_plain_prompt_needs_no_tokens_and_options_are_checked(tiny_sd_dir):
 def test_clip_presence_scores_equal_independent_cosines(tmp_path):
     import open_clip
 
-    from lance_pipeline.clip_gates import ClipScorer
-    from lance_pipeline.tiny_clip_components import create_tiny_open_clip
+    from lance_pipeline.clip.gates import ClipScorer
+    from lance_pipeline.tiny.clip_components import create_tiny_open_clip
 
     clip_dir = str(create_tiny_open_clip(tmp_path / "clip"))
     scorer = ClipScorer(model=clip_dir, pretrained=None)
@@ -124,7 +124,7 @@ def test_imagenet_star_shifts_and_user_shifts():
 
 
 def test_shift_verdict_rules():
-    from lance_pipeline.generation import shift_verdict
+    from lance_pipeline.interfaces.generation import shift_verdict
 
     assert shift_verdict(0.3, 0.2, 0.25, 0.16)["passed"]
     assert not shift_verdict(0.3, 0.15, 0.25, 0.16)["passed"]  # the shift is not there
@@ -135,8 +135,8 @@ def test_shift_verdict_rules():
 
 
 def test_generation_and_filter_stages_on_tiny_models(tiny_sd_dir, token_dir, tmp_path):
-    from lance_pipeline.generation import ShiftFilterStage, ShiftGenerationStage, clip_presence_scores
-    from lance_pipeline.tiny_clip_components import create_tiny_open_clip
+    from lance_pipeline.interfaces.generation import ShiftFilterStage, ShiftGenerationStage, clip_presence_scores
+    from lance_pipeline.tiny.clip_components import create_tiny_open_clip
 
     gen = ShiftGenerationStage(model=str(tiny_sd_dir), revision=None, tokens=str(token_dir), num_inference_steps=2,
                                generation_size=32, image_size=24, batch_size=2)  # fmt: skip

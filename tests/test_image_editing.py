@@ -14,7 +14,7 @@ from PIL import Image
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from lance_pipeline.image_editing import (  # noqa: E402
+from lance_pipeline.editing.stages import (  # noqa: E402
     CounterfactualEditStage,
     EditRequest,
     InversionStage,
@@ -39,7 +39,7 @@ def sd_dir(tiny_sd_dir):
 
 @pytest.fixture(scope="module")
 def clip_dir(tmp_path_factory):
-    from lance_pipeline.tiny_clip_components import create_tiny_open_clip
+    from lance_pipeline.tiny.clip_components import create_tiny_open_clip
 
     return str(create_tiny_open_clip(tmp_path_factory.mktemp("tiny-clip")))
 
@@ -60,7 +60,7 @@ def record(sd_dir):
     rec.update(update)
     reconstruct = ReconstructionStage(**options(sd_dir))
     reconstruct.load("cpu")
-    from lance_pipeline.editing_cost import count_unet_evaluations
+    from lance_pipeline.editing.cost import count_unet_evaluations
 
     with count_unet_evaluations(reconstruct.editor.components.unet) as count:
         (update,) = reconstruct.process([rec])
@@ -253,7 +253,7 @@ def test_sweep_keeps_the_best_passing_candidate_and_records_all(record, sd_dir):
 
 
 def test_real_clip_scores_are_recorded_and_deterministic(record, sd_dir, clip_dir):
-    from lance_pipeline.clip_gates import ClipScorer
+    from lance_pipeline.clip.gates import ClipScorer
 
     gates = {"clip_directional_threshold": -1.0, "clip_image_threshold": -1.0, "clip_text_threshold": -1.0}
     opts = options(sd_dir, clip_model=clip_dir, clip_pretrained=None, require_edited_closer=False, **gates)
@@ -356,7 +356,7 @@ def test_stored_inversion_round_trips_through_the_ledger_codec(record, sd_dir):
 
 
 def test_tiny_components_are_byte_identical_across_builds(sd_dir, tmp_path):
-    from lance_pipeline.tiny_image_components import create_tiny_stable_diffusion
+    from lance_pipeline.tiny.image_components import create_tiny_stable_diffusion
 
     again = create_tiny_stable_diffusion(tmp_path / "again")
     first = sorted(p.relative_to(sd_dir) for p in Path(sd_dir).rglob("*") if p.is_file())
@@ -449,9 +449,9 @@ def test_largest_passing_selection_is_offered_and_recorded(record, sd_dir):
 
 def test_shared_prefix_sweep_equals_one_run_per_sweep_value_and_counts_match(record, sd_dir):
     """The exact savings: same latents as the reference (one run per sweep value) within float tolerance."""
-    from lance_pipeline.editing_cost import count_unet_evaluations, reference_sweep
-    from lance_pipeline.editing_options import steps_of
-    from lance_pipeline.prompt_to_prompt import sample_sweep
+    from lance_pipeline.editing.cost import count_unet_evaluations, reference_sweep
+    from lance_pipeline.editing.options import steps_of
+    from lance_pipeline.editing.prompt_to_prompt import sample_sweep
 
     steps = 10
     stage = CounterfactualEditStage(**options(sd_dir, num_inference_steps=steps), scorer=StubScorer())
@@ -536,8 +536,8 @@ def _mse(a, b):
 
 def test_inversion_methods_are_selectable_and_report_reconstruction_error(record, sd_dir):
     """Null-text, negative-prompt and direct inversion on the same image; each edit renders; errors compared."""
-    from lance_pipeline.editing_cost import count_unet_evaluations
-    from lance_pipeline.inversion import decode_latents, encode_image
+    from lance_pipeline.editing.cost import count_unet_evaluations
+    from lance_pipeline.editing.inversion import decode_latents, encode_image
 
     edits = [edit(CAPTION.replace("dog", "cat"), "cat", "dog")]
     errors, forwards = {}, {}

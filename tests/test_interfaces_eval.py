@@ -36,7 +36,7 @@ def _rows(spec: dict[str, dict[int, list[bool]]]) -> list[dict]:
 
 
 def test_shift_metrics_follow_the_per_class_rule_against_base_on_the_same_classes():
-    from evaluation.interfaces import shift_metrics
+    from evaluation.interfaces.shift_results import shift_metrics
 
     spec = {
         "base": {0: [True] * 5, 1: [True, False] * 3, 2: [False] * 5, 3: [True] * 6},
@@ -345,7 +345,7 @@ def test_learn_tokens_push_to_hub_holds_tokens_index_and_card_and_loads_in_diffu
     from huggingface_hub import constants
 
     from builder.cli import main
-    from lance_pipeline.textual_inversion import load_token
+    from lance_pipeline.interfaces.textual_inversion import load_token
 
     photos = make_imagefolder(tmp_path / "photos", ["n01440764", "n01443537"], 2)  # tench, goldfish
     out = tmp_path / "tokens"

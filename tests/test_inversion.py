@@ -12,7 +12,7 @@ from PIL import Image
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from lance_pipeline.inversion import (  # noqa: E402
+from lance_pipeline.editing.inversion import (  # noqa: E402
     NullTextInversion,
     ddim_inversion,
     ddim_sample,
@@ -141,8 +141,8 @@ class PlainDDIMInversion:
 
 
 def test_an_inversion_method_registered_from_a_test_runs_in_the_stages(tiny_sd_dir, image):
-    from lance_pipeline.image_editing import InversionStage, ReconstructionStage
-    from lance_pipeline.inversion import InversionMethod
+    from lance_pipeline.editing.inversion import InversionMethod
+    from lance_pipeline.editing.stages import InversionStage, ReconstructionStage
     from lance_pipeline.registry import INVERSIONS
 
     assert isinstance(PlainDDIMInversion(None, None), InversionMethod)
@@ -170,9 +170,9 @@ def test_an_inversion_method_registered_from_a_test_runs_in_the_stages(tiny_sd_d
 
 def test_batched_null_text_equals_one_image_at_a_time_and_gives_the_reconstruction(tiny_sd, image):
     """Null-text over a batch of images follows each image's own schedule (Adam state, early stop)."""
-    from lance_pipeline.editing_cost import count_unet_evaluations
-    from lance_pipeline.editing_options import ImageEditorOptions
-    from lance_pipeline.inversion import NullTextMethod, decode_latents
+    from lance_pipeline.editing.cost import count_unet_evaluations
+    from lance_pipeline.editing.inversion import NullTextMethod, decode_latents
+    from lance_pipeline.editing.options import ImageEditorOptions
 
     steps = 5
     rng = np.random.RandomState(1)

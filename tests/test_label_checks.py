@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from lance_pipeline import label_checks
-from lance_pipeline.label_checks import (
+from lance_pipeline.stage import SampleFailure, Stage
+from lance_pipeline.text import label_checks
+from lance_pipeline.text.label_checks import (
     DEFAULT_SENTENCE_MODEL,
     LabelPreservationCheck,
     label_names_of,
     resolve_sentence_model,
 )
-from lance_pipeline.stage import SampleFailure, Stage
 
 
 @pytest.fixture(scope="module")

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from lance_pipeline.perturbation import (
+from lance_pipeline.stage import EDIT_TYPES, SampleFailure, Stage
+from lance_pipeline.text.perturbation import (
     DROP_REASONS,
     Edit,
     PromptPerturber,
     parse_perturber_output,
     validate_edit_types,
 )
-from lance_pipeline.stage import EDIT_TYPES, SampleFailure, Stage
-from lance_pipeline.tiny_text_components import create_tiny_causal_lm, create_tiny_lora_adapter
+from lance_pipeline.tiny.text_components import create_tiny_causal_lm, create_tiny_lora_adapter
 
 CAPTION = "a photo of a husky pulling a dog sled in the snow"
 CAPTIONS = [
@@ -305,7 +305,7 @@ def test_perturb_turns_answers_into_edits_with_spans(tiny_lm, monkeypatch: pytes
 
 
 def test_tiny_components_are_byte_reproducible(tiny_lm, tmp_path) -> None:
-    from lance_pipeline.tiny_text_components import create_tiny_lora
+    from lance_pipeline.tiny.text_components import create_tiny_lora
 
     base, adapter = tiny_lm
     rebuilt = create_tiny_causal_lm(tmp_path / "tiny-causal-lm")

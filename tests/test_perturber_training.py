@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lance_pipeline.perturbation import PromptPerturber, alpaca_prompt
-from lance_pipeline.perturber_collect import (
+from lance_pipeline.perturber.collect import (
     CaptionItem,
     TeacherAnswer,
     collect_edits,
@@ -20,7 +19,7 @@ from lance_pipeline.perturber_collect import (
     load_dataset_split,
     write_instruction_dataset,
 )
-from lance_pipeline.perturber_training import (
+from lance_pipeline.perturber.training import (
     LoraTrainingConfig,
     evaluate_perturber,
     find_qkv_modules,
@@ -28,7 +27,8 @@ from lance_pipeline.perturber_training import (
     load_instruction_rows,
     train_perturber_lora,
 )
-from lance_pipeline.tiny_text_components import create_tiny_causal_lm
+from lance_pipeline.text.perturbation import PromptPerturber, alpaca_prompt
+from lance_pipeline.tiny.text_components import create_tiny_causal_lm
 
 SUBJECTS = ("dog", "cat", "horse", "man", "woman", "boy")
 PLACES = ("snow", "grass", "beach", "forest", "city", "field")
@@ -114,7 +114,7 @@ def test_judge_variation(edited: str, edit_type: str, reason: str | None) -> Non
 def test_the_stage_in_prompt_examples_pass_their_own_type() -> None:
     # The few-shot examples the perturb stage shows the model are edits of their type by construction: the validator
     # must accept every one of them, and reject the non-domain ones as domain edits.
-    from lance_pipeline.perturbation import EXAMPLES
+    from lance_pipeline.text.perturbation import EXAMPLES
 
     for edit_type, (caption, label, edits) in EXAMPLES.items():
         for edited in edits:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
-from lance_pipeline.edit_spans import tokenize_caption
-from lance_pipeline.random_edits import RandomWordEditor, candidate_positions
 from lance_pipeline.stage import SampleFailure, Stage
-from lance_pipeline.tiny_text_components import create_tiny_masked_lm
+from lance_pipeline.text.edit_spans import tokenize_caption
+from lance_pipeline.text.random_edits import RandomWordEditor, candidate_positions
+from lance_pipeline.tiny.text_components import create_tiny_masked_lm
 
 CAPTION = "a photo of a husky pulling a dog sled in the snow."
 CAPTIONS = [CAPTION, "a photo of a man riding a horse on a beach", "a photo of a red car near a river"]

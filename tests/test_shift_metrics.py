@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from evaluation.shift_metrics import per_class_accuracy, shift_accuracy_drop
+from evaluation.interfaces.shift_metrics import per_class_accuracy, shift_accuracy_drop
 
 
 def test_per_class_minimum_rule_and_same_classes_on_the_base_side():

@@ -6,7 +6,7 @@ import pytest
 import torch
 from builder_helpers import photo
 
-from lance_pipeline.textual_inversion import (
+from lance_pipeline.interfaces.textual_inversion import (
     TextualInversionOptions,
     TextualInversionTrainer,
     load_token,
@@ -109,7 +109,7 @@ def test_learn_tokens_command_learns_each_class_once_and_resumes(tiny_sd_dir, tm
 
     from builder_helpers import make_imagefolder
 
-    from lance_pipeline.textual_inversion import load_token
+    from lance_pipeline.interfaces.textual_inversion import load_token
 
     photos = make_imagefolder(tmp_path / "photos", ["n01440764", "n01443537"], 2)  # tench, goldfish synsets
     out = tmp_path / "tokens"

@@ -1,0 +1,1 @@
+"""Failure discovery's command, run, report and the ``discovery:`` source."""

@@ -1,0 +1,125 @@
+"""``discovery:DIR``: the images of a discovery's discovered failures, as a source for a normal release build.
+
+``lance-cf discover`` writes ``DIR/discoveries.json`` and keeps every generated image in its ledger; this source lists
+the test images of each discovered failure (model x class x description) so that ``build`` releases them, one config
+per discovery, with the description, the probed model's prediction and the statistics in each sample's metadata. The
+release is like every other (verify, publish, ``lance-cf eval`` on other models: the paper's transfer experiment).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from builder.sources import Source, SourceSample, imagenet_label_space
+from lance_pipeline.stage import MetadataField, ReleaseOutput
+
+DISCOVERY_FIELDS = {
+    "discovery_config": "str",
+    "discovery": "str",
+    "refined_description": "str",
+    "probe_model": "str",
+    "probe_prediction": "int",
+    "failure_rate": "float",
+    "base_rate": "float",
+    "q_value": "float",
+    "prompt": "str",
+}
+
+
+def discovery_config_name(model: str, class_name: str, description: str, taken: set[str]) -> str:
+    """A release config name for one discovery: ``[a-z0-9_]+``, bounded, unique within the release."""
+    words = re.sub(r"[^a-z0-9]+", "_", f"{model} {class_name} {description}".lower()).strip("_")[:60].strip("_")
+    name, n = words or "discovery", 2
+    while name in taken:
+        name = f"{words}_{n}"
+        n += 1
+    taken.add(name)
+    return name
+
+
+class DiscoverySource(Source):
+    """Discovered-failure images from a ``lance-cf discover`` output directory (PNG bytes from its ledger)."""
+
+    fields = DISCOVERY_FIELDS
+    outputs = (
+        ReleaseOutput(
+            config="discovery",
+            field="image",
+            key_suffix=None,
+            config_field="discovery_config",
+            description="generated images of a failure discovered by lance-cf discover (Wiles et al.)",
+            fields=(
+                MetadataField("discovery", "string", description="the description that was tested"),
+                MetadataField("refined_description", "string", description="the shortest significant description"),
+                MetadataField("probe_model", "string", description="the model the failure was discovered for"),
+                MetadataField("probe_prediction", "int64", description="that model's prediction for this image"),
+                MetadataField("failure_rate", "float64", description="the description's failure rate"),
+                MetadataField("base_rate", "float64", description="the class's base failure rate"),
+                MetadataField("q_value", "float64", description="Benjamini-Hochberg q-value of the test"),
+                MetadataField("prompt", "string", description="the generation prompt"),
+            ),
+        ),
+    )
+
+    def __init__(self, spec: str, path: str):
+        from builder.discovery.run import LEDGER, DiscoveryLedger, discovered
+
+        super().__init__(spec=spec, kind="discovery")
+        root = Path(path)
+        document_path = root / "discoveries.json"
+        if not document_path.is_file() or not (root / LEDGER).is_file():
+            raise ValueError(f"source {spec!r}: {path} is not a lance-cf discover output (no discoveries.json)")
+        document = json.loads(document_path.read_text(encoding="utf-8"))
+        self.label_space = imagenet_label_space()
+        self.license = "Generated images; the generator's licence applies."
+        import threading
+
+        self._ledger = DiscoveryLedger(root / LEDGER, shared_across_threads=True)
+        self._lock = threading.Lock()  # the builder reads on its decode thread
+        self._fields: dict[str, dict[str, Any]] = {}
+        self._image_key: dict[str, str] = {}
+        self.config_names: list[str] = []
+        taken: set[str] = set()
+        samples = []
+        for row in discovered(document):
+            config = discovery_config_name(row["model"], row["class_name"], row["description"], taken)
+            self.config_names.append(config)
+            predictions = self._ledger.predictions(row["model"], row["keys"])
+            prompts = dict(
+                self._ledger.db.execute(
+                    f"SELECT key, prompt FROM images WHERE key IN ({','.join('?' * len(row['keys']))})", row["keys"]
+                ).fetchall()
+            )
+            for image_key in row["keys"]:
+                key = f"{image_key}_{config}"[:200]
+                samples.append(SourceSample(key, int(row["label"]), f"{config} / {image_key}"))
+                self._image_key[key] = image_key
+                self._fields[key] = {
+                    "discovery_config": config,
+                    "discovery": row["description"],
+                    "refined_description": row["refined_description"],
+                    "probe_model": row["model"],
+                    "probe_prediction": int(predictions[image_key]),
+                    "failure_rate": float(row["rate"]),
+                    "base_rate": float(row["base_rate"]),
+                    "q_value": float(row["q_value"]),
+                    "prompt": prompts[image_key],
+                }
+        if not samples:
+            raise ValueError(f"source {spec!r}: the discovery found no failure; there is nothing to release")
+        self.samples = sorted(samples, key=lambda s: s.key)
+
+    def read(self, sample: SourceSample) -> bytes:
+        import io
+
+        with self._lock:
+            image = self._ledger.images([self._image_key[sample.key]])[0]
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        return buffer.getvalue()
+
+    def record_fields(self, sample: SourceSample) -> dict[str, Any]:
+        return dict(self._fields[sample.key])

@@ -1,0 +1,1 @@
+"""Dataset interfaces' commands and source: ``lance-cf interfaces`` and the ``generate:`` source."""

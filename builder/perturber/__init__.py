@@ -1,0 +1,1 @@
+"""``lance-cf perturber``: try, collect, train and evaluate the caption perturber."""

@@ -1,0 +1,1 @@
+"""Evaluation of dataset-interfaces releases: the per-shift metric and its results section."""

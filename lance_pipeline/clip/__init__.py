@@ -1,0 +1,1 @@
+"""CLIP (Radford et al., ICML 2021): the project's one loader and LANCE's quality gates."""

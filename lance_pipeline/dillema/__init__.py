@@ -1,0 +1,1 @@
+"""DILLEMA (Baresi et al., 2025): its LLM text stages and the ControlNet regeneration editor."""

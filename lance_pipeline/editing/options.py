@@ -1,0 +1,174 @@
+"""Options of the image stages (inversion, reconstruction, prompt-to-prompt edits, LANCE-R edits).
+
+Weight-free: constructing the options validates them without importing torch or loading any model, so a typo
+fails at config validation, naming the option.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+from lance_pipeline.editing.sd_components import COMPILE_MODES, DEFAULT_MODEL, DEFAULT_REVISION, DTYPES
+
+# LANCE's paper sweep (section 3.2); the authors' code sweeps only up to 0.8.
+DEFAULT_SELF_REPLACE_SWEEP = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+ATTENTION_EDITS = ("auto", "refine")
+REFINE_PADDINGS = ("source_order", "same_position")  # attention_control.REFINE_PADDINGS
+SELECTIONS = ("best_directional", "largest_passing")  # candidate_selection.SELECTIONS
+# Inversion methods that optimise by gradient descent: Adam's eps (1e-8) is 0 in float16, so the update divides by
+# zero and the embeddings become inf/NaN; these run with float32 weights only.
+OPTIMISING_INVERSIONS = ("null_text",)
+PRECISIONS = ("fp32", "bf16")
+
+
+def steps_of(fraction: float, num_steps: int) -> int:
+    """Number of steps a fraction covers (``round``, so 0.7 * 50 is 35 despite float error)."""
+    return int(math.floor(fraction * num_steps + 0.5))
+
+
+@dataclass
+class ImageEditorOptions:
+    """Every option of the image stages, with the paper's / authors' defaults (sources in docs/method.md).
+
+    Attributes:
+        model: Hub id of a Stable Diffusion 1.x/2.x checkpoint in diffusers layout, or a local directory.
+        revision: Pinned Hub revision (ignored for a local directory).
+        dtype: Weights and compute dtype. float32 as the authors (null-text optimisation needs it).
+        precision: ``"fp32"`` or ``"bf16"``: bfloat16 autocast for the forward-only sampling (sweep and
+            reconstruction passes); inversion runs at ``dtype``.
+        allow_tf32: On CUDA, TF32 matmuls and convolutions (the authors' code enabled TF32 too).
+        cudnn_benchmark: On CUDA, let cuDNN pick convolution algorithms by timing (faster; bytes may differ between
+            runs, so off by default).
+        compile: ``"none"`` (default), ``"default"`` or ``"max-autotune-no-cudagraphs"``: ``torch.compile`` (inductor,
+            that mode) of the UNet's residual blocks and feed-forward layers, once per loaded set of components
+            (``sd_components.compile_unet``). Outputs equal eager ones within float tolerance, not bit for bit.
+        image_size: Square size in pixels the image is resized to before encoding (512).
+        num_inference_steps: DDIM steps (50).
+        guidance_scale: Classifier-free guidance (7.5).
+        inversion: Inversion method, a name of ``lance_pipeline.registry.INVERSIONS`` (``null_text`` as the paper).
+        num_inner_steps: Null-text Adam iterations per step (10).
+        early_stop_epsilon: Null-text early-stop base threshold (1e-5).
+        cross_replace: Fraction of the steps with cross-attention injection (0.8).
+        self_replace_sweep: The self-attention injection fractions swept per edit.
+        edit_word_weight: Reweighting factor of the edited tokens' cross-attention (2.0).
+        attention_edit: ``"auto"`` (replace where the token alignment maps every unchanged token to its own
+            position, i.e. in-place swaps; refine otherwise) or ``"refine"`` (always refine, as the authors' code).
+        refine_padding: How refine maps the target's padding positions: ``"source_order"`` (ours: padding copies
+            the source's padding in order) or ``"same_position"`` (prompt-to-prompt's and the authors' rule).
+        self_replace_max_tokens: Self-attention is injected only in layers with at most this many query tokens.
+        edit_batch_size: Target rows (edit x distinct sweep value) per sampling run, besides the shared source;
+            ``None`` (default): as many as half the free memory of the device holds (estimated per row).
+        selection: Which gate-passing candidate of an edit is kept: ``"best_directional"`` (highest CLIP
+            directional similarity) or ``"largest_passing"`` (largest self_replace, the authors' code in effect).
+        clip_model, clip_pretrained, clip_revision, clip_batch_size: The CLIP scorer (``clip_gates.ClipScorer``).
+        clip_directional_threshold, clip_image_threshold, clip_text_threshold, require_edited_closer: CLIP gates.
+        lance_r_word_check: Apply the LANCE-R word check in ``lance_r_edit`` (off only for noise-image demos).
+        cache_dir: Hugging Face cache directory (default: the hub's own).
+    """
+
+    model: str = DEFAULT_MODEL
+    revision: str | None = DEFAULT_REVISION
+    dtype: str = "float32"
+    precision: str = "fp32"
+    allow_tf32: bool = True
+    cudnn_benchmark: bool = False
+    compile: str = "none"
+    image_size: int = 512
+    num_inference_steps: int = 50
+    guidance_scale: float = 7.5
+    inversion: str = "null_text"
+    num_inner_steps: int = 10
+    early_stop_epsilon: float = 1e-5
+    cross_replace: float = 0.8
+    self_replace_sweep: tuple[float, ...] = DEFAULT_SELF_REPLACE_SWEEP
+    edit_word_weight: float = 2.0
+    attention_edit: str = "auto"
+    refine_padding: str = "source_order"
+    self_replace_max_tokens: int = 32**2
+    edit_batch_size: int | None = None
+    selection: str = "best_directional"
+    clip_model: str = "ViT-L-14"
+    clip_pretrained: str | None = "openai"
+    clip_revision: str | None = None
+    clip_batch_size: int = 32
+    clip_directional_threshold: float = 0.2
+    clip_image_threshold: float = 0.7
+    clip_text_threshold: float = 0.2
+    require_edited_closer: bool = True
+    lance_r_word_check: bool = True
+    cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        self.model = os.fspath(self.model)
+        if self.model.startswith(("/", ".", "~")) and not os.path.isdir(self.model):
+            raise ValueError(f"model directory not found: {self.model!r} (expected a Hub id or a local directory)")
+        self.self_replace_sweep = tuple(float(f) for f in self.self_replace_sweep)
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        for name in (
+            "image_size",
+            "num_inference_steps",
+            "clip_batch_size",
+            "self_replace_max_tokens",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.edit_batch_size is not None and (
+            isinstance(self.edit_batch_size, bool)
+            or not isinstance(self.edit_batch_size, int)
+            or self.edit_batch_size < 1
+        ):
+            raise ValueError(
+                f"edit_batch_size must be a positive int or null (by memory), got {self.edit_batch_size!r}"
+            )
+        if (
+            isinstance(self.num_inner_steps, bool)
+            or not isinstance(self.num_inner_steps, int)
+            or self.num_inner_steps < 0
+        ):
+            raise ValueError(f"num_inner_steps must be an int >= 0, got {self.num_inner_steps!r}")
+        if not self.self_replace_sweep:
+            raise ValueError("self_replace_sweep must hold at least one fraction")
+        for name, values in (("cross_replace", (self.cross_replace,)), ("self_replace_sweep", self.self_replace_sweep)):
+            if any(not 0.0 <= v <= 1.0 for v in values):
+                raise ValueError(f"{name} must be fraction(s) of the steps in [0, 1], got {getattr(self, name)!r}")
+        if len(set(self.self_replace_sweep)) != len(self.self_replace_sweep):
+            raise ValueError(f"self_replace_sweep has duplicates: {self.self_replace_sweep!r}")
+        if self.attention_edit not in ATTENTION_EDITS:
+            raise ValueError(f"attention_edit must be one of {ATTENTION_EDITS}, got {self.attention_edit!r}")
+        for name, allowed in (
+            ("refine_padding", REFINE_PADDINGS),
+            ("selection", SELECTIONS),
+            ("precision", PRECISIONS),
+            ("compile", COMPILE_MODES),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.guidance_scale < 1.0:
+            raise ValueError(f"guidance_scale must be >= 1, got {self.guidance_scale!r}")
+        from lance_pipeline.registry import INVERSIONS
+
+        if ":" not in self.inversion:  # "package.module:attr" names a custom method directly
+            INVERSIONS.target(self.inversion)  # an unknown name fails here, with "did you mean"
+        if self.inversion in OPTIMISING_INVERSIONS and self.dtype != "float32":
+            raise ValueError(
+                f"dtype {self.dtype!r} cannot run inversion {self.inversion!r}: its optimisation needs float32 "
+                "(in float16 Adam's eps is 0 and every null embedding becomes inf/NaN); use dtype float32"
+            )
+
+    @property
+    def is_local(self) -> bool:
+        return os.path.isdir(self.model)
+
+    def gate_thresholds(self):
+        from lance_pipeline.clip.gates import ClipGateThresholds
+
+        return ClipGateThresholds(
+            directional=self.clip_directional_threshold,
+            image=self.clip_image_threshold,
+            text=self.clip_text_threshold,
+            require_edited_closer=self.require_edited_closer,
+        )

@@ -1,0 +1,326 @@
+"""LANCE image stages: inversion, reconstruction, counterfactual edits, LANCE-R edits.
+
+Prabhu, Yenamandra, Chattopadhyay, Hoffman, "LANCE: Stress-testing Visual Models by Generating Language-guided
+Counterfactual Images", NeurIPS 2023 (arXiv 2305.19164), section 3.2 and Algorithm 1. The stages are thin: the work
+is in the pieces they assemble,
+
+* ``sd_components``: the Stable Diffusion components an editor owns (shared weakly between the editors of one
+  process);
+* ``inversion``: the inversion methods, chosen by name from ``lance_pipeline.registry.INVERSIONS`` (null-text by default);
+* ``prompt_to_prompt``: the prompt-to-prompt editor (``lance_pipeline.registry.EDITORS``), which renders every edited
+  caption at every self-attention fraction of the sweep;
+* ``candidate_selection``: CLIP gates and the choice of one candidate per edit, with a CLIP scorer shared by the
+  stages of a build (``clip_gates``, loaded by ``clip_loader``).
+
+Stages (``lance_pipeline.stage.Stage``):
+
+* ``InversionStage`` (``invert``): ``{"inversion": {"latent", "null_embeddings", "caption", "method",
+  "inner_steps", ...}}`` (see ``inversion.InversionMethod``), the stage's batch inverted together.
+* ``ReconstructionStage`` (``reconstruct``): ``{"reconstruction": PIL image}``, the inversion regenerated with its
+  own caption: decoded from the inversion's ``reconstruction_latent`` when the method computed the source branch
+  anyway (null-text does), sampled otherwise.
+* ``CounterfactualEditStage`` (``edit``): ``{"counterfactuals": [...], "edit_candidates": [...]}``.
+* ``LanceREditStage`` (``lance_r_edit``): ``{"lance_r": [...], "lance_r_candidates": [...]}``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+from lance_pipeline.editing.candidate_selection import (  # noqa: F401  (re-exported: the names image_editing always had)
+    Candidate,
+    CandidateSelector,
+    EditRequest,
+    SweepResult,
+    select_candidates,
+    span_of,
+)
+from lance_pipeline.editing.options import DEFAULT_SELF_REPLACE_SWEEP, ImageEditorOptions  # noqa: F401
+from lance_pipeline.editing.prompt_to_prompt import ImageEditor, PromptToPromptEditor  # noqa: F401
+from lance_pipeline.editing.sd_components import (  # noqa: F401
+    DDIM_OVERRIDES,
+    DEFAULT_MODEL,
+    DEFAULT_REVISION,
+    DTYPES,
+    StableDiffusionComponents,
+    load_stable_diffusion_components,
+)
+from lance_pipeline.stage import SCORE_NAMES, MetadataField, Record, ReleaseOutput, SampleFailure
+
+# Which editor rendered a sample (``lance_pipeline.registry.EDITORS``): one field, so releases of two editors compare.
+EDITOR_FIELD = MetadataField("editor", "string", description="the editor that rendered the sample")
+
+logger = logging.getLogger(__name__)
+
+SCORE_FIELDS = SCORE_NAMES  # the release's per-sample scores (lance_pipeline.stage)
+STAGE_VERSION = "2"  # goes into the manifest; bump when a stage's outputs change for the same inputs
+
+
+class _ImageStage:
+    """Shared construction, loading and description of the image stages.
+
+    ``editor_name`` names the editor in ``lance_pipeline.registry.EDITORS``; ``options_class`` is the typed options
+    structure. A new editor with its own options subclasses a stage and sets both.
+    """
+
+    name = "image"
+    uses_clip = False
+    editor_name = "prompt_to_prompt"
+    options_class = ImageEditorOptions
+    version = STAGE_VERSION
+
+    def __init__(self, scorer=None, **options: Any) -> None:
+        try:
+            self.options = self.options_class(**options)
+        except TypeError as err:
+            known = ", ".join(f.name for f in dataclasses.fields(self.options_class))
+            raise ValueError(f"{type(self).__name__}: {err}; known options: {known}") from err
+        self.scorer = scorer
+        self.editor = None
+
+    def load(self, device: str) -> None:
+        from lance_pipeline.registry import EDITORS
+
+        self.editor = EDITORS.resolve(self.editor_name).load(self.options, device)
+        if self.uses_clip:
+            if self.scorer is None:
+                from lance_pipeline.clip.gates import ClipScorer
+
+                self.scorer = ClipScorer(
+                    model=self.options.clip_model,
+                    pretrained=self.options.clip_pretrained,
+                    revision=self.options.clip_revision,
+                    batch_size=self.options.clip_batch_size,
+                    cache_dir=self.options.cache_dir,
+                )
+            self.scorer.load(device)
+
+    def process(self, records: list[Record]) -> list[Record | SampleFailure]:
+        """Run the stage on a batch (the engine measures and records its peak memory: ``builder.stage_memory``)."""
+        raise NotImplementedError
+
+    def _require_editor(self):
+        if self.editor is None:
+            raise RuntimeError(f"{type(self).__name__}.load(device) must be called before process()")
+        return self.editor
+
+    def describe(self) -> dict[str, Any]:
+        o = self.options
+        description: dict[str, Any] = {
+            "name": self.name,
+            "version": self.version,
+            "model": Path(o.model).name if o.is_local else o.model,
+            "revision": None if o.is_local else o.revision,
+            "dtype": o.dtype,
+            "image_size": o.image_size,
+            "num_inference_steps": o.num_inference_steps,
+            "guidance_scale": o.guidance_scale,
+            "inversion": o.inversion,
+            "compile": o.compile,
+            "null_text": {"num_inner_steps": o.num_inner_steps, "early_stop_epsilon": o.early_stop_epsilon},
+        }
+        if self.editor is not None:
+            config = self.editor.components.scheduler_config
+            description["scheduler"] = {
+                "class": "DDIMScheduler",
+                **{
+                    k: config.get(k)
+                    for k in (
+                        "beta_start",
+                        "beta_end",
+                        "beta_schedule",
+                        "num_train_timesteps",
+                        "steps_offset",
+                        "clip_sample",
+                        "set_alpha_to_one",
+                        "prediction_type",
+                    )
+                },
+            }
+            description["vae_scaling_factor"] = self.editor.components.vae.config.scaling_factor
+        return description
+
+
+class InversionStage(_ImageStage):
+    """``invert``: inversion of ``record["image"]`` with ``record["caption"]`` (method: option ``inversion``)."""
+
+    name = "invert"
+    consumes = {"image": "image", "caption": "str"}
+    produces = {"inversion": "dict"}
+
+    def process(self, records: list[Record]) -> list[Record | SampleFailure]:
+        import torch
+
+        editor = self._require_editor()
+        out: list[Record | SampleFailure | None] = [None] * len(records)
+        todo = []
+        for position, record in enumerate(records):
+            caption = record.get("caption")
+            if not isinstance(caption, str) or not caption.strip():
+                out[position] = SampleFailure("invert: record has no caption (the caption stage must run first)")
+            else:
+                todo.append(position)
+        # The whole batch is inverted together (one UNet call per step for all its images).
+        inversions = editor.invert_batch([records[p]["image"] for p in todo], [records[p]["caption"] for p in todo])
+        for position, inversion in zip(todo, inversions, strict=True):
+            if not (torch.isfinite(inversion["latent"]).all() and torch.isfinite(inversion["null_embeddings"]).all()):
+                out[position] = SampleFailure("invert: inversion diverged (non-finite latent or embeddings)")
+            else:
+                out[position] = {"inversion": inversion}
+        return out
+
+
+class ReconstructionStage(_ImageStage):
+    """``reconstruct``: the inverted image regenerated with its own caption (config ``reconstructed``)."""
+
+    name = "reconstruct"
+    consumes = {"inversion": "dict", "caption": "str"}
+    produces = {"reconstruction": "image"}
+    outputs = (ReleaseOutput("reconstructed", "reconstruction", "rec"),)
+
+    def process(self, records: list[Record]) -> list[Record | SampleFailure]:
+        editor = self._require_editor()
+        out: list[Record | SampleFailure] = []
+        for record in records:
+            problem = editor.check_inversion(record.get("inversion"), record.get("caption"))
+            if problem:
+                out.append(SampleFailure(f"reconstruct: {problem}"))
+                continue
+            out.append({"reconstruction": editor.reconstruct(record["inversion"])})
+        return out
+
+
+class CounterfactualEditStage(_ImageStage):
+    """``edit``: counterfactuals for the kept caption edits, rendered by the editor and gated by CLIP.
+
+    Returns ``{"counterfactuals": [...], "edit_candidates": [...]}``. A record whose edits all fail the gates gets
+    empty lists (not a failure): the rejected candidates with their reasons are the record's data.
+    """
+
+    name = "edit"
+    uses_clip = True
+    consumes = {"key": "str", "caption": "str", "inversion": "dict", "edits": "list"}
+    produces = {"counterfactuals": "list", "edit_candidates": "list"}
+    outputs = (ReleaseOutput("counterfactual", "counterfactuals", "cf", many=True, fields=(EDITOR_FIELD,)),)
+    edits_field = "edits"
+    output_field = "counterfactuals"
+    candidates_field = "edit_candidates"
+    word_check = False
+
+    def describe(self) -> dict[str, Any]:
+        description = {**super().describe(), "prompt_to_prompt": self._editing_description()}
+        return description
+
+    def _editing_description(self) -> dict[str, Any]:
+        o = self.options
+        editor = self.editor.describe() if self.editor is not None else {"editor": self.editor_name}
+        return {
+            **editor,
+            "selection": o.selection,
+            "selection_rule": self._selector().describe(),
+            "gates": dataclasses.asdict(o.gate_thresholds()),
+            "clip": self.scorer.describe() if self.scorer is not None and hasattr(self.scorer, "describe") else None,
+        }
+
+    def _selector(self) -> CandidateSelector:
+        return CandidateSelector(
+            self.scorer, self.options.gate_thresholds(), selection=self.options.selection, word_check=self.word_check
+        )
+
+    def _edits(self, record: Record) -> list[dict]:
+        return [e for e in record.get(self.edits_field) or [] if e.get("kept")]
+
+    def _split_by_length(self, edits: list[dict]) -> tuple[list[int], list[dict]]:
+        """Positions of the edits whose caption fits the text encoder, and rejection records for the others."""
+        editor = self._require_editor()
+        limit = editor.max_prompt_tokens
+        positions, rejected = [], []
+        for index, edit in enumerate(edits):
+            length = editor.count_tokens(edit["edited_caption"])
+            if length <= limit:
+                positions.append(index)
+                continue
+            label_scores = edit.get("scores") or {}
+            rejected.append(
+                {
+                    "edit_index": index,
+                    "edit_type": edit.get("edit_type"),
+                    "edited_caption": edit["edited_caption"],
+                    "original_span": span_of(edit, "original_span"),
+                    "edited_span": span_of(edit, "edited_span"),
+                    "self_replace": None,
+                    "attention_edit": None,
+                    "reweighted_tokens": None,
+                    "scores": {k: label_scores.get(k) for k in ("label_similarity", "span_similarity")},
+                    "passed": False,
+                    "chosen": False,
+                    "reject_reason": f"edited caption is {length} tokens, more than the text encoder's {limit}: "
+                    "the edit would not reach the image",
+                }
+            )
+        return positions, rejected
+
+    def process(self, records: list[Record]) -> list[Record | SampleFailure]:
+        editor = self._require_editor()
+        selector = self._selector()
+        out: list[Record | SampleFailure] = []
+        for record in records:
+            caption = record.get("caption")
+            problem = editor.check_source(record)
+            if problem:
+                out.append(SampleFailure(f"{self.name}: {problem}"))
+                continue
+            edits = self._edits(record)
+            for index, edit in enumerate(edits):
+                if not isinstance(edit.get("edited_caption"), str) or not edit["edited_caption"].strip():
+                    raise ValueError(f"{self.edits_field}[{index}] of {record.get('key')!r} has no edited_caption")
+            # An edit the text encoder cannot read in full would be rendered for nothing: its change lies past the
+            # encoder's context (77 tokens for CLIP), so it is refused up front, with that reason.
+            positions, too_long = self._split_by_length(edits)
+            if not positions:
+                out.append({self.output_field: [], self.candidates_field: too_long})
+                continue
+            edits_in_context = [edits[i] for i in positions]
+            requests = [EditRequest(e["edited_caption"], span_of(e, "edited_span")) for e in edits_in_context]
+            sweep = editor.render(record, requests)
+            chosen, candidates = selector.select(caption, edits_in_context, sweep)
+            for sample in chosen:
+                sample.setdefault("editor", self.editor_name)
+            for candidate in candidates:  # index into the record's edits, not the in-context subset
+                candidate["edit_index"] = positions[candidate["edit_index"]]
+            candidates = sorted(candidates + too_long, key=lambda c: c["edit_index"])
+            logger.debug("%s %s: %d of %d edits kept", self.name, record.get("key"), len(chosen), len(edits))
+            out.append({self.output_field: chosen, self.candidates_field: candidates})
+        return out
+
+
+class LanceREditStage(CounterfactualEditStage):
+    """``lance_r_edit``: the LANCE-R baseline's random word edits rendered like LANCE's.
+
+    Same editor, gates and selection as ``edit``, plus the LANCE-R check that the edited image matches the new word
+    (``edited_span``) better than the replaced word (``original_span``). Every edit in ``record["random_edits"]``
+    is rendered (they carry no ``kept`` flag).
+    """
+
+    name = "lance_r_edit"
+    consumes = {"key": "str", "caption": "str", "inversion": "dict", "random_edits": "list"}
+    produces = {"lance_r": "list", "lance_r_candidates": "list"}
+    outputs = (ReleaseOutput("lance_r", "lance_r", "lr", many=True, fields=(EDITOR_FIELD,)),)
+    edits_field = "random_edits"
+    output_field = "lance_r"
+    candidates_field = "lance_r_candidates"
+
+    @property
+    def word_check(self) -> bool:  # type: ignore[override]
+        return self.options.lance_r_word_check
+
+    def _edits(self, record: Record) -> list[dict]:
+        return list(record.get(self.edits_field) or [])
+
+    def describe(self) -> dict[str, Any]:
+        description = super().describe()
+        description["prompt_to_prompt"]["lance_r_word_check"] = self.options.lance_r_word_check
+        return description

@@ -1,0 +1,329 @@
+"""Text-to-image generation of class instances under named shifts, and their CLIP filter (dataset interfaces).
+
+Vendrow et al., "Dataset Interfaces" (arXiv 2302.07865), §3-4: each image is generated from "a photo of a <token>
+<shift>" with Stable Diffusion 2 (Euler, 50 steps, guidance 7.5), where <token> is the class's textual-inversion token
+(``textual_inversion.py``) or, for the paper's baseline, the plain class name. CLIP then scores object presence
+("a photo of a <class>", "a <class>" for style shifts) and shift presence ("a photo in the snow"); an image is kept
+only when both pass. Every score, threshold and verdict is kept with the image; nothing is dropped silently.
+
+Seeds: each image's initial noise comes from its own ``torch.Generator`` seeded with ``record["seed"]`` (derived by
+the builder from the release seed and the sample key), so an image does not depend on its batch neighbours' seeds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from lance_pipeline.stage import MetadataField, ReleaseOutput
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "stabilityai/stable-diffusion-2"
+DEFAULT_REVISION = "fp16"  # the branch MadryLab's code loads; see textual_inversion.DEFAULT_REVISION
+SCHEDULERS = {"euler": "EulerDiscreteScheduler", "ddim": "DDIMScheduler", "unipc": "UniPCMultistepScheduler"}
+
+
+@dataclass
+class GenerationOptions:
+    """Text-to-image settings (ImageNet*'s as defaults).
+
+    Attributes:
+        model, revision: Stable Diffusion checkpoint (Hub id at a pinned revision, or a local directory).
+        tokens: Directory of learned class tokens (``{label}.safetensors`` or ImageNet*'s ``{label}.bin``); None with
+            ``plain_prompt`` only.
+        plain_prompt: Generate with the class name instead of the token (the paper's baseline).
+        scheduler: ``euler`` (ImageNet*), ``ddim`` or ``unipc``; built from the checkpoint's scheduler config.
+        num_inference_steps, guidance_scale: 50 and 7.5.
+        generation_size: Pixel size generated (None: the UNet's native size, 768 for SD 2).
+        image_size: Size of the released image (512 in ImageNet*).
+        batch_size: Images per pipeline call.
+        dtype: ``float32``, ``float16`` or ``bfloat16``.
+    """
+
+    model: str = DEFAULT_MODEL
+    revision: str | None = DEFAULT_REVISION
+    tokens: str | None = None
+    plain_prompt: bool = False
+    scheduler: str = "euler"
+    num_inference_steps: int = 50
+    guidance_scale: float = 7.5
+    generation_size: int | None = None
+    image_size: int = 512
+    batch_size: int = 4
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.scheduler not in SCHEDULERS:
+            raise ValueError(f"scheduler {self.scheduler!r}: expected one of {', '.join(SCHEDULERS)}")
+        if self.dtype not in ("float32", "float16", "bfloat16"):
+            raise ValueError(f"dtype {self.dtype!r}: expected float32, float16 or bfloat16")
+        if self.tokens is None and not self.plain_prompt:
+            raise ValueError("tokens: give the directory of learned class tokens, or set plain_prompt: true")
+        for name in ("num_inference_steps", "image_size", "batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} {value!r}: expected a positive integer")
+
+
+class ShiftGenerator:
+    """A Stable Diffusion text-to-image pipeline with the class tokens loaded, generating seeded images."""
+
+    def __init__(self, options: GenerationOptions, device: str = "cpu") -> None:
+        self.options = options
+        self.device = device
+        self.pipe = None
+        self.tokens: dict[int, str] = {}
+
+    def load(self) -> None:
+        import diffusers
+        import torch
+
+        opts = self.options
+        revision = None if os.path.isdir(opts.model) else opts.revision
+        scheduler_cls = getattr(diffusers, SCHEDULERS[opts.scheduler])
+        scheduler = scheduler_cls.from_pretrained(opts.model, subfolder="scheduler", revision=revision)
+        self.pipe = diffusers.StableDiffusionPipeline.from_pretrained(
+            opts.model,
+            revision=revision,
+            scheduler=scheduler,
+            dtype=getattr(torch, opts.dtype),
+            use_safetensors=True,
+            safety_checker=None,  # SD 2 ships none; recorded in describe()
+            requires_safety_checker=False,
+        ).to(self.device)
+        self.pipe.set_progress_bar_config(disable=True)
+        if opts.tokens is not None and not opts.plain_prompt:
+            self.tokens = self._load_tokens(Path(opts.tokens))
+
+    def _load_tokens(self, directory: Path) -> dict[int, str]:
+        """Load every ``{label}.safetensors`` / ``{label}.bin`` token into the pipeline's text encoder."""
+        from lance_pipeline.interfaces.textual_inversion import load_token
+
+        if not directory.is_dir():
+            raise ValueError(f"tokens {directory}: not a directory of learned class tokens")
+        tokens: dict[int, str] = {}
+        files = sorted(p for p in directory.iterdir() if p.suffix in (".safetensors", ".bin") and p.stem.isdigit())
+        if not files:
+            raise ValueError(f"tokens {directory}: no {{label}}.safetensors or {{label}}.bin files")
+        for path in files:
+            token, embedding = load_token(path)
+            self.pipe.load_textual_inversion({token: embedding}, token=token)
+            tokens[int(path.stem)] = token
+        return tokens
+
+    def class_word(self, label: int, label_name: str) -> str:
+        """What replaces ``<TOKEN>``: the class's learned token, or its name for plain prompts."""
+        if self.options.plain_prompt:
+            return label_name
+        if label not in self.tokens:
+            raise KeyError(label)
+        return self.tokens[label]
+
+    def generate(self, prompts: list[str], seeds: list[int]) -> list[Any]:
+        """One image per (prompt, seed), each from its own seeded generator, resized to ``image_size``."""
+        import torch
+        from PIL import Image
+
+        opts = self.options
+        size = opts.generation_size
+        generators = [torch.Generator(device="cpu").manual_seed(int(s)) for s in seeds]
+        with torch.inference_mode():
+            images = self.pipe(
+                prompts,
+                num_inference_steps=opts.num_inference_steps,
+                guidance_scale=opts.guidance_scale,
+                height=size,
+                width=size,
+                generator=generators,
+                output_type="pil",
+            ).images
+        return [im.convert("RGB").resize((opts.image_size, opts.image_size), Image.Resampling.BICUBIC) for im in images]
+
+    def describe(self) -> dict[str, Any]:
+        return {**asdict(self.options), "safety_checker": None, "tokens_loaded": len(self.tokens)}
+
+
+def clip_presence_scores(scorer: Any, images: list[Any], object_captions: list[str], shift_captions: list[str | None]):
+    """(object presence, shift presence) cosine similarities per image; shift presence None where no caption.
+
+    ``scorer`` is a loaded ``clip_gates.ClipScorer`` (``encode_images`` / ``encode_texts`` return L2-normalised
+    embeddings).
+    """
+    image_emb = scorer.encode_images(images)
+    object_emb = scorer.encode_texts(object_captions)
+    object_scores = (image_emb * object_emb).sum(-1).tolist()
+    with_shift = [i for i, c in enumerate(shift_captions) if c is not None]
+    shift_scores: list[float | None] = [None] * len(images)
+    if with_shift:
+        shift_emb = scorer.encode_texts([shift_captions[i] for i in with_shift])
+        values = (image_emb[with_shift] * shift_emb).sum(-1).tolist()
+        for i, value in zip(with_shift, values, strict=True):
+            shift_scores[i] = value
+    return object_scores, shift_scores
+
+
+# -- stages ----------------------------------------------------------------------------------------------------------
+REJECTED_CONFIG = "rejected"
+
+
+class ShiftGenerationStage:
+    """``generate``: one image per record from its shift's prompt, the class token (or name) and the record's seed.
+
+    Records come from a ``generate:`` source (``builder.interfaces.source``): ``prompt_template`` holds ``<TOKEN>``.
+    """
+
+    name = "generate"
+    version = "1"
+    consumes = {"label": "int", "label_name": "str", "seed": "int", "prompt_template": "str"}
+    produces = {"generated": "image", "prompt": "str", "token": "any"}
+    # Each image goes to the config the filter stage routes it to (its shift, `rejected`, or none); the metadata
+    # fields come from the source (shift, captions, threshold), this stage (prompt, token) and the filter (scores).
+    outputs = (
+        ReleaseOutput(
+            config="shift",
+            field="generated",
+            key_suffix="gen",
+            config_field="release_config",
+            description="images generated under this shift that pass the CLIP filter (dataset interfaces)",
+            fields=(
+                MetadataField("shift", "string", description="the shift's name"),
+                MetadataField("prompt", "string", description="the prompt the image was generated from"),
+                MetadataField("token", "string", description="the class token (null for plain prompts)"),
+                MetadataField("object_caption", "string", description="CLIP text for object presence"),
+                MetadataField("shift_caption", "string", description="CLIP text for shift presence"),
+                MetadataField("object_score", "float64", description="CLIP cosine: image vs object caption"),
+                MetadataField("shift_score", "float64", description="CLIP cosine: image vs shift caption"),
+                MetadataField("object_threshold", "float64", description="object threshold (null: none)"),
+                MetadataField("shift_threshold", "float64", description="shift threshold (null: unknown)"),
+                MetadataField("passed", "bool", description="both CLIP criteria passed"),
+            ),
+        ),
+    )
+    options_class = GenerationOptions
+
+    def __init__(self, **options: Any) -> None:
+        self.options = GenerationOptions(**options)
+        self.generator: ShiftGenerator | None = None
+
+    def load(self, device: str) -> None:
+        self.generator = ShiftGenerator(self.options, device)
+        self.generator.load()
+
+    def process(self, records: list[dict[str, Any]]) -> list[Any]:
+        from lance_pipeline.interfaces.shifts import TOKEN_PLACEHOLDER
+        from lance_pipeline.stage import SampleFailure
+
+        assert self.generator is not None, "load() first"
+        results: list[Any] = [None] * len(records)
+        todo: list[tuple[int, str, str | None]] = []
+        for i, record in enumerate(records):
+            try:
+                word = self.generator.class_word(record["label"], record["label_name"])
+            except KeyError:
+                results[i] = SampleFailure(f"no learned token for class {record['label']} ({record['label_name']})")
+                continue
+            token = None if self.options.plain_prompt else word
+            todo.append((i, record["prompt_template"].replace(TOKEN_PLACEHOLDER, word), token))
+        size = self.options.batch_size
+        for start in range(0, len(todo), size):
+            chunk = todo[start : start + size]
+            images = self.generator.generate([p for _, p, _ in chunk], [records[i]["seed"] for i, _, _ in chunk])
+            for (i, prompt, token), image in zip(chunk, images, strict=True):
+                results[i] = {"generated": image, "prompt": prompt, "token": token}
+        return results
+
+    def describe(self) -> dict[str, Any]:
+        return self.generator.describe() if self.generator else {**asdict(self.options), "safety_checker": None}
+
+
+@dataclass
+class ShiftFilterOptions:
+    """The CLIP filter of dataset interfaces.
+
+    Attributes:
+        clip_model, clip_pretrained, clip_revision: The CLIP scorer (ImageNet* used open_clip ViT-H-14 laion2b).
+        object_threshold: Minimum object-presence similarity; None keeps every image on this criterion (the paper's
+            value is not known here: see lance_pipeline.interfaces.shifts).
+        keep_rejected: Release rejected images in a ``rejected`` config (they are always counted).
+    """
+
+    clip_model: str = "ViT-H-14"
+    clip_pretrained: str | None = "laion2b_s32b_b79k"
+    clip_revision: str | None = None
+    object_threshold: float | None = None
+    keep_rejected: bool = False
+
+
+class ShiftFilterStage:
+    """``filter``: CLIP object and shift presence for each generated image, the thresholds, and the verdict.
+
+    Every image gets its scores; ``release_config`` routes it to its shift's config when it passes, to ``rejected``
+    when it does not and ``keep_rejected`` is on, and to no config otherwise. The engine counts where every image
+    went, per shift and class, in the manifest (``build.routing``): nothing is dropped silently.
+    """
+
+    name = "filter"
+    version = "1"
+    consumes = {"generated": "image", "shift": "str", "object_caption": "str", "shift_caption": "any",
+                "shift_threshold": "any"}  # fmt: skip
+    produces = {"object_score": "float", "shift_score": "any", "object_threshold": "any", "passed": "bool",
+                "release_config": "any"}  # fmt: skip
+    options_class = ShiftFilterOptions
+
+    def __init__(self, **options: Any) -> None:
+        self.options = ShiftFilterOptions(**options)
+        self.scorer = None
+
+    def load(self, device: str) -> None:
+        from lance_pipeline.clip.gates import ClipScorer
+
+        o = self.options
+        self.scorer = ClipScorer(model=o.clip_model, pretrained=o.clip_pretrained, revision=o.clip_revision)
+        self.scorer.load(device)
+
+    def process(self, records: list[dict[str, Any]]) -> list[Any]:
+        assert self.scorer is not None, "load() first"
+        objects, shifts = clip_presence_scores(
+            self.scorer,
+            [r["generated"] for r in records],
+            [r["object_caption"] for r in records],
+            [r["shift_caption"] for r in records],
+        )
+        out = []
+        for record, object_score, shift_score in zip(records, objects, shifts, strict=True):
+            verdict = shift_verdict(object_score, shift_score, self.options.object_threshold, record["shift_threshold"])
+            if verdict["passed"]:
+                config = record["shift"]
+            else:
+                config = REJECTED_CONFIG if self.options.keep_rejected else None
+            out.append({
+                "object_score": verdict["object_score"],
+                "shift_score": verdict["shift_score"],
+                "object_threshold": verdict["object_threshold"],
+                "passed": verdict["passed"],
+                "release_config": config,
+            })  # fmt: skip
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        info = self.scorer.describe() if self.scorer is not None else {}
+        return {**info, **asdict(self.options)}
+
+
+def shift_verdict(
+    object_score: float, shift_score: float | None, object_threshold: float | None, shift_threshold: float | None
+) -> dict[str, Any]:
+    """Both CLIP criteria of dataset interfaces; a criterion with no threshold (unknown) passes and says so."""
+    object_ok = object_threshold is None or object_score >= object_threshold
+    shift_ok = shift_threshold is None or shift_score is None or shift_score >= shift_threshold
+    return {
+        "object_score": float(object_score),
+        "shift_score": None if shift_score is None else float(shift_score),
+        "object_threshold": object_threshold,
+        "shift_threshold": shift_threshold,
+        "passed": bool(object_ok and shift_ok),
+    }

@@ -1,0 +1,1 @@
+"""Training data and LoRA finetuning for LANCE's structured caption perturber."""
