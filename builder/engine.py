@@ -126,7 +126,7 @@ class _StageRunner:
     @property
     def stage(self):
         if self._stage is None:
-            from builder.models import resolve_model_references
+            from builder.model_refs import resolve_model_references
 
             options, self._references = resolve_model_references(self.config.options)
             try:
@@ -156,7 +156,7 @@ class _StageRunner:
         return self._description()
 
     def _description(self) -> dict[str, Any]:
-        from builder.models import restore_model_references
+        from builder.model_refs import restore_model_references
 
         described = restore_model_references(self.stage.describe(), self._references)
         return {"type": self.config.type, "version": self.validated.contract.version, **described}

@@ -116,7 +116,7 @@ class _Described:
         return getattr(self._inner, name)
 
     def describe(self) -> dict[str, Any]:
-        from builder.models import restore_model_references
+        from builder.model_refs import restore_model_references
 
         return restore_model_references(self._inner.describe(), self._references)
 
@@ -125,7 +125,7 @@ def _real_components(args: argparse.Namespace, targets, device: str) -> Any:
     import torch
 
     from builder.discovery.run import DiscoveryComponents
-    from builder.models import resolve_model_references
+    from builder.model_refs import resolve_model_references
     from lance_pipeline.clip.gates import ClipScorer
     from lance_pipeline.interfaces.generation import GenerationOptions, ShiftGenerator
     from lance_pipeline.text.captioning import LabelConditionedCaptioner
@@ -179,7 +179,7 @@ def _timm_classifier(name: str, pretrained: bool, device: str, torch: Any):
 
 
 def _llm_merger(model: str, revision: str | None, device: str) -> Any:
-    from builder.models import resolve_model_references
+    from builder.model_refs import resolve_model_references
     from lance_pipeline.discovery.method import LLMCaptionMerger
     from lance_pipeline.text.perturbation import PromptPerturber
 
@@ -223,7 +223,7 @@ def run_release_mode(args: argparse.Namespace) -> int:
 
     from builder.cli import resolve_device
     from builder.discovery.run import describe_release_failures
-    from builder.models import resolve_model_references
+    from builder.model_refs import resolve_model_references
     from lance_pipeline.clip.gates import ClipScorer
 
     if not args.model:

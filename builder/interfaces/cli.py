@@ -217,7 +217,7 @@ def create_demo_star_tokens(path: Path) -> Path:
     path (learn tokens, generate with them, filter, release) offline.
     """
     from builder import images
-    from builder.models import materialize_demo_component
+    from builder.model_refs import materialize_demo_component
     from builder.sources import DemoSource
     from lance_pipeline.interfaces.textual_inversion import (
         TextualInversionOptions,
