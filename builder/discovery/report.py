@@ -1,12 +1,12 @@
 """The HTML report of a failure discovery: a plot of failure rates against base, the tested descriptions, galleries.
 
-Self-contained HTML with images beside it in ``assets/`` (no script, no remote resource); every text that comes from a
-model, a caption or a class name is HTML-escaped, and plot text is never parsed as mathtext.
+Self-contained HTML with images beside it in ``assets/`` (no script, no remote resource), rendered from
+``templates/report.html.jinja`` with Jinja2's autoescape, so every text that comes from a model, a caption or a class
+name is HTML-escaped; plot text is never parsed as mathtext.
 """
 
 from __future__ import annotations
 
-import html
 import re
 from pathlib import Path
 from typing import Any
@@ -23,8 +23,9 @@ def _pct(value: float | None) -> str:
     return "–" if value is None else f"{100 * value:.1f}%"
 
 
-def plot_rates(rows: list[dict[str, Any]], path: Path) -> None:
-    """Failure rate of each tested description (with its interval) against its class's base rate."""
+def rates_figure(rows: list[dict[str, Any]]):
+    """The figure of ``plot_rates``: failure rate of each tested description (with its interval) against its class's
+    base rate, sized so that no label is cut off (the width grows with the longest row label)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -43,9 +44,39 @@ def plot_rates(rows: list[dict[str, Any]], path: Path) -> None:
         ax.set_xlim(0, 1)
         ax.set_xlabel("failure rate (dot: description, 95% CI; band: class base rate, 95% CI)")
         ax.invert_yaxis()
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
+        fit_labels(fig)
+    return fig
+
+
+def fit_labels(fig: Any, axes_width_in: float = 4.5, pad_in: float = 0.15) -> None:
+    """Widen ``fig`` so that its longest tick label and its axis labels fit, then lay it out.
+
+    ``tight_layout`` alone only shrinks the axes inside a fixed figure: with long row labels it gives up (a warning)
+    and the labels run off the left edge. Here the figure's width is the widest text plus a fixed plot width.
+    """
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    dpi = fig.dpi
+    label_width = 0.0
+    for ax in fig.axes:
+        texts = [*ax.get_yticklabels(), ax.yaxis.label]
+        widths = [t.get_window_extent(renderer).width / dpi for t in texts if t.get_text()]
+        label_width += max(widths, default=0.0)
+    xlabel_width = max(
+        (ax.xaxis.label.get_window_extent(renderer).width / dpi for ax in fig.axes if ax.get_xlabel()), default=0.0
+    )
+    width = max(label_width + axes_width_in * len(fig.axes) + 4 * pad_in, xlabel_width + label_width + 4 * pad_in)
+    fig.set_size_inches(width, fig.get_size_inches()[1])
+    fig.tight_layout(pad=0.4)
+
+
+def plot_rates(rows: list[dict[str, Any]], path: Path) -> None:
+    """Save ``rates_figure(rows)`` as a PNG at ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = rates_figure(rows)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def write_discovery_report(
@@ -63,7 +94,6 @@ def write_discovery_report(
     output = Path(output)
     assets = output / "assets"
     assets.mkdir(parents=True, exist_ok=True)
-    e = html.escape
     rows: list[dict[str, Any]] = []
     for model, result in document["models"].items():
         for entry in result["classes"]:
@@ -79,63 +109,53 @@ def write_discovery_report(
                     "refined": cluster.get("refined_description"), "keys": test["keys"], "label": entry["label"],
                     "base_keys": cluster["members"], "predicted_label": cluster["predicted_label"],
                 })  # fmt: skip
-    parts = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>Failure discovery</title>",
-        "<style>body{font-family:sans-serif;margin:2em;max-width:1100px} table{border-collapse:collapse}"
-        " td,th{border:1px solid #ccc;padding:3px 8px} .found{background:#fde2e2} figure{display:inline-block;"
-        "margin:4px;text-align:center;font-size:12px} img{image-rendering:pixelated}</style></head><body>",
-        "<h1>Failure discovery</h1>",
-        f"<p>Generator: <code>{e(str(document['generator'].get('model')))}</code>; captioner: "
-        f"<code>{e(str(document['captioner'].get('model')))}</code>.",
-    ]
-    if document["generator"].get("stand_in") or document["captioner"].get("stand_in"):
-        parts.append(
-            " <strong>This run used deterministic stand-ins with a planted failure (the offline demo): it says "
-            "nothing about any real model.</strong>"
-        )
-    s = document["settings"]
-    parts.append(
-        f"</p><p>{s['n_base']} base images per class, {s['n_test']} per description; one-sided Fisher exact test, "
-        f"Benjamini-Hochberg over the descriptions of each model, level {s['alpha']}.</p>"
-    )
+    plot = None
     if rows:
         plot_rates(rows, assets / "rates.png")
-        parts.append("<h2>Failure rates</h2><img src='assets/rates.png' alt='failure rates against base'>")
-    parts.append(
-        "<h2>Descriptions tested</h2><table><tr><th>model</th><th>class</th><th>description</th><th>refined</th>"
-        "<th>n</th><th>failure rate [95% CI]</th><th>base rate</th><th>p</th><th>q</th></tr>"
-    )
-    for r in rows:
-        low, high = r["interval"]
-        parts.append(
-            f"<tr class='{'found' if r['discovered'] else ''}'><td>{e(r['model'])}</td><td>{e(r['class_name'])}</td>"
-            f"<td>{e(r['description'])}</td><td>{e(r['refined'] or '')}</td><td>{r['n']}</td>"
-            f"<td>{_pct(r['rate'])} [{_pct(low)}, {_pct(high)}]</td><td>{_pct(r['base_rate'])}</td>"
-            f"<td>{r['p']:.2g}</td><td>{'' if r['q'] is None else format(r['q'], '.2g')}</td></tr>"
-        )
-    parts.append("</table>")
-    found = [r for r in rows if r["discovered"]]
-    parts.append(f"<h2>Discovered failures ({len(found)})</h2>")
-    for index, r in enumerate(found):
+        plot = "assets/rates.png"
+    found = []
+    for index, r in enumerate(row for row in rows if row["discovered"]):
         tag = f"{index:03d}_{_safe_name(r['class_name'])}"
-        parts.append(
-            f"<h3>{e(r['model'])}: {e(r['class_name'])} + “{e(r['refined'] or r['description'])}”</h3>"
-            f"<p>{_pct(r['rate'])} of {r['n']} images fail, against {_pct(r['base_rate'])} at base; most often "
-            f"predicted: {e(label_name(r['predicted_label']))}.</p>"
-        )
-        for title, keys in (("base images that failed", r["base_keys"]), ("description images", r["keys"])):
+        galleries = []
+        for title, letter, keys in (
+            ("base images that failed", "b", r["base_keys"]),
+            ("description images", "d", r["keys"]),
+        ):
             shown = keys[:GALLERY_IMAGES]
             labels = predicted(r["model"], shown)
-            parts.append(f"<div><em>{title}</em><br>")
+            gallery = {"title": title, "images": []}
             for j, image in enumerate(images(shown)):
-                name = f"{tag}_{'b' if title.startswith('base') else 'd'}{j}.png"
+                name = f"{tag}_{letter}{j}.png"
                 image.resize((96, 96)).save(assets / name)
-                parts.append(
-                    f"<figure><img src='assets/{name}' width='96' height='96' alt='{e(shown[j])}'>"
-                    f"<figcaption>{e(label_name(labels[shown[j]]))}</figcaption></figure>"
+                gallery["images"].append(
+                    {"src": f"assets/{name}", "key": shown[j], "prediction": label_name(labels[shown[j]])}
                 )
-            parts.append("</div>")
-    parts.append("</body></html>")
+            galleries.append(gallery)
+        found.append({"row": r, "predicted_name": label_name(r["predicted_label"]), "galleries": galleries})
+    page = _template().render(
+        generator=str(document["generator"].get("model")),
+        captioner=str(document["captioner"].get("model")),
+        stand_in=bool(document["generator"].get("stand_in") or document["captioner"].get("stand_in")),
+        settings=document["settings"],
+        plot=plot,
+        rows=rows,
+        found=found,
+    )
     path = output / "report.html"
-    path.write_text("\n".join(parts), encoding="utf-8")
+    path.write_text(page, encoding="utf-8")
     return path
+
+
+def _template() -> Any:
+    """The page template beside this module, rendered with autoescape: every model, caption and class name is
+    escaped by Jinja2, none by hand."""
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("builder.discovery", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+    )
+    env.filters["pct"] = _pct
+    return env.get_template("report.html.jinja")
