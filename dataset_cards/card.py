@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from builder import release_format as rf
+from dataset_cards.deviations_section import deviations_section
 from dataset_cards.gallery import read_shard_samples, select_pairs, write_gallery
 from dataset_cards.interfaces_section import interfaces_section
 from dataset_cards.leaderboard import (
@@ -26,6 +27,7 @@ from dataset_cards.leaderboard import (
     replace_leaderboard_section,
 )
 from dataset_cards.markdown import code_span, md_escape
+from lance_pipeline.deviations import dillema_selection
 
 logger = logging.getLogger(__name__)
 
@@ -208,6 +210,8 @@ def _template_context(
         ],
         "gallery": gallery,
         "interfaces_section": interfaces_section(manifest.to_dict()),  # "" unless a generation-mode release
+        "deviations_section": deviations_section(manifest.to_dict()),
+        "dillema_selection": dillema_selection(manifest.to_dict()),
         "leaderboard_section": leaderboard_section(results or []),
         "stage_rows": stage_rows(manifest),
         "thresholds": thresholds(manifest),

@@ -15,7 +15,7 @@ ALLOWED = {
     "builder.release_format": set(),
     "lance_pipeline": set(),
     "evaluation": {"builder.release_format", "lance_pipeline"},
-    "dataset_cards": {"builder.release_format", "evaluation"},
+    "dataset_cards": {"builder.release_format", "lance_pipeline", "evaluation"},
     "builder": {"builder.release_format", "lance_pipeline", "evaluation", "dataset_cards"},
 }
 
