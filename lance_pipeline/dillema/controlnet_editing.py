@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from lance_pipeline.editing.candidate_selection import Candidate, CandidateSelector, EditRequest, SweepResult
+from lance_pipeline.editing.options import EditorOptions, check_model_reference
 from lance_pipeline.editing.stages import CounterfactualEditStage
 from lance_pipeline.stage import SCORE_NAMES, MetadataField, Record, ReleaseOutput, SampleFailure
 
@@ -150,7 +151,7 @@ def candidate_seed(sample_seed: int, image_index: int) -> int:
 
 
 @dataclass
-class ControlNetEditorOptions:
+class ControlNetEditorOptions(EditorOptions):
     """Every option of the ControlNet editor, with DILLEMA's settings as defaults.
 
     Attributes:
@@ -172,9 +173,7 @@ class ControlNetEditorOptions:
         conditioning_scales: ControlNet conditioning scales rendered per seed (each is one more candidate).
         keep_per_edit: Passing candidates kept per edit, best CLIP directional similarity first.
         batch_size: Candidates per pipeline call (candidates of one sample only).
-        clip_model, clip_pretrained, clip_revision, clip_batch_size: The CLIP scorer (``clip_gates.ClipScorer``).
-        clip_directional_threshold, clip_image_threshold, clip_text_threshold, require_edited_closer: CLIP gates.
-        cache_dir: Hugging Face cache directory (default: the hub's own).
+        clip_*, require_edited_closer, cache_dir: shared by every editor (``EditorOptions``, ``ClipGateOptions``).
     """
 
     model: str = DEFAULT_MODEL
@@ -186,8 +185,6 @@ class ControlNetEditorOptions:
     canny_high_threshold: int = CANNY_HIGH_THRESHOLD
     depth_model: str | None = None
     depth_revision: str | None = None
-    dtype: str = "float32"
-    image_size: int = 512
     num_inference_steps: int = DILLEMA_STEPS
     guidance_scale: float = DILLEMA_GUIDANCE
     negative_prompt: str = DILLEMA_NEGATIVE_PROMPT
@@ -195,22 +192,13 @@ class ControlNetEditorOptions:
     conditioning_scales: tuple[float, ...] = (1.0,)
     keep_per_edit: int = 1
     batch_size: int = 4
-    clip_model: str = "ViT-L-14"
-    clip_pretrained: str | None = "openai"
-    clip_revision: str | None = None
-    clip_batch_size: int = 32
-    clip_directional_threshold: float = 0.2
-    clip_image_threshold: float = 0.7
-    clip_text_threshold: float = 0.2
-    require_edited_closer: bool = True
-    cache_dir: str | None = None
+
+    dtypes = DTYPES
+    positive_ints = ("num_inference_steps", "images_per_edit", "keep_per_edit", "batch_size")
 
     def __post_init__(self) -> None:
-        for name in ("model", "controlnet"):
-            value = os.fspath(getattr(self, name))
-            setattr(self, name, value)
-            if value.startswith(("/", ".", "~")) and not os.path.isdir(value):
-                raise ValueError(f"{name} directory not found: {value!r} (expected a Hub id or a local directory)")
+        self.model = check_model_reference("model", self.model)
+        self.controlnet = check_model_reference("controlnet", self.controlnet)
         if self.condition in REFUSED_CONDITIONS:
             raise ValueError(REFUSED_CONDITIONS[self.condition])
         if self.condition not in CONDITIONS:
@@ -229,12 +217,7 @@ class ControlNetEditorOptions:
                 )
         elif self.depth_model is not None:
             raise ValueError(f"depth_model is only used with condition 'depth', not {self.condition!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        for name in ("image_size", "num_inference_steps", "images_per_edit", "keep_per_edit", "batch_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        super().__post_init__()
         for name in ("canny_low_threshold", "canny_high_threshold"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 255 * 8:
@@ -261,15 +244,19 @@ class ControlNetEditorOptions:
     def candidates_per_edit(self) -> int:
         return self.images_per_edit * len(self.conditioning_scales)
 
-    def gate_thresholds(self):
-        from lance_pipeline.clip.gates import ClipGateThresholds
-
-        return ClipGateThresholds(
-            directional=self.clip_directional_threshold,
-            image=self.clip_image_threshold,
-            text=self.clip_text_threshold,
-            require_edited_closer=self.require_edited_closer,
-        )
+    def describe(self) -> dict[str, Any]:
+        """The shared part, plus the ControlNet (its sampling constants are in the editor's own section)."""
+        local = os.path.isdir(self.controlnet)
+        shared = super().describe()
+        # In the order manifests and cards have always listed them.
+        return {
+            "editor": EDITOR_NAME,
+            "model": shared.pop("model"),
+            "revision": shared.pop("revision"),
+            "controlnet": Path(self.controlnet).name if local else self.controlnet,
+            "controlnet_revision": None if local else self.controlnet_revision,
+            **shared,
+        }
 
     def describe_condition(self) -> dict[str, Any]:
         if self.condition == "depth":
@@ -667,29 +654,16 @@ class ControlNetEditStage(CounterfactualEditStage):
         o = self.options
         return ControlNetSelector(self.scorer, o.gate_thresholds(), o.keep_per_edit, o.condition)
 
-    def describe(self) -> dict[str, Any]:
-        """Editor, models, revisions, scheduler, condition, candidates and gates for the manifest."""
-        o = self.options
-        local_model, local_controlnet = os.path.isdir(o.model), os.path.isdir(o.controlnet)
+    editing_section = "controlnet_editing"
+
+    def _editing_description(self) -> dict[str, Any]:
+        """The editor's record (scheduler, condition, candidates), the selection rule, the gates and the CLIP model."""
         editor = self.editor.describe() if self.editor is not None else {"editor": self.editor_name}
         return {
-            "name": self.name,
-            "version": self.version,
-            "editor": EDITOR_NAME,
-            "model": Path(o.model).name if local_model else o.model,
-            "revision": None if local_model else o.revision,
-            "controlnet": Path(o.controlnet).name if local_controlnet else o.controlnet,
-            "controlnet_revision": None if local_controlnet else o.controlnet_revision,
-            "dtype": o.dtype,
-            "image_size": o.image_size,
-            "controlnet_editing": {
-                **editor,
-                "selection": self._selector().describe(),
-                "gates": dataclasses.asdict(o.gate_thresholds()),
-                "clip": self.scorer.describe()
-                if self.scorer is not None and hasattr(self.scorer, "describe")
-                else None,
-            },
+            **editor,
+            "selection": self._selector().describe(),
+            "gates": dataclasses.asdict(self.options.gate_thresholds()),
+            "clip": self.scorer.describe() if self.scorer is not None and hasattr(self.scorer, "describe") else None,
         }
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
 
 from lance_pipeline.editing.sd_components import COMPILE_MODES, DEFAULT_MODEL, DEFAULT_REVISION, DTYPES
 
@@ -28,8 +30,101 @@ def steps_of(fraction: float, num_steps: int) -> int:
     return int(math.floor(fraction * num_steps + 0.5))
 
 
+def check_model_reference(name: str, value) -> str:
+    """A model option as a string; a path-shaped value must be an existing directory (a Hub id otherwise)."""
+    value = os.fspath(value)
+    if value.startswith(("/", ".", "~")) and not os.path.isdir(value):
+        raise ValueError(f"{name} directory not found: {value!r} (expected a Hub id or a local directory)")
+    return value
+
+
+def check_positive_ints(options, names) -> None:
+    """Raise ``ValueError`` naming the first of ``names`` that is not a positive int (bools are not ints here)."""
+    for name in names:
+        value = getattr(options, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
 @dataclass
-class ImageEditorOptions:
+class ClipGateOptions:
+    """The CLIP scorer and LANCE's quality gates (section 3.2): one part that every editor's options include.
+
+    Attributes:
+        clip_model, clip_pretrained, clip_revision, clip_batch_size: The CLIP scorer (``clip_gates.ClipScorer``).
+        clip_directional_threshold, clip_image_threshold, clip_text_threshold, require_edited_closer: CLIP gates
+            (``clip_gates.ClipGateThresholds``; -1 and ``false`` switch a gate off).
+    """
+
+    clip_model: str = "ViT-L-14"
+    clip_pretrained: str | None = "openai"
+    clip_revision: str | None = None
+    clip_batch_size: int = 32
+    clip_directional_threshold: float = 0.2
+    clip_image_threshold: float = 0.7
+    clip_text_threshold: float = 0.2
+    require_edited_closer: bool = True
+
+    def gate_thresholds(self):
+        from lance_pipeline.clip.gates import ClipGateThresholds
+
+        return ClipGateThresholds(
+            directional=self.clip_directional_threshold,
+            image=self.clip_image_threshold,
+            text=self.clip_text_threshold,
+            require_edited_closer=self.require_edited_closer,
+        )
+
+
+@dataclass
+class EditorOptions(ClipGateOptions):
+    """What every editor's options hold: the model it renders with, its dtype and image size, the CLIP scorer and gates
+    (``ClipGateOptions``) and the Hugging Face cache. An editor's own options subclass this and add only their fields
+    (redeclaring a shared field changes its default, not its place); ``describe`` gives what the manifest records of
+    them, and the image stage describes itself from it, whatever the editor renders with.
+
+    Attributes:
+        model: Hub id or local directory of the editor's model.
+        revision: Pinned Hub revision of ``model`` (ignored for a local directory).
+        dtype: Weights and compute dtype, one of ``dtypes``.
+        image_size: Square size in pixels of the images the editor renders.
+        cache_dir: Hugging Face cache directory (default: the hub's own).
+    """
+
+    model: str = ""
+    revision: str | None = None
+    dtype: str = "float32"
+    image_size: int = 512
+    cache_dir: str | None = None
+
+    # Class attributes, not options (unannotated or ClassVar): the dtypes an editor accepts, and its own options that
+    # must be positive ints (image_size and clip_batch_size are checked for every editor).
+    dtypes: ClassVar[tuple[str, ...]] = ("float32", "float16", "bfloat16")
+    positive_ints: ClassVar[tuple[str, ...]] = ()
+
+    def __post_init__(self) -> None:
+        self.model = check_model_reference("model", self.model)
+        if self.dtype not in self.dtypes:
+            raise ValueError(f"dtype must be one of {self.dtypes}, got {self.dtype!r}")
+        check_positive_ints(self, ("image_size", *self.positive_ints, "clip_batch_size"))
+
+    @property
+    def is_local(self) -> bool:
+        return os.path.isdir(self.model)
+
+    def describe(self) -> dict[str, Any]:
+        """What the manifest records of these options: the model as published (a local directory by its name only),
+        its revision, dtype and image size. Subclasses add their own constants."""
+        return {
+            "model": Path(self.model).name if self.is_local else self.model,
+            "revision": None if self.is_local else self.revision,
+            "dtype": self.dtype,
+            "image_size": self.image_size,
+        }
+
+
+@dataclass
+class ImageEditorOptions(EditorOptions):
     """Every option of the image stages, with the paper's / authors' defaults (sources in docs/method.md).
 
     Attributes:
@@ -62,20 +157,16 @@ class ImageEditorOptions:
             ``None`` (default): as many as half the free memory of the device holds (estimated per row).
         selection: Which gate-passing candidate of an edit is kept: ``"best_directional"`` (highest CLIP
             directional similarity) or ``"largest_passing"`` (largest self_replace, the authors' code in effect).
-        clip_model, clip_pretrained, clip_revision, clip_batch_size: The CLIP scorer (``clip_gates.ClipScorer``).
-        clip_directional_threshold, clip_image_threshold, clip_text_threshold, require_edited_closer: CLIP gates.
         lance_r_word_check: Apply the LANCE-R word check in ``lance_r_edit`` (off only for noise-image demos).
-        cache_dir: Hugging Face cache directory (default: the hub's own).
+        clip_*, require_edited_closer, cache_dir: shared by every editor (``EditorOptions``, ``ClipGateOptions``).
     """
 
     model: str = DEFAULT_MODEL
     revision: str | None = DEFAULT_REVISION
-    dtype: str = "float32"
     precision: str = "fp32"
     allow_tf32: bool = True
     cudnn_benchmark: bool = False
     compile: str = "none"
-    image_size: int = 512
     num_inference_steps: int = 50
     guidance_scale: float = 7.5
     inversion: str = "null_text"
@@ -89,33 +180,14 @@ class ImageEditorOptions:
     self_replace_max_tokens: int = 32**2
     edit_batch_size: int | None = None
     selection: str = "best_directional"
-    clip_model: str = "ViT-L-14"
-    clip_pretrained: str | None = "openai"
-    clip_revision: str | None = None
-    clip_batch_size: int = 32
-    clip_directional_threshold: float = 0.2
-    clip_image_threshold: float = 0.7
-    clip_text_threshold: float = 0.2
-    require_edited_closer: bool = True
     lance_r_word_check: bool = True
-    cache_dir: str | None = None
+
+    dtypes = DTYPES
+    positive_ints = ("num_inference_steps", "self_replace_max_tokens")
 
     def __post_init__(self) -> None:
-        self.model = os.fspath(self.model)
-        if self.model.startswith(("/", ".", "~")) and not os.path.isdir(self.model):
-            raise ValueError(f"model directory not found: {self.model!r} (expected a Hub id or a local directory)")
         self.self_replace_sweep = tuple(float(f) for f in self.self_replace_sweep)
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        for name in (
-            "image_size",
-            "num_inference_steps",
-            "clip_batch_size",
-            "self_replace_max_tokens",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        super().__post_init__()
         if self.edit_batch_size is not None and (
             isinstance(self.edit_batch_size, bool)
             or not isinstance(self.edit_batch_size, int)
@@ -159,16 +231,13 @@ class ImageEditorOptions:
                 "(in float16 Adam's eps is 0 and every null embedding becomes inf/NaN); use dtype float32"
             )
 
-    @property
-    def is_local(self) -> bool:
-        return os.path.isdir(self.model)
-
-    def gate_thresholds(self):
-        from lance_pipeline.clip.gates import ClipGateThresholds
-
-        return ClipGateThresholds(
-            directional=self.clip_directional_threshold,
-            image=self.clip_image_threshold,
-            text=self.clip_text_threshold,
-            require_edited_closer=self.require_edited_closer,
-        )
+    def describe(self) -> dict[str, Any]:
+        """The shared part, plus the sampling and inversion constants every prompt-to-prompt stage records."""
+        return {
+            **super().describe(),
+            "num_inference_steps": self.num_inference_steps,
+            "guidance_scale": self.guidance_scale,
+            "inversion": self.inversion,
+            "compile": self.compile,
+            "null_text": {"num_inner_steps": self.num_inner_steps, "early_stop_epsilon": self.early_stop_epsilon},
+        }

@@ -285,6 +285,17 @@ class PromptToPromptEditor:
                 result.candidates.append(Candidate(index, f, image, reweighted, target.mode))
         return result
 
+    def describe_components(self) -> dict[str, Any]:
+        """What the stage records of the loaded Stable Diffusion components: the DDIM scheduler's config (betas read
+        from the checkpoint, never literals) and the VAE's scaling factor."""
+        config = self.components.scheduler_config
+        keys = ("beta_start", "beta_end", "beta_schedule", "num_train_timesteps", "steps_offset", "clip_sample",
+                "set_alpha_to_one", "prediction_type")  # fmt: skip
+        return {
+            "scheduler": {"class": "DDIMScheduler", **{k: config.get(k) for k in keys}},
+            "vae_scaling_factor": self.components.vae.config.scaling_factor,
+        }
+
     def describe(self) -> dict[str, Any]:
         o = self.options
         return {

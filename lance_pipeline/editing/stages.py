@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from pathlib import Path
 from typing import Any
 
 from lance_pipeline.editing.candidate_selection import (  # noqa: F401  (re-exported: the names image_editing always had)
@@ -60,10 +59,11 @@ STAGE_VERSION = "2"  # goes into the manifest; bump when a stage's outputs chang
 
 
 class _ImageStage:
-    """Shared construction, loading and description of the image stages.
+    """Shared construction, loading and description of the image stages, whatever the editor renders with.
 
     ``editor_name`` names the editor in ``lance_pipeline.registry.EDITORS``; ``options_class`` is the typed options
-    structure. A new editor with its own options subclasses a stage and sets both.
+    structure, an ``EditorOptions`` subclass (so it holds the CLIP scorer and gates every editor shares). A new editor
+    with its own options subclasses a stage and sets both (docs/architecture.md, "An editor").
     """
 
     name = "image"
@@ -108,39 +108,13 @@ class _ImageStage:
         return self.editor
 
     def describe(self) -> dict[str, Any]:
-        o = self.options
-        description: dict[str, Any] = {
-            "name": self.name,
-            "version": self.version,
-            "model": Path(o.model).name if o.is_local else o.model,
-            "revision": None if o.is_local else o.revision,
-            "dtype": o.dtype,
-            "image_size": o.image_size,
-            "num_inference_steps": o.num_inference_steps,
-            "guidance_scale": o.guidance_scale,
-            "inversion": o.inversion,
-            "compile": o.compile,
-            "null_text": {"num_inner_steps": o.num_inner_steps, "early_stop_epsilon": o.early_stop_epsilon},
-        }
-        if self.editor is not None:
-            config = self.editor.components.scheduler_config
-            description["scheduler"] = {
-                "class": "DDIMScheduler",
-                **{
-                    k: config.get(k)
-                    for k in (
-                        "beta_start",
-                        "beta_end",
-                        "beta_schedule",
-                        "num_train_timesteps",
-                        "steps_offset",
-                        "clip_sample",
-                        "set_alpha_to_one",
-                        "prediction_type",
-                    )
-                },
-            }
-            description["vae_scaling_factor"] = self.editor.components.vae.config.scaling_factor
+        """Name and version, what the options record (``EditorOptions.describe``: model, revision, dtype, image size
+        and the editor's own constants) and, once loaded, what the editor's components record (a Stable Diffusion
+        editor: its scheduler config and VAE scaling factor)."""
+        description: dict[str, Any] = {"name": self.name, "version": self.version, **self.options.describe()}
+        describe_components = getattr(self.editor, "describe_components", None)
+        if describe_components is not None:
+            description.update(describe_components())
         return description
 
 
@@ -210,24 +184,32 @@ class CounterfactualEditStage(_ImageStage):
     candidates_field = "edit_candidates"
     word_check = False
 
+    # The key of the manifest's stage description that holds the editor's own record, selection and gates.
+    editing_section = "prompt_to_prompt"
+
     def describe(self) -> dict[str, Any]:
-        description = {**super().describe(), "prompt_to_prompt": self._editing_description()}
-        return description
+        return {**super().describe(), self.editing_section: self._editing_description()}
 
     def _editing_description(self) -> dict[str, Any]:
         o = self.options
         editor = self.editor.describe() if self.editor is not None else {"editor": self.editor_name}
         return {
             **editor,
-            "selection": o.selection,
+            "selection": self.selection,
             "selection_rule": self._selector().describe(),
             "gates": dataclasses.asdict(o.gate_thresholds()),
             "clip": self.scorer.describe() if self.scorer is not None and hasattr(self.scorer, "describe") else None,
         }
 
+    @property
+    def selection(self) -> str:
+        """The options' ``selection``; an editor whose options have none keeps the best directional candidate (the
+        paper's rule)."""
+        return getattr(self.options, "selection", "best_directional")
+
     def _selector(self) -> CandidateSelector:
         return CandidateSelector(
-            self.scorer, self.options.gate_thresholds(), selection=self.options.selection, word_check=self.word_check
+            self.scorer, self.options.gate_thresholds(), selection=self.selection, word_check=self.word_check
         )
 
     def _edits(self, record: Record) -> list[dict]:
@@ -322,5 +304,5 @@ class LanceREditStage(CounterfactualEditStage):
 
     def describe(self) -> dict[str, Any]:
         description = super().describe()
-        description["prompt_to_prompt"]["lance_r_word_check"] = self.options.lance_r_word_check
+        description[self.editing_section]["lance_r_word_check"] = self.options.lance_r_word_check
         return description
