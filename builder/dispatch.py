@@ -37,9 +37,11 @@ import difflib
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from builder.engine import StageNotWorking, StageWork, commit_stage, finish_batch, prepare_batch
 
 logger = logging.getLogger(__name__)
 
@@ -218,12 +220,10 @@ class ProgressLog:
 
 @dataclass
 class _BatchState:
-    """A decoded batch on its way through the stages: its records (stage outputs merged in as they commit)."""
+    """A decoded batch on its way through the stages: its work (stage outputs merged in as they commit)."""
 
     batch: Any
-    records: dict[str, dict[str, Any]]
-    start: dict[str, int]  # key -> index of its first stage still to run
-    out: set[str]  # keys failed or errored at a stage: out of the running
+    work: Any  # builder.engine.StageWork
     position: int = 0  # the next stage to consider
 
 
@@ -238,106 +238,123 @@ class _Unit:
     record_errors: bool = False
 
 
-def dispatch(
-    validated: Any,
-    todo: list[int],
-    decode: Callable[[int], Any],
-    ledger: Any,
-    runners: list[Any],
-    label_names: list[str],
-    bar: Any,
-    backend: WorkerBackend,
-    pools: Sequence[PoolSpec],
-    *,
-    finish: bool = True,
-) -> dict[str, int]:
-    """Run the stages of ``runners`` over the ``todo`` batches on ``pools``; returns counts (units, worker losses).
+class _Dispatcher:
+    """The loop of ``dispatch``: admit batches, route each to the pool holding its next stages, submit units to idle
+    workers, and handle each unit's outcome (committed, worker lost, stage not working yet)."""
 
-    Every stage a batch still needs must be held by one of ``pools``, except the stages already done for every batch
-    (stage-major passes the earlier stages, done, and one pool). ``finish``: write each batch's release samples once
-    its stages are done (stage-major writes them after the last stage).
-    """
-    from builder.engine import StageNotWorking, _prepare_batch, commit_stage, finish_batch
+    def __init__(self, run: Any, backend: WorkerBackend, pools: Sequence[PoolSpec], runners: list[Any], finish: bool):
+        self.run = run
+        self.backend = backend
+        self.runners = runners
+        self.finish = finish
+        sizes = Counter(row[1] for row in run.ledger.plan())
+        self.meter = ProgressLog(run.ledger, sum(sizes[b] for b in run.todo))
+        self.by_name = {r.name: r for r in runners}
+        self.pool_of = {name: i for i, spec in enumerate(pools) for name in spec.stages}
+        self.pending: deque[int] = deque(run.todo)  # batch indices not decoded yet
+        self.queues: list[deque[_Unit]] = [deque() for _ in pools]
+        self.deferred: dict[str, list[tuple[_Unit, BaseException]]] = {}  # stage -> units waiting for it to work
+        self.in_flight: dict[Any, tuple[int, _Unit]] = {}  # handle -> (slot, unit)
+        self.losses: Counter[int] = Counter()
+        self.counts = {"units": 0, "worker_losses": 0}
+        self.live_batches = 0  # decoded, not finished, not deferred: bounded so that decoded images stay few
+        self.workers = backend.open_pools(pools, {r.name: r.ever_succeeded for r in runners}) if pools else []
+        self.idle = [list(range(pool.slots)) for pool in self.workers]
+        self.max_live = sum(pool.slots for pool in self.workers) + len(self.workers)
 
-    for runner in runners:
-        runner.stage  # resolve model references (e.g. build a demo component) once, before workers race for it  # noqa: B018
-    sizes = Counter(row[1] for row in ledger.plan())
-    meter = ProgressLog(ledger, sum(sizes[b] for b in todo))
-    by_name = {r.name: r for r in runners}
-    pool_of = {name: i for i, spec in enumerate(pools) for name in spec.stages}
-    pending: deque[int] = deque(todo)  # batch indices not decoded yet
-    queues: list[deque[_Unit]] = [deque() for _ in pools]
-    deferred: dict[str, list[tuple[_Unit, BaseException]]] = {}  # stage -> units waiting for it to work somewhere
-    in_flight: dict[Any, tuple[int, _Unit]] = {}  # handle -> (slot, unit)
-    losses: Counter[int] = Counter()
-    counts = {"units": 0, "worker_losses": 0}
-    live_batches = 0  # decoded, not finished, not deferred: bounded so that decoded images stay few
-    workers = backend.open_pools(pools, {r.name: r.ever_succeeded for r in runners}) if pools else []
-    idle = [list(range(pool.slots)) for pool in workers]
-    max_live = sum(pool.slots for pool in workers) + len(workers)
+    def loop(self) -> dict[str, int]:
+        """Submit until every unit is done; then check that nothing is left behind."""
+        try:
+            self.submit()
+            while self.in_flight:
+                for handle in self.backend.wait(list(self.in_flight)):
+                    self.collect(handle)
+                self.submit()
+        finally:
+            for pool in self.workers:
+                pool.close()
+        if any(self.queues) or self.pending:  # a bug here, not bad input: work left that no worker will ever take
+            raise RuntimeError("the dispatcher stopped with units still queued")
+        if self.deferred:
+            raise next(iter(self.deferred.values()))[0][1]
+        return self.counts
 
-    def live_at(state: _BatchState, index: int) -> list[str]:
-        return [
-            s.key
-            for s in state.batch.samples
-            if state.start.get(s.key, len(runners)) <= index and s.key not in state.out
-        ]
+    def live_at(self, state: _BatchState, index: int) -> bool:
+        work = state.work
+        return any(work.start.get(k, len(self.runners)) <= index and k not in work.out for k in work.keys)
 
-    def route(state: _BatchState) -> None:
+    def route(self, state: _BatchState) -> None:
         """Queue the batch's next run of stages on the pool holding them, or finish it."""
-        nonlocal live_batches
+        runners = self.runners
         index = state.position
-        while index < len(runners) and not live_at(state, index):
+        while index < len(runners) and not self.live_at(state, index):
             index += 1
         if index == len(runners):
-            live_batches -= 1
-            if finish:
-                finish_batch(validated, state.batch, ledger, state.records, label_names)
-                bar.batch_done(state.batch)
-                meter.batch_done(len(state.batch.samples))
+            self.live_batches -= 1
+            if self.finish:
+                finish_batch(self.run, state.batch, state.work.records)
+                self.run.bar.batch_done(state.batch)
+                self.meter.batch_done(len(state.batch.samples))
             return
-        pool = pool_of.get(runners[index].name)
+        pool = self.pool_of.get(runners[index].name)
         if pool is None:  # a bug in the caller: a stage to run that no pool holds
             raise RuntimeError(f"batch {state.batch.index} needs stage {runners[index].name}, which no pool holds")
         last = index
-        while last + 1 < len(runners) and pool_of.get(runners[last + 1].name) == pool:
+        while last + 1 < len(runners) and self.pool_of.get(runners[last + 1].name) == pool:
             last += 1
-        queues[pool].append(_Unit(state, pool, index, last))
+        self.queues[pool].append(_Unit(state, pool, index, last))
 
-    def admit() -> None:
-        nonlocal live_batches
-        while pending and live_batches < max(1, max_live):
-            batch = decode(pending.popleft())
-            records, start, out = _prepare_batch(batch, ledger, runners, label_names)
-            live_batches += 1
-            route(_BatchState(batch, records, start, out))
+    def admit(self) -> None:
+        """Decode and route pending batches while fewer than the workers (plus one per pool) are live."""
+        while self.pending and self.live_batches < max(1, self.max_live):
+            batch = self.run.decode(self.pending.popleft())
+            work = prepare_batch(self.run, batch, self.runners)
+            self.live_batches += 1
+            self.route(_BatchState(batch, work))
 
-    def submit() -> None:
-        admit()
-        for pool, queue in enumerate(queues):
-            while idle[pool] and queue:
+    def submit(self) -> None:
+        """Hand queued units to idle workers; only the records the unit's stages read travel."""
+        self.admit()
+        for pool, queue in enumerate(self.queues):
+            while self.idle[pool] and queue:
                 unit = queue.popleft()
-                state = unit.state
-                names = [r.name for r in runners[unit.first : unit.last + 1]]
-                keys = [s.key for s in state.batch.samples if state.start.get(s.key, len(runners)) <= unit.last]
-                keys = [k for k in keys if k not in state.out]
-                # Stage indices relative to the unit's first stage; only the records the unit's stages read travel.
-                start = {k: max(0, state.start[k] - unit.first) for k in keys}
-                records = {k: state.records[k] for k in keys}
-                slot = idle[pool].pop(0)
-                handle = workers[pool].submit(slot, names, records, keys, start, set(), unit.record_errors)
-                in_flight[handle] = (slot, unit)
-                counts["units"] += 1
+                work = unit.state.work
+                names = [r.name for r in self.runners[unit.first : unit.last + 1]]
+                keys = [k for k in work.keys if work.start.get(k, len(self.runners)) <= unit.last]
+                keys = [k for k in keys if k not in work.out]
+                # Stage indices relative to the unit's first stage.
+                start = {k: max(0, work.start[k] - unit.first) for k in keys}
+                sent = StageWork({k: work.records[k] for k in keys}, keys, start, set(), unit.record_errors)
+                slot = self.idle[pool].pop(0)
+                handle = self.workers[pool].submit(slot, names, sent)
+                self.in_flight[handle] = (slot, unit)
+                self.counts["units"] += 1
 
-    def lost(slot: int, unit: _Unit, err: WorkerLost) -> None:
+    def collect(self, handle: Any) -> None:
+        """One finished handle: commit its results, or requeue its unit (worker lost), or defer it."""
+        slot, unit = self.in_flight.pop(handle)
+        try:
+            results = self.workers[unit.pool].result(handle)
+        except WorkerLost as err:
+            self.lost(slot, unit, err)
+            self.idle[unit.pool].append(slot)
+            return
+        except StageNotWorking as err:
+            self.idle[unit.pool].append(slot)
+            self.not_working(unit, err)
+            return
+        self.idle[unit.pool].append(slot)
+        self.commit(unit, results)
+
+    def lost(self, slot: int, unit: _Unit, err: WorkerLost) -> None:
         batch = unit.state.batch
-        losses[batch.index] += 1
-        counts["worker_losses"] += 1
+        self.losses[batch.index] += 1
+        self.counts["worker_losses"] += 1
         keys = ", ".join(s.key for s in batch.samples)
-        stages = ", ".join(r.name for r in runners[unit.first : unit.last + 1])
-        if losses[batch.index] >= MAX_WORKER_LOSSES:
+        stages = ", ".join(r.name for r in self.runners[unit.first : unit.last + 1])
+        if self.losses[batch.index] >= MAX_WORKER_LOSSES:
             raise RuntimeError(
-                f"batch {batch.index} ({keys}) lost its worker {losses[batch.index]} times (last: {err}); "
+                f"batch {batch.index} ({keys}) lost its worker {self.losses[batch.index]} times (last: {err}); "
                 "the batch itself probably kills workers (e.g. out of memory): lower --batch-size (or the stage's "
                 "batch_size), then re-run the same command (finished samples are kept)"
             ) from err
@@ -349,113 +366,82 @@ def dispatch(
             keys,
             err,
         )
-        workers[unit.pool].restart(slot)
-        queues[unit.pool].appendleft(unit)
+        self.workers[unit.pool].restart(slot)
+        self.queues[unit.pool].appendleft(unit)
 
-    def not_working(unit: _Unit, err: StageNotWorking) -> None:
-        nonlocal live_batches
-        if by_name[err.stage].ever_succeeded:  # it works elsewhere: this batch's errors are its samples'
+    def not_working(self, unit: _Unit, err: StageNotWorking) -> None:
+        if self.by_name[err.stage].ever_succeeded:  # it works elsewhere: this batch's errors are its samples'
             unit.record_errors = True
-            queues[unit.pool].append(unit)
+            self.queues[unit.pool].append(unit)
             return
         logger.warning("%s; deferring batch %d until the stage works on another batch", err, unit.state.batch.index)
-        deferred.setdefault(err.stage, []).append((unit, err))
-        live_batches -= 1
+        self.deferred.setdefault(err.stage, []).append((unit, err))
+        self.live_batches -= 1
 
-    def commit(unit: _Unit, results: list[Any]) -> None:
-        nonlocal live_batches
+    def commit(self, unit: _Unit, results: list[Any]) -> None:
         state = unit.state
         for result in results:
             # The result carries the stage's description from the worker that loaded it (the manifest's).
-            runner = by_name[result.stage]
-            commit_stage(ledger, state.batch.index, runner, result)
+            runner = self.by_name[result.stage]
+            commit_stage(self.run.ledger, state.batch.index, runner, result)
             for key, message in result.errors.items():
                 logger.warning(
                     "stage %s raised on %s: %s (recorded; re-run the build to retry it)", result.stage, key, message
                 )
             for key, update in result.updates.items():
-                state.records[key].update(update)
-            state.out |= set(result.failures) | set(result.errors)
-            bar.stage_done(state.batch, result.stage, len(result.updates) + len(result.failures) + len(result.errors))
+                state.work.records[key].update(update)
+            state.work.out |= set(result.failures) | set(result.errors)
+            count = len(result.updates) + len(result.failures) + len(result.errors)
+            self.run.bar.stage_done(state.batch, result.stage, count)
             runner.ever_succeeded = True
-            for late, _err in deferred.pop(result.stage, []):  # the stage works: their errors are their samples'
+            for late, _err in self.deferred.pop(result.stage, []):  # the stage works: their errors are their samples'
                 late.record_errors = True
-                queues[late.pool].append(late)
-                live_batches += 1
+                self.queues[late.pool].append(late)
+                self.live_batches += 1
         state.position = unit.last + 1
-        route(state)
-
-    try:
-        submit()
-        while in_flight:
-            for handle in backend.wait(list(in_flight)):
-                slot, unit = in_flight.pop(handle)
-                try:
-                    results = workers[unit.pool].result(handle)
-                except WorkerLost as err:
-                    lost(slot, unit, err)
-                    idle[unit.pool].append(slot)
-                    continue
-                except StageNotWorking as err:
-                    idle[unit.pool].append(slot)
-                    not_working(unit, err)
-                    continue
-                idle[unit.pool].append(slot)
-                commit(unit, results)
-            submit()
-    finally:
-        for pool in workers:
-            pool.close()
-    if any(queues) or pending:  # a bug here, not bad input: work left that no worker will ever take
-        raise RuntimeError("the dispatcher stopped with units still queued")
-    if deferred:
-        raise next(iter(deferred.values()))[0][1]
-    return counts
+        self.route(state)
 
 
-def run_pools(
-    validated: Any,
-    todo: list[int],
-    decode: Callable[[int], Any],
-    ledger: Any,
-    runners: list[Any],
-    label_names: list[str],
-    bar: Any,
+def dispatch(
+    run: Any,
     backend: WorkerBackend,
     pools: Sequence[PoolSpec],
-    schedule: str = "batch-major",
+    runners: list[Any] | None = None,
+    *,
+    finish: bool = True,
 ) -> dict[str, int]:
-    """Run a build's pending batches on ``pools`` under ``schedule``; returns counts (units, worker losses)."""
+    """Run the stages of ``runners`` (default: the run's) over the run's pending batches on ``pools``; returns counts
+    (units, worker losses).
+
+    Every stage a batch still needs must be held by one of ``pools``, except the stages already done for every batch
+    (stage-major passes the earlier stages, done, and one pool). ``finish``: write each batch's release samples once
+    its stages are done (stage-major writes them after the last stage).
+    """
+    runners = run.runners if runners is None else runners
+    for runner in runners:
+        runner.stage  # resolve model references (e.g. build a demo component) once, before workers race for it  # noqa: B018
+    return _Dispatcher(run, backend, pools, runners, finish).loop()
+
+
+def run_pools(run: Any, backend: WorkerBackend, pools: Sequence[PoolSpec]) -> dict[str, int]:
+    """Run a build's pending batches on ``pools`` under the run's schedule; returns counts (units, worker losses)."""
     try:
-        if schedule != "stage-major":
-            return dispatch(validated, todo, decode, ledger, runners, label_names, bar, backend, pools)
-        return _stage_major(validated, todo, decode, ledger, runners, label_names, bar, backend, pools)
+        if run.options.schedule != "stage-major":
+            return dispatch(run, backend, pools)
+        return _stage_major(run, backend, pools)
     finally:
         backend.close()
 
 
-def _stage_major(validated, todo, decode, ledger, runners, label_names, bar, backend, pools) -> dict[str, int]:
+def _stage_major(run: Any, backend: WorkerBackend, pools: Sequence[PoolSpec]) -> dict[str, int]:
     """One stage's pool at a time (its workers reused from the last stage's where the backend can), then emit."""
     totals: Counter[str] = Counter()
-    for position, runner in enumerate(runners):
+    for position, runner in enumerate(run.runners):
         spec = next(p for p in pools if runner.name in p.stages)
         only = PoolSpec((runner.name,), spec.workers, spec.gpus)
         logger.info("stage-major: stage %s on %d worker(s)", runner.name, only.workers)
-        totals.update(
-            dispatch(
-                validated,
-                todo,
-                decode,
-                ledger,
-                runners[: position + 1],
-                label_names,
-                bar,
-                backend,
-                [only],
-                finish=False,
-            )
-        )
+        totals.update(dispatch(run, backend, [only], run.runners[: position + 1], finish=False))
         logger.info("stage %s done for every pending sample; its workers dropped its models", runner.name)
     # Every stage is done: replay each batch from the ledger and write its release samples (no worker needed).
-    totals.update(dispatch(validated, todo, decode, ledger, runners, label_names, bar, backend, [], finish=True))
+    totals.update(dispatch(run, backend, [], finish=True))
     return dict(totals)

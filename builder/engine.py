@@ -31,7 +31,7 @@ import re
 import shutil
 import sqlite3
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +102,22 @@ class StageResult:
     description: dict[str, Any] | None = None  # the stage's manifest entry, taken where it ran (loaded)
     # Peak memory of this run, measured where it ran: {device: entry} (builder.stage_memory), None if unmeasured.
     peak_memory: dict[str, dict[str, Any]] | None = None
+
+
+@dataclass
+class StageWork:
+    """A batch's records on their way through stages (what a worker gets, and what the driver replays into).
+
+    ``start``: key -> index of its first stage still to run (relative to the stages run over this work); ``out``: keys
+    failed or errored at a stage, out of the running; ``record_errors``: record a stage's errors even if it has not
+    worked yet in this build (see ``StageNotWorking``).
+    """
+
+    records: dict[str, dict[str, Any]]
+    keys: list[str]
+    start: dict[str, int]
+    out: set[str]
+    record_errors: bool = False
 
 
 class _StageRunner:
@@ -424,70 +440,106 @@ def _environment_error(err: BaseException, output: Path) -> BuildEnvironmentErro
     return None
 
 
-def build(
-    config: BuildConfig,
-    output: Path,
-    *,
-    device: str | None = "cpu",
-    progress: bool = True,
-    engine: str = "local",
-    workers: int = 1,
-    allow_code: bool | None = None,
-    torch_threads: int = DEFAULT_TORCH_THREADS,
-    retry_failures: bool = False,
-    allow_version_change: bool = False,
-    schedule: str = "batch-major",
-    engine_options: dict[str, Any] | None = None,
-    keep_inversions: bool = True,
-    record_memory: bool = False,
-) -> dict[str, Any]:
-    """Build (or resume) a release into ``output``; returns the manifest.
+SCHEDULES = ("batch-major", "stage-major")
+PlanRow = tuple[str, int, int, str, int]  # (key, batch, label, origin, seed): one sample of the build's plan
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildOptions:
+    """How to build (none of it changes what the release holds, except ``torch_threads``, which is recorded).
 
     ``device``: a torch device, or ``None``/``"auto"`` for cuda when available (``lance_pipeline.devices``); checked
-    before anything is written.
-
-    ``engine`` names an engine in ``builder.registry.ENGINES``: ``local``, or ``ray`` (the stages of several batches
-    at once on ``workers`` Ray actors, each loading the models once, on one GPU when ``device`` is cuda); the ledger,
-    the shards and so the bytes are the same. ``torch_threads`` is torch's intra-op thread count in every worker
-    (recorded: it changes float results). ``retry_failures`` also re-runs the stages of samples with final failures
-    (errors are always retried). ``schedule``: ``batch-major`` (each batch through every stage) or ``stage-major``
-    (every pending sample through one stage, its models released, then the next stage); same bytes.
-    ``engine_options``: keyword options of the engine (``devices`` for ``devices``, ``address`` and
+    before anything is written. ``engine`` names an engine in ``builder.registry.ENGINES``: ``local``, ``devices``
+    (one process per device) or ``ray`` (Ray actors, each loading the models once); the ledger, the shards and so the
+    bytes are the same. ``workers``: worker count of the multi-worker engines. ``torch_threads``: torch's intra-op
+    thread count in every worker (recorded: it changes float results). ``retry_failures`` also re-runs the stages of
+    samples with final failures (errors are always retried). ``schedule``: ``batch-major`` (each batch through every
+    stage) or ``stage-major`` (every pending sample through one stage, its models released, then the next stage);
+    same bytes. ``engine_options``: keyword options of the engine (``devices`` for ``devices``, ``address`` and
     ``gpus_per_worker`` for ``ray``; ``stage_workers`` / ``stage_gpus`` for per-stage worker pools on both, see
-    ``builder.dispatch``); see docs/scaling.md. ``keep_inversions=False`` drops each batch's stored
-    inversions (outputs of the stages that produce ``inversion``) from the ledger once the batch is done: about 12 MB
-    per image at 512 px; the release is unchanged, and a batch reopened later (errors, ``--retry-failures``) inverts
-    again. ``record_memory``: write each stage's peak memory per device (always logged per batch and kept in the
-    ledger; ``builder.stage_memory``) into the manifest's ``build.stage_memory``; off by default because it differs
-    between otherwise identical builds, so the manifest would no longer be byte-identical.
+    ``builder.dispatch``); see docs/scaling.md. ``keep_inversions=False`` drops each batch's stored inversions
+    (outputs of the stages that produce ``inversion``) from the ledger once the batch is done: about 12 MB per image
+    at 512 px; the release is unchanged, and a batch reopened later (errors, ``--retry-failures``) inverts again.
+    ``record_memory``: write each stage's peak memory per device (always logged per batch and kept in the ledger;
+    ``builder.stage_memory``) into the manifest's ``build.stage_memory``; off by default because it differs between
+    otherwise identical builds, so the manifest would no longer be byte-identical.
     """
-    from builder.registry import ENGINES
 
-    validated = validate_build(config, allow_code=allow_code)
-    run_engine = ENGINES.resolve(engine)  # an unknown engine fails here, before anything is written
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule {schedule!r}: expected one of {', '.join(SCHEDULES)}")
-    if not isinstance(torch_threads, int) or isinstance(torch_threads, bool) or torch_threads < 1:
-        raise ValueError(f"torch threads {torch_threads!r}: expected a positive integer")
-    preflight = getattr(run_engine, "preflight", None)
-    if preflight is not None:
-        preflight()  # e.g. the Ray engine without Ray: the install hint, before anything is written
-    if engine_options:
-        unknown = sorted(set(engine_options) - set(inspect.signature(run_engine).parameters))
-        if unknown:
-            raise ValueError(f"the {engine} engine takes no option {', '.join(unknown)} (see docs/scaling.md)")
-        check_options = getattr(run_engine, "check_options", None)
-        if check_options is not None:  # e.g. --stage-workers naming a stage the config lacks: before any write
-            check_options(validated, engine_options)
-        run_engine = functools.partial(run_engine, **engine_options)
+    device: str | None = "cpu"
+    progress: bool = True
+    engine: str = "local"
+    workers: int = 1
+    allow_code: bool | None = None
+    torch_threads: int = DEFAULT_TORCH_THREADS
+    retry_failures: bool = False
+    allow_version_change: bool = False
+    schedule: str = "batch-major"
+    engine_options: dict[str, Any] | None = None
+    keep_inversions: bool = True
+    record_memory: bool = False
+
+
+@dataclass
+class BuildRun:
+    """One build in progress: what every engine step reads, in one place.
+
+    Set before the engine starts: the validated config, the source, the plan, the ledger, one runner per active stage
+    and the options. Set by ``_drive`` when the engine starts: the batches still to do (``todo``) and the progress bar.
+    """
+
+    validated: ValidatedBuild
+    source: Source
+    plan: list[PlanRow]
+    ledger: Ledger
+    runners: list[_StageRunner]
+    options: BuildOptions
+    todo: list[int] = field(default_factory=list)
+    bar: _Progress | None = None
+
+    @property
+    def config(self) -> BuildConfig:
+        return self.validated.config
+
+    @functools.cached_property
+    def label_names(self) -> list[str]:
+        return self.source.label_space.names
+
+    @functools.cached_property
+    def batches(self) -> dict[int, list[tuple[str, int]]]:
+        """Batch index -> its (key, seed) pairs, in plan order."""
+        batches: dict[int, list[tuple[str, int]]] = {}
+        for key, batch, _label, _origin, seed in self.plan:
+            batches.setdefault(batch, []).append((key, seed))
+        return batches
+
+    @functools.cached_property
+    def _samples(self) -> dict[str, SourceSample]:
+        return {s.key: s for s in self.source.samples}
+
+    def decode(self, index: int) -> _Batch:
+        """Batch ``index`` with its images decoded (or its decode failures recorded on it)."""
+        entries = self.batches[index]
+        batch = _Batch(index, [self._samples[k] for k, _ in entries], dict(entries))
+        return _decode_batch(batch, self.source, self.config, self.source.label_space.num_classes)
+
+
+def build(config: BuildConfig, output: Path, options: BuildOptions | None = None, /, **overrides: Any) -> dict:
+    """Build (or resume) a release into ``output``; returns the manifest.
+
+    ``options`` (``BuildOptions``), with ``overrides`` (its fields by name, e.g. ``progress=False``) replacing its
+    values. Everything that can be checked (options, engine, device, output directory, source) is checked before
+    anything is written.
+    """
+    options = replace(options or BuildOptions(), **overrides)
+    validated = validate_build(config, allow_code=options.allow_code)
+    run_engine = _engine(validated, options)  # an unknown engine or option fails here, before anything is written
     if validated.active:  # a build of `original` alone never imports torch
-        device = resolve_device(device)
+        options = replace(options, device=resolve_device(options.device))
     output = Path(output)
     problem = _output_problem(output)
     if problem:
         raise BuildRefused(problem)
-    config_hash = config.config_hash()
-    _check_output_dir(output, config_hash)  # before creating anything in a directory that is not ours
+    _check_output_dir(output, config.config_hash())  # before creating anything in a directory that is not ours
     # The source is listed before anything is written: a bad source leaves no half-made output behind.
     source = create_source(config.source, config.source_options)
     plan = _plan(config, source)
@@ -497,101 +549,125 @@ def build(
     try:
         output.mkdir(parents=True, exist_ok=True)
         with output_lock(output, "build"):
-            return _build_locked(
-                validated,
-                source,
-                plan,
-                output,
-                config_hash,
-                device,
-                progress,
-                run_engine,
-                workers,
-                torch_threads,
-                retry_failures,
-                allow_version_change,
-                schedule,
-                keep_inversions=keep_inversions,
-                record_memory=record_memory,
-            )
+            return _build_locked(validated, source, plan, output, options, run_engine)
     except (OSError, sqlite3.OperationalError) as err:
         mapped = _environment_error(err, output)
         if mapped is None:
             raise
         raise mapped from err
     finally:
-        if not (output / WORK_DIR / LEDGER_NAME).exists():  # refused before any work: leave nothing behind
-            if created:
-                shutil.rmtree(output, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    (output / WORK_DIR / "lock").unlink()
-                    (output / WORK_DIR).rmdir()
+        _clean_refused_output(output, created)
 
 
-SCHEDULES = ("batch-major", "stage-major")
+def _engine(validated: ValidatedBuild, options: BuildOptions) -> Any:
+    """The engine function, its options bound, after checking them (and the schedule and thread count)."""
+    from builder.registry import ENGINES
+
+    run_engine = ENGINES.resolve(options.engine)
+    if options.schedule not in SCHEDULES:
+        raise ValueError(f"schedule {options.schedule!r}: expected one of {', '.join(SCHEDULES)}")
+    threads = options.torch_threads
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+        raise ValueError(f"torch threads {threads!r}: expected a positive integer")
+    preflight = getattr(run_engine, "preflight", None)
+    if preflight is not None:
+        preflight()  # e.g. the Ray engine without Ray: the install hint, before anything is written
+    engine_options = options.engine_options
+    if not engine_options:
+        return run_engine
+    accepted = set(list(inspect.signature(run_engine).parameters)[1:])  # the first one is the run
+    unknown = sorted(set(engine_options) - accepted)
+    if unknown:
+        raise ValueError(f"the {options.engine} engine takes no option {', '.join(unknown)} (see docs/scaling.md)")
+    check_options = getattr(run_engine, "check_options", None)
+    if check_options is not None:  # e.g. --stage-workers naming a stage the config lacks: before any write
+        check_options(validated, engine_options)
+    return functools.partial(run_engine, **engine_options)
+
+
+def _clean_refused_output(output: Path, created: bool) -> None:
+    """A build refused before any work leaves nothing behind (the directory it created, or its lock)."""
+    if (output / WORK_DIR / LEDGER_NAME).exists():
+        return
+    if created:
+        shutil.rmtree(output, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            (output / WORK_DIR / "lock").unlink()
+            (output / WORK_DIR).rmdir()
 
 
 def _build_locked(
     validated: ValidatedBuild,
     source: Source,
-    plan: list[tuple[str, int, int, str, int]],
+    plan: list[PlanRow],
     output: Path,
-    config_hash: str,
-    device: str,
-    progress: bool,
+    options: BuildOptions,
     run_engine: Any,
-    workers: int,
-    torch_threads: int,
-    retry_failures: bool,
-    allow_version_change: bool,
-    schedule: str,
-    *,
-    keep_inversions: bool = True,
-    record_memory: bool = False,
 ) -> dict[str, Any]:
+    """Steps 1 to 3 of the module docstring, holding the output's lock: claim the ledger, run the engine, write."""
     from builder.release import write_release
 
     config = validated.config
+    config_hash = config.config_hash()
     _check_output_dir(output, config_hash)  # again, now that no other process can change it
     _remove_dead_writers_temp_files(output)
-    env = environment(torch_threads)
+    env = environment(options.torch_threads)
     ledger = Ledger(output / WORK_DIR / LEDGER_NAME)
-    if not keep_inversions:
+    if not options.keep_inversions:
         ledger.drop_when_done = tuple(s.config.name for s in validated.active if "inversion" in s.contract.produces)
     try:
-        accepted_changes = _claim_ledger(ledger, config, config_hash, plan, env, allow_version_change)
-        runners = [_StageRunner(s, device, ledger) for s in validated.active]
-        _reopen_for_retry(ledger, runners, retry_failures)
-        for runner in runners:  # a stage that worked earlier in this build is not suspected when a retry raises
-            runner.ever_succeeded = ledger.has_worked(runner.name)
-        determinism: dict[str, Any] = {"device": str(device or "cpu").split(":")[0]}
-        if runners:  # a build of `original` alone never imports torch
-            from builder.runtime import torch_settings
-
-            with torch_settings(torch_threads, device) as determinism:
-                run_engine(validated, source, plan, ledger, runners, progress, workers, torch_threads, schedule)
-        else:
-            run_engine(validated, source, plan, ledger, runners, progress, workers, torch_threads, schedule)
+        accepted_changes = _claim_ledger(ledger, config, config_hash, plan, env, options.allow_version_change)
+        run = BuildRun(validated, source, plan, ledger, _stage_runners(validated, ledger, options), options)
+        determinism = _run_engine(run, run_engine)
         # Stage descriptions without loading models (a resumed build may have loaded none).
-        stage_info = {r.name: r.describe() for r in runners}
-        errors = [{"source_key": k, "stage": stage, "message": m} for k, stage, m in ledger.errors()]
-        build_record = {
-            **_routing_summary(validated, source, plan, ledger),
-            "code": validated.code_targets,
-            "torch_threads": torch_threads,
-            "determinism": determinism,
-            "environment": env,
-            "version_changes": accepted_changes,
-            "errors": errors,
-        }
-        if record_memory:
-            build_record["stage_memory"] = _stage_memory(ledger, runners, device)
+        stage_info = {r.name: r.describe() for r in run.runners}
+        build_record = _build_record(run, env, accepted_changes, determinism)
         return write_release(
             output, config, config_hash, source, ledger, stage_info, build_record, release_spec=validated.release_spec
         )
     finally:
         ledger.close()
+
+
+def _stage_runners(validated: ValidatedBuild, ledger: Ledger, options: BuildOptions) -> list[_StageRunner]:
+    """One runner per active stage; the batches to retry reopened; each runner told whether it worked earlier."""
+    runners = [_StageRunner(s, options.device, ledger) for s in validated.active]
+    _reopen_for_retry(ledger, runners, options.retry_failures)
+    for runner in runners:  # a stage that worked earlier in this build is not suspected when a retry raises
+        runner.ever_succeeded = ledger.has_worked(runner.name)
+    return runners
+
+
+def _run_engine(run: BuildRun, run_engine: Any) -> dict[str, Any]:
+    """Run the engine under the build's torch settings; returns the determinism settings to record."""
+    if not run.runners:  # a build of `original` alone never imports torch
+        run_engine(run)
+        return {"device": str(run.options.device or "cpu").split(":")[0]}
+    from builder.runtime import torch_settings
+
+    with torch_settings(run.options.torch_threads, run.options.device) as determinism:
+        run_engine(run)
+    return determinism
+
+
+def _build_record(
+    run: BuildRun, env: dict[str, Any], accepted_changes: list[dict[str, Any]], determinism: dict[str, Any]
+) -> dict[str, Any]:
+    """The manifest's ``build`` section: routing, code, threads, determinism, environment, errors (and memory)."""
+    errors = [{"source_key": k, "stage": stage, "message": m} for k, stage, m in run.ledger.errors()]
+    record = {
+        **_routing_summary(run),
+        "code": run.validated.code_targets,
+        "torch_threads": run.options.torch_threads,
+        "determinism": determinism,
+        "environment": env,
+        "version_changes": accepted_changes,
+        "errors": errors,
+    }
+    if run.options.record_memory:
+        record["stage_memory"] = _stage_memory(run.ledger, run.runners, run.options.device)
+    return record
 
 
 def _stage_memory(ledger: Ledger, runners: list[_StageRunner], device: str | None) -> dict[str, Any]:
@@ -609,10 +685,11 @@ def _stage_memory(ledger: Ledger, runners: list[_StageRunner], device: str | Non
     return out
 
 
-def _routing_summary(validated: ValidatedBuild, source: Source, plan: list, ledger: Ledger) -> dict[str, Any]:
+def _routing_summary(run: BuildRun) -> dict[str, Any]:
     """Where each routed record went (``ReleaseOutput.config_field``): counts per group and class, nothing dropped
     silently. Groups are a generating source's ``shift`` field when it has one; ``None`` counts records that are
     not released (e.g. rejected by a filter without a ``rejected`` config)."""
+    validated, source, plan, ledger = run.validated, run.source, run.plan, run.ledger
     routed = [(stage, o) for stage in validated.active for o in stage.contract.outputs if o.config_field]
     if not routed:
         return {}
@@ -737,64 +814,27 @@ class _Progress:
         self.bar.close()
 
 
-def run_local(
-    validated: ValidatedBuild,
-    source: Source,
-    plan: list[tuple[str, int, int, str, int]],
-    ledger: Ledger,
-    runners: list[_StageRunner],
-    progress: bool,
-    workers: int = 1,
-    torch_threads: int = DEFAULT_TORCH_THREADS,
-    schedule: str = "batch-major",
-) -> None:
-    """The local engine: one process, batches in plan order (``workers`` is for engines that have several)."""
-    _drive(validated, source, plan, ledger, runners, progress, schedule, remote=None)
+def run_local(run: BuildRun) -> None:
+    """The local engine: one process, batches in plan order (``run.options.workers`` is for engines with several)."""
+    _drive(run, _run_stage_major if run.options.schedule == "stage-major" else _run_batch_major)
 
 
-def _drive(
-    validated: ValidatedBuild,
-    source: Source,
-    plan: list[tuple[str, int, int, str, int]],
-    ledger: Ledger,
-    runners: list[_StageRunner],
-    progress: bool,
-    schedule: str,
-    remote: Any,
-) -> None:
-    """Plan the unfinished batches and hand them to the local loop or to ``remote`` (the Ray engine's runner)."""
+def _drive(run: BuildRun, loop: Any) -> None:
+    """Find the unfinished batches, start the progress bar and hand the run to ``loop`` (an engine's batch loop)."""
     from tqdm.contrib.logging import logging_redirect_tqdm
 
-    config = validated.config
-    by_key = {s.key: s for s in source.samples}
-    batches: dict[int, list[tuple[str, int]]] = {}
-    for key, batch, _label, _origin, seed in plan:
-        batches.setdefault(batch, []).append((key, seed))
-    done = ledger.done_batches()
-    todo = [b for b in sorted(batches) if b not in done]
-    finished = sum(len(batches[b]) for b in done if b in batches)
-    num_classes = source.label_space.num_classes
-    label_names = source.label_space.names
-    bar = _Progress(len(plan), finished, [r.name for r in runners], f"build {config.name}", progress, ledger)
-
-    def make(index: int) -> _Batch:
-        entries = batches[index]
-        return _Batch(index, [by_key[k] for k, _ in entries], dict(entries))
-
-    def decode(index: int) -> _Batch:
-        return _decode_batch(make(index), source, config, num_classes)
-
+    done = run.ledger.done_batches()
+    run.todo = [b for b in sorted(run.batches) if b not in done]
+    finished = sum(len(run.batches[b]) for b in done if b in run.batches)
+    names = [r.name for r in run.runners]
+    progress = run.options.progress
+    run.bar = _Progress(len(run.plan), finished, names, f"build {run.config.name}", progress, run.ledger)
     try:
         # Log records through the bar (root logger: ours propagate to it), never onto the bar's line.
         with logging_redirect_tqdm() if progress else contextlib.nullcontext():
-            if remote is not None:
-                remote(validated, todo, decode, ledger, runners, label_names, bar)
-            elif schedule == "stage-major":
-                _run_stage_major(validated, todo, decode, ledger, runners, label_names, bar)
-            else:
-                _run_batch_major(validated, todo, decode, ledger, runners, label_names, bar)
+            loop(run)
     finally:
-        bar.close()
+        run.bar.close()
 
 
 def _run_deferring(batches: Any, run: Any) -> None:
@@ -816,48 +856,30 @@ def _run_deferring(batches: Any, run: Any) -> None:
         raise deferred[0][1]
 
 
-def _run_batch_major(
-    validated: ValidatedBuild,
-    todo: list[int],
-    decode: Any,
-    ledger: Ledger,
-    runners: list[_StageRunner],
-    label_names: list[str],
-    bar: _Progress,
-) -> None:
+def _run_batch_major(run: BuildRun) -> None:
     _run_deferring(
-        _decoded(todo, decode),
-        lambda batch, record_errors: _run_batch(validated, batch, ledger, runners, label_names, bar, record_errors),
+        _decoded(run.todo, run.decode),
+        lambda batch, record_errors: _run_batch(run, batch, run.runners, record_errors),
     )
 
 
-def _run_stage_major(
-    validated: ValidatedBuild,
-    todo: list[int],
-    decode: Any,
-    ledger: Ledger,
-    runners: list[_StageRunner],
-    label_names: list[str],
-    bar: _Progress,
-) -> None:
+def _run_stage_major(run: BuildRun) -> None:
     """Every pending sample through one stage (batch by batch, the same batches), release its models, next stage.
 
     Batches are the plan's, so each stage sees exactly the inputs it would see batch-major: the same bytes. Each
     stage's results commit per batch as they come, so a killed build resumes from the ledger like a batch-major one.
     """
-    for position, runner in enumerate(runners):
-        upto = runners[: position + 1]
+    for position, runner in enumerate(run.runners):
+        upto = run.runners[: position + 1]
         _run_deferring(
-            _decoded(todo, decode),  # decoded again per stage: memory stays one batch, not the dataset
-            lambda batch, record_errors, upto=upto: _run_batch(
-                validated, batch, ledger, upto, label_names, bar, record_errors, finish=False
-            ),
+            _decoded(run.todo, run.decode),  # decoded again per stage: memory stays one batch, not the dataset
+            lambda batch, record_errors, upto=upto: _run_batch(run, batch, upto, record_errors, finish=False),
         )
         logger.info("stage %s done for every pending sample; releasing its models", runner.name)
         runner.release()
         _free_accelerator_memory()
-    for batch in _decoded(todo, decode):  # every stage is done: replay, write the release samples
-        _run_batch(validated, batch, ledger, runners, label_names, bar)
+    for batch in _decoded(run.todo, run.decode):  # every stage is done: replay, write the release samples
+        _run_batch(run, batch, run.runners)
 
 
 def _decoded(todo: list[int], decode: Any):
@@ -882,15 +904,14 @@ def _free_accelerator_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def _prepare_batch(
-    batch: _Batch, ledger: Ledger, runners: list[_StageRunner], label_names: list[str]
-) -> tuple[dict[str, dict[str, Any]], dict[str, int], set[str]]:
+def prepare_batch(run: BuildRun, batch: _Batch, runners: list[_StageRunner]) -> StageWork:
     """Record the batch's decode failures, build its records and replay what the ledger holds for them.
 
     Each sample's stored outcomes form a prefix of the stages (a stage commits whole; a retried sample resumes at
-    the stage that raised). Returns (records, index of each sample's first stage still to run, samples out of the
-    running: failed or errored at a stored stage).
+    the stage that raised). Returns the batch's work: its records, the index of each sample's first stage still to
+    run, and the samples out of the running (failed or errored at a stored stage).
     """
+    ledger = run.ledger
     with ledger.transaction():
         for key, (stage, reason) in batch.failures.items():
             ledger.record_failure(key, stage, reason)
@@ -898,7 +919,7 @@ def _prepare_batch(
     for s in batch.samples:
         if s.key not in batch.decoded:
             continue
-        record = {"key": s.key, "label": s.label, "label_name": label_names[s.label], "seed": batch.seeds[s.key]}
+        record = {"key": s.key, "label": s.label, "label_name": run.label_names[s.label], "seed": batch.seeds[s.key]}
         if batch.decoded[s.key] is not None:
             record["image"] = batch.decoded[s.key]
         record.update(batch.fields.get(s.key, {}))
@@ -916,33 +937,27 @@ def _prepare_batch(
         for key in walking - set(stored) - failed - errored:
             start[key] = index
         walking = set(stored)
-    return records, start, out
+    return StageWork(records, [s.key for s in batch.samples], start, out)
 
 
 def run_stages(
-    runners: list[_StageRunner],
-    records: dict[str, dict[str, Any]],
-    keys: list[str],
-    start: dict[str, int],
-    out: set[str],
-    on_stage_done=None,
-    on_stage_start=None,
-    record_errors: bool = False,
+    runners: list[_StageRunner], work: StageWork, on_stage_done=None, on_stage_start=None
 ) -> list[StageResult]:
-    """Run stages in order over the samples that still need them, merging each stage's updates before the next."""
+    """Run stages in order over the samples of ``work`` that still need them, merging each stage's updates into its
+    records (and its failed or errored samples into ``work.out``) before the next."""
     results = []
     for index, runner in enumerate(runners):
-        live = [records[k] for k in keys if k in start and start[k] <= index and k not in out]
+        live = [work.records[k] for k in work.keys if k in work.start and work.start[k] <= index and k not in work.out]
         if not live:
             continue
         if on_stage_start is not None:
             on_stage_start(runner.name)
-        result = run_stage(runner, live, record_errors)
+        result = run_stage(runner, live, work.record_errors)
         if on_stage_done is not None:
             on_stage_done(result, len(live))
         for key, update in result.updates.items():
-            records[key].update(update)
-        out |= set(result.failures) | set(result.errors)
+            work.records[key].update(update)
+        work.out |= set(result.failures) | set(result.errors)
         results.append(result)
     return results
 
@@ -982,55 +997,34 @@ def commit_stage(ledger: Ledger, batch_index: int, runner: _StageRunner, result:
             ledger.set_meta(f"memory:{runner.name}", json.dumps(merged, sort_keys=True))
 
 
-def finish_batch(
-    validated: ValidatedBuild,
-    batch: _Batch,
-    ledger: Ledger,
-    records: dict[str, dict[str, Any]],
-    label_names: list[str],
-) -> None:
+def finish_batch(run: BuildRun, batch: _Batch, records: dict[str, dict[str, Any]]) -> None:
     """Write the batch's release samples and mark it done, in one transaction."""
     rows = []
     for sample in batch.samples:
         if sample.key in records:
             record = records[sample.key]
-            rows += _emit(validated, record, label_names[record["label"]])
-    with ledger.transaction():
-        ledger.record_outputs(batch.index, rows)
+            rows += _emit(run.validated, record, run.label_names[record["label"]])
+    with run.ledger.transaction():
+        run.ledger.record_outputs(batch.index, rows)
 
 
 def _run_batch(
-    validated: ValidatedBuild,
-    batch: _Batch,
-    ledger: Ledger,
-    runners: list[_StageRunner],
-    label_names: list[str],
-    bar: _Progress,
-    record_errors: bool = False,
-    *,
-    finish: bool = True,
+    run: BuildRun, batch: _Batch, runners: list[_StageRunner], record_errors: bool = False, *, finish: bool = True
 ) -> None:
-    records, start, out = _prepare_batch(batch, ledger, runners, label_names)
+    """The local engine's step: replay the batch, run its stages still to do (each committed), write its samples."""
+    work = prepare_batch(run, batch, runners)
+    work.record_errors = record_errors
     by_name = {r.name: r for r in runners}
 
     def done(result: StageResult, samples: int) -> None:
-        commit_stage(ledger, batch.index, by_name[result.stage], result)
+        commit_stage(run.ledger, batch.index, by_name[result.stage], result)
         for key, message in result.errors.items():
             logger.warning(
                 "stage %s raised on %s: %s (recorded; re-run the build to retry it)", result.stage, key, message
             )
-        bar.stage_done(batch, result.stage, samples)
+        run.bar.stage_done(batch, result.stage, samples)
 
-    run_stages(
-        runners,
-        records,
-        [s.key for s in batch.samples],
-        start,
-        out,
-        on_stage_done=done,
-        on_stage_start=bar.stage_started,
-        record_errors=record_errors,
-    )
+    run_stages(runners, work, on_stage_done=done, on_stage_start=run.bar.stage_started)
     if finish:
-        finish_batch(validated, batch, ledger, records, label_names)
-        bar.batch_done(batch)
+        finish_batch(run, batch, work.records)
+        run.bar.batch_done(batch)

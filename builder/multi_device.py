@@ -153,46 +153,26 @@ class DeviceBackend:
         self._idle.clear()
 
 
-def run_devices(
-    validated: Any,
-    source: Any,
-    plan: list,
-    ledger: Any,
-    runners: list[Any],
-    progress: bool,
-    workers: int = 1,
-    torch_threads: int = 1,
-    schedule: str = "batch-major",
-    devices: list[str] | None = None,
-    stage_workers: dict[str, int] | None = None,
-) -> None:
+def run_devices(run: Any, devices: list[str] | None = None, stage_workers: dict[str, int] | None = None) -> None:
     """The ``devices`` engine (``builder.registry.ENGINES``): ``devices`` lists one device per worker process
-    (default: ``workers`` processes on the build's device); ``stage_workers`` gives stages pools of their own
-    (``builder.dispatch.plan_pools``; the other stages share one pool of ``len(devices)`` workers)."""
+    (default: ``run.options.workers`` processes on the build's device); ``stage_workers`` gives stages pools of their
+    own (``builder.dispatch.plan_pools``; the other stages share one pool of ``len(devices)`` workers)."""
     from builder.engine import _drive
 
     if not devices:
-        devices = [runners[0].device if runners else "cpu"] * max(1, workers)
-    remote = functools.partial(
-        _devices_loop,
-        devices=list(devices),
-        torch_threads=torch_threads,
-        schedule=schedule,
-        stage_workers=stage_workers,
-    )
-    _drive(validated, source, plan, ledger, runners, progress, schedule, remote=remote)
+        devices = [run.runners[0].device if run.runners else "cpu"] * max(1, run.options.workers)
+    _drive(run, functools.partial(_devices_loop, devices=list(devices), stage_workers=stage_workers))
 
 
 run_devices.check_options = check_pool_options  # build() checks the options against the config first
 
 
-def _devices_loop(
-    validated, todo, decode, ledger, runners, label_names, bar, *, devices, torch_threads, schedule, stage_workers
-) -> None:
+def _devices_loop(run: Any, *, devices: list[str], stage_workers: dict[str, int] | None) -> None:
     from builder.dispatch import plan_pools, run_pools
 
+    runners = run.runners
     pools = plan_pools([r.name for r in runners], stage_workers, None, len(devices), None)
-    backend = DeviceBackend(devices, {r.name: r.validated for r in runners}, torch_threads)
-    counts = run_pools(validated, todo, decode, ledger, runners, label_names, bar, backend, pools, schedule)
+    backend = DeviceBackend(devices, {r.name: r.validated for r in runners}, run.options.torch_threads)
+    counts = run_pools(run, backend, pools)
     if counts.get("worker_losses"):
         logger.warning("devices engine: %d unit(s) lost with their worker and run again", counts["worker_losses"])

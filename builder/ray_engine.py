@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from builder.dispatch import check_pool_options
@@ -67,27 +66,20 @@ class StageWorker:
         self.runners = {}
         _free_accelerator_memory()
 
-    def run(self, assignment, names: list[str], records, keys, start, out, record_errors: bool):
-        """Stages ``names`` (consecutive in the build, all of this worker's pool) over a batch's records;
-        ``assignment`` (stages, worked) comes with the first unit a worker gets from a pool."""
+    def run(self, assignment, names: list[str], work):
+        """Stages ``names`` (consecutive in the build, all of this worker's pool) over a batch's ``work``
+        (``builder.engine.StageWork``); ``assignment`` (stages, worked) comes with the first unit a worker gets from a
+        pool."""
         from builder.engine import run_stages
 
         if assignment is not None:
             self.assign(*assignment)
         runners = [self.runners[name] for name in names]
-        return run_stages(runners, records, keys, start, out, record_errors=record_errors)
+        return run_stages(runners, work)
 
 
 def run_ray(
-    validated: Any,
-    source: Any,
-    plan: list,
-    ledger: Any,
-    runners: list[Any],
-    progress: bool,
-    workers: int = 1,
-    torch_threads: int = 1,
-    schedule: str = "batch-major",
+    run: Any,
     address: str | None = None,
     gpus_per_worker: float | None = None,
     stage_workers: dict[str, int] | None = None,
@@ -98,21 +90,18 @@ def run_ray(
     ``address``: the Ray cluster to join (else ``RAY_ADDRESS``, else a local one); ``gpus_per_worker``: GPUs each
     actor reserves (default 1 on cuda, 0 on cpu); ``stage_workers`` / ``stage_gpus``: per-stage pools
     (``builder.dispatch.plan_pools``; ``{"edit": 4}``, ``{"invert+edit": 4}``), the other stages sharing one pool of
-    ``workers`` actors.
+    ``run.options.workers`` actors.
     """
     from builder.engine import _drive
 
-    remote = functools.partial(
+    loop = functools.partial(
         _ray_loop,
-        workers=workers,
-        torch_threads=torch_threads,
-        schedule=schedule,
         address=address,
         gpus_per_worker=gpus_per_worker,
         stage_workers=stage_workers,
         stage_gpus=stage_gpus,
     )
-    _drive(validated, source, plan, ledger, runners, progress, schedule, remote=remote)
+    _drive(run, loop)
 
 
 run_ray.preflight = _import_ray  # build() calls an engine's preflight before it writes anything
@@ -234,35 +223,27 @@ def _warn_if_the_cluster_is_too_small(ray: Any, specs, default_gpus: float) -> N
 
 
 def _ray_loop(
-    validated: Any,
-    todo: list[int],
-    decode: Callable[[int], Any],
-    ledger: Any,
-    runners: list[Any],
-    label_names: list[str],
-    bar: Any,
+    run: Any,
     *,
-    workers: int,
-    torch_threads: int,
-    schedule: str = "batch-major",
-    address: str | None = None,
-    gpus_per_worker: float | None = None,
-    stage_workers: dict[str, int] | None = None,
-    stage_gpus: dict[str, float] | None = None,
+    address: str | None,
+    gpus_per_worker: float | None,
+    stage_workers: dict[str, int] | None,
+    stage_gpus: dict[str, float] | None,
 ) -> None:
     from builder.dispatch import plan_pools, run_pools
 
     ray = _import_ray()
     if not ray.is_initialized():
         ray.init(address=address, ignore_reinit_error=True, include_dashboard=False, log_to_driver=False)
+    runners = run.runners
     device = runners[0].device if runners else "cpu"
     gpus = gpus_per_worker if gpus_per_worker is not None else (1 if device.startswith("cuda") else 0)
-    pools = plan_pools([r.name for r in runners], stage_workers, stage_gpus, max(1, workers), gpus)
+    pools = plan_pools([r.name for r in runners], stage_workers, stage_gpus, max(1, run.options.workers), gpus)
     logger.info(
         "ray engine: %s",
         "; ".join(f"{'+'.join(p.stages)}: {p.workers} actor(s), {p.gpus} GPU each" for p in pools),
     )
-    backend = RayBackend(ray, {r.name: r.validated for r in runners}, device, torch_threads, gpus)
-    counts = run_pools(validated, todo, decode, ledger, runners, label_names, bar, backend, pools, schedule)
+    backend = RayBackend(ray, {r.name: r.validated for r in runners}, device, run.options.torch_threads, gpus)
+    counts = run_pools(run, backend, pools)
     if counts.get("worker_losses"):
         logger.warning("ray engine: %d unit(s) lost with their actor and run again", counts["worker_losses"])

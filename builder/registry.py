@@ -50,9 +50,9 @@ DEMO_COMPONENTS = Registry(
     },
 )
 
-# Build engines: ``lance-cf build --engine NAME``. Each is a function with the signature of
-# ``builder.engine.run_local`` (the local engine), plus keyword options (``build(engine_options=...)``); ``devices``
-# runs batches on one process per device, ``ray`` on Ray actors (extra: [ray]). docs/scaling.md.
+# Build engines: ``lance-cf build --engine NAME``. Each is a function of the build's run object
+# (``builder.engine.BuildRun``, as ``run_local(run)``), plus keyword options (``build(engine_options=...)``);
+# ``devices`` runs batches on one process per device, ``ray`` on Ray actors (extra: [ray]). docs/scaling.md.
 ENGINES = Registry(
     "engine",
     {
