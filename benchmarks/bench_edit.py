@@ -1,4 +1,4 @@
-"""The image editor against the reference algorithm, on the same inputs, in one run (issue 12 §6).
+"""The image editor against the reference algorithm, on the same inputs, in one run.
 
 Stable Diffusion 1.x components are built from their configs with random weights (timing does not depend on weight
 values; no download): ``--size full`` is the SD 1.x UNet / VAE / text encoder at 512x512 (859.5 M UNet parameters),

@@ -1,4 +1,4 @@
-"""The text stages (captioner, perturber) against editing: batched vs one at a time, and their share (issue 12 §6).
+"""The text stages (captioner, perturber) against editing: batched vs one at a time, and their share.
 
 LANCE's text stages run once per source image: one BLIP-2 caption (beam search, 5 beams, 20-100 new tokens) and one
 perturber prompt per edit type (six, ``n_per_type`` 3, up to 256 new tokens each). Editing runs thousands of UNet

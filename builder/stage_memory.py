@@ -1,4 +1,4 @@
-"""Peak memory of a stage over one batch, measured where the stage runs (issue 12 §5).
+"""Peak memory of a stage over one batch, measured where the stage runs .
 
 * On a CUDA device: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``: the most memory the
   process's tensors held on that device while the stage ran (the loaded models included; ``start_bytes`` is what was

@@ -1,4 +1,4 @@
-"""Evaluating a dataset-interfaces release (issue 14 §3) and its card section (§2).
+"""Evaluating a dataset-interfaces release and its card section.
 
 The per-shift metric (Vendrow et al.) in results.json, the report and the leaderboard; a LANCE release and an
 interfaces release side by side in one leaderboard; the card's shifts / thresholds / yields section. Every number is
@@ -318,7 +318,7 @@ def test_card_of_a_demo_star_build_lists_shifts_thresholds_and_yields(releases, 
         assert cells[5:] == [str(released), "0", "0"]
 
 
-# ------------------------------------------------------------------------------------------------ §1: push tokens
+# ---------------------------------------------------------------------------------------------------- push tokens
 HUB_TOKEN = "hf_double_secret_token_stareval_7"
 LOAD_TOKEN_SCRIPT = """
 import json, sys

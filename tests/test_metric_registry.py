@@ -1,4 +1,4 @@
-"""Evaluation metrics behind the registry (issue 9 §4, §7 recipe "A metric").
+"""Evaluation metrics behind the registry, and the recipe "A metric" of docs/architecture.md.
 
 A metric registered from this test file is computed by ``lance-cf eval`` on a tiny release and lands in results.json
 with its version; selection, unknown names, the declared contract and the docs table are checked without a model.

@@ -1,5 +1,5 @@
-"""Attacks on ``lance-cf publish``: what must never be uploaded, printed or changed (issue 10 sections 1, 3 and 5;
-issue 13 section 3 for gating).
+"""Attacks on ``lance-cf publish``: what must never be uploaded, printed or changed (stray files, machine paths, tokens,
+nothing changed in place) and gated releases.
 
 Every publish here runs against the Hub double on 127.0.0.1 (tests/hub_double.py); "before any remote change" is
 checked on the double's request log and its git repositories.
@@ -450,7 +450,7 @@ def test_publish_is_refused_while_a_build_holds_the_directory(hub_env, tmp_path,
     assert publish_release(release_dir, REPO).tag == "v1.0.0"  # free again
 
 
-# ------------------------------------------------------------------------------------------- 4. gating (issue 13)
+# ---------------------------------------------------------------------------------------------------- 4. gating
 def test_gated_card_gates_the_repo_before_any_data_lands(hub_env, tmp_path):
     hub = hub_env
     release_dir, _ = release(tmp_path)  # ImageNet-derived: the card says gated
@@ -510,7 +510,7 @@ def test_gating_that_does_not_hold_stops_before_the_upload(hub_env, tmp_path):
     assert publish_release(release_dir, REPO).gated == "auto"  # re-running completes
 
 
-# --------------------------------------------------------------------------------- publish-results (issues 9, 10, 13)
+# --------------------------------------------------------------------------------------------------- publish-results
 def write_results(directory: Path, *results: dict) -> Path:
     for result in results:
         (directory / result["model"]["slug"]).mkdir(parents=True, exist_ok=True)

@@ -51,7 +51,7 @@ def test_payload_codec_round_trips_images_tensors_and_json():
     assert torch.equal(back["nested"][0]["t"], tensor)
 
 
-# ---------------------------------------------------------------------------------------------- the unit (issue 9 §1)
+# ------------------------------------------------------------------------------------------------------------ the unit
 def test_format_unit_imports_nothing_from_the_project_and_nothing_heavy():
     code = (
         "import sys, builder.release_format\n"
@@ -146,7 +146,7 @@ def test_v1_release_as_the_old_code_wrote_it_verifies_renders_and_evaluates(tmp_
     assert release.configs == list(rf.CONFIG_NAMES)
 
 
-# ------------------------------------------------------------------ verify: card YAML and assets (issue 10 §1)
+# --------------------------------------------------------------------------------- verify: card YAML and assets
 @pytest.fixture
 def carded(tmp_path):
     from dataset_cards import render_release_card
@@ -193,7 +193,7 @@ def test_verify_catches_an_edited_gallery_png(carded):
     assert rf.verify_release(carded) == [f"{manifest.assets[0].path}: card asset missing"]
 
 
-# --------------------------------------------------------------------------- open release configs (issue 9 §2)
+# ------------------------------------------------------------------------------------------ open release configs
 def test_a_declared_config_with_extra_fields_writes_verifies_and_loads(tmp_path):
     """A generation mode's config (one per shift, with a 'shift' field): schema, features, card and load follow."""
     import datasets
@@ -270,7 +270,7 @@ def _png(seed: int) -> bytes:
     return buf.getvalue()
 
 
-# ------------------------------------------------------------- what a loaded row carries (issue 11 §5)
+# ------------------------------------------------------------------------------------ what a loaded row carries
 def test_datasets_and_timm_read_a_release_with_class_names(carded):
     import datasets
     import timm.data

@@ -1,4 +1,4 @@
-"""Hostile sources (issue 10 §1-2, 9 §5, 11 §3/§5): folder cycles, where the source sits, Unicode spellings,
+"""Hostile sources: folder cycles, where the source sits, Unicode spellings,
 unbounded labels, oversized and duplicate shard members, compressed shards, bad specs, and what a release publishes
 about the machine it was built on.
 
@@ -443,7 +443,7 @@ def test_wds_full_temporary_disk_is_one_line_naming_the_fix(tmp_path, monkeypatc
     assert "No space left on device" in message and "set TMPDIR" in message and "\n" not in message
 
 
-# -- 9 §5: ImageNet class names are package data -----------------------------------------------------------------------
+# -- ImageNet class names are package data ------------------------------------------------------------------------------
 def test_imagenet_class_list_matches_timm_and_open_clip():
     from builder import imagenet
 
@@ -484,7 +484,7 @@ def test_building_original_imports_no_model_library(tmp_path, scheme):
     assert result == {"code": 0, "modules": []}
 
 
-# -- 11 §3: bad specs and options are one line naming the input and the fix --------------------------------------------
+# -- bad specs and options are one line naming the input and the fix ---------------------------------------------------
 def _error_line(tmp_path: Path, source: str, options: dict | None = None) -> str:
     cfg = write_config(tmp_path / "c.yaml", source, source_options=options or {})
     proc = cli("build", str(cfg), "--output", str(tmp_path / "out"), check=False)
@@ -541,7 +541,7 @@ def test_wds_label_space_options_contradicting_are_refused(tmp_path):
     assert source.label_space.names == ["cat", "dog"]
 
 
-# -- 11 §5: nothing about the machine in what a release records about its source ---------------------------------------
+# -- nothing about the machine in what a release records about its source ----------------------------------------------
 @pytest.mark.parametrize(
     ("spec", "expected"),
     [

@@ -1,5 +1,5 @@
 """Each stage's peak memory is measured where it runs, logged, kept per stage in the ledger, and (opt-in) written to
-the manifest (builder.stage_memory; issue 12 §5)."""
+the manifest (builder.stage_memory)."""
 
 from __future__ import annotations
 
