@@ -25,7 +25,7 @@ def main() -> None:
     from release_fixture import write_release
 
     from builder import publish
-    from builder.verify import verify_release
+    from builder.release_format.verify import verify_release
     from dataset_cards import render_release_card
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -375,7 +375,7 @@ resolve_device = _resolve_device
 
 def run_verify(args: argparse.Namespace) -> int:
     from builder.lock import output_lock
-    from builder.verify import verify_release
+    from builder.release_format.verify import verify_release
 
     if not args.release.is_dir():
         raise ValueError(f"{args.release} is not a directory")

@@ -49,10 +49,6 @@ STAGE_KEY_DOCS: dict[str, str] = {
 }
 
 
-def documented_keys() -> set[str]:
-    return set(KEY_DOCS)
-
-
 def undocumented_keys(config_cls: type) -> list[str]:
     """Fields of the config dataclass that ``KEY_DOCS`` does not explain (a test keeps this empty)."""
     return sorted({f.name for f in dataclasses.fields(config_cls)} - set(KEY_DOCS))

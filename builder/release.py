@@ -32,7 +32,6 @@ RECORDED_PACKAGES = (
     "peft",
     "timm",
     "datasets",
-    "webdataset",
     "huggingface_hub",
     "safetensors",
 )

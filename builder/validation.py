@@ -275,7 +275,3 @@ def describe_validation(validated: ValidatedBuild) -> list[str]:
             + (f" => {writes}" if writes else "")
         )
     return lines
-
-
-def stage_versions(validated: ValidatedBuild) -> dict[str, Any]:
-    return {s.config.name: s.contract.version for s in validated.active}

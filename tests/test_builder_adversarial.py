@@ -29,8 +29,8 @@ from builder.engine import build
 from builder.images import ImageDecodeError, decode_image
 from builder.ledger import Ledger
 from builder.release_format import is_valid_key
+from builder.release_format.verify import verify_release
 from builder.sources import create_source
-from builder.verify import verify_release
 
 
 def _encode(img: Image.Image, fmt: str, **kw) -> bytes:

@@ -133,7 +133,7 @@ def test_the_outputs_declared_by_stages_decide_the_configs(tmp_path, folder):
     assert manifest["counts"]["mirrored"]["total"] == 4
     assert (tmp_path / "out" / "data" / "mirrored").is_dir()
     assert manifest["release_spec"]["configs"]["mirrored"]["description"] == "the source images, mirrored"
-    from builder.verify import verify_release
+    from builder.release_format.verify import verify_release
 
     assert verify_release(tmp_path / "out") == []
 

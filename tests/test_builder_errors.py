@@ -11,7 +11,7 @@ from builder_helpers import ALL_CONFIGS, FAKE_STAGES, make_imagefolder, release_
 from builder.cli import main
 from builder.config import load_config
 from builder.engine import build
-from builder.verify import verify_release
+from builder.release_format.verify import verify_release
 
 KEYS = [f"{c}_img_{i:03d}" for c in ("cat", "dog") for i in range(3)]
 

@@ -16,7 +16,7 @@ from PIL import Image
 from builder.config import load_config
 from builder.engine import build
 from builder.images import ImageDecodeError, decode_image
-from builder.verify import verify_release
+from builder.release_format.verify import verify_release
 
 
 def _png(img: Image.Image, **kw) -> bytes:
@@ -251,7 +251,7 @@ def test_verify_cli_names_the_first_mismatch(small_release):
 def test_verify_catches_bad_metadata_even_with_fixed_up_hashes(small_release):
     """A metadata file edited and the hashes recomputed: the schema and counts still catch it."""
     from builder.release import canonical_json, manifest_digest
-    from builder.shards import file_sha256
+    from builder.release_format.shards import file_sha256
 
     shard = next((small_release / "data" / "original").glob("*.tar"))
     members = []

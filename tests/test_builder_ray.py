@@ -30,7 +30,7 @@ from builder_helpers import (
 
 from builder.config import load_config
 from builder.engine import build
-from builder.verify import verify_release
+from builder.release_format.verify import verify_release
 
 pytestmark = pytest.mark.slow  # starts Ray
 

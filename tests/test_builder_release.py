@@ -26,7 +26,7 @@ from builder_helpers import (
 from builder.config import load_config
 from builder.engine import BuildRefused, build
 from builder.release_format import CONFIG_NAMES, SCORE_NAMES, metadata_json_schema
-from builder.verify import verify_release
+from builder.release_format.verify import verify_release
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from builder_helpers import ALL_CONFIGS, FAKE_STAGES, make_imagefolder, release_
 
 from builder.config import load_config
 from builder.engine import build
-from builder.verify import verify_release
+from builder.release_format.verify import verify_release
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from builder_helpers import cli
 from builder.config import list_presets, load_config
 from builder.registry import STAGES
 from builder.release_format import EDIT_TYPES
-from builder.verify import verify_release
+from builder.release_format.verify import verify_release
 
 
 def _construct(config, tmp_path):

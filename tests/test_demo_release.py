@@ -8,7 +8,7 @@ import pytest
 from builder_helpers import METHOD_STAGES, cli, release_files
 
 from builder.release_format import CONFIG_NAMES, EDIT_TYPES, SCORE_NAMES
-from builder.verify import verify_release
+from builder.release_format.verify import verify_release
 
 pytestmark = pytest.mark.e2e  # the demo preset built through the CLI
 

@@ -157,7 +157,7 @@ def test_discover_demo_command_writes_discoveries_and_a_report_that_renders(tmp_
     # the discovered-failure images are a release like every other: one config per discovery, full metadata
     import datasets
 
-    from builder.verify import verify_release
+    from builder.release_format.verify import verify_release
 
     release = out / "release"
     assert verify_release(release) == []

@@ -18,8 +18,8 @@ from PIL import Image
 from builder.config import load_config
 from builder.engine import build
 from builder.registry import STAGES
+from builder.release_format.verify import verify_release
 from builder.validation import validate_build
-from builder.verify import verify_release
 from lance_pipeline.editing.candidate_selection import Candidate, Editor, SweepResult
 from lance_pipeline.editing.options import ClipGateOptions, EditorOptions
 from lance_pipeline.editing.stages import CounterfactualEditStage

@@ -14,7 +14,7 @@ from builder_helpers import cli, env, release_files, stored_stage_outputs
 
 from builder.config import load_config
 from builder.engine import build
-from builder.verify import verify_release
+from builder.release_format.verify import verify_release
 
 pytestmark = pytest.mark.e2e
 SHIFTS = ["base", "in_the_snow", "pencil_sketch"]

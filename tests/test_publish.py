@@ -23,7 +23,7 @@ from publish_fixture import make_release, make_results
 
 from builder import release_format as rf
 from builder.publish import PublishError, plan_release, publish_release
-from builder.verify import verify_release
+from builder.release_format.verify import verify_release
 from dataset_cards import render_release_card
 
 pytestmark = pytest.mark.e2e  # real HTTP against the local Hub double

@@ -23,7 +23,7 @@ from builder_helpers import (
 
 from builder.config import load_config
 from builder.engine import build
-from builder.verify import verify_release
+from builder.release_format.verify import verify_release
 
 
 def test_devices_engine_pools_stage_batch_sizes_and_stage_major_give_the_local_bytes(tmp_path):

@@ -25,8 +25,8 @@ from builder_helpers import REPO, cli, env, make_imagefolder, photo, release_fil
 from builder.config import load_config
 from builder.engine import build
 from builder.release_format import is_valid_key
+from builder.release_format.verify import verify_release
 from builder.sources import MAX_IMAGE_BYTES, create_source, public_spec
-from builder.verify import verify_release
 
 
 def _png(seed: int) -> bytes:

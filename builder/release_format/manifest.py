@@ -92,13 +92,6 @@ class Tally:
         }
 
 
-def tally_rows(rows: list[tuple[int, str | None]]) -> dict[str, Any]:
-    tally = Tally()
-    for label, edit_type in rows:
-        tally.add(label, edit_type)
-    return tally.to_dict()
-
-
 @dataclass
 class Manifest:
     """Typed view of ``manifest.json``. Required fields are those every v1 manifest has; v2 adds the declaration."""

@@ -35,8 +35,8 @@ from lance_pipeline.stage import Record, SampleFailure
 logger = logging.getLogger(__name__)
 
 DEFAULT_CAPTIONER = "Salesforce/blip2-opt-2.7b"
-# Commit of Salesforce/blip2-opt-2.7b pinned in several public projects (see docs/method.md); not re-checked
-# against the Hub from this offline environment.
+# A commit of Salesforce/blip2-opt-2.7b: public code holds it as the Hub cache's snapshot directory
+# (models--Salesforce--blip2-opt-2.7b/snapshots/<this hash>), so the Hub served it (see docs/method.md).
 DEFAULT_CAPTIONER_REVISION = "51572668da0eb669e01a189dc22abe6088589a24"
 DOMAIN_PHRASE = "a photo of"
 # Paper section 3.1 (captioning): beam search with 5 beams, caption length 20-100.

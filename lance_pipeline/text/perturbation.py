@@ -43,8 +43,8 @@ from lance_pipeline.text.edit_spans import diff_captions
 logger = logging.getLogger(__name__)
 
 DEFAULT_PERTURBER = "Qwen/Qwen2.5-7B-Instruct"
-# Commit of Qwen/Qwen2.5-7B-Instruct pinned in several public projects (see docs/method.md); not re-checked
-# against the Hub from this offline environment.
+# A commit of Qwen/Qwen2.5-7B-Instruct: public code holds it as the Hub cache's snapshot directory
+# (models--Qwen--Qwen2.5-7B-Instruct/snapshots/<this hash>), so the Hub served it (see docs/method.md).
 DEFAULT_PERTURBER_REVISION = "a09a35458c702b33eeacc393d103063234e8bc28"
 PROMPT_STYLES = ("auto", "chat", "alpaca")
 

@@ -35,8 +35,8 @@ from lance_pipeline.text.edit_spans import STRIP_CHARS, tokenize_caption
 logger = logging.getLogger(__name__)
 
 DEFAULT_MASKED_LM = "google-bert/bert-base-uncased"
-# Commit of bert-base-uncased pinned in public code (see docs/method.md); not re-checked against the Hub from
-# this offline environment.
+# A commit of google-bert/bert-base-uncased: public code holds it as the Hub cache's snapshot directory
+# (models--google-bert--bert-base-uncased/snapshots/<this hash>), so the Hub served it (see docs/method.md).
 DEFAULT_MASKED_LM_REVISION = "86b5e0934494bd15c9632b12f734a8a67f723594"
 
 _WORD_RE = re.compile(r"^[A-Za-z][A-Za-z'-]*$")

@@ -316,25 +316,6 @@ def create_tiny_blip2(path: str | Path) -> Path:
     return path
 
 
-def create_all_tiny_text_components(root: str | Path) -> dict[str, Path]:
-    """Materialise every tiny text component under ``root`` (used by the offline demo preset).
-
-    Args:
-        root: Cache directory; one sub-directory per component.
-
-    Returns:
-        ``{"captioner", "perturber", "perturber_adapter", "masked_lm"}`` to directories.
-    """
-    root = Path(root)
-    perturber = create_tiny_causal_lm(root / "tiny-causal-lm")
-    return {
-        "captioner": create_tiny_blip2(root / "tiny-blip2"),
-        "perturber": perturber,
-        "perturber_adapter": create_tiny_lora_adapter(perturber, root / "tiny-causal-lm-lora"),
-        "masked_lm": create_tiny_masked_lm(root / "tiny-masked-lm"),
-    }
-
-
 def _write_license_note(path: Path, what: str) -> None:
     (path / "TINY_MODEL.json").write_text(
         json.dumps({"what": what, "weights": "random, torch.manual_seed(0)", "purpose": "tests and offline demo"})
