@@ -96,7 +96,8 @@ def write_release(
         The manifest (as JSON data).
     """
     from dataset_cards import render_release_card, write_gallery
-    from lance_pipeline.stage import RELEASE_EDIT_TYPES, SCORE_NAMES
+    from lance_pipeline.edit_types import release_edit_types
+    from lance_pipeline.stage import SCORE_NAMES
 
     if release_spec is None:
         # The LANCE configs are described by the format; a config a stage declared without a ConfigSpec gets a
@@ -106,7 +107,7 @@ def write_release(
             for c in config.configs
             if c not in rf.CONFIG_NAMES
         )
-        release_spec = rf.lance_release_spec(config.configs, RELEASE_EDIT_TYPES, SCORE_NAMES, extra=declared)
+        release_spec = rf.lance_release_spec(config.configs, release_edit_types(), SCORE_NAMES, extra=declared)
     spec = release_spec
     shards: list[rf.ShardRecord] = []
     counts: dict[str, Any] = {}

@@ -160,7 +160,8 @@ def _release_spec(config: BuildConfig, outputs: list[ReleaseOutput], writers: di
     """The release's declaration (``builder.release_format``): LANCE's configs as v1 describes them, any other
     config and any extra metadata field as its stage declares them."""
     from builder import release_format as rf
-    from lance_pipeline.stage import RELEASE_EDIT_TYPES, SCORE_NAMES
+    from lance_pipeline.edit_types import release_edit_types
+    from lance_pipeline.stage import SCORE_NAMES
 
     v1 = {c.name: c for c in rf.V1_CONFIGS}
     extra = []
@@ -176,7 +177,7 @@ def _release_spec(config: BuildConfig, outputs: list[ReleaseOutput], writers: di
             extra.append(rf.ConfigSpec(output.config, description, fields))
         except ValueError as err:
             raise ValueError(f"stage {stage!r}: {err}") from err
-    return rf.lance_release_spec(config.configs, RELEASE_EDIT_TYPES, SCORE_NAMES, extra=tuple(extra))
+    return rf.lance_release_spec(config.configs, release_edit_types(), SCORE_NAMES, extra=tuple(extra))
 
 
 def _check_config_names(config: BuildConfig, known: list[str]) -> None:

@@ -28,6 +28,7 @@ from dataset_cards.leaderboard import (
 )
 from dataset_cards.markdown import code_span, md_escape
 from lance_pipeline.deviations import dillema_selection
+from lance_pipeline.edit_types import MULTI_EDIT_TYPE, spoken_list
 
 logger = logging.getLogger(__name__)
 
@@ -212,6 +213,7 @@ def _template_context(
         "interfaces_section": interfaces_section(manifest.to_dict()),  # "" unless a generation-mode release
         "deviations_section": deviations_section(manifest.to_dict()),
         "dillema_selection": dillema_selection(manifest.to_dict()),
+        "edit_axes": edit_axes(manifest),
         "leaderboard_section": leaderboard_section(results or []),
         "stage_rows": stage_rows(manifest),
         "thresholds": thresholds(manifest),
@@ -228,6 +230,15 @@ def _template_context(
         "hard_imagenet_note": "hardimagenet" in manifest.name.replace("-", "").replace("_", "").lower(),
         "changelog": changelog(manifest.to_dict(), previous_manifest) if previous_manifest is not None else None,
     }
+
+
+def edit_axes(manifest: rf.Manifest) -> str:
+    """The edit types a release's perturber asked for ("subject, object ... or domain"), from its ``perturb`` stage's
+    description, else the release's edit-type vocabulary."""
+    asked = next((d.get("edit_types") for d in manifest.stages.values() if isinstance(d, dict) and d.get("edit_types")),
+                 None)  # fmt: skip
+    names = [t for t in (asked or manifest.release_spec.edit_types) if t != MULTI_EDIT_TYPE]
+    return md_escape(spoken_list(names)) if names else "one aspect"
 
 
 def _is_model_key(key: str) -> bool:

@@ -48,6 +48,8 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from lance_pipeline.edit_types import EDIT_TYPES, MULTI_EDIT_TYPE
+
 Record = dict[str, Any]
 
 # The kinds a record field may hold. Stages declare the kind of every field they read and write; validation checks
@@ -72,10 +74,8 @@ SCORE_NAMES = (
     "clip_text_edited",
 )
 
-EDIT_TYPES = ("subject", "object", "background", "weather", "adjective", "domain")
-# DILLEMA's counterfactuals apply up to three alternatives at once (lance_pipeline.dillema.text_stages): a release may also
-# hold this type. The perturber asks only for EDIT_TYPES.
-MULTI_EDIT_TYPE = "multi"
+# The edit types live in one table (lance_pipeline.edit_types); these are its built-in names and DILLEMA's "multi".
+# Code that must see a type registered at run time calls edit_types.edit_type_names() / release_edit_types().
 RELEASE_EDIT_TYPES = (*EDIT_TYPES, MULTI_EDIT_TYPE)
 
 

@@ -114,8 +114,9 @@ def test_judge_variation(edited: str, edit_type: str, reason: str | None) -> Non
 def test_the_stage_in_prompt_examples_pass_their_own_type() -> None:
     # The few-shot examples the perturb stage shows the model are edits of their type by construction: the validator
     # must accept every one of them, and reject the non-domain ones as domain edits.
-    from lance_pipeline.text.perturbation import EXAMPLES
+    from lance_pipeline.edit_types import EDIT_TYPE_TABLE
 
+    EXAMPLES = {name: row.example for name, row in EDIT_TYPE_TABLE.items()}  # noqa: N806
     for edit_type, (caption, label, edits) in EXAMPLES.items():
         for edited in edits:
             assert judge_variation(caption, edited, edit_type, label)[1] is None, (edit_type, edited)
@@ -279,7 +280,7 @@ def test_evaluate_perturber_counts(tiny_lm: Path, monkeypatch: pytest.MonkeyPatc
     def fake_generate(prompts, seeds):
         out = []
         for prompt in prompts:
-            key = next(k for k in answers if f"Caption: {k[0]}" in prompt and perturber.instructions[k[1]] in prompt)
+            key = next(k for k in answers if f"Caption: {k[0]}" in prompt and perturber.instruction(k[1]) in prompt)
             out.append((answers[key], False))
         return out
 

@@ -27,7 +27,6 @@ logger = logging.getLogger(__name__)
 ACTIONS = ("try", "collect", "train", "eval")
 # The teacher's answers, kept beside a collected dataset so that re-running `collect` asks nothing twice.
 ANSWER_LOG = "teacher_answers.jsonl"
-_EDIT_TYPES_DEFAULT = "subject,object,background,weather,adjective,domain"
 
 _DESCRIPTION = (
     "The LANCE structured caption perturber (an instruction LLM, optionally with a LoRA adapter): try it on "
@@ -38,6 +37,13 @@ _TRY_DESCRIPTION = (
     "Run the perturber on one or more captions and score each edit with the label-preservation check. Prints "
     "JSON lines."
 )
+
+
+def _edit_types_help() -> str:
+    """The ``--edit-types`` help, from the table of edit types (a type registered before the parser is built shows)."""
+    from lance_pipeline.edit_types import edit_type_names
+
+    return f"comma-separated edit types (default: all: {','.join(edit_type_names())})"
 
 
 def _with_legacy_form(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -85,9 +91,7 @@ def _register_try(actions) -> None:
     parser = actions.add_parser("try", help="run the perturber on captions", description=_TRY_DESCRIPTION)
     parser.add_argument("captions", nargs="+", metavar="CAPTION", help="caption(s) to perturb")
     parser.add_argument("--label", required=True, help="class name the edits must keep, e.g. 'dog sled'")
-    parser.add_argument(
-        "--edit-types", default=_EDIT_TYPES_DEFAULT, help="comma-separated edit types (default: all six)"
-    )
+    parser.add_argument("--edit-types", default=None, help=_edit_types_help())
     _add_model_options(parser)
     parser.add_argument("--adapter", default=None, help="PEFT LoRA adapter id or directory")
     parser.add_argument("--adapter-revision", default=None, help="adapter revision")
@@ -361,9 +365,7 @@ def _register_collect(actions) -> None:
     parser.add_argument("--teacher", required=True, help="openai:MODEL_NAME, or a transformers causal LM id/directory")
     parser.add_argument("--teacher-revision", default=None, help="revision of a transformers teacher")
     parser.add_argument("--output", "-o", required=True, type=Path, help="dataset directory (created)")
-    parser.add_argument(
-        "--edit-types", default=_EDIT_TYPES_DEFAULT, help="comma-separated edit types (default: all six)"
-    )
+    parser.add_argument("--edit-types", default=None, help=_edit_types_help())
     parser.add_argument("--n", type=int, default=3, help="variations requested per caption and edit type (default 3)")
     parser.add_argument("--test-fraction", type=float, default=0.1, help="captions held out as the test split")
     parser.add_argument("--seed", type=int, default=0, help="mixed into every request's seed")
@@ -543,9 +545,7 @@ def _register_eval(actions) -> None:
     parser.add_argument("--adapter", action="append", default=[], help="LoRA adapter id or directory (repeatable)")
     parser.add_argument("--adapter-revision", default=None, help="revision of every --adapter from the Hub")
     parser.add_argument("--no-base", action="store_true", help="evaluate only the adapters")
-    parser.add_argument(
-        "--edit-types", default=_EDIT_TYPES_DEFAULT, help="comma-separated edit types (default: all six)"
-    )
+    parser.add_argument("--edit-types", default=None, help=_edit_types_help())
     parser.add_argument("--n", type=int, default=3, help="edits per edit type (default 3)")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
@@ -558,8 +558,9 @@ def _register_eval(actions) -> None:
 def run_eval(args: argparse.Namespace) -> int:
     """``perturber eval``: print a Markdown table (and write JSON); returns the exit code."""
     from builder.cli import resolve_device
+    from lance_pipeline.edit_types import validate_edit_types
     from lance_pipeline.perturber.training import evaluate_perturber, package_versions, render_eval_table
-    from lance_pipeline.text.perturbation import PromptPerturber, validate_edit_types
+    from lance_pipeline.text.perturbation import PromptPerturber
 
     types = validate_edit_types(args.edit_types)
     if args.n < 1:

@@ -48,7 +48,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from lance_pipeline.stage import EDIT_TYPES, MULTI_EDIT_TYPE, Record, SampleFailure
+from lance_pipeline.edit_types import MULTI_EDIT_TYPE, edit_type_names
+from lance_pipeline.stage import Record, SampleFailure
 from lance_pipeline.text.edit_spans import STRIP_CHARS, diff_captions, tokenize_caption
 from lance_pipeline.text.perturbation import DEFAULT_PERTURBER, DEFAULT_PERTURBER_REVISION, PromptPerturber
 
@@ -518,14 +519,16 @@ class DillemaKeywordStage(_DillemaStage):
             **super().describe(),
             "task": self.task,
             "prompt": KEYWORDS_PROMPT,
-            "aspects": list(EDIT_TYPES),
+            "aspects": list(edit_type_names()),
             "max_keywords": self.max_keywords,
             "max_keyword_words": self.max_keyword_words,
             "fallback_to_caption_words": self.fallback_to_caption_words,
         }
 
     def user_message(self, caption: str, label_name: str) -> str:
-        return KEYWORDS_PROMPT.format(task=self.task, label=label_name, caption=caption, aspects=", ".join(EDIT_TYPES))
+        return KEYWORDS_PROMPT.format(
+            task=self.task, label=label_name, caption=caption, aspects=", ".join(edit_type_names())
+        )
 
     def select_keywords(self, value: Any, caption: str, label_name: str) -> tuple[dict[str, str | None], Counter]:
         """The usable keywords of one parsed answer (a dict word -> aspect, or a list of words), and the drops.
@@ -553,7 +556,7 @@ class DillemaKeywordStage(_DillemaStage):
             elif len(keywords) >= self.max_keywords:
                 dropped["extra"] += 1
             else:
-                if aspect not in EDIT_TYPES:
+                if aspect not in edit_type_names():
                     dropped["untyped"] += int(aspect is not None or isinstance(value, dict))
                     aspect = None
                 keywords[word] = aspect
@@ -845,7 +848,7 @@ class DillemaCounterfactualStage(_DillemaStage):
         aspect = keywords.get(next(iter(applied))) if len(applied) == 1 else None
         original_span, edited_span = edit_spans(record["caption"], rewrite)
         return {
-            "edit_type": aspect if aspect in EDIT_TYPES else MULTI_EDIT_TYPE,
+            "edit_type": aspect if aspect in edit_type_names() else MULTI_EDIT_TYPE,
             "edited_caption": rewrite,
             "original_span": original_span,
             "edited_span": edited_span,

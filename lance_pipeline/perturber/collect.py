@@ -36,15 +36,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lance_pipeline.stage import EDIT_TYPES
+from lance_pipeline.edit_types import CHECKS, validate_edit_types
+from lance_pipeline.edit_types import edit_type as edit_type_row
 from lance_pipeline.text.edit_spans import SpanDiff, diff_captions
 from lance_pipeline.text.perturbation import (
     DEFAULT_PERTURBER,
-    INSTRUCTIONS,
     PromptPerturber,
     chat_messages,
     parse_perturber_output,
-    validate_edit_types,
 )
 
 logger = logging.getLogger(__name__)
@@ -53,10 +52,7 @@ logger = logging.getLogger(__name__)
 TEACHER_URL_ENV = "OPENAI_BASE_URL"
 TEACHER_KEY_ENV = "OPENAI_API_KEY"
 
-# The longest change, in words on either side of the span diff, that still is "one aspect" of each type. Ours:
-# a subject or object is a short noun phrase, an adjective one to three words, a background or weather phrase
-# longer ("in a snowy pine forest at the foot of a mountain").
-MAX_SPAN_WORDS = {"subject": 4, "object": 4, "adjective": 3, "domain": 4, "weather": 8, "background": 10}
+# Each edit type's span limit and checks are columns of the one table of edit types (lance_pipeline.edit_types).
 # An edit must keep at least this fraction of the caption's words (the perturber parser's default).
 MIN_SHARED_FRACTION = 0.5
 
@@ -80,11 +76,7 @@ REJECT_REASONS = (
     "identical",  # no word changed
     "class_removed",  # the class name was in the caption and is not in the edit
     "changed_too_much",  # the change is longer than one aspect of its type, or too little of the caption stays
-    "changed_the_domain",  # a non-domain edit touched the words naming the kind of image
-    "not_a_domain_change",  # a domain edit that changes no domain word
-    "not_a_weather_change",  # a weather edit that adds no weather word
-    "not_a_replacement",  # a subject or object edit that only inserted or deleted words
-    "several_changes",  # a subject, object or adjective edit that changed more than one place
+    *(reason for reason, _ in CHECKS.values()),  # a per-type check of the table failed
 )
 
 
@@ -102,21 +94,22 @@ def judge_variation(
     """Whether ``edited`` changes only the ``edit_type`` aspect of ``caption`` and keeps the class.
 
     The checks are textual and deliberately simple (the embedding-based class check of
-    :mod:`lance_pipeline.text.label_checks` runs later on the spans):
+    :mod:`lance_pipeline.text.label_checks` runs later on the spans); the per-type ones are columns of the table of
+    edit types (:mod:`lance_pipeline.edit_types`):
 
     1. the span diff finds a change (``identical`` otherwise);
     2. a class name present in the caption is still present (``class_removed``);
-    3. ``subject``, ``object`` and ``adjective`` edits change one place (``several_changes``);
-    4. the change is at most :data:`MAX_SPAN_WORDS` words for its type and keeps at least half the caption
+    3. the type's ``one_place`` check, if it has it: the edit changes one place (``several_changes``);
+    4. the change is at most the type's ``max_span_words`` words and keeps at least half the caption
        (``changed_too_much``);
-    5. per type: ``domain`` changes or adds a word of :data:`DOMAIN_WORDS`, every other type leaves them alone;
-       ``weather`` adds a word of :data:`WEATHER_WORDS`; ``subject`` and ``object`` replace words rather than only
-       add or drop some.
+    5. the type's other checks, in the order of :data:`lance_pipeline.edit_types.CHECKS`: ``changes_domain`` (a word
+       of :data:`DOMAIN_WORDS` changed or added), ``keeps_domain`` (none touched), ``adds_weather`` (a word of
+       :data:`WEATHER_WORDS` added), ``replaces`` (words replaced, not only added or dropped).
 
     Returns:
         The span diff and ``None`` when the variation is accepted, else the reason (one of :data:`REJECT_REASONS`).
     """
-    edit_type = validate_edit_types([edit_type])[0]
+    row = edit_type_row(edit_type)
     diff = diff_captions(caption, edited)
     if diff.n_regions == 0:
         return diff, "identical"
@@ -126,24 +119,25 @@ def judge_variation(
         present = [name for name in label_names_of(label_name) if _contains_phrase(caption, name)]
         if present and not any(_contains_phrase(edited, name) for name in present):
             return diff, "class_removed"
-    if edit_type in ("subject", "object", "adjective") and diff.n_regions > 1:
-        return diff, "several_changes"
+    if "one_place" in row.checks and diff.n_regions > 1:
+        return diff, CHECKS["one_place"][0]
     n_words = max(1, len(caption.split()))
     if (
-        max(diff.n_original_tokens, diff.n_edited_tokens) > MAX_SPAN_WORDS[edit_type]
+        max(diff.n_original_tokens, diff.n_edited_tokens) > row.max_span_words
         or diff.n_shared_tokens / n_words < MIN_SHARED_FRACTION
     ):
         return diff, "changed_too_much"
     original_words, edited_words = _words(diff.original_span), _words(diff.edited_span)
     touches_domain = bool((original_words | edited_words) & DOMAIN_WORDS)
-    if edit_type == "domain":
-        return diff, None if touches_domain else "not_a_domain_change"
-    if touches_domain:
-        return diff, "changed_the_domain"
-    if edit_type == "weather" and not edited_words & WEATHER_WORDS:
-        return diff, "not_a_weather_change"
-    if edit_type in ("subject", "object") and not (diff.original_span and diff.edited_span):
-        return diff, "not_a_replacement"
+    failed = {
+        "changes_domain": not touches_domain,
+        "keeps_domain": touches_domain,
+        "adds_weather": not edited_words & WEATHER_WORDS,
+        "replaces": not (diff.original_span and diff.edited_span),
+    }
+    for check in CHECKS:
+        if check != "one_place" and check in row.checks and failed[check]:
+            return diff, CHECKS[check][0]
     return diff, None
 
 
@@ -285,7 +279,7 @@ class OpenAIChatTeacher:
 
     def _ask(self, request: TeacherRequest) -> TeacherAnswer:
         messages = chat_messages(
-            INSTRUCTIONS[request.edit_type], request.caption, request.edit_type, request.label_name, request.n,
+            edit_type_row(request.edit_type).instruction, request.caption, request.edit_type, request.label_name, request.n,
             self.few_shot,
         )  # fmt: skip
         body = json.dumps(
@@ -411,7 +405,7 @@ def dedupe_captions(items: list[CaptionItem]) -> tuple[list[CaptionItem], int]:
 def collect_edits(
     items: list[CaptionItem],
     teacher: TransformersTeacher | OpenAIChatTeacher,
-    edit_types: list[str] | tuple[str, ...] | str = EDIT_TYPES,
+    edit_types: list[str] | tuple[str, ...] | str | None = None,
     n_per_type: int = 3,
     test_fraction: float = 0.1,
     seed: int = 0,
@@ -530,7 +524,7 @@ def _judge_answer(request: TeacherRequest, answer: TeacherAnswer, test_fraction:
         "caption": request.caption,
         "label_name": request.label_name,
         "edit_type": request.edit_type,
-        "instruction": INSTRUCTIONS[request.edit_type],
+        "instruction": edit_type_row(request.edit_type).instruction,
         "n_requested": request.n,
         "variations": variations,
         "spans": spans,

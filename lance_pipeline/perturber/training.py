@@ -26,7 +26,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lance_pipeline.text.perturbation import INSTRUCTIONS, alpaca_prompt, validate_edit_types
+from lance_pipeline.edit_types import edit_type as edit_type_row
+from lance_pipeline.edit_types import validate_edit_types
+from lance_pipeline.text.perturbation import alpaca_prompt
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +154,7 @@ def load_instruction_rows(
 
 def format_example(row: dict[str, Any]) -> tuple[str, str]:
     """The (prompt, answer) text of one row, as the perturb stage prompts an adapter."""
-    instruction = row.get("instruction") or INSTRUCTIONS[row["edit_type"]]
+    instruction = row.get("instruction") or edit_type_row(row["edit_type"]).instruction
     variations = list(row["variations"])
     prompt = alpaca_prompt(instruction, row["caption"], row.get("label_name"), len(variations))
     return prompt, "\n".join(variations)

@@ -27,7 +27,6 @@ only on the seed, never on which other samples share the batch.
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import logging
 import os
@@ -37,7 +36,9 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from lance_pipeline.stage import EDIT_TYPES, Record, SampleFailure
+from lance_pipeline.edit_types import edit_type as edit_type_row
+from lance_pipeline.edit_types import validate_edit_types
+from lance_pipeline.stage import Record, SampleFailure
 from lance_pipeline.text.edit_spans import diff_captions
 
 logger = logging.getLogger(__name__)
@@ -48,91 +49,8 @@ DEFAULT_PERTURBER = "Qwen/Qwen2.5-7B-Instruct"
 DEFAULT_PERTURBER_REVISION = "a09a35458c702b33eeacc393d103063234e8bc28"
 PROMPT_STYLES = ("auto", "chat", "alpaca")
 
-# One instruction per edit type, in our words, after the paper's Table 5 and the six types of the authors'
-# code (lance/edit_captions.py, ``perturb_prompts``).
-INSTRUCTIONS: dict[str, str] = {
-    "subject": (
-        "Rewrite the caption changing only its subject (the person, animal or thing doing the action) into a "
-        "different one. Keep everything else as it is."
-    ),
-    "object": (
-        "Rewrite the caption changing only the object (the thing the subject acts on, holds or is next to) into a "
-        "different one. Keep everything else as it is."
-    ),
-    "background": (
-        "Rewrite the caption changing only the background or location, or adding one if none is given. Do not "
-        "change the foreground or its attributes."
-    ),
-    "weather": (
-        "Rewrite the caption changing only the weather, or adding a weather condition if none is mentioned. Keep "
-        "everything else as it is."
-    ),
-    "adjective": (
-        "Rewrite the caption adding or changing a single adjective or attribute. Keep everything else as it is."
-    ),
-    "domain": (
-        "Rewrite the caption changing only the kind of image (for example photo, painting, sketch, cartoon, "
-        "sculpture, 3D render), keeping its content exactly the same."
-    ),
-}
-
-# In-prompt examples (the paper found examples help). Written for this project; the class is never edited.
-EXAMPLES: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    "subject": (
-        "a photo of a man riding a horse on a beach",
-        "horse",
-        (
-            "a photo of a woman riding a horse on a beach",
-            "a photo of a young boy riding a horse on a beach",
-            "a photo of a police officer riding a horse on a beach",
-        ),
-    ),
-    "object": (
-        "a photo of a man wearing sunglasses and holding a cup of coffee",
-        "sunglasses",
-        (
-            "a photo of a man wearing sunglasses and holding a newspaper",
-            "a photo of a man wearing sunglasses and holding a small dog",
-            "a photo of a man wearing sunglasses and holding an umbrella",
-        ),
-    ),
-    "background": (
-        "a photo of a volleyball lying on the sand at the beach",
-        "volleyball",
-        (
-            "a photo of a volleyball lying on the grass in a city park",
-            "a photo of a volleyball lying on the wooden floor of a gym",
-            "a photo of a volleyball lying on the gravel of a parking lot",
-        ),
-    ),
-    "weather": (
-        "a photo of a patio with two chairs and a table",
-        "patio",
-        (
-            "a photo of a patio with two chairs and a table on a rainy day",
-            "a photo of a patio with two chairs and a table covered in snow",
-            "a photo of a patio with two chairs and a table in thick fog",
-        ),
-    ),
-    "adjective": (
-        "a photo of a dog sled pulled by huskies in the snow",
-        "dog sled",
-        (
-            "a photo of a wooden dog sled pulled by huskies in the snow",
-            "a photo of a dog sled pulled by tired huskies in the snow",
-            "a photo of a dog sled pulled by huskies in the deep snow",
-        ),
-    ),
-    "domain": (
-        "a photo of a howler monkey sitting in a tree",
-        "howler monkey",
-        (
-            "a painting of a howler monkey sitting in a tree",
-            "a pencil sketch of a howler monkey sitting in a tree",
-            "a cartoon of a howler monkey sitting in a tree",
-        ),
-    ),
-}
+# The instruction and worked example of each edit type come from the one table of edit types
+# (lance_pipeline.edit_types), in our words after the paper's Table 5 and the six types of the authors' code.
 
 SYSTEM_PROMPT = (
     "You edit image captions to describe counterfactual images for testing image classifiers. Each edit changes "
@@ -337,34 +255,13 @@ def _row_seed(seed: int, edit_type: str) -> int:
     return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
 
 
-def validate_edit_types(edit_types: list[str] | tuple[str, ...] | str) -> tuple[str, ...]:
-    """Check and normalise a list (or comma-separated string) of edit types.
-
-    Raises:
-        ValueError: naming an unknown type and the closest valid one.
-    """
-    if isinstance(edit_types, str):
-        edit_types = [t for t in (s.strip() for s in edit_types.split(",")) if t]
-    out: list[str] = []
-    for edit_type in edit_types:
-        if edit_type not in EDIT_TYPES:
-            close = difflib.get_close_matches(str(edit_type), EDIT_TYPES, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"unknown edit type {edit_type!r}, expected one of {', '.join(EDIT_TYPES)}{hint}")
-        if edit_type not in out:
-            out.append(edit_type)
-    if not out:
-        raise ValueError(f"edit_types must name at least one of {', '.join(EDIT_TYPES)}")
-    return tuple(out)
-
-
 def _user_message(instruction: str, caption: str, label_name: str | None, n: int) -> str:
     keep = f'The class "{label_name}" must stay in the caption, unchanged.\n' if label_name else ""
     return f"{instruction}\n{keep}Write {n} different edited captions, one per line.\nCaption: {caption}"
 
 
 def chat_messages(
-    instruction: str, caption: str, edit_type: str, label_name: str | None, n: int, few_shot: bool = True
+    instruction: str, caption: str, edit_type_name: str, label_name: str | None, n: int, few_shot: bool = True
 ) -> list[dict[str, str]]:
     """The chat prompt for one (caption, edit type): system message, the type's example, the request.
 
@@ -373,7 +270,7 @@ def chat_messages(
     """
     messages = [{"role": "system", "content": SYSTEM_PROMPT}]
     if few_shot:
-        example_caption, example_label, example_edits = EXAMPLES[edit_type]
+        example_caption, example_label, example_edits = edit_type_row(edit_type_name).example
         shots = example_edits[:n]
         messages.append(
             {"role": "user", "content": _user_message(instruction, example_caption, example_label, len(shots))}
@@ -398,7 +295,7 @@ class PromptPerturber:
         revision: Hub revision of ``model``; a 40-hex commit for reproducible releases.
         adapter: Optional PEFT LoRA adapter (Hub id or directory) applied on top of ``model``.
         adapter_revision: Hub revision of ``adapter``.
-        edit_types: Edit types to request per caption (default: all six).
+        edit_types: Edit types to request per caption (default: every type of ``lance_pipeline.edit_types``).
         n_per_type: Edits kept per edit type and caption (the paper's N).
         prompt_style: ``"chat"`` (few-shot through the tokenizer's chat template), ``"alpaca"`` (the
             authors' instruction template, for adapters trained that way) or ``"auto"`` (alpaca when an
@@ -427,7 +324,7 @@ class PromptPerturber:
         revision: str | None = DEFAULT_PERTURBER_REVISION,
         adapter: str | None = None,
         adapter_revision: str | None = None,
-        edit_types: list[str] | tuple[str, ...] | str = EDIT_TYPES,
+        edit_types: list[str] | tuple[str, ...] | str | None = None,
         n_per_type: int = 3,
         prompt_style: str = "auto",
         few_shot: bool = True,
@@ -464,10 +361,10 @@ class PromptPerturber:
         self.n_per_type = n_per_type
         self.prompt_style = prompt_style
         self.few_shot = few_shot
-        self.instructions = dict(INSTRUCTIONS)
-        for key, value in (instructions or {}).items():
-            validate_edit_types([key])
-            self.instructions[key] = str(value)
+        # Overrides of the table's instructions (e.g. the exact wording an adapter was trained on).
+        self.instruction_overrides = {
+            validate_edit_types([key])[0]: str(value) for key, value in (instructions or {}).items()
+        }
         self.batch_size = batch_size
         self.max_new_tokens = max_new_tokens
         self.do_sample = do_sample
@@ -541,7 +438,7 @@ class PromptPerturber:
             "n_per_type": self.n_per_type,
             "prompt_style": self._style or self.prompt_style,
             "few_shot": self.few_shot,
-            "instructions": {t: self.instructions[t] for t in self.edit_types},
+            "instructions": {t: self.instruction(t) for t in self.edit_types},
             "max_new_tokens": self.max_new_tokens,
             "do_sample": self.do_sample,
             "temperature": self.temperature if self.do_sample else None,
@@ -553,6 +450,10 @@ class PromptPerturber:
         }
 
     # -- prompts ------------------------------------------------------------------------------------
+    def instruction(self, edit_type_name: str) -> str:
+        """The instruction for one edit type: the option's override, else the table's."""
+        return self.instruction_overrides.get(edit_type_name) or edit_type_row(edit_type_name).instruction
+
     def chat_prompt(self, system: str, user: str, response_header: str = "Response") -> str:
         """The prompt text for one system + user message in the loaded prompt style.
 
@@ -573,7 +474,7 @@ class PromptPerturber:
         """The full prompt text for one (caption, edit type), in the loaded prompt style."""
         if self._tokenizer is None:
             raise RuntimeError("PromptPerturber.load(device) must be called before build_prompt()")
-        instruction = self.instructions[edit_type]
+        instruction = self.instruction(edit_type)
         if self._style == "alpaca":
             return alpaca_prompt(instruction, caption, label_name, self.n_per_type)
         messages = chat_messages(instruction, caption, edit_type, label_name, self.n_per_type, self.few_shot)

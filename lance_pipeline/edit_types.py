@@ -1,0 +1,303 @@
+"""The edit types of LANCE's caption perturber: one table from which everything about an edit type is derived.
+
+Prabhu et al., NeurIPS 2023, section 3.1 and Table 5: the perturber rewrites a caption so that exactly one aspect
+changes (subject, object, background, adjective, domain; weather is its own type in the authors' code). One row per
+type holds:
+
+* ``instruction``: what the perturber is asked (in our words, after Table 5), also the instruction an adapter is
+  trained on (``lance-cf perturber collect`` / ``train``);
+* ``example``: the worked example put into the few-shot prompt (the paper found in-prompt examples help);
+* ``max_span_words``: the longest change, in words on either side of the span diff, that is still one aspect of this
+  type (``lance_pipeline.perturber.collect.judge_variation``);
+* ``checks``: the named per-type checks a collected variation must pass (``CHECKS``, implemented in
+  ``judge_variation``);
+* ``description``: one line for docs and cards.
+
+Readers: the perturb stage (instructions, examples, the types it asks for by default), the DILLEMA keyword stage (the
+aspects it names), the collect rules, the CLI's defaults and help, the release vocabulary
+(``release_edit_types``), the cards and docs/method.md's generated table (``python -m lance_pipeline.edit_types
+docs/method.md``; a test fails when it is stale). Adding a type is one row (``register_edit_type`` for a type of
+your own, from your code or a test), plus a new check only if none of ``CHECKS`` says what makes it that type.
+"""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+# Checks a collected variation of a type may have to pass, in the order judge_variation applies them, with the
+# rejection reason each gives. Every type is also checked for a change, the class kept, and its span limit.
+CHECKS: dict[str, tuple[str, str]] = {
+    "one_place": ("several_changes", "changes one place of the caption"),
+    "changes_domain": ("not_a_domain_change", "changes or adds a word naming the kind of image"),
+    "keeps_domain": ("changed_the_domain", "leaves the words naming the kind of image alone"),
+    "adds_weather": ("not_a_weather_change", "adds a word naming weather"),
+    "replaces": ("not_a_replacement", "replaces words rather than only adding or dropping some"),
+}
+
+
+@dataclass(frozen=True)
+class EditType:
+    """One edit type of the perturber (see the module docstring for what reads each field).
+
+    Attributes:
+        name: The type's name, as the release's ``edit_type`` field holds it.
+        description: What the type changes, one line.
+        instruction: The perturber's instruction for this type.
+        example: ``(caption, class, edits)``: a worked example for the few-shot prompt (at least one edit).
+        max_span_words: Longest change (words on either side of the span diff) that is still one aspect.
+        checks: Names of ``CHECKS`` a collected variation must pass.
+    """
+
+    name: str
+    description: str
+    instruction: str
+    example: tuple[str, str, tuple[str, ...]]
+    max_span_words: int
+    checks: tuple[str, ...] = ("keeps_domain",)
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.replace("_", "").isalnum() or not self.name.islower():
+            raise ValueError(f"edit type name {self.name!r} must be lower-case letters, digits and '_'")
+        unknown = [c for c in self.checks if c not in CHECKS]
+        if unknown:
+            raise ValueError(f"edit type {self.name!r}: unknown check(s) {unknown}; checks are {', '.join(CHECKS)}")
+        caption, label, edits = self.example
+        if not (isinstance(caption, str) and caption and isinstance(label, str) and edits):
+            raise ValueError(f"edit type {self.name!r}: example must be (caption, class, (edit, ...))")
+        if not isinstance(self.max_span_words, int) or self.max_span_words < 1:
+            raise ValueError(f"edit type {self.name!r}: max_span_words must be a positive int")
+        if not self.instruction.strip() or not self.description.strip():
+            raise ValueError(f"edit type {self.name!r}: instruction and description must be non-empty")
+
+
+_KEEP = " Keep everything else as it is."
+
+# The table. Instructions in our words after the paper's Table 5; examples written for this project (the class is
+# never edited); span limits ours: a subject or object is a short noun phrase, an adjective one to three words, a
+# background or weather phrase longer ("in a snowy pine forest at the foot of a mountain").
+_BUILT_IN = (
+    EditType(
+        "subject",
+        "the subject of the caption (the person, animal or thing doing the action)",
+        "Rewrite the caption changing only its subject (the person, animal or thing doing the action) into a "
+        "different one." + _KEEP,
+        (
+            "a photo of a man riding a horse on a beach",
+            "horse",
+            (
+                "a photo of a woman riding a horse on a beach",
+                "a photo of a young boy riding a horse on a beach",
+                "a photo of a police officer riding a horse on a beach",
+            ),
+        ),
+        4,
+        ("one_place", "keeps_domain", "replaces"),
+    ),
+    EditType(
+        "object",
+        "an object the subject acts on, holds or is next to",
+        "Rewrite the caption changing only the object (the thing the subject acts on, holds or is next to) into a "
+        "different one." + _KEEP,
+        (
+            "a photo of a man wearing sunglasses and holding a cup of coffee",
+            "sunglasses",
+            (
+                "a photo of a man wearing sunglasses and holding a newspaper",
+                "a photo of a man wearing sunglasses and holding a small dog",
+                "a photo of a man wearing sunglasses and holding an umbrella",
+            ),
+        ),
+        4,
+        ("one_place", "keeps_domain", "replaces"),
+    ),
+    EditType(
+        "background",
+        "the background or location",
+        "Rewrite the caption changing only the background or location, or adding one if none is given. Do not "
+        "change the foreground or its attributes.",
+        (
+            "a photo of a volleyball lying on the sand at the beach",
+            "volleyball",
+            (
+                "a photo of a volleyball lying on the grass in a city park",
+                "a photo of a volleyball lying on the wooden floor of a gym",
+                "a photo of a volleyball lying on the gravel of a parking lot",
+            ),
+        ),
+        10,
+        ("keeps_domain",),
+    ),
+    EditType(
+        "weather",
+        "the weather",
+        "Rewrite the caption changing only the weather, or adding a weather condition if none is mentioned." + _KEEP,
+        (
+            "a photo of a patio with two chairs and a table",
+            "patio",
+            (
+                "a photo of a patio with two chairs and a table on a rainy day",
+                "a photo of a patio with two chairs and a table covered in snow",
+                "a photo of a patio with two chairs and a table in thick fog",
+            ),
+        ),
+        8,
+        ("keeps_domain", "adds_weather"),
+    ),
+    EditType(
+        "adjective",
+        "one adjective or attribute",
+        "Rewrite the caption adding or changing a single adjective or attribute." + _KEEP,
+        (
+            "a photo of a dog sled pulled by huskies in the snow",
+            "dog sled",
+            (
+                "a photo of a wooden dog sled pulled by huskies in the snow",
+                "a photo of a dog sled pulled by tired huskies in the snow",
+                "a photo of a dog sled pulled by huskies in the deep snow",
+            ),
+        ),
+        3,
+        ("one_place", "keeps_domain"),
+    ),
+    EditType(
+        "domain",
+        "the kind of image (photo, painting, sketch, ...)",
+        "Rewrite the caption changing only the kind of image (for example photo, painting, sketch, cartoon, "
+        "sculpture, 3D render), keeping its content exactly the same.",
+        (
+            "a photo of a howler monkey sitting in a tree",
+            "howler monkey",
+            (
+                "a painting of a howler monkey sitting in a tree",
+                "a pencil sketch of a howler monkey sitting in a tree",
+                "a cartoon of a howler monkey sitting in a tree",
+            ),
+        ),
+        4,
+        ("changes_domain",),
+    ),
+)
+
+# The types the tool knows, in table order (built-in first, then any registered).
+EDIT_TYPE_TABLE: dict[str, EditType] = {t.name: t for t in _BUILT_IN}
+# The built-in names, frozen (the default vocabulary of releases; a registered type extends the live table only).
+EDIT_TYPES: tuple[str, ...] = tuple(EDIT_TYPE_TABLE)
+# DILLEMA's counterfactuals apply up to three alternatives at once (lance_pipeline.dillema.text_stages): a release may
+# also hold this type. The perturber never asks for it.
+MULTI_EDIT_TYPE = "multi"
+
+
+def register_edit_type(edit_type: EditType) -> EditType:
+    """Add a row to the table (a type of your own); a name already there is refused."""
+    if edit_type.name in EDIT_TYPE_TABLE or edit_type.name == MULTI_EDIT_TYPE:
+        raise ValueError(f"edit type {edit_type.name!r} already exists")
+    EDIT_TYPE_TABLE[edit_type.name] = edit_type
+    return edit_type
+
+
+def unregister_edit_type(name: str) -> None:
+    """Remove a registered row (the built-in six stay)."""
+    if name in EDIT_TYPES:
+        raise ValueError(f"edit type {name!r} is built in")
+    EDIT_TYPE_TABLE.pop(name)
+
+
+def edit_type_names() -> tuple[str, ...]:
+    """The names of every type in the table, in order: what the perturber asks for by default."""
+    return tuple(EDIT_TYPE_TABLE)
+
+
+def release_edit_types() -> tuple[str, ...]:
+    """The vocabulary of a release's ``edit_type`` field: the table's types and DILLEMA's ``multi``."""
+    return (*EDIT_TYPE_TABLE, MULTI_EDIT_TYPE)
+
+
+def edit_type(name: str) -> EditType:
+    """The row of ``name``; an unknown name is a ``ValueError`` with the closest known one."""
+    if name not in EDIT_TYPE_TABLE:
+        names = edit_type_names()
+        close = difflib.get_close_matches(str(name), names, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown edit type {name!r}, expected one of {', '.join(names)}{hint}")
+    return EDIT_TYPE_TABLE[name]
+
+
+def validate_edit_types(edit_types: list[str] | tuple[str, ...] | str | None) -> tuple[str, ...]:
+    """Check and normalise a list (or comma-separated string) of edit types; ``None`` means every type.
+
+    Raises:
+        ValueError: naming an unknown type and the closest valid one.
+    """
+    if edit_types is None:
+        return edit_type_names()
+    if isinstance(edit_types, str):
+        edit_types = [t for t in (s.strip() for s in edit_types.split(",")) if t]
+    out: list[str] = []
+    for name in edit_types:
+        edit_type(name)
+        if name not in out:
+            out.append(name)
+    if not out:
+        raise ValueError(f"edit_types must name at least one of {', '.join(edit_type_names())}")
+    return tuple(out)
+
+
+def spoken_list(names: tuple[str, ...] | list[str]) -> str:
+    """``"a, b or c"``: the types for prose (cards, help texts)."""
+    names = list(names)
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+# -- the docs ------------------------------------------------------------------------------------------------------
+DOCS_BEGIN = "<!-- edit-types:begin (generated by `python -m lance_pipeline.edit_types docs/method.md`) -->"
+DOCS_END = "<!-- edit-types:end -->"
+
+
+def _cell(text: str) -> str:
+    return " ".join(str(text).replace("|", "\\|").split())
+
+
+def render_markdown() -> str:
+    """The docs table: one row per type, with its instruction, example, span limit and checks."""
+    lines = [
+        "| type | changes | instruction | example (class) | span limit | checks |",
+        "|---|---|---|---|---|---|",
+    ]
+    for t in EDIT_TYPE_TABLE.values():
+        caption, label, edits = t.example
+        checks = "; ".join(f"{CHECKS[c][1]} (`{CHECKS[c][0]}`)" for c in t.checks)
+        cells = [f"`{t.name}`", t.description, t.instruction, f'"{caption}" → "{edits[0]}" ({label})',
+                 f"{t.max_span_words} words", checks]  # fmt: skip
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def update_docs(path: str | Path) -> bool:
+    """Rewrite the generated block of ``path``; whether it changed."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    if DOCS_BEGIN not in text or DOCS_END not in text:
+        raise ValueError(f"{path} has no generated edit-type block ({DOCS_BEGIN!r} ... {DOCS_END!r})")
+    head, rest = text.split(DOCS_BEGIN, 1)
+    _, tail = rest.split(DOCS_END, 1)
+    new = f"{head}{DOCS_BEGIN}\n{render_markdown()}{DOCS_END}{tail}"
+    if new != text:
+        path.write_text(new, encoding="utf-8")
+    return new != text
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        sys.stderr.write("usage: python -m lance_pipeline.edit_types docs/method.md\n")
+        return 2
+    changed = update_docs(args[0])
+    sys.stdout.write(f"{args[0]}: {'updated' if changed else 'up to date'}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
