@@ -1,4 +1,5 @@
-"""Writing the release directory from a finished ledger: shards, ``_info.json``, ``manifest.json``, card."""
+"""Writing the release directory from a finished ledger: shards, ``_info.json``, ``manifest.json``, card, and
+``croissant.json`` with the metadata indexes it reads."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ RECORDED_PACKAGES = (
     "datasets",
     "huggingface_hub",
     "safetensors",
+    "pyarrow",  # writes the metadata indexes (index/<config>.parquet)
 )
 
 
@@ -84,7 +86,8 @@ def write_release(
     *,
     release_spec: rf.ReleaseSpec | None = None,
 ) -> dict[str, Any]:
-    """Write shards, gallery, ``_info.json``, ``manifest.json`` and the card from a finished ledger.
+    """Write shards, gallery, ``_info.json``, ``manifest.json``, the card and ``croissant.json`` (with its metadata
+    indexes) from a finished ledger.
 
     Args:
         build_record: how the build ran (engine's ``build_record``: code allowed, threads, errors, version changes),
@@ -95,6 +98,7 @@ def write_release(
     Returns:
         The manifest (as JSON data).
     """
+    from builder.croissant import write_release_croissant
     from dataset_cards import render_release_card, write_gallery
     from lance_pipeline.edit_types import release_edit_types
     from lance_pipeline.stage import SCORE_NAMES
@@ -170,6 +174,7 @@ def write_release(
     _atomic_write(output / rf.TIMM_INFO_NAME, rf.canonical_json(rf.timm_info(typed)))
     _atomic_write(output / rf.MANIFEST_NAME, rf.canonical_json(manifest))
     render_release_card(output, manifest)
+    write_release_croissant(output, typed)
     logger.info(
         "release %s %s: %s; %d failure(s)",
         config.name,

@@ -65,7 +65,7 @@ def verify_release(release_dir: Path | str, *, check_images: bool = True) -> lis
     except ManifestError as err:
         return [str(err)]
 
-    _check_shards(root, manifest, problems, check_images)
+    rows = _check_shards(root, manifest, problems, check_images)
     try:
         if json.loads((root / TIMM_INFO_NAME).read_bytes()) != timm_info(manifest):
             problems.add(f"{TIMM_INFO_NAME}: does not match the manifest's shards")
@@ -73,10 +73,15 @@ def verify_release(release_dir: Path | str, *, check_images: bool = True) -> lis
         problems.add(f"{TIMM_INFO_NAME}: unreadable ({err})")
     for problem in _check_card(root / CARD_NAME, manifest) + _check_assets(root, manifest):
         problems.add(problem)
+    for problem in _check_croissant(root, manifest, rows):
+        problems.add(problem)
     return list(problems)
 
 
-def _check_shards(root: Path, manifest: Manifest, problems: _Problems, check_images: bool) -> None:
+def _check_shards(
+    root: Path, manifest: Manifest, problems: _Problems, check_images: bool
+) -> dict[str, list[dict[str, Any]]]:
+    """Check every shard; return each config's metadata objects in shard order (what its index must hold)."""
     import jsonschema
 
     spec = manifest.release_spec
@@ -96,6 +101,7 @@ def _check_shards(root: Path, manifest: Manifest, problems: _Problems, check_ima
                 problems.add(f"{path.relative_to(root).as_posix()}: file not listed in the manifest")
 
     tallies: dict[str, Tally] = {}
+    rows: dict[str, list[dict[str, Any]]] = {c: [] for c in manifest.configs}
     keys_by_config: dict[str, set[str]] = {c: set() for c in manifest.configs}
     derived_sources: list[tuple[str, str, str]] = []
     for shard in manifest.shards:
@@ -138,6 +144,7 @@ def _check_shards(root: Path, manifest: Manifest, problems: _Problems, check_ima
                 if error is not None:
                     problems.add(f"{where}.json: {'/'.join(map(str, error.path)) or 'root'}: {error.message}")
                     continue
+                rows[config].append(meta)
                 if meta["key"] != key:
                     problems.add(f"{where}.json: key field {meta['key']!r} differs from the member name")
                 try:
@@ -175,6 +182,7 @@ def _check_shards(root: Path, manifest: Manifest, problems: _Problems, check_ima
         for config, key, source_key in derived_sources:
             if source_key not in originals:
                 problems.add(f"{config}:{key}: source_key {source_key!r} has no original sample")
+    return rows
 
 
 def _check_image(data: bytes) -> str | None:
@@ -246,6 +254,62 @@ def _first_difference(got: Any, expected: Any, where: str) -> str:
     shown = json.dumps(got, ensure_ascii=False)
     shown = shown if len(shown) < 80 else shown[:77] + "..."
     return f"does not match the manifest: {where} is {shown}, the manifest implies {json.dumps(expected)[:80]}"
+
+
+def _check_croissant(root: Path, manifest: Manifest, rows: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Format v2: every config's metadata index holds exactly its samples' metadata objects, in shard order, typed by
+    the declaration; nothing else sits under ``index/``; ``croissant.json`` equals what the manifest implies."""
+    if manifest.format_version < 2:
+        return []
+    from builder.release_format.croissant import (
+        CROISSANT_NAME,
+        INDEX_DIR,
+        check_croissant,
+        index_path,
+        index_schema,
+        read_index_rows,
+    )
+
+    problems = []
+    indexes: dict[str, tuple[str, int]] = {}
+    for config in manifest.configs:
+        rel = index_path(config)
+        path = root / rel
+        if not path.is_file():
+            problems.append(f"{rel}: missing (the metadata index croissant.json reads; rebuild the release)")
+            continue
+        indexes[config] = file_sha256(path)
+        try:
+            schema, got = read_index_rows(path)
+        except ValueError as err:
+            problems.append(f"{INDEX_DIR}/{err}")
+            continue
+        if not schema.equals(index_schema(manifest.release_spec, config), check_metadata=False):
+            problems.append(f"{rel}: columns {schema.names} are not the declared metadata fields of config {config}")
+        elif got != rows[config]:
+            first = next(
+                (i for i, (a, b) in enumerate(zip(got, rows[config], strict=False)) if a != b),
+                min(len(got), len(rows[config])),
+            )
+            problems.append(
+                f"{rel}: row {first} does not match the shards' metadata ({len(got)} rows, the shards hold "
+                f"{len(rows[config])} samples)"
+            )
+    listed = {index_path(c) for c in manifest.configs}
+    if (root / INDEX_DIR).is_dir():
+        for path in sorted((root / INDEX_DIR).rglob("*")):
+            if path.is_file() and path.relative_to(root).as_posix() not in listed:
+                problems.append(f"{path.relative_to(root).as_posix()}: file not listed by the release's configs")
+    path = root / CROISSANT_NAME
+    if not path.is_file():
+        return [*problems, f"{CROISSANT_NAME}: missing (rebuild the release, or write it with `lance-cf croissant`)"]
+    try:
+        document = json.loads(path.read_bytes())
+    except ValueError as err:
+        return [*problems, f"{CROISSANT_NAME}: not valid JSON ({err})"]
+    if len(indexes) == len(manifest.configs):
+        problems += check_croissant(document, manifest, indexes)
+    return problems
 
 
 def _check_assets(root: Path, manifest: Manifest) -> list[str]:
