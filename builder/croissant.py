@@ -11,6 +11,7 @@ release always gets the same bytes.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,9 @@ def croissant_about(
     """
     from dataset_cards.card import build_constants, stage_models
 
+    # As manifest.json stores it (keys sorted), so a manifest still in memory at build time and the one publish reads
+    # back give the same text.
+    manifest = rf.Manifest.from_dict(json.loads(rf.canonical_json(manifest.to_dict())))
     kind = rf.release_kind_name(manifest)
     papers = rf.release_papers(manifest)
     source = manifest.source

@@ -5,10 +5,10 @@ path, LFS or Xet, as the client and server agree) followed by a tag ``v<version>
 ``load_dataset("ORG/NAME", CONFIG, split="test", revision="v<version>")`` loads exactly that release forever. A newer
 release replaces the files on the branch; older ones stay reachable by their tags.
 
-What is uploaded is exactly what the manifest lists (``manifest.json``, ``_info.json``, the shards) plus the card and
-its assets, rendered for the target repo into a temporary staging directory: the release directory is only read (it
-may be read-only), nothing else under it is uploaded (each other file is named in the plan, or refused with
-``strict``), and symbolic links are never followed. Everything that can be checked is checked before the first remote
+What is uploaded is exactly what the manifest lists (``manifest.json``, ``_info.json``, the shards, the metadata
+indexes) plus the card with its assets and ``croissant.json``, rendered for the target repo into a temporary staging
+directory: the release directory is only read (it may be read-only), nothing else under it is uploaded (each other
+file is named in the plan, or refused with ``strict``), and symbolic links are never followed. Everything that can be checked is checked before the first remote
 change: no build holds the directory, ``verify``, the configs (none empty that the release needs), ``load_dataset``
 reading every config of the staged release, no machine path and no token in published text, the tag not yet taken,
 the card's metadata accepted by the Hub.
@@ -164,13 +164,15 @@ def load_manifest(release_dir: Path) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------------ what is published
 def listed_files(release_dir: Path, manifest: dict[str, Any]) -> list[str]:
-    """The release files the manifest accounts for (itself, ``_info.json``, every shard), checked to be regular files
-    inside the release reached without following a link.
+    """The release files the manifest accounts for (itself, ``_info.json``, every shard and, from format v2, each
+    config's metadata index), checked to be regular files inside the release reached without following a link.
 
     Raises:
         PublishError: a listed path escapes the release, passes through a link, or is not a regular file.
     """
     paths = [rf.MANIFEST_NAME, rf.TIMM_INFO_NAME, *(str(s["path"]) for s in manifest.get("shards", []))]
+    if int(manifest.get("format_version", 1)) >= 2:  # the metadata indexes croissant.json reads
+        paths += [rf.index_path(str(c)) for c in manifest.get("configs") or []]
     for rel in paths:
         _check_inside(Path(release_dir), rel)
     return paths
@@ -363,14 +365,74 @@ def stage_release(
         target.parent.mkdir(parents=True, exist_ok=True)
         os.symlink(release_dir / rel, target)
     render_release_card(staging, manifest, previous_manifest=previous_manifest, repo_id=repo_id)
+    if int(manifest.get("format_version", 1)) >= 2:
+        stage_croissant(staging, manifest, repo_id)
     card_files = sorted(
         p.relative_to(staging).as_posix()
         for p in staging.rglob("*")
         if p.is_file() and not p.is_symlink() and p.relative_to(staging).as_posix() not in listed
     )
-    _check_recorded_assets(staging, manifest, [rel for rel in card_files if rel != rf.CARD_NAME])
+    _check_recorded_assets(
+        staging, manifest, [rel for rel in card_files if rel not in (rf.CARD_NAME, rf.CROISSANT_NAME)]
+    )
     files = [PlannedFile(rel, staging / rel, (staging / rel).stat().st_size) for rel in sorted({*listed, *card_files})]
     return files, card_files
+
+
+def stage_croissant(staging: Path, manifest: dict[str, Any], repo_id: str) -> dict[str, Any]:
+    """Write ``croissant.json`` for the repo into ``staging``: the release's document plus what describes the
+    publication, the repo's page (``url``) and today's date (``datePublished``), then check it with mlcroissant.
+
+    The date is the one fact of a publication that the release cannot know, so a release's own ``croissant.json``
+    has none (mlcroissant notes that a recommended property is missing) and the published one always has it; a
+    publish resumed on a later day uploads the later date.
+
+    Raises:
+        PublishError: mlcroissant finds an error or a warning in the document.
+    """
+    import datetime
+
+    from builder.croissant import croissant_about
+
+    typed = rf.Manifest.from_dict(manifest)
+    indexes = {c: rf.file_sha256(staging / rf.index_path(c)) for c in typed.configs}
+    endpoint = _URL_USERINFO.sub(r"\1", _endpoint()).rstrip("/")
+    publication = {
+        "url": f"{endpoint}/datasets/{repo_id}",
+        "datePublished": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+    }
+    document = rf.croissant_document(typed, indexes, croissant_about(typed, publication=publication))
+    (staging / rf.CROISSANT_NAME).write_bytes(rf.canonical_json(document))
+    issues = croissant_issues(staging / rf.CROISSANT_NAME)
+    if issues:
+        raise PublishError(f"mlcroissant does not accept the release's croissant.json: {'; '.join(issues[:5])}")
+    return document
+
+
+def croissant_issues(path: Path) -> list[str]:
+    """mlcroissant's errors and warnings about a ``croissant.json`` (its structure and references; no file is
+    downloaded or read), each as one line; empty when it accepts the document as it is."""
+    import logging as std_logging
+
+    import mlcroissant as mlc
+
+    caught: list[str] = []
+
+    class _Collect(std_logging.Handler):
+        def emit(self, record: std_logging.LogRecord) -> None:
+            caught.append(" ".join(record.getMessage().split()))
+
+    handler = _Collect(level=std_logging.WARNING)
+    root = std_logging.getLogger()
+    root.addHandler(handler)
+    try:
+        dataset = mlc.Dataset(str(path))
+    except mlc.ValidationError as err:
+        return [" ".join(str(err).split())]
+    finally:
+        root.removeHandler(handler)
+    issues = dataset.metadata.ctx.issues
+    return sorted({*issues.errors, *issues.warnings}) or caught
 
 
 def _check_recorded_assets(staging: Path, manifest: dict[str, Any], rendered: list[str]) -> None:
@@ -501,6 +563,7 @@ def _local_checks(
         raise ValueError(f"--gated {gated!r}: expected one of {', '.join(GATED_MODES)}")
     manifest = load_manifest(release_dir)
     notes = check_configs(manifest)
+    notes.append(rf.viewer_statement(manifest))
     listed_files(release_dir, manifest)
     if not allow_local_paths:
         _refuse_local_paths(f"{release_dir}/{rf.MANIFEST_NAME}", local_paths(manifest))
@@ -526,7 +589,8 @@ def _stage(
     staging.mkdir()
     files, card_files = stage_release(release_dir, staging, manifest, repo_id, previous_manifest)
     card_text = (staging / rf.CARD_NAME).read_text(encoding="utf-8")
-    refuse_token({name: (staging / name).read_bytes() for name in (rf.MANIFEST_NAME, rf.TIMM_INFO_NAME, rf.CARD_NAME)})
+    texts = (rf.MANIFEST_NAME, rf.TIMM_INFO_NAME, rf.CARD_NAME, rf.CROISSANT_NAME)
+    refuse_token({name: (staging / name).read_bytes() for name in texts if (staging / name).is_file()})
     if not allow_local_paths:
         in_card = [(rf.CARD_NAME, m.group(0)) for m in _LOCAL_PATH.finditer(card_text)]
         _refuse_local_paths(f"the card rendered for {release_dir}", in_card)
@@ -648,6 +712,7 @@ def publish_release(
             previous_manifest = _previous_manifest(api, repo_id, previous, Path(tmp)) if previous is not None else None
             # 2. Every local check, on exactly the files that will be uploaded.
             plan = _stage(release_dir, repo_id, revision, Path(tmp), manifest, notes, previous_manifest, *args)
+            logger.info("%s", rf.viewer_statement(manifest))  # said before anything is uploaded
             for item in plan.left_out:
                 logger.warning("left out of the upload: %s", item)
             _check_card_metadata(api, (Path(tmp) / "release" / rf.CARD_NAME).read_text(encoding="utf-8"))

@@ -208,6 +208,12 @@ def _template_context(
         "num_failures": len(manifest.failures),
         "failure_stages": ", ".join(f"{md_escape(k)}: {v}" for k, v in sorted(failure_stages.items())),
         "licence_text": licence_text,
+        "croissant": manifest.format_version >= 2,  # croissant.json is written from format v2 on
+        "viewer_statement": rf.viewer_statement(manifest),
+        "papers": [
+            {"title": md_escape(p.title), "url": p.url, "arxiv": p.arxiv, "bibtex": p.bibtex()}
+            for p in rf.release_papers(manifest)
+        ],
         "hard_imagenet_note": "hardimagenet" in manifest.name.replace("-", "").replace("_", "").lower(),
         "changelog": changelog(manifest.to_dict(), previous_manifest) if previous_manifest is not None else None,
     }

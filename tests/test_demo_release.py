@@ -71,3 +71,11 @@ def test_demo_rebuild_is_byte_identical(demo, tmp_path, monkeypatch):
     again = tmp_path / "again"
     cli("build", "demo", "--output", str(again), "--no-progress", "--device", "cpu")
     assert release_files(again) == release_files(demo)
+
+
+def test_demo_croissant_reads_as_datasets_does(demo, tmp_path):
+    """mlcroissant reads every config of the demo through croissant.json: same images, labels and metadata."""
+    from croissant_check import assert_croissant_matches_datasets
+
+    counts = json.loads((demo / "manifest.json").read_text())["counts"]
+    assert assert_croissant_matches_datasets(demo, tmp_path) == sum(c["total"] for c in counts.values())

@@ -172,6 +172,9 @@ def test_discover_demo_command_writes_discoveries_and_a_report_that_renders(tmp_
         meta = row["json"]
         assert meta["label_name"] == "tench" and meta["discovery"] == "red" and meta["probe_prediction"] != 0
         assert meta["prompt"].endswith(", red") and meta["failure_rate"] == 1.0
+    from croissant_check import assert_croissant_matches_datasets
+
+    assert assert_croissant_matches_datasets(release, tmp_path) == sum(c["total"] for c in manifest["counts"].values())
     code, stdout, _ = _run(capsys, "eval", "--release", str(release), "--model", "resnet18", "--no-pretrained",
                            "--output", str(tmp_path / "eval"), "--no-insights", "--device", "cpu")  # fmt: skip
     assert code == 0 and "planted_colour_classifier_tench_red: acc@1" in stdout

@@ -54,6 +54,15 @@ def test_demo_star_builds_one_verified_config_per_shift_with_every_score(star, t
     assert routing["groups"] == {s: {str(c): {s: 2} for c in (281, 652, 967)} for s in SHIFTS}
 
 
+def test_demo_star_croissant_reads_as_datasets_does(star, tmp_path):
+    """An interfaces release through croissant.json: the shift fields typed and equal to what datasets reads."""
+    from croissant_check import assert_croissant_matches_datasets
+
+    assert assert_croissant_matches_datasets(star, tmp_path) == sum(
+        c["total"] for c in json.loads((star / "manifest.json").read_text())["counts"].values()
+    )
+
+
 def test_demo_star_reads_with_timm(star):
     from timm.data import create_dataset
 

@@ -210,9 +210,12 @@ def test_dry_run_prints_plan_and_touches_no_network(hub_env, tmp_path, capsys):
     assert "tag: v1.0.0" in out and "target revision: main" in out
     for shard in manifest["shards"]:
         assert shard["path"] in out
-    assert plan.total_bytes == sum(p.stat().st_size for p in release_dir.rglob("*") if p.is_file()) - sum(
-        p.stat().st_size for p in (release_dir / rf.WORK_DIR).rglob("*") if p.is_file()
-    )
+    # every file as the release holds it, but croissant.json, which publish completes with url and datePublished
+    staged_croissant = next(f.size for f in plan.files if f.path_in_repo == rf.CROISSANT_NAME)
+    assert staged_croissant > (release_dir / rf.CROISSANT_NAME).stat().st_size
+    assert plan.total_bytes - staged_croissant == sum(
+        p.stat().st_size for p in release_dir.rglob("*") if p.is_file() and p.name != rf.CROISSANT_NAME
+    ) - sum(p.stat().st_size for p in (release_dir / rf.WORK_DIR).rglob("*") if p.is_file())
     with pytest.raises(ValueError, match="ORG/NAME"):
         plan_release(release_dir, "not-a-repo-id")
 

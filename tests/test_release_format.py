@@ -198,6 +198,7 @@ def test_a_declared_config_with_extra_fields_writes_verifies_and_loads(tmp_path)
     """A generation mode's config (one per shift, with a 'shift' field): schema, features, card and load follow."""
     import datasets
 
+    from builder.croissant import write_release_croissant
     from dataset_cards import render_release_card
 
     shift = rf.ConfigSpec(
@@ -251,6 +252,7 @@ def test_a_declared_config_with_extra_fields_writes_verifies_and_loads(tmp_path)
     (root / rf.MANIFEST_NAME).write_bytes(rf.canonical_json(manifest))
     (root / rf.TIMM_INFO_NAME).write_bytes(rf.canonical_json(rf.timm_info(manifest)))
     text = render_release_card(root, manifest)
+    write_release_croissant(root, manifest)
     assert rf.verify_release(root) == []
     assert "generated images of each class in snow" in text and "| `shift_snow` | `shift` | string |" in text
     schema = rf.metadata_json_schema(spec, "shift_snow")

@@ -302,7 +302,7 @@ def _check_croissant(root: Path, manifest: Manifest, rows: dict[str, list[dict[s
                 problems.append(f"{path.relative_to(root).as_posix()}: file not listed by the release's configs")
     path = root / CROISSANT_NAME
     if not path.is_file():
-        return [*problems, f"{CROISSANT_NAME}: missing (rebuild the release, or write it with `lance-cf croissant`)"]
+        return [*problems, f"{CROISSANT_NAME}: missing (a release built before croissant.json existed: rebuild it)"]
     try:
         document = json.loads(path.read_bytes())
     except ValueError as err:

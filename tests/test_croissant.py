@@ -1,0 +1,195 @@
+"""croissant.json: generated from the release format, read by mlcroissant exactly as `datasets` reads the release,
+checked by verify; the card's Hub metadata and the viewer statement."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from croissant_check import assert_croissant_matches_datasets, mlcroissant_issues, mlcroissant_records
+from release_fixture import write_release
+
+from builder import release_format as rf
+from builder.croissant import write_release_croissant
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory):
+    # two classes, several shards per config, every edit type: small, and every code path of the index
+    return write_release(tmp_path_factory.mktemp("croissant") / "r", labels=(1, 207), originals_per_class=2)
+
+
+def test_context_is_mlcroissants_croissant_1_1_context():
+    from mlcroissant._src.core.context import Context, CroissantVersion
+    from mlcroissant._src.core.rdf import make_context
+
+    ctx = Context()
+    ctx.conforms_to = CroissantVersion.V_1_1
+    assert rf.croissant.CONTEXT == make_context(ctx)
+
+
+def test_mlcroissant_reads_the_same_records_as_datasets(release, tmp_path):
+    assert rf.verify_release(release) == []
+    assert assert_croissant_matches_datasets(release, tmp_path) == sum(
+        c["total"] for c in rf.load_manifest(release).counts.values()
+    )
+
+
+def test_the_published_document_has_no_error_and_no_warning(release, tmp_path, monkeypatch):
+    from builder.publish import stage_croissant
+
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    manifest = rf.read_manifest_dict(release)
+    for config in manifest["configs"]:
+        (staging / rf.index_path(config)).parent.mkdir(exist_ok=True)
+        (staging / rf.index_path(config)).write_bytes((release / rf.index_path(config)).read_bytes())
+    monkeypatch.setenv("HF_ENDPOINT", "https://user:secret@hub.example")
+    document = stage_croissant(staging, manifest, "org/name")
+    assert mlcroissant_issues(staging / rf.CROISSANT_NAME) == []
+    assert document["url"] == "https://hub.example/datasets/org/name"  # credentials never published
+    # what publish adds describes the publication; the rest is the release's own document
+    own = json.loads((release / rf.CROISSANT_NAME).read_bytes())
+    assert {k: v for k, v in document.items() if k not in ("url", "datePublished")} == own
+
+
+def test_every_declared_field_is_a_typed_described_field(release):
+    document = json.loads((release / rf.CROISSANT_NAME).read_bytes())
+    manifest = rf.load_manifest(release)
+    record_sets = {r["@id"]: r for r in document["recordSet"]}
+    assert [n["classes/name"] for n in record_sets["classes"]["data"]] == manifest.label_names
+    for config in manifest.configs:
+        fields = {f["@id"].removeprefix(f"{config}/"): f for f in record_sets[config]["field"]}
+        assert set(fields) == {"key", "image", *rf.V1_FIELD_NAMES}
+        assert all(f["description"] and f["dataType"] for f in fields.values())
+        assert fields["label"]["references"] == {"field": {"@id": "classes/index"}}
+        scores = {s["@id"].rsplit("/", 1)[1] for s in fields["scores"]["subField"]}
+        assert scores == set(manifest.release_spec.score_names)
+    shards = {d["@id"]: d for d in document["distribution"] if d["@type"] == "cr:FileObject"}
+    for shard in manifest.shards:
+        assert shards[shard.path]["sha256"] == shard.sha256
+        assert shards[shard.path]["contentSize"] == f"{shard.bytes} B"
+    for key in rf.croissant.REQUIRED_ABOUT:
+        assert document[key], key
+
+
+def test_rewriting_gives_the_same_bytes(release, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(release, copy)
+    write_release_croissant(copy, rf.read_manifest_dict(copy))
+    for rel in [rf.CROISSANT_NAME, *(rf.index_path(c) for c in rf.load_manifest(copy).configs)]:
+        assert (copy / rel).read_bytes() == (release / rel).read_bytes(), rel
+
+
+@pytest.mark.parametrize("tamper", ["index_row", "index_missing", "stray_index", "croissant_sha", "croissant_rai"])
+def test_verify_catches_an_index_or_croissant_that_disagrees_with_the_release(release, tmp_path, tamper):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(release, copy)
+    manifest = rf.load_manifest(copy)
+    index = copy / rf.index_path("counterfactual")
+    document = json.loads((copy / rf.CROISSANT_NAME).read_bytes())
+    if tamper == "index_row":  # one caption changed, the index rewritten with the declared schema
+        _, rows = rf.croissant.read_index_rows(index)
+        rows[0]["caption"] = "a photo of something else"
+        index.write_bytes(rf.croissant.index_bytes(rows, manifest.release_spec, "counterfactual"))
+        expected = "index/counterfactual.parquet: row 0 does not match the shards' metadata"
+    elif tamper == "index_missing":
+        index.unlink()
+        expected = "index/counterfactual.parquet: missing"
+    elif tamper == "stray_index":
+        (copy / rf.INDEX_DIR / "old.parquet").write_bytes(index.read_bytes())
+        expected = "index/old.parquet: file not listed"
+    elif tamper == "croissant_sha":
+        document["distribution"][0]["sha256"] = "0" * 64
+        (copy / rf.CROISSANT_NAME).write_bytes(rf.canonical_json(document))
+        expected = "croissant.json: does not match the manifest: distribution[0].sha256"
+    else:
+        del document["rai:dataLimitations"]
+        (copy / rf.CROISSANT_NAME).write_bytes(rf.canonical_json(document))
+        expected = "croissant.json: required field(s) rai:dataLimitations missing"
+    problems = rf.verify_release(copy, check_images=False)
+    assert any(p.startswith(expected) for p in problems), problems
+
+
+def test_mlcroissant_sees_a_changed_shard(release, tmp_path):
+    """The sha256 croissant.json records is the one mlcroissant checks before reading a shard."""
+    import shutil
+
+    import mlcroissant as mlc
+
+    copy = tmp_path / "copy"
+    shutil.copytree(release, copy)
+    shard = copy / rf.load_manifest(copy).shards_of("original")[0].path
+    shard.write_bytes(shard.read_bytes() + b"\0" * 512)
+    with pytest.raises(mlc.GenerationError):
+        mlcroissant_records(copy, "original", tmp_path / "cache")
+
+
+# ------------------------------------------------------------------------------------------------ card metadata
+def test_card_metadata_uses_the_hub_vocabularies(release):
+    """The keys the Hub indexes a dataset by: values from the vocabularies `datasets` ships for them, accepted by
+    huggingface_hub's DatasetCardData (round trip), the papers as arxiv: tags."""
+    from importlib import resources
+
+    from huggingface_hub import DatasetCard
+
+    resources_dir = resources.files("datasets") / "utils" / "resources"
+    creators = json.loads((resources_dir / "creators.json").read_text())
+    sizes = json.loads((resources_dir / "size_categories.json").read_text())
+    meta = rf.card_metadata(rf.load_manifest(release))
+    assert set(meta["annotations_creators"]) <= set(creators["annotations"])
+    assert set(meta["language_creators"]) <= set(creators["language"])
+    assert meta["size_categories"][0] in sizes
+    assert meta["source_datasets"] == ["extended|imagenet-1k"]  # the fixture's labels are ImageNet's
+    assert "arxiv:2305.19164" in meta["tags"]
+    card = DatasetCard((release / rf.CARD_NAME).read_text())
+    for key, value in meta.items():
+        assert card.data.to_dict()[key] == value, key
+
+
+@pytest.mark.parametrize(
+    ("source", "stages", "kind", "arxiv", "sources"),
+    [
+        ({"kind": "generate", "spec": "generate:imagenet"}, [{"name": "g", "type": "shift_generation"}],
+         "interfaces", ["2302.07865"], ["original"]),
+        ({"kind": "discovery", "spec": "discovery:x"}, [], "discovery", ["2208.08831"], ["original"]),
+        ({"kind": "imagefolder", "spec": "imagefolder:photos"}, [{"name": "e", "type": "controlnet_edit"}],
+         "controlnet", ["2502.04378", "2305.19164"], ["extended|other"]),
+        ({"kind": "hf", "spec": "hf:org/photos:train"}, [], "lance", ["2305.19164"], ["extended|org/photos"]),
+    ],
+)  # fmt: skip
+def test_each_kind_cites_its_papers_and_sources(release, source, stages, kind, arxiv, sources):
+    data = rf.read_manifest_dict(release)
+    data = {**data, "source": {**data["source"], **source, "imagenet_derived": False}}
+    data["config"] = {**data["config"], "stages": stages}
+    manifest = rf.Manifest.from_dict(data)
+    assert rf.release_kind_name(manifest) == kind
+    meta = rf.card_metadata(manifest)
+    assert [t for t in meta["tags"] if t.startswith("arxiv:")] == [f"arxiv:{a}" for a in arxiv]
+    assert meta["source_datasets"] == sources
+    recorded = rf.Manifest.from_dict({**data, "kind": "discovery"})  # a recorded kind wins over recognition
+    assert rf.release_kind_name(recorded) == "discovery"
+
+
+def test_viewer_statement_names_the_configs_over_the_conversion_limit(release, tmp_path):
+    from dataset_cards import render_release_card
+
+    data = rf.read_manifest_dict(release)
+    manifest = rf.Manifest.from_dict(data)
+    assert rf.viewer_statement(manifest).startswith("The Hub's dataset viewer shows the whole release")
+    shards = [dict(s) for s in data["shards"]]
+    for shard in shards:
+        if shard["config"] == "counterfactual":
+            shard["bytes"] = rf.VIEWER_MAX_PARQUET_BYTES  # several shards: together over the limit
+    big = rf.Manifest.from_dict({**data, "shards": shards})
+    assert list(rf.viewer_partial_configs(big)) == ["counterfactual"]
+    statement = rf.viewer_statement(big)
+    assert "only part of this release" in statement and "5,000,000,000 bytes" in statement
+    assert "counterfactual (" in statement and "original (" not in statement
+    card = render_release_card(release, data, output_dir=tmp_path)
+    assert rf.viewer_statement(manifest) in card and "[`croissant.json`](croissant.json)" in card
+    assert "[LANCE: Stress-testing Visual Models" in card and "(https://arxiv.org/abs/2305.19164)" in card
