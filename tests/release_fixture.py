@@ -68,7 +68,7 @@ def write_shards(
     return shards, counts
 
 
-def write_manifest(root: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+def write_manifest(root: Path, manifest: dict[str, Any], *, croissant: bool = True) -> dict[str, Any]:
     """Seal the manifest with its manifest_sha256 and write it with the matching _info.json (and, in the current
     format, croissant.json with its metadata indexes).
 
@@ -89,7 +89,7 @@ def write_manifest(root: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     rf.seal_manifest(manifest)
     (root / rf.MANIFEST_NAME).write_bytes(rf.canonical_json(manifest))
     (root / rf.TIMM_INFO_NAME).write_bytes(rf.canonical_json(rf.timm_info(manifest)))
-    if manifest["format_version"] >= 2:
+    if croissant and manifest["format_version"] >= 2:
         from builder.croissant import write_release_croissant
 
         write_release_croissant(root, manifest)  # croissant.json and the metadata indexes, as the builder writes them

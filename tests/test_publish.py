@@ -289,6 +289,7 @@ def test_interrupted_publish_resumes_without_duplicates(hub_env, tmp_path):
     release_dir, manifest = release(tmp_path)
     lfs_files = {hashlib.sha256(p.read_bytes()).hexdigest() for p in release_dir.rglob("*.png")}
     lfs_files |= {s["sha256"] for s in manifest["shards"]}
+    lfs_files |= {hashlib.sha256(p.read_bytes()).hexdigest() for p in (release_dir / rf.INDEX_DIR).glob("*.parquet")}
     # The server stops answering large-file uploads after two; the publishing process is then killed.
     hub.faults.hold_lfs_after = 2
     env = _client_env(hub, tmp_path)

@@ -96,7 +96,8 @@ def hub_bytes(hub: HubDouble) -> bytes:
 
 def expected_upload(manifest: dict) -> set[str]:
     gallery = {f"assets/gallery-{i:02d}.png" for i in range(6)}
-    return {rf.MANIFEST_NAME, rf.TIMM_INFO_NAME, rf.CARD_NAME, *(s["path"] for s in manifest["shards"])} | gallery
+    croissant = {rf.CROISSANT_NAME, *(rf.index_path(c) for c in manifest["configs"])}
+    return {rf.MANIFEST_NAME, rf.TIMM_INFO_NAME, rf.CARD_NAME, *(s["path"] for s in manifest["shards"])} | gallery | croissant
 
 
 # ------------------------------------------------------------------------------------ 1. only what the manifest lists
@@ -161,7 +162,7 @@ def test_listed_file_behind_a_link_or_outside_the_release_is_refused(hub_env, tm
     release_dir3, manifest3 = make_release(tmp_path / "r3")
     manifest3.pop("manifest_sha256")
     manifest3["shards"][0]["path"] = "../outside.tar"
-    write_manifest(release_dir3, manifest3)
+    write_manifest(release_dir3, manifest3, croissant=False)  # croissant.json would read the shard
     with pytest.raises(PublishError, match=r"'\.\./outside\.tar', which is not a plain path inside the release"):
         publish_release(release_dir3, REPO, verify=False)
     assert hub.log == []
