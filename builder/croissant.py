@@ -52,13 +52,21 @@ _TYPE = {
 }
 
 
-def croissant_about(
-    manifest: rf.Manifest, *, deviations: list[str] | None = None, publication: dict[str, str] | None = None
-) -> dict[str, Any]:
+def paper_deviations(manifest: rf.Manifest) -> list[str]:
+    """The deviations from the papers that apply to this release (``lance_pipeline.deviations``, the table the card
+    and docs/method.md read), one sentence each."""
+    from lance_pipeline.deviations import MODES, deviations_for
+
+    return [
+        f"Deviation from {MODES[d.mode].paper} ({d.topic}): the paper: {d.paper}; this release: {d.ours} ({d.why})"
+        for d in deviations_for(manifest.to_dict())
+    ]
+
+
+def croissant_about(manifest: rf.Manifest, *, publication: dict[str, str] | None = None) -> dict[str, Any]:
     """The prose fields of ``croissant.json`` (see ``builder.release_format.croissant.ABOUT_KEYS`` and ``RAI_KEYS``).
 
     Args:
-        deviations: the deviations from the papers that apply to this release, one sentence each.
         publication: ``url`` and ``datePublished`` of the published release (publish adds them).
     """
     from dataset_cards.card import build_constants, stage_models
@@ -96,7 +104,7 @@ def croissant_about(
         "automatic filters (the per-sample scores in the metadata show how strongly each filter accepted it).",
         "Accuracy on this release measures the model under test and the generation process together; it is not a "
         "certification of robustness.",
-        *(deviations or []),
+        *paper_deviations(manifest),
     ]
     if user_note:
         limitations.insert(0, f"Note from the release's builder: {user_note}")
@@ -181,13 +189,9 @@ def croissant_about(
 
 
 def write_release_croissant(
-    root: Path,
-    manifest: dict[str, Any] | rf.Manifest,
-    *,
-    deviations: list[str] | None = None,
-    publication: dict[str, str] | None = None,
+    root: Path, manifest: dict[str, Any] | rf.Manifest, *, publication: dict[str, str] | None = None
 ) -> dict[str, Any]:
     """Write a release's metadata indexes and ``croissant.json`` (under ``root``); return the document."""
     typed = manifest if isinstance(manifest, rf.Manifest) else rf.Manifest.from_dict(manifest)
-    about = croissant_about(typed, deviations=deviations, publication=publication)
+    about = croissant_about(typed, publication=publication)
     return rf.write_croissant(Path(root), typed, about)
