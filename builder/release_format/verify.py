@@ -5,9 +5,10 @@ anywhere in it is caught) and has every required field; every listed shard exist
 and no unlisted file sits under ``data/``; every sample has exactly its image, label and metadata members, a valid
 key, metadata that passes its config's JSON Schema and agrees with its label file, an image that decodes; per-shard and
 per-config counts (total, by edit type, by class) match the manifest; derived samples point at an existing original;
-``_info.json`` equals what the manifest implies; the card's YAML (configs, features, splits, counts, licence) equals
-what the manifest implies; and (format v2) every card asset the manifest records matches its hash (other files under
-``assets/`` are not part of the release: publish leaves them out and names them).
+``_info.json`` equals what the manifest implies; the card's YAML (configs, features, splits, counts, licence, the Hub's
+metadata keys) equals what the manifest implies; and (format v2) every card asset the manifest records matches its hash
+(other files under ``assets/`` are not part of the release: publish leaves them out and names them), every config's
+metadata index holds exactly its shards' metadata, and ``croissant.json`` equals what the manifest implies.
 """
 
 from __future__ import annotations
