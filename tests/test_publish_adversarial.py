@@ -97,7 +97,11 @@ def hub_bytes(hub: HubDouble) -> bytes:
 def expected_upload(manifest: dict) -> set[str]:
     gallery = {f"assets/gallery-{i:02d}.png" for i in range(6)}
     croissant = {rf.CROISSANT_NAME, *(rf.index_path(c) for c in manifest["configs"])}
-    return {rf.MANIFEST_NAME, rf.TIMM_INFO_NAME, rf.CARD_NAME, *(s["path"] for s in manifest["shards"])} | gallery | croissant
+    return (
+        {rf.MANIFEST_NAME, rf.TIMM_INFO_NAME, rf.CARD_NAME, *(s["path"] for s in manifest["shards"])}
+        | gallery
+        | croissant
+    )
 
 
 # ------------------------------------------------------------------------------------ 1. only what the manifest lists
