@@ -11,7 +11,7 @@ from __future__ import annotations
 # The method's own registries (editors, inversion methods) live with the method, which may not import the builder.
 from lance_pipeline.registry import EDITORS, INVERSIONS, Registry
 
-__all__ = ["DEMO_COMPONENTS", "EDITORS", "ENGINES", "INVERSIONS", "SOURCES", "STAGES", "Registry"]
+__all__ = ["DEMO_COMPONENTS", "DISCOVERY_DEMOS", "EDITORS", "ENGINES", "INVERSIONS", "SOURCES", "STAGES", "Registry"]
 
 
 # Method stages: the ``type`` of a stage in a build config. Targets live in lance_pipeline/.
@@ -47,6 +47,19 @@ DEMO_COMPONENTS = Registry(
         "tiny-open-clip": "lance_pipeline.tiny.clip_components:create_tiny_open_clip",
         "tiny-controlnet": "lance_pipeline.tiny.controlnet_components:create_tiny_controlnet",
         "tiny-star-tokens": "builder.interfaces.cli:create_demo_star_tokens",
+    },
+)
+
+# The offline discovery demo's planted cases: ``lance-cf discover --demo NAME``. Each target is a callable
+# (class names, labels) -> DiscoveryComponents of deterministic stand-ins (lance_pipeline/tiny/discovery_components.py).
+DISCOVERY_DEMOS = Registry(
+    "discovery demo",
+    {
+        "planted-red": "lance_pipeline.tiny.discovery_components:PLANTED_RED",
+        "partial-red": "lance_pipeline.tiny.discovery_components:PARTIAL_RED",
+        "target-shift": "lance_pipeline.tiny.discovery_components:TARGET_SHIFT",
+        "scattered-blue": "lance_pipeline.tiny.discovery_components:SCATTERED_BLUE",
+        "null": "lance_pipeline.tiny.discovery_components:NULL",
     },
 )
 

@@ -1,33 +1,27 @@
-"""Failure discovery end to end on deterministic stand-ins with a PLANTED failure (see tiny_discovery_components).
-
-The stand-in generator paints the colour a prompt names (or a seeded one), the stand-in timm model misclassifies red
-images, and the stand-in captioner names the dominant colour: discovery must find "red", with statistics that are
-recomputed here independently; a null model (errors independent of colour) must yield no discovery over several seeds.
+"""Failure discovery's bookkeeping and command line, on deterministic stand-ins with a planted failure
+(``lance_pipeline/tiny/discovery_components.py``): resume after a kill, refused settings, the checks that come before
+any model runs, the demo command end to end, discovery over an existing release, and the real components at tiny
+size. The method's findings on planted failures are tested in ``test_discovery_planted.py``.
 """
 
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 
-from builder.discovery.run import ClassTarget, Discovery, DiscoveryComponents, DiscoverySettings, discovered
-from lance_pipeline.discovery.method import ClusteringSettings
-from lance_pipeline.tiny.discovery_components import (
-    ColourCaptioner,
-    PaletteGenerator,
-    colour_histogram_embedder,
-    planted_classifier_fn,
-)
+from builder.discovery.run import Discovery
+from lance_pipeline.discovery.clustering import ClusteringSettings
+from lance_pipeline.discovery.search import ClassTarget, DiscoverySettings, discovered
+from lance_pipeline.tiny.discovery_components import NULL, PLANTED_RED, create_demo_components
 
 CLASSES = [ClassTarget(0, "tench", "fish", "tench"), ClassTarget(1, "goldfish", "fish", "goldfish")]
 
 
-def _components(planted, null_error_rate=0.0, fail_after=None, generated=None):
-    """Stand-in components; ``generated`` collects how many images each generate() call made."""
-    generator = PaletteGenerator([t.name for t in CLASSES])
-    real = generator.generate
+def _components(fail_after=None, generated=None):
+    """The planted-red stand-ins; ``generated`` collects how many images each generate() call made."""
+    components = create_demo_components(PLANTED_RED, [t.name for t in CLASSES])
+    real = components.generator.generate
 
     def counted(prompts, seeds):
         if fail_after is not None and generated is not None and len(generated) >= fail_after:
@@ -37,67 +31,28 @@ def _components(planted, null_error_rate=0.0, fail_after=None, generated=None):
             generated.append(len(images))
         return images
 
-    generator.generate = counted
-    name = "planted" if planted else "null"
-    return DiscoveryComponents(
-        generator=generator,
-        classifiers={name: planted_classifier_fn(2, planted, null_error_rate)},
-        captioner=ColourCaptioner(),
-        embedder=colour_histogram_embedder,
-    )
+    components.generator.generate = counted
+    return components
 
 
 def _settings(seed=0, **kw):
-    values = {"n_base": 60, "n_test": 40, "seed": seed, "batch_size": 16,
-              "clustering": ClusteringSettings(min_cluster_size=4, images_per_cluster=50)}  # fmt: skip
-    return DiscoverySettings(**{**values, **kw})
-
-
-def _hypergeom_upper_tail(a, row1, col1, total):
-    return sum(
-        math.comb(row1, x) * math.comb(total - row1, col1 - x) for x in range(a, min(row1, col1) + 1)
-    ) / math.comb(total, col1)
-
-
-def test_planted_failure_is_discovered_and_described_with_the_planted_word(tmp_path):
-    run = Discovery(tmp_path / "out", CLASSES, _components("red"), _settings())
-    document = run.run()
-    run.close()
-    found = discovered(document)
-    assert {(r["class_name"], r["refined_description"]) for r in found} == {("tench", "red"), ("goldfish", "red")}
-    for row in found:
-        assert row["rate"] == 1.0  # every red image fails
-        # statistics recomputed independently from the counts
-        entry = next(e for e in document["models"]["planted"]["classes"] if e["class_name"] == row["class_name"])
-        k0, n0 = entry["base"]["failures"], entry["base"]["n"]
-        k1, n1 = round(row["rate"] * row["n"]), row["n"]
-        assert row["p_value"] == pytest.approx(_hypergeom_upper_tail(k1, n1, k1 + k0, n1 + n0), rel=1e-9)
-        assert 0 < k0 < n0  # about a fifth of the baseline is red
-    json.dumps(document)  # serialisable as discoveries.json
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_null_model_yields_no_discovery(tmp_path, seed):
-    run = Discovery(tmp_path / "out", CLASSES, _components(None, null_error_rate=0.25), _settings(seed=seed))
-    document = run.run()
-    run.close()
-    assert discovered(document) == []
-    assert document["models"]["null"]["descriptions_tested"] >= 1  # descriptions were tested, none passed
+    """Small runs: these tests are about bookkeeping, not statistics (test_discovery_planted.py uses the defaults)."""
+    return DiscoverySettings(**{"n_base": 40, "n_test": 20, "seed": seed, "batch_size": 16, **kw})
 
 
 def test_killed_discovery_resumes_without_regenerating_and_gives_the_same_result(tmp_path):
     clean_calls: list[int] = []
-    clean = Discovery(tmp_path / "clean", CLASSES, _components("red", generated=clean_calls), _settings())
+    clean = Discovery(tmp_path / "clean", CLASSES, _components(generated=clean_calls), _settings())
     expected = clean.run()
     clean.close()
     out = tmp_path / "killed"
     before_kill: list[int] = []
-    first = Discovery(out, CLASSES, _components("red", fail_after=5, generated=before_kill), _settings())
+    first = Discovery(out, CLASSES, _components(fail_after=5, generated=before_kill), _settings())
     with pytest.raises(KeyboardInterrupt):
         first.run()
     first.close()
     after_kill: list[int] = []
-    second = Discovery(out, CLASSES, _components("red", generated=after_kill), _settings())
+    second = Discovery(out, CLASSES, _components(generated=after_kill), _settings())
     assert second.run() == expected
     second.close()
     assert len(before_kill) == 5 and after_kill
@@ -105,9 +60,15 @@ def test_killed_discovery_resumes_without_regenerating_and_gives_the_same_result
 
 
 def test_other_settings_in_the_same_output_are_refused(tmp_path):
-    Discovery(tmp_path / "out", CLASSES, _components("red"), _settings()).close()
+    Discovery(tmp_path / "out", CLASSES, _components(), _settings()).close()
     with pytest.raises(ValueError, match="other settings"):
-        Discovery(tmp_path / "out", CLASSES, _components("red"), _settings(n_base=10))
+        Discovery(tmp_path / "out", CLASSES, _components(), _settings(n_base=10))
+    other = create_demo_components(NULL, [t.name for t in CLASSES])  # same model name, another planted rule
+    loaded = []
+    other.loaders.append(lambda: loaded.append(True))
+    with pytest.raises(ValueError, match="other settings"):
+        Discovery(tmp_path / "out", CLASSES, other, _settings())
+    assert loaded == []  # refused before any model was loaded
 
 
 def _run(capsys, *args):
@@ -127,7 +88,9 @@ def test_discover_demo_command_writes_discoveries_and_a_report_that_renders(tmp_
     out = tmp_path / "disc"
     args = ("discover", "--demo", "--output", str(out), "--n-base", "60", "--n-test", "30", "--no-progress")
     code, stdout, _ = _run(capsys, *args)
-    assert code == 0 and "2 discovered failure(s)" in stdout and '+ "red"' in stdout
+    assert (
+        code == 0 and "2 discovered failure(s)" in stdout and '+ "red" (by the target label and total test)' in stdout
+    )
     document = json.loads((out / "discoveries.json").read_text())
     assert document["schema"] == "lance-cf/discoveries"
     assert {r["refined_description"] for r in discovered(document)} == {"red"}
@@ -163,21 +126,23 @@ def test_discover_demo_command_writes_discoveries_and_a_report_that_renders(tmp_
     assert verify_release(release) == []
     manifest = json.loads((release / "manifest.json").read_text())
     assert sorted(manifest["configs"]) == sorted(
-        ["planted_colour_classifier_goldfish_red", "planted_colour_classifier_tench_red"]
+        ["planted_colour_classifier_goldfish_red_pond", "planted_colour_classifier_tench_red_pond"]
     )
-    rows = datasets.load_dataset(str(release), "planted_colour_classifier_tench_red", split="test",
+    rows = datasets.load_dataset(str(release), "planted_colour_classifier_tench_red_pond", split="test",
                                  cache_dir=str(tmp_path / "hf"))  # fmt: skip
     assert len(rows) == 30
     for row in rows:
         meta = row["json"]
-        assert meta["label_name"] == "tench" and meta["discovery"] == "red" and meta["probe_prediction"] != 0
-        assert meta["prompt"].endswith(", red") and meta["failure_rate"] == 1.0
+        assert meta["label_name"] == "tench" and meta["discovery"] == "red pond" and meta["probe_prediction"] == 1
+        assert meta["refined_description"] == "red" and meta["discovered_by"] == "target_label,total"
+        assert meta["prompt"].endswith(", red pond") and meta["failure_rate"] == 1.0 and meta["target_rate"] == 1.0
+        assert meta["target_label"] == 1 and 0 < meta["target_base_rate"] < 1 and meta["target_q_value"] < 0.05
     from croissant_check import assert_croissant_matches_datasets
 
     assert assert_croissant_matches_datasets(release, tmp_path) == sum(c["total"] for c in manifest["counts"].values())
     code, stdout, _ = _run(capsys, "eval", "--release", str(release), "--model", "resnet18", "--no-pretrained",
                            "--output", str(tmp_path / "eval"), "--no-insights", "--device", "cpu")  # fmt: skip
-    assert code == 0 and "planted_colour_classifier_tench_red: acc@1" in stdout
+    assert code == 0 and "planted_colour_classifier_tench_red_pond: acc@1" in stdout
 
 
 def test_discover_needs_a_model_and_classes_in_one_line(tmp_path, capsys):
@@ -196,7 +161,7 @@ def test_discovery_on_an_existing_release_clusters_and_describes_failing_counter
 
     from builder import release_format as rf
     from builder.discovery.run import describe_release_failures
-    from lance_pipeline.discovery.method import merge_captions
+    from lance_pipeline.discovery.descriptions import merge_captions
 
     root = write_release(tmp_path / "release", labels=(1, 2), originals_per_class=4, edits_per_original=3)
 
@@ -219,7 +184,7 @@ def test_discovery_on_an_existing_release_clusters_and_describes_failing_counter
             truth[(config, key)] = (meta, predicted)
     document = describe_release_failures(
         root, {"stand-in": classify}, lambda ims: np.stack([np.asarray(i, dtype=np.float32).mean((0, 1)) for i in ims]),
-        settings=ClusteringSettings(min_cluster_size=1, images_per_cluster=100),
+        settings=ClusteringSettings(min_cluster_size=1),
     )  # fmt: skip
     assert document["mode"] == "release" and document["release"]["config"] == "counterfactual"
     classes = document["models"]["stand-in"]["classes"]
@@ -234,6 +199,8 @@ def test_discovery_on_an_existing_release_clusters_and_describes_failing_counter
             assert cluster["description"] == merge_captions([m["edited_caption"] for m in metas], entry["class_name"])
             originals_right = sum(1 for m in metas if truth[("original", m["source_key"])][1] == m["label"])
             assert cluster["caused_by_edit"] == originals_right
+            wrong = [cf[k][1] for k in cluster["members"]]
+            assert cluster["target_label"] == min(set(wrong), key=lambda t: (-wrong.count(t), t))
 
 
 def test_discover_release_mode_through_the_cli(tmp_path, capsys):
@@ -270,3 +237,66 @@ def test_discover_runs_on_the_real_components_at_tiny_size(tmp_path, capsys):
         for cluster in entry["clusters"]:
             assert len(cluster["captions"]) == len(cluster["members"])  # every member captioned by the tiny BLIP-2
     assert str(tmp_path) not in (out / "discoveries.json").read_text()
+
+
+def _no_model_may_load(monkeypatch):
+    """Every model the discover command could load raises if it is loaded."""
+    from builder.discovery import cli
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the options were checked")
+
+    monkeypatch.setattr(cli.TimmClassifier, "load", refuse)
+    monkeypatch.setattr(cli.ClipScorer, "load", refuse)
+    monkeypatch.setattr(cli.ShiftGenerator, "load", refuse)
+    monkeypatch.setattr(cli.LabelConditionedCaptioner, "load", refuse)
+
+
+def test_bad_output_paths_and_options_fail_in_one_line_before_any_model_loads(tmp_path, capsys, monkeypatch):
+    from release_fixture import write_release
+
+    _no_model_may_load(monkeypatch)
+    release = write_release(tmp_path / "release", labels=(1, 2), originals_per_class=1, edits_per_original=1)
+    a_file = tmp_path / "results.json"
+    a_file.write_text("{}")
+    model = ("--model", "resnet18", "--no-pretrained", "--device", "cpu")
+    generate = (*model, "--classes", "tench", "--generator", "demo:tiny-stable-diffusion", "--captioner",
+                "demo:tiny-blip2", "--clip-model", "demo:tiny-open-clip")  # fmt: skip
+    cases = {
+        ("--release", str(release), "--output", str(a_file), *model): "is a file",
+        ("--release", str(release), "--output", str(a_file / "sub"), *model): "cannot be created",
+        ("--output", str(a_file), *generate): "is a file",
+        ("--demo", "--output", str(a_file)): "is a file",
+        ("--output", str(tmp_path / "o"), *generate, "--image-size", "1000000000"): "--image-size",
+        ("--output", str(tmp_path / "o"), *generate, "--steps", "0"): "--steps",
+        ("--output", str(tmp_path / "o"), *generate, "--alpha", "1.5"): "alpha",
+        ("--demo", "no-such-scenario", "--output", str(tmp_path / "o")): "unknown discovery demo",
+        ("--demo", "nul", "--output", str(tmp_path / "o")): "did you mean 'null'",
+    }
+    for args, expected in cases.items():
+        code, stdout, err = _run(capsys, "discover", *args)
+        assert code == 2 and expected in err and len(err.strip().splitlines()) == 1, (args, err)
+        assert "Traceback" not in err and stdout == ""
+    assert a_file.read_text() == "{}" and not (tmp_path / "o").exists()  # nothing written
+
+
+def test_release_and_generating_discoveries_never_share_an_output(tmp_path, capsys, monkeypatch):
+    from release_fixture import write_release
+
+    out = tmp_path / "disc"
+    args = ("discover", "--demo", "--output", str(out), "--n-base", "20", "--n-test", "10", "--no-progress",
+            "--no-release")  # fmt: skip
+    assert _run(capsys, *args)[0] == 0
+    before = (out / "discoveries.json").read_bytes()
+    _no_model_may_load(monkeypatch)
+    release = write_release(tmp_path / "release", labels=(1, 2), originals_per_class=1, edits_per_original=1)
+    code, _, err = _run(capsys, "discover", "--release", str(release), "--model", "resnet18", "--output", str(out))
+    assert code == 2 and "holds a generating discovery" in err and (out / "discoveries.json").read_bytes() == before
+    release_out = tmp_path / "release-disc"
+    release_out.mkdir()
+    (release_out / "discoveries.json").write_text(json.dumps({"mode": "release", "release": {}, "models": {}}))
+    code, _, err = _run(capsys, "discover", "--demo", "--output", str(release_out))
+    assert code == 2 and "holds the discoveries of a release" in err
+    code, _, err = _run(capsys, "discover", "--release", str(release), "--model", "resnet18", "--output",
+                        str(release_out))  # fmt: skip
+    assert code == 2 and "another release or other models" in err

@@ -7,15 +7,14 @@ import math
 import numpy as np
 import pytest
 
-from lance_pipeline.discovery.method import (
-    ClusteringSettings,
-    FailureCounts,
+from lance_pipeline.discovery.clustering import ClusteringSettings, cluster_failures
+from lance_pipeline.discovery.descriptions import merge_captions, sub_descriptions
+from lance_pipeline.discovery.statistics import (
+    EventCounts,
     benjamini_hochberg,
+    bh_cutoff,
     clopper_pearson,
-    cluster_failures,
-    merge_captions,
-    refine_description,
-    test_description,
+    rate_increase_test,
 )
 
 
@@ -30,7 +29,7 @@ def _hypergeom_upper_tail(a: int, row1: int, col1: int, total: int) -> float:
     ("k1", "n1", "k0", "n0"), [(30, 100, 10, 100), (5, 20, 5, 100), (0, 10, 3, 50), (12, 12, 0, 40)]
 )
 def test_fisher_p_value_equals_hypergeometric_tail(k1, n1, k0, n0):
-    result = test_description(FailureCounts(k1, n1), FailureCounts(k0, n0))
+    result = rate_increase_test(EventCounts(k1, n1), EventCounts(k0, n0))
     expected = _hypergeom_upper_tail(k1, n1, k1 + k0, n1 + n0)
     assert result["p_value"] == pytest.approx(expected, rel=1e-9)
     assert result["rate"] == k1 / n1 and result["base_rate"] == k0 / n0
@@ -54,19 +53,34 @@ def test_benjamini_hochberg_by_hand():
     expected = [expected_sorted[sorted(p).index(v)] for v in p]
     assert benjamini_hochberg(p) == pytest.approx(expected)
     assert benjamini_hochberg([]) == []
+    # at 0.05: q = 0.04, 0.053, 0.053, 0.2 -> only 0.01 is rejected; the cut-off is the largest rejected raw p
+    assert bh_cutoff(p, benjamini_hochberg(p), 0.05) == 0.01 and bh_cutoff(p, benjamini_hochberg(p), 0.01) == 0.0
 
 
-def test_clusters_split_by_predicted_label_then_embedding():
+def test_failures_cluster_by_embedding_whatever_labels_they_were_given():
+    """Three groups of similar images; the third's failures all went to different labels (they scatter), and it is
+    still one cluster; the number of clusters comes from the silhouette, not from the labels."""
     rng = np.random.default_rng(0)
-    keys = [f"k{i:02d}" for i in range(30)]
-    predicted = [3] * 20 + [7] * 6 + [9] * 4  # label 9 is too small to describe
+    keys = [f"k{i:02d}" for i in range(24)]
+    predicted = [3] * 10 + [7] * 8 + [11, 12, 13, 14, 15, 16]
     centres = np.eye(4)
-    emb = np.stack([centres[0 if i < 10 else 1 if i < 20 else 2] + 0.01 * rng.standard_normal(4) for i in range(30)])
-    settings = ClusteringSettings(min_cluster_size=5, images_per_cluster=10, max_clusters_per_label=4)
-    clusters = cluster_failures(keys, predicted, emb, settings)
-    assert [(c.predicted_label, len(c.members)) for c in clusters] == [(3, 10), (3, 10), (7, 6)]
-    assert {tuple(c.members) for c in clusters[:2]} == {tuple(keys[:10]), tuple(keys[10:20])}
-    assert cluster_failures(keys, predicted, emb, settings) == clusters  # seeded
+    group = [0] * 10 + [1] * 8 + [2] * 6
+    emb = np.stack([centres[g] + 0.01 * rng.standard_normal(4) for g in group])
+    clusters = cluster_failures(keys, predicted, emb)  # the default settings
+    assert [(c.members, c.target_label) for c in clusters] == [(keys[:10], 3), (keys[10:18], 7), (keys[18:], 11)]
+    assert clusters[2].predicted == {label: 1 for label in range(11, 17)}  # scattered, none lost
+    assert cluster_failures(list(reversed(keys)), predicted[::-1], emb[::-1]) == clusters  # order-independent
+
+
+def test_clustering_keeps_small_groups_and_drops_only_single_images():
+    emb = np.array([[1.0, 0.0]] * 3 + [[0.0, 1.0]] * 2 + [[-1.0, 0.0]])
+    clusters = cluster_failures(["a", "b", "c", "d", "e", "f"], [1, 2, 3, 4, 4, 5], emb)
+    assert [c.members for c in clusters] == [["a", "b", "c"], ["d", "e"]]  # "f" alone is not a pattern
+    assert clusters[0].target_label == 1  # a three-way tie: the smallest label
+    one = cluster_failures(["a", "b"], [1, 1], np.array([[1.0, 0.0], [1.0, 0.0]]))
+    assert [c.members for c in one] == [["a", "b"]]  # identical images: one cluster
+    with pytest.raises(ValueError, match="max_clusters"):
+        ClusteringSettings(max_clusters=0)
 
 
 def test_keyword_merge_keeps_shared_words_without_class_or_stop_words():
@@ -80,16 +94,12 @@ def test_keyword_merge_keeps_shared_words_without_class_or_stop_words():
     assert merge_captions(["a photo of a tench"], "tench") == ""
 
 
-def test_refinement_drops_words_while_significant():
-    # a stand-in evaluate(): only descriptions containing "red" raise the failure rate
-    def evaluate(description):
-        failures = 60 if "red" in description.split() else 10
-        return test_description(FailureCounts(failures, 100), FailureCounts(10, 100))
-
-    refined = refine_description("red sandy beach", evaluate, alpha=0.01)
-    assert refined.description == "red"
-    tested = {s.description: s.significant for s in refined.steps}
-    assert tested["sandy beach"] is False and tested["red beach"] is True
+def test_refinement_variants_are_every_shorter_description_in_order():
+    assert sub_descriptions("red sandy beach") == [
+        "red", "sandy", "beach", "red sandy", "red beach", "sandy beach",
+    ]  # fmt: skip
+    assert sub_descriptions("red") == [] and len(sub_descriptions("a b c d")) == 2**4 - 2
+    assert sub_descriptions("red red") == ["red"]  # a repeated word gives one variant
 
 
 class _ScriptedPerturber:
@@ -110,7 +120,7 @@ class _ScriptedPerturber:
 
 
 def test_llm_merge_keeps_content_words_without_the_class_and_falls_back_to_keywords():
-    from lance_pipeline.discovery.method import LLMCaptionMerger
+    from lance_pipeline.discovery.descriptions import LLMCaptionMerger
 
     captions = ["a red tench on grass", "a red tench in a river", "red fish on green grass"]
     merger = LLMCaptionMerger(_ScriptedPerturber("The Tench is red, on the grass!\nsecond line ignored"), max_words=3)
@@ -122,7 +132,7 @@ def test_llm_merge_keeps_content_words_without_the_class_and_falls_back_to_keywo
 
 
 def test_llm_merge_with_the_tiny_causal_lm_is_seeded(tmp_path):
-    from lance_pipeline.discovery.method import LLMCaptionMerger
+    from lance_pipeline.discovery.descriptions import LLMCaptionMerger
     from lance_pipeline.text.perturbation import PromptPerturber
     from lance_pipeline.tiny.text_components import create_tiny_causal_lm
 

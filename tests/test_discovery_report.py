@@ -8,11 +8,17 @@ import pytest
 from builder.discovery.report import rates_figure, write_discovery_report
 
 
-def _row(i: int, model: str, class_name: str, description: str) -> dict:
+def _test(rate: float, base_count: int = 20, n: int = 100) -> dict:
+    return {"count": round(rate * n), "n": n, "rate": rate, "interval": (max(0.0, rate - 0.05), min(1.0, rate + 0.05)),
+            "base_count": base_count, "base_n": 200, "base_rate": base_count / 200, "p_value": 0.01,
+            "q_value": 0.02}  # fmt: skip
+
+
+def _row(i: int, model: str, class_name: str, description: str, target: str = "goldfish") -> dict:
     return {
-        "model": model, "class_name": class_name, "description": description, "rate": 0.1 * (i % 10),
-        "interval": (max(0.0, 0.1 * (i % 10) - 0.05), min(1.0, 0.1 * (i % 10) + 0.05)), "base_rate": 0.2,
-        "base_interval": (0.15, 0.25), "discovered": i % 2 == 0,
+        "model": model, "class_name": class_name, "description": description, "target_name": target,
+        "discovered_by": ["total"] if i % 2 == 0 else [],
+        "tests": {"target_label": _test(0.05 * (i % 10)), "total": _test(0.1 * (i % 10))},
     }  # fmt: skip
 
 
@@ -39,15 +45,16 @@ def test_no_plot_label_is_clipped_however_long_the_names(n_rows):
 
     rows = [
         _row(i, "vit_large_patch14_clip_336.openai_ft_in12k_in1k", "American Staffordshire terrier " * 3,
-             "snowy mountain pasture at dusk with fog " * 2)
+             "snowy mountain pasture at dusk with fog " * 2, "Greater Swiss Mountain dog " * 3)
         for i in range(n_rows)
     ]  # fmt: skip
-    rows.append(_row(n_rows, "r", "t", "x"))  # short labels beside long ones
+    rows.append(_row(n_rows, "r", "t", "x", "y"))  # short labels beside long ones
     fig = rates_figure(rows)
     try:
         assert _texts_outside(fig) == []
         labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
         assert len(labels) == len(rows) and all(labels)
+        assert [ax.get_title() for ax in fig.axes] == ["rate of the target label", "total failure rate"]
     finally:
         plt.close(fig)
 
@@ -69,20 +76,27 @@ def test_report_escapes_every_text_from_models_and_captions(tmp_path):
     from PIL import Image
 
     hostile = "<script>alert(1)</script>&"
+    hypothesis = {
+        "description": hostile, "clusters": [0], "members": ["b0"], "target_label": 1, "prompt": hostile,
+        "keys": ["d0"], "confusions": {"1": 4}, "discovered": True, "discovered_by": ["target_label", "total"],
+        "refined_description": hostile,
+        "tests": {"target_label": {**_test(1.0), "label": 1}, "total": _test(1.0)},
+        "refinement": [{"description": hostile, "significant": True,
+                        "tests": {"target_label": _test(0.9), "total": _test(0.9)}}],
+    }  # fmt: skip
     document = {
         "generator": {"model": hostile, "stand_in": True}, "captioner": {"model": "cap"},
         "settings": {"n_base": 4, "n_test": 4, "alpha": 0.05},
-        "models": {hostile: {"classes": [{
-            "label": 0, "class_name": hostile, "base": {"interval": (0.0, 0.5)},
-            "clusters": [{"description": hostile, "members": ["b0"], "predicted_label": 1, "discovered": True,
-                          "refined_description": hostile,
-                          "test": {"rate": 1.0, "interval": (0.4, 1.0), "base_rate": 0.25, "p_value": 0.01,
-                                   "q_value": 0.02, "n": 4, "keys": ["d0"]}}],
-        }]}},
+        "models": {hostile: {
+            "families": {"descriptions": {"tests": 2, "bh_cutoff_p": 0.01}, "refinements": {"tests": 2,
+                                                                                           "bh_cutoff_p": 0.01}},
+            "classes": [{"label": 0, "class_name": hostile, "base": {"interval": (0.0, 0.5)},
+                         "clusters": [{"description": hostile, "members": ["b0"]}], "hypotheses": [hypothesis]}],
+        }},
     }  # fmt: skip
     page = write_discovery_report(
         document, lambda keys: [Image.new("RGB", (8, 8)) for _ in keys], lambda model, keys: dict.fromkeys(keys, 1),
         lambda label: hostile, tmp_path,
     ).read_text()  # fmt: skip
-    assert "<script>" not in page and page.count("&lt;script&gt;alert(1)&lt;/script&gt;&amp;") >= 6
+    assert "<script>" not in page and page.count("&lt;script&gt;alert(1)&lt;/script&gt;&amp;") >= 8
     assert (tmp_path / "assets" / "rates.png").is_file()

@@ -5,10 +5,25 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import sys
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from builder import imagenet
+from builder.discovery.report import write_discovery_report
+from builder.discovery.run import LEDGER, Discovery, describe_release_failures
+from builder.model_refs import resolve_model_references, restore_model_references
+from builder.registry import DISCOVERY_DEMOS
+from builder.release_format import read_manifest_dict
+from lance_pipeline.clip.gates import ClipScorer
+from lance_pipeline.devices import resolve_device
+from lance_pipeline.discovery.clustering import ClusteringSettings
+from lance_pipeline.discovery.descriptions import LLMCaptionMerger
+from lance_pipeline.discovery.search import ClassTarget, DiscoveryComponents, DiscoverySettings, discovered
+from lance_pipeline.interfaces.generation import GenerationOptions, ShiftGenerator
+from lance_pipeline.text.captioning import LabelConditionedCaptioner
 
 DEMO_CLASSES = ["tench", "goldfish"]
 
@@ -27,7 +42,7 @@ def register(subparsers) -> None:
         "--classes", metavar="LIST", help="ImageNet classes: synsets, indices or names, comma-separated"
     )
     discover.add_argument("--output", "-o", required=True, type=Path, help="output directory (created if missing)")
-    discover.add_argument("--n-base", type=int, default=100, metavar="N", help="base images per class (default 100)")
+    discover.add_argument("--n-base", type=int, default=200, metavar="N", help="base images per class (default 200)")
     discover.add_argument("--n-test", type=int, default=100, metavar="M", help="images per description (default 100)")
     discover.add_argument("--alpha", type=float, default=0.05, help="false discovery rate level (default 0.05)")
     discover.add_argument("--no-refine", action="store_true", help="do not prune discovered descriptions")
@@ -49,7 +64,14 @@ def register(subparsers) -> None:
     discover.add_argument("--clip-pretrained", default="openai", help="CLIP pretrained tag")
     discover.add_argument("--no-pretrained", action="store_true", help="random classifier weights (tests)")
     discover.add_argument("--device", default=None, help="torch device (default: cuda if available)")
-    discover.add_argument("--demo", action="store_true", help="offline stand-ins with a planted failure (red images)")
+    discover.add_argument(
+        "--demo",
+        nargs="?",
+        const="planted-red",
+        metavar="SCENARIO",
+        help="offline stand-ins with a planted failure: planted-red (default), partial-red, target-shift, "
+        "scattered-blue, null (docs/discovery.md)",
+    )
     discover.add_argument(
         "--release",
         metavar="DIR",
@@ -71,8 +93,6 @@ def imagenet_superclasses() -> dict[str, str]:
 
 
 def _targets(classes: list[str]):
-    from builder import imagenet
-    from builder.discovery.run import ClassTarget
 
     targets = []
     for spec in classes:
@@ -82,28 +102,11 @@ def _targets(classes: list[str]):
     return targets
 
 
-def _demo_components(targets) -> Any:
-    from builder.discovery.run import DiscoveryComponents
-    from lance_pipeline.tiny.discovery_components import (
-        ColourCaptioner,
-        PaletteGenerator,
-        colour_histogram_embedder,
-        planted_classifier_fn,
-    )
+def _demo_components(scenario: str, targets) -> Any:
+    """The stand-ins of a registered demo scenario (``builder.registry.DISCOVERY_DEMOS``), on the run's classes."""
 
-    # The stand-in encodes the run's classes as 0..n-1; map its predictions back to ImageNet labels.
-    inner = planted_classifier_fn(len(targets), "red")
-
-    def classify(images):
-        return [targets[i].label for i in inner(images)]
-
-    return DiscoveryComponents(
-        generator=PaletteGenerator([t.name for t in targets]),
-        classifiers={"planted_colour_classifier": classify},
-        captioner=ColourCaptioner(),
-        embedder=colour_histogram_embedder,
-        classifier_info={"planted_colour_classifier": {"stand_in": True, "planted": "red"}},
-    )
+    DISCOVERY_DEMOS.target(scenario)  # a registered name only (one line with "did you mean" otherwise)
+    return DISCOVERY_DEMOS.resolve(scenario)([t.name for t in targets], [t.label for t in targets])
 
 
 class _Described:
@@ -116,19 +119,12 @@ class _Described:
         return getattr(self._inner, name)
 
     def describe(self) -> dict[str, Any]:
-        from builder.model_refs import restore_model_references
 
         return restore_model_references(self._inner.describe(), self._references)
 
 
 def _real_components(args: argparse.Namespace, targets, device: str) -> Any:
-    import torch
-
-    from builder.discovery.run import DiscoveryComponents
-    from builder.model_refs import resolve_model_references
-    from lance_pipeline.clip.gates import ClipScorer
-    from lance_pipeline.interfaces.generation import GenerationOptions, ShiftGenerator
-    from lance_pipeline.text.captioning import LabelConditionedCaptioner
+    """The real components, constructed but not loaded: ``components.load()`` loads them (after every check)."""
 
     # demo:/pkg: references resolve to local directories, as in build configs (and are named back in the output).
     given = {"generator": args.generator, "captioner": args.captioner, "clip": args.clip_model}
@@ -143,54 +139,58 @@ def _real_components(args: argparse.Namespace, targets, device: str) -> Any:
     if args.generator:
         generation.update(model=resolved["generator"], revision=args.generator_revision)
     generator = ShiftGenerator(GenerationOptions(**generation), device)
-    generator.load()
     captioning = {"model": resolved["captioner"], "revision": None} if args.captioner else {}
     captioner = LabelConditionedCaptioner(**captioning)
-    captioner.load(device)
     clip_local = resolved["clip"] != args.clip_model
     scorer = ClipScorer(model=resolved["clip"], pretrained=None if clip_local else args.clip_pretrained)
-    scorer.load(device)
-    classifiers, info = {}, {}
-    for name in args.model:
-        classifiers[name], info[name] = _timm_classifier(name, not args.no_pretrained, device, torch)
+    classifiers = {name: TimmClassifier(name, not args.no_pretrained, device) for name in args.model}
     return DiscoveryComponents(
         generator=_Described(generator, references),
         classifiers=classifiers,
         captioner=_Described(captioner, references),
         embedder=lambda images: scorer.encode_images(images).cpu().numpy(),
-        classifier_info=info,
-    )
+        classifier_info={name: c.info for name, c in classifiers.items()},
+        loaders=[generator.load, lambda: captioner.load(device), lambda: scorer.load(device),
+                 *(c.load for c in classifiers.values())],
+    )  # fmt: skip
 
 
-def _timm_classifier(name: str, pretrained: bool, device: str, torch: Any):
-    import timm
+class TimmClassifier:
+    """A timm model as a callable(list[PIL]) -> predicted labels; ``load()`` creates it (``info`` says how)."""
 
-    model = timm.create_model(name, pretrained=pretrained).eval().to(device)
-    config = timm.data.resolve_data_config({}, model=model)
-    transform = timm.data.create_transform(**config)
+    def __init__(self, name: str, pretrained: bool, device: str) -> None:
+        self.name, self.pretrained, self.device = name, pretrained, device
+        self.info: dict[str, Any] = {"pretrained": pretrained}
+        self.model = self.transform = None
 
-    def classify(images):
+    def load(self) -> None:
+        import timm
+
+        self.model = timm.create_model(self.name, pretrained=self.pretrained).eval().to(self.device)
+        config = timm.data.resolve_data_config({}, model=self.model)
+        self.transform = timm.data.create_transform(**config)
+        self.info["data_config"] = {k: list(v) if isinstance(v, tuple) else v for k, v in config.items()}
+
+    def __call__(self, images: list[Any]) -> list[int]:
+        import torch
+
         with torch.no_grad():
-            batch = torch.stack([transform(im.convert("RGB")) for im in images]).to(device)
-            return model(batch).argmax(dim=1).tolist()
-
-    return classify, {"pretrained": pretrained, "data_config": {k: list(v) if isinstance(v, tuple) else v
-                                                                for k, v in config.items()}}  # fmt: skip
+            batch = torch.stack([self.transform(im.convert("RGB")) for im in images]).to(self.device)
+            return self.model(batch).argmax(dim=1).tolist()
 
 
-def _llm_merger(model: str, revision: str | None, device: str) -> Any:
-    from builder.model_refs import resolve_model_references
-    from lance_pipeline.discovery.method import LLMCaptionMerger
-    from lance_pipeline.text.perturbation import PromptPerturber
+def _llm_merger(model: str, revision: str | None, device: str) -> tuple[Any, Any]:
+    """(merger, its loader): the LLM merge is constructed here and loaded with the other models."""
+    from lance_pipeline.text.perturbation import PromptPerturber  # 0.2 s of imports, only with --merge-llm
 
     resolved, _ = resolve_model_references({"model": model})  # demo:/pkg: references, as in build configs
     perturber = PromptPerturber(model=resolved["model"], revision=revision, max_new_tokens=24)
-    perturber.load(device)
-    return LLMCaptionMerger(perturber)
+    return LLMCaptionMerger(perturber), lambda: perturber.load(device)
 
 
 def build_discovery_release(output: Path, document: dict[str, Any]) -> Path:
     """Build ``OUTPUT/release``: one config per discovered failure, through the normal builder (``discovery:``)."""
+    # The builder's engine and config (about 1 s of imports) only when there is a release to build.
     from builder.config import BuildConfig
     from builder.discovery.source import DiscoverySource
     from builder.engine import build
@@ -217,47 +217,94 @@ def build_discovery_release(output: Path, document: dict[str, Any]) -> Path:
     return release
 
 
+def check_output_directory(output: Path) -> None:
+    """``--output`` must be a directory or creatable as one: one line otherwise, before anything runs."""
+    if output.exists() and not output.is_dir():
+        raise ValueError(f"--output {output}: is a file, not a directory; give a new or existing directory")
+    parent = output
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"--output {output}: {parent} is a file, so the directory cannot be created there")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"--output {output}: {parent} is not writable; give a directory you can write to")
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """Numeric options that the models would only meet after loading: checked first, one line each."""
+    if args.image_size is not None and not (8 <= args.image_size <= 4096 and args.image_size % 8 == 0):
+        raise ValueError(f"--image-size {args.image_size}: expected a multiple of 8 from 8 to 4096 (e.g. 512)")
+    if not 1 <= args.steps <= 1000:
+        raise ValueError(f"--steps {args.steps}: expected 1 to 1000 sampling steps (default 50)")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size {args.batch_size}: expected a positive integer")
+
+
 def run_release_mode(args: argparse.Namespace) -> int:
     """``discover --release DIR``: cluster and describe each model's failing counterfactuals of a release."""
-    import torch
 
-    from builder.cli import resolve_device
-    from builder.discovery.run import describe_release_failures
-    from builder.model_refs import resolve_model_references
-    from lance_pipeline.clip.gates import ClipScorer
-
+    # 1. every option and path, before any model loads
     if not args.model:
         raise ValueError("give at least one --model NAME (a timm model) to probe the release with")
+    if args.demo:
+        raise ValueError("--demo generates its own images; drop --release (or --demo)")
     if not (args.release / "manifest.json").is_file():
         raise ValueError(f"--release {args.release}: not a release directory (no manifest.json)")
+    check_output_directory(args.output)
+    if (args.output / LEDGER).exists():
+        raise ValueError(f"--output {args.output}: holds a generating discovery; give a new --output directory")
+    path = args.output / "discoveries.json"
+    if path.is_file():
+        previous = json.loads(path.read_text(encoding="utf-8"))
+        same = previous.get("release", {}).get("manifest_sha256") == read_manifest_dict(args.release)[
+            "manifest_sha256"] and sorted(previous.get("models", {})) == sorted(args.model)  # fmt: skip
+        if not same:
+            raise ValueError(
+                f"--output {args.output}: holds the discoveries of another release or other models; give a new "
+                "--output directory"
+            )
     device = resolve_device(args.device)
     resolved, _ = resolve_model_references({"clip": args.clip_model})
     pretrained = None if resolved["clip"] != args.clip_model else args.clip_pretrained
     scorer = ClipScorer(model=resolved["clip"], pretrained=pretrained)
+    classifiers = {name: TimmClassifier(name, not args.no_pretrained, device) for name in args.model}
+    merger, load_merger = (
+        _llm_merger(args.merge_llm, args.merge_llm_revision, device) if args.merge_llm else (None, None)
+    )
+    # 2. the models
     scorer.load(device)
-    classifiers = {name: _timm_classifier(name, not args.no_pretrained, device, torch)[0] for name in args.model}
-    merger = _llm_merger(args.merge_llm, args.merge_llm_revision, device) if args.merge_llm else None
+    for classifier in classifiers.values():
+        classifier.load()
+    if load_merger is not None:
+        load_merger()
     document = describe_release_failures(
         args.release, classifiers, lambda images: scorer.encode_images(images).cpu().numpy(), merger=merger
     )
     args.output.mkdir(parents=True, exist_ok=True)
-    path = args.output / "discoveries.json"
-    path.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    tmp = path.with_name(".discoveries.json.tmp")
+    tmp.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.replace(path)
     clusters = sum(len(e["clusters"]) for r in document["models"].values() for e in r["classes"])
     sys.stdout.write(f"discover: {clusters} failure cluster(s) described in {path}\n")
     return 0
 
 
-def run_discover(args: argparse.Namespace) -> int:
-    from tqdm.auto import tqdm
+def _summary_line(row: dict[str, Any], label_name: Any) -> str:
+    by = " and ".join({"target_label": "target label", "total": "total"}[k] for k in row["discovered_by"])
+    return (
+        f'  {row["model"]} | {row["class_name"]} + "{row["refined_description"]}" (by the {by} test): '
+        f"-> {label_name(row['target_label'])} {100 * row['target_rate']:.0f}% vs {100 * row['target_base_rate']:.0f}% "
+        f"base (q={row['target_q_value']:.2g}); all wrong {100 * row['rate']:.0f}% vs {100 * row['base_rate']:.0f}% "
+        f"base (q={row['q_value']:.2g})\n"
+    )
 
+
+def run_discover(args: argparse.Namespace) -> int:
     if args.release is not None:
         return run_release_mode(args)
-    from builder.cli import resolve_device
-    from builder.discovery.report import write_discovery_report
-    from builder.discovery.run import Discovery, DiscoverySettings, discovered
-    from lance_pipeline.discovery.method import ClusteringSettings
+    from tqdm.auto import tqdm
 
+    # 1. every option and path, before any model loads (Discovery then checks the output's settings, then loads)
     if args.demo:
         if args.model:
             raise ValueError("--demo probes its own planted stand-in model; drop --model")
@@ -268,24 +315,30 @@ def run_discover(args: argparse.Namespace) -> int:
         if not args.classes:
             raise ValueError("give --classes (ImageNet synsets, indices or names, comma-separated)")
         classes = [c.strip() for c in args.classes.split(",") if c.strip()]
+    _check_options(args)
     settings = DiscoverySettings(
         n_base=args.n_base, n_test=args.n_test, alpha=args.alpha, refine=not args.no_refine, seed=args.seed,
         batch_size=args.batch_size, clustering=ClusteringSettings(seed=args.seed),
     )  # fmt: skip
     targets = _targets(classes)
     output: Path = args.output
-    if output.exists() and not output.is_dir():
-        raise ValueError(f"--output {output} is a file; give a directory")
+    check_output_directory(output)
+    if (output / "discoveries.json").is_file() and not (output / LEDGER).exists():
+        raise ValueError(f"--output {output}: holds the discoveries of a release (--release); give a new --output")
     device = resolve_device(args.device)
-    components = _demo_components(targets) if args.demo else _real_components(args, targets, device)
+    components = _demo_components(args.demo, targets) if args.demo else _real_components(args, targets, device)
     if args.merge_llm:
-        components.merger = _llm_merger(args.merge_llm, args.merge_llm_revision, device)
+        components.merger, load_merger = _llm_merger(args.merge_llm, args.merge_llm_revision, device)
+        components.loaders.append(load_merger)
     bar = tqdm(unit="img", desc="discover", disable=args.no_progress)
-    run = Discovery(output, targets, components, settings, progress=bar)
+    try:
+        run = Discovery(output, targets, components, settings, progress=bar)  # 2. the models load here
+    except BaseException:
+        bar.close()
+        raise
     try:
         document = run.run()
         names = {t.label: t.name for t in targets}
-        from builder import imagenet
 
         def label_name(label: int) -> str:
             return names.get(label) or imagenet.class_names()[label]
@@ -301,10 +354,7 @@ def run_discover(args: argparse.Namespace) -> int:
     found = discovered(document)
     sys.stdout.write(f"discover: {len(found)} discovered failure(s); wrote {path} and {report}\n")
     for row in found:
-        sys.stdout.write(
-            f'  {row["model"]} | {row["class_name"]} + "{row["refined_description"]}": '
-            f"{100 * row['rate']:.0f}% fail vs {100 * row['base_rate']:.0f}% base (q={row['q_value']:.2g})\n"
-        )
+        sys.stdout.write(_summary_line(row, label_name))
     if found and not args.no_release:
         release = build_discovery_release(output, document)
         sys.stdout.write(

@@ -1,4 +1,4 @@
-"""The HTML report of a failure discovery: a plot of failure rates against base, the tested descriptions, galleries.
+"""The HTML report of a failure discovery: rates against base, the hypotheses tested, refinements, galleries.
 
 Self-contained HTML with images beside it in ``assets/`` (no script, no remote resource), rendered from
 ``templates/report.html.jinja`` with Jinja2's autoescape, so every text that comes from a model, a caption or a class
@@ -11,7 +11,12 @@ import re
 from pathlib import Path
 from typing import Any
 
+import jinja2
+
+from lance_pipeline.discovery.search import TARGET_LABEL_TEST, TOTAL_TEST
+
 GALLERY_IMAGES = 6
+PANELS = ((TARGET_LABEL_TEST, "rate of the target label"), (TOTAL_TEST, "total failure rate"))
 
 
 def _safe_name(text: str, limit: int = 60) -> str:
@@ -23,50 +28,63 @@ def _pct(value: float | None) -> str:
     return "–" if value is None else f"{100 * value:.1f}%"
 
 
+def _short(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def rates_figure(rows: list[dict[str, Any]]):
-    """The figure of ``plot_rates``: failure rate of each tested description (with its interval) against its class's
-    base rate, sized so that no label is cut off (the width grows with the longest row label)."""
+    """Each hypothesis's two rates (dot: under its description, 95% CI; band: at base, 95% CI) in two panels: the rate
+    of its target label and the total failure rate. The figure is sized so that no label is cut off.
+
+    Each row needs ``model, class_name, description, target_name, discovered`` and, per test kind, ``tests[kind]``
+    with ``rate, interval, base_count, base_n``.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from lance_pipeline.discovery.statistics import clopper_pearson
+
     with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}):
-        fig, ax = plt.subplots(figsize=(7, 0.45 * max(len(rows), 2) + 1.2))
-        for i, row in enumerate(rows):
-            low, high = row["interval"]
-            colour = "tab:red" if row["discovered"] else "tab:gray"
-            ax.errorbar(row["rate"], i, xerr=[[row["rate"] - low], [high - row["rate"]]], fmt="o", color=colour)
-            blow, bhigh = row["base_interval"]
-            ax.plot([blow, bhigh], [i, i], color="tab:blue", alpha=0.35, linewidth=6)
-        ax.set_yticks(range(len(rows)))
-        ax.set_yticklabels([f"{r['model'][:24]} | {r['class_name'][:24]} | {r['description'][:30]}" for r in rows])
-        ax.set_xlim(0, 1)
-        ax.set_xlabel("failure rate (dot: description, 95% CI; band: class base rate, 95% CI)")
-        ax.invert_yaxis()
+        fig, axes = plt.subplots(1, len(PANELS), sharey=True, figsize=(9, 0.45 * max(len(rows), 2) + 1.4))
+        for ax, (kind, title) in zip(axes, PANELS, strict=True):
+            for i, row in enumerate(rows):
+                test = row["tests"][kind]
+                low, high = test["interval"]
+                colour = "tab:red" if kind in row["discovered_by"] else "tab:gray"
+                ax.errorbar(test["rate"], i, xerr=[[test["rate"] - low], [high - test["rate"]]], fmt="o", color=colour)
+                blow, bhigh = clopper_pearson(test["base_count"], test["base_n"])
+                ax.plot([blow, bhigh], [i, i], color="tab:blue", alpha=0.35, linewidth=6)
+            ax.set_xlim(0, 1)
+            ax.set_title(title)
+            ax.set_xlabel("rate (dot: description; band: base; 95% CI)")
+        axes[0].set_yticks(range(len(rows)))
+        axes[0].set_yticklabels([
+            f"{_short(r['model'], 24)} | {_short(r['class_name'], 24)} + {_short(r['description'], 30)}"
+            f" → {_short(r['target_name'], 20)}"
+            for r in rows
+        ])  # fmt: skip
+        axes[0].invert_yaxis()
         fit_labels(fig)
     return fig
 
 
-def fit_labels(fig: Any, axes_width_in: float = 4.5, pad_in: float = 0.15) -> None:
-    """Widen ``fig`` so that its longest tick label and its axis labels fit, then lay it out.
+def fit_labels(fig: Any, axes_width_in: float = 3.2, pad_in: float = 0.2) -> None:
+    """Widen ``fig`` so that its tick labels, titles and axis labels fit beside plots of a fixed width; lay it out.
 
     ``tight_layout`` alone only shrinks the axes inside a fixed figure: with long row labels it gives up (a warning)
-    and the labels run off the left edge. Here the figure's width is the widest text plus a fixed plot width.
+    and the labels run off the edge. Here the figure's width is the widest text plus a fixed width per plot.
     """
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
-    dpi = fig.dpi
-    label_width = 0.0
-    for ax in fig.axes:
-        texts = [*ax.get_yticklabels(), ax.yaxis.label]
-        widths = [t.get_window_extent(renderer).width / dpi for t in texts if t.get_text()]
-        label_width += max(widths, default=0.0)
-    xlabel_width = max(
-        (ax.xaxis.label.get_window_extent(renderer).width / dpi for ax in fig.axes if ax.get_xlabel()), default=0.0
-    )
-    width = max(label_width + axes_width_in * len(fig.axes) + 4 * pad_in, xlabel_width + label_width + 4 * pad_in)
-    fig.set_size_inches(width, fig.get_size_inches()[1])
+
+    def width(texts) -> float:
+        return max((t.get_window_extent(renderer).width / fig.dpi for t in texts if t.get_text()), default=0.0)
+
+    labels = width([t for ax in fig.axes for t in ax.get_yticklabels()])
+    per_axes = max(axes_width_in, *(width([ax.xaxis.label, ax.title]) for ax in fig.axes))
+    fig.set_size_inches(labels + (per_axes + pad_in) * len(fig.axes) + 2 * pad_in, fig.get_size_inches()[1])
     fig.tight_layout(pad=0.4)
 
 
@@ -95,19 +113,15 @@ def write_discovery_report(
     assets = output / "assets"
     assets.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
+    families = []
     for model, result in document["models"].items():
+        families.append({"model": model, **result["families"]})
         for entry in result["classes"]:
-            for cluster in entry["clusters"]:
-                test = cluster.get("test")
-                if not test:
-                    continue
+            for hypothesis in entry["hypotheses"]:
                 rows.append({
-                    "model": model, "class_name": entry["class_name"], "description": cluster["description"],
-                    "rate": test["rate"], "interval": test["interval"], "base_rate": test["base_rate"],
-                    "base_interval": entry["base"]["interval"], "p": test["p_value"], "q": test.get("q_value"),
-                    "n": test["n"], "discovered": bool(cluster.get("discovered")),
-                    "refined": cluster.get("refined_description"), "keys": test["keys"], "label": entry["label"],
-                    "base_keys": cluster["members"], "predicted_label": cluster["predicted_label"],
+                    **hypothesis, "model": model, "class_name": entry["class_name"], "label": entry["label"],
+                    "target_name": label_name(hypothesis["target_label"]),
+                    "refined": hypothesis.get("refined_description"),
                 })  # fmt: skip
     plot = None
     if rows:
@@ -118,7 +132,7 @@ def write_discovery_report(
         tag = f"{index:03d}_{_safe_name(r['class_name'])}"
         galleries = []
         for title, letter, keys in (
-            ("base images that failed", "b", r["base_keys"]),
+            ("base images that failed", "b", r["members"]),
             ("description images", "d", r["keys"]),
         ):
             shown = keys[:GALLERY_IMAGES]
@@ -131,15 +145,17 @@ def write_discovery_report(
                     {"src": f"assets/{name}", "key": shown[j], "prediction": label_name(labels[shown[j]])}
                 )
             galleries.append(gallery)
-        found.append({"row": r, "predicted_name": label_name(r["predicted_label"]), "galleries": galleries})
+        found.append({"row": r, "galleries": galleries})
     page = _template().render(
         generator=str(document["generator"].get("model")),
         captioner=str(document["captioner"].get("model")),
         stand_in=bool(document["generator"].get("stand_in") or document["captioner"].get("stand_in")),
         settings=document["settings"],
+        families=families,
         plot=plot,
         rows=rows,
         found=found,
+        kinds=PANELS,
     )
     path = output / "report.html"
     path.write_text(page, encoding="utf-8")
@@ -149,8 +165,6 @@ def write_discovery_report(
 def _template() -> Any:
     """The page template beside this module, rendered with autoescape: every model, caption and class name is
     escaped by Jinja2, none by hand."""
-    import jinja2
-
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("builder.discovery", "templates"),
         autoescape=True,
@@ -158,4 +172,5 @@ def _template() -> Any:
         keep_trailing_newline=True,
     )
     env.filters["pct"] = _pct
+    env.filters["g2"] = lambda value: "" if value is None else format(value, ".2g")
     return env.get_template("report.html.jinja")

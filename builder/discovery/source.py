@@ -13,7 +13,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from builder.discovery.run import LEDGER, DiscoveryLedger
 from builder.sources import Source, SourceSample, imagenet_label_space
+from lance_pipeline.discovery.search import discovered
 from lance_pipeline.stage import MetadataField, ReleaseOutput
 
 DISCOVERY_FIELDS = {
@@ -22,6 +24,11 @@ DISCOVERY_FIELDS = {
     "refined_description": "str",
     "probe_model": "str",
     "probe_prediction": "int",
+    "discovered_by": "str",
+    "target_label": "int",
+    "target_rate": "float",
+    "target_base_rate": "float",
+    "target_q_value": "float",
     "failure_rate": "float",
     "base_rate": "float",
     "q_value": "float",
@@ -56,16 +63,24 @@ class DiscoverySource(Source):
                 MetadataField("refined_description", "string", description="the shortest significant description"),
                 MetadataField("probe_model", "string", description="the model the failure was discovered for"),
                 MetadataField("probe_prediction", "int64", description="that model's prediction for this image"),
-                MetadataField("failure_rate", "float64", description="the description's failure rate"),
+                MetadataField(
+                    "discovered_by",
+                    "string",
+                    description="the test(s) that found it: target_label, total, or both (comma-separated)",
+                ),
+                MetadataField("target_label", "int64", description="the wrong label the description's test counts"),
+                MetadataField("target_rate", "float64", description="rate of the target label under the description"),
+                MetadataField("target_base_rate", "float64", description="rate of the target label at base"),
+                MetadataField("target_q_value", "float64", description="Benjamini-Hochberg q-value, target-label test"),
+                MetadataField("failure_rate", "float64", description="the description's total failure rate"),
                 MetadataField("base_rate", "float64", description="the class's base failure rate"),
-                MetadataField("q_value", "float64", description="Benjamini-Hochberg q-value of the test"),
+                MetadataField("q_value", "float64", description="Benjamini-Hochberg q-value, total-failure test"),
                 MetadataField("prompt", "string", description="the generation prompt"),
             ),
         ),
     )
 
     def __init__(self, spec: str, path: str):
-        from builder.discovery.run import LEDGER, DiscoveryLedger, discovered
 
         super().__init__(spec=spec, kind="discovery")
         root = Path(path)
@@ -103,6 +118,11 @@ class DiscoverySource(Source):
                     "refined_description": row["refined_description"],
                     "probe_model": row["model"],
                     "probe_prediction": int(predictions[image_key]),
+                    "discovered_by": ",".join(row["discovered_by"]),
+                    "target_label": int(row["target_label"]),
+                    "target_rate": float(row["target_rate"]),
+                    "target_base_rate": float(row["target_base_rate"]),
+                    "target_q_value": float(row["target_q_value"]),
                     "failure_rate": float(row["rate"]),
                     "base_rate": float(row["base_rate"]),
                     "q_value": float(row["q_value"]),

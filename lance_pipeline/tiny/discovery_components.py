@@ -1,24 +1,33 @@
-"""Deterministic stand-ins with a PLANTED failure, for the offline discovery demo and its tests.
+"""Deterministic STAND-INS with PLANTED failures, for the offline discovery demo and its tests.
 
 Failure discovery needs images whose content matters (a model that fails on red things, a captioner that says "red"),
 which tiny random-weight diffusion models and captioners cannot give. These stand-ins are small, honest and
-deterministic; none of them is a real generative model or captioner, and nothing they produce says anything about a
-real classifier:
+deterministic; none of them is a real generative model, captioner or classifier, and nothing they produce says
+anything about a real classifier:
 
 * ``PaletteGenerator``: "generates" an image for a prompt: a seeded texture tinted with the first palette colour named
   in the prompt, or, when none is named, with a colour drawn from the seed (so about one baseline image in
   ``len(PALETTE)`` shows each colour). The class named in the prompt is written into the image's top row as a grey
-  level (``CLASS_ROW``), the "object" a classifier can see.
+  level (``CLASS_ROW_HEIGHT``), the "object" a classifier can see.
 * ``planted_colour_classifier``: a timm-registered model (``timm.create_model("planted_colour_classifier",
-  num_classes=N, planted_colour="red")``) that reads the class from the top row and predicts it, unless the image's
-  dominant colour is the planted one, in which case it predicts the next class. ``planted_colour="none"`` gives a null
-  model whose errors do not depend on colour (``null_error_rate`` of images, chosen by a hash of their pixels).
-* ``ColourCaptioner``: names the dominant palette colour and the class ("a red photo of a tench").
+  num_classes=N, failures="red=1>+1")``) that reads the class from the top row and predicts it, except on the
+  images its *failure rules* select: ``COLOUR=RATE>TARGET`` (``*`` for every colour no other rule names) makes a
+  fraction RATE of the images of that dominant colour wrong, predicted as the true label + k (``+k``, modulo N) or
+  as a label spread over every other label (``scatter``). Which images fail, and where a scattered one goes, is a
+  hash of the image's pixels: the same image always gets the same answer, independent of colour within a rule.
+* ``ColourCaptioner``: names the dominant palette colour, the class and a scene every image shares ("a red photo of
+  a tench in a pond"), so merged descriptions carry a word ("pond") that says nothing about the failure.
+* ``colour_histogram_embedder``: the mean colour, the stand-in's image embedding.
+
+``DEMO_SCENARIOS`` are the planted cases the demo and the tests run (``lance-cf discover --demo NAME``; registered in
+``builder.registry.DISCOVERY_DEMOS``): each is a failure rule and what a correct discovery reports for it; calling
+one with the run's class names gives its components.
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from typing import Any
 
 PALETTE: dict[str, tuple[int, int, int]] = {
@@ -28,6 +37,10 @@ PALETTE: dict[str, tuple[int, int, int]] = {
     "yellow": (230, 210, 30),
     "purple": (140, 40, 170),
 }
+
+# The stand-in classifier's label space in the demo: the run's classes first, then other labels a wrong prediction
+# can go to (so that scattered errors have somewhere to scatter).
+DEMO_NUM_LABELS = 12
 
 
 def _seeded_rng(seed: int):
@@ -98,28 +111,74 @@ def dominant_colour(image: Any) -> str:
 
 
 class ColourCaptioner:
-    """Stand-in captioner: "a {colour} photo of a {class}", colour from the image's dominant palette colour."""
+    """Stand-in captioner: "a {colour} photo of a {class} {scene}", colour from the image's dominant palette colour.
+
+    ``scene`` is a phrase every caption shares (e.g. "in a pond"), as real captions share context that has nothing
+    to do with a failure: the merged description then carries a word that refinement must drop.
+    """
+
+    def __init__(self, scene: str = "") -> None:
+        self.scene = scene
 
     def caption(self, images: list[Any], class_names: list[str]) -> list[str]:
-        return [f"a {dominant_colour(im)} photo of a {name}" for im, name in zip(images, class_names, strict=True)]
+        tail = f" {self.scene}" if self.scene else ""
+        return [
+            f"a {dominant_colour(im)} photo of a {name}{tail}" for im, name in zip(images, class_names, strict=True)
+        ]
 
     def describe(self) -> dict[str, Any]:
-        return {"model": "demo:colour-captioner", "stand_in": True}
+        return {"model": "demo:colour-captioner", "stand_in": True, "scene": self.scene}
 
 
-def _make_planted_module(num_classes: int, planted_colour: str | None, null_error_rate: float):
+@dataclass(frozen=True)
+class FailureRule:
+    """A fraction ``rate`` of the images of one dominant colour is misclassified, towards ``target``."""
+
+    colour: str  # a PALETTE name, or "*" for every colour no other rule names
+    rate: float
+    target: str  # "+k" (true label + k, modulo the number of labels) or "scatter"
+
+
+def parse_failure_rules(spec: str) -> dict[str, FailureRule]:
+    """``"red=0.5>+1,*=0.05>+1"`` -> {colour: rule}; one line naming the bad part otherwise."""
+    rules: dict[str, FailureRule] = {}
+    for part in (p.strip() for p in spec.split(",")):
+        colour, _, rest = part.partition("=")
+        rate, _, target = rest.partition(">")
+        colour = colour.strip()
+        try:
+            value = float(rate)
+        except ValueError:
+            value = -1.0
+        ok_target = target == "scatter" or (target[:1] == "+" and target[1:].isdigit() and int(target[1:]) > 0)
+        if colour not in (*PALETTE, "*") or not 0.0 <= value <= 1.0 or not ok_target or colour in rules:
+            raise ValueError(
+                f"failure rule {part!r}: expected COLOUR=RATE>TARGET, COLOUR one of {sorted(PALETTE)} or '*' (once "
+                "each), RATE in [0, 1], TARGET +k or scatter"
+            )
+        rules[colour] = FailureRule(colour, value, target)
+    return rules
+
+
+def _unit(digest: bytes, offset: int) -> float:
+    return int.from_bytes(digest[offset : offset + 4], "big") / 2**32
+
+
+def _make_planted_module(num_classes: int, failures: str):
     import torch
     from torch import nn
 
-    palette = torch.tensor([PALETTE[name] for name in sorted(PALETTE)], dtype=torch.float32) / 255.0
+    rules = parse_failure_rules(failures)
     names = sorted(PALETTE)
+    palette = torch.tensor([PALETTE[name] for name in names], dtype=torch.float32) / 255.0
 
     class PlantedColourClassifier(nn.Module):
-        """Logits: a one-hot vote for the class in the top row, moved to the next class on the planted colour."""
+        """Logits: a one-hot vote for the class in the top row, or for a wrong label where a failure rule says."""
 
         def __init__(self) -> None:
             super().__init__()
             self.num_classes = num_classes
+            self.failures = failures
             self.register_buffer("palette", palette)
             self.register_buffer("mean", torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1))
             self.register_buffer("std", torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1))
@@ -134,15 +193,21 @@ def _make_planted_module(num_classes: int, planted_colour: str | None, null_erro
             true_label = ((level - 10.0) / 20.0).round().long().clamp(0, num_classes - 1)
             rgb = pixels[:, :, CLASS_ROW_HEIGHT:].mean(dim=(2, 3))
             nearest = torch.cdist(rgb, self.palette).argmin(dim=1)
-            wrong = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
-            if planted_colour is not None:
-                wrong = nearest == names.index(planted_colour)
-            elif null_error_rate > 0:
-                # errors independent of colour: a hash of the pixels, so the same image always gets the same answer
-                for i in range(x.shape[0]):
-                    digest = hashlib.sha256(x[i].detach().cpu().numpy().tobytes()).digest()
-                    wrong[i] = int.from_bytes(digest[:4], "big") / 2**32 < null_error_rate
-            predicted = torch.where(wrong, (true_label + 1) % num_classes, true_label)
+            predicted = true_label.clone()
+            for i in range(x.shape[0]):
+                rule = rules.get(names[int(nearest[i])]) or rules.get("*")
+                if rule is None or rule.rate == 0.0:
+                    continue
+                # the same image always gets the same answer: a hash of its pixels decides
+                digest = hashlib.sha256(x[i].detach().cpu().numpy().tobytes()).digest()
+                if _unit(digest, 0) >= rule.rate:
+                    continue
+                truth = int(true_label[i])
+                if rule.target == "scatter":  # uniform over every other label
+                    shift = 1 + int(_unit(digest, 4) * (num_classes - 1))
+                else:
+                    shift = int(rule.target[1:])
+                predicted[i] = (truth + shift) % num_classes
             return nn.functional.one_hot(predicted, num_classes).float() * 10.0
 
     return PlantedColourClassifier()
@@ -157,32 +222,20 @@ def register_planted_classifier() -> None:
         return
 
     @register_model
-    def planted_colour_classifier(
-        pretrained: bool = False,
-        num_classes: int = 1000,
-        planted_colour: str | None = "red",
-        null_error_rate: float = 0.0,
-        **kwargs: Any,
-    ):
+    def planted_colour_classifier(pretrained: bool = False, num_classes: int = 1000, failures: str = "red=1>+1",
+                                  **kwargs: Any):  # fmt: skip
         if pretrained:
             raise ValueError("planted_colour_classifier has no pretrained weights (it is a stand-in)")
-        # timm's create_model drops keyword arguments whose value is None, so "none" spells the null model.
-        planted = None if planted_colour in (None, "none") else planted_colour
-        if planted is not None and planted not in PALETTE:
-            raise ValueError(f"planted_colour {planted_colour!r}: expected one of {sorted(PALETTE)} or 'none'")
-        return _make_planted_module(num_classes, planted, null_error_rate)
+        return _make_planted_module(num_classes, failures)
 
 
-def planted_classifier_fn(num_classes: int, planted_colour: str | None, null_error_rate: float = 0.0):
+def planted_classifier_fn(num_classes: int, failures: str):
     """A callable(list[PIL]) -> predicted labels around the timm-registered planted model (timm's own transforms)."""
     import timm
     import torch
 
     register_planted_classifier()
-    model = timm.create_model(
-        "planted_colour_classifier", num_classes=num_classes, planted_colour=planted_colour or "none",
-        null_error_rate=null_error_rate,
-    ).eval()  # fmt: skip
+    model = timm.create_model("planted_colour_classifier", num_classes=num_classes, failures=failures).eval()
     config = timm.data.resolve_data_config({}, model=model)
     transform = timm.data.create_transform(**config)
 
@@ -201,3 +254,66 @@ def colour_histogram_embedder(images: list[Any]) -> Any:
     return np.stack(
         [np.asarray(im.convert("RGB"), dtype=np.float32)[CLASS_ROW_HEIGHT:].reshape(-1, 3).mean(0) for im in images]
     )
+
+
+@dataclass(frozen=True)
+class DemoScenario:
+    """A planted case: the stand-in classifier's failure rule and what discovery should report for it. Calling it
+    with the run's class names (and labels) gives its components (``create_demo_components``)."""
+
+    name: str
+    failures: str
+    expect: str
+    scene: str = "in a pond"
+
+    def __call__(self, class_names: list[str], labels: list[int] | None = None):
+        return create_demo_components(self, class_names, labels)
+
+
+PLANTED_RED = DemoScenario("planted-red", "red=1>+1", "every red image fails (to the next class): finds 'red'")
+PARTIAL_RED = DemoScenario(
+    "partial-red", "red=0.5>+1,*=0.05>+1", "half the red images fail, 5% of the others: finds 'red'"
+)
+TARGET_SHIFT = DemoScenario(
+    "target-shift",
+    "green=0.2>+2,*=0.2>+1",
+    "20% of every colour fails, but green errors go to the class after next: finds 'green' on the target-label test "
+    "(the total failure rate does not change)",
+)
+SCATTERED_BLUE = DemoScenario(
+    "scattered-blue",
+    "blue=0.7>scatter,*=0.1>+1",
+    "70% of blue images fail, their wrong labels spread over every other label: finds 'blue' on the total test",
+)
+NULL = DemoScenario("null", "*=0.25>+1", "25% of every colour fails the same way: a correct discovery finds nothing")
+DEMO_SCENARIOS = {s.name: s for s in (PLANTED_RED, PARTIAL_RED, TARGET_SHIFT, SCATTERED_BLUE, NULL)}
+
+
+def create_demo_components(scenario: DemoScenario, class_names: list[str], labels: list[int] | None = None):
+    """The stand-in components of one demo scenario for classes ``class_names`` (true labels ``labels``).
+
+    The stand-in classifier works on indices (0..n-1: the run's classes, then other labels up to
+    ``DEMO_NUM_LABELS``); its predictions are mapped back to ``labels`` and to the smallest labels not among them.
+    """
+    from lance_pipeline.discovery.search import DiscoveryComponents
+
+    labels = list(range(len(class_names))) if labels is None else list(labels)
+    if len(labels) != len(class_names) or len(set(labels)) != len(labels):
+        raise ValueError("the demo needs one distinct label per class")
+    if len(class_names) > DEMO_NUM_LABELS - 2:
+        raise ValueError(f"the discovery demo's stand-ins take at most {DEMO_NUM_LABELS - 2} classes")
+    others = [label for label in range(DEMO_NUM_LABELS + len(labels)) if label not in labels]
+    index_to_label = labels + others[: DEMO_NUM_LABELS - len(labels)]
+    inner = planted_classifier_fn(DEMO_NUM_LABELS, scenario.failures)
+
+    def classify(images: list[Any]) -> list[int]:
+        return [index_to_label[i] for i in inner(images)]
+
+    return DiscoveryComponents(
+        generator=PaletteGenerator(class_names),
+        classifiers={"planted_colour_classifier": classify},
+        captioner=ColourCaptioner(scenario.scene),
+        embedder=colour_histogram_embedder,
+        classifier_info={"planted_colour_classifier": {"stand_in": True, "scenario": scenario.name,
+                                                       "failures": scenario.failures}},
+    )  # fmt: skip
