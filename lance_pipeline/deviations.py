@@ -161,6 +161,15 @@ register_mode(
     )
 )
 
+register_mode(
+    Mode(
+        "discovery",
+        "Failure discovery (`lance-cf discover`)",
+        "Wiles, Albuquerque, Gowal, arXiv 2208.08831: section 3, Figures 2, 3 and 5 (no code was published)",
+        lambda m: str((m.get("source") or {}).get("kind")) == "discovery",
+    )
+)
+
 
 # -- LANCE ---------------------------------------------------------------------------------------------------------
 def _perturber_without_adapter(manifest: Manifest) -> bool:
@@ -482,7 +491,90 @@ PERTURBER_ROWS = (
     ),
 )
 
-DEVIATIONS: tuple[Deviation, ...] = (*LANCE_ROWS, *DILLEMA_ROWS, *PERTURBER_ROWS)
+
+# -- failure discovery ---------------------------------------------------------------------------------------------
+def _discovery(manifest: Manifest) -> Mapping[str, Any]:
+    """What a discovery release's source recorded about the discovery (empty for an older release)."""
+    found = (manifest.get("source") or {}).get("discovery")
+    return found if isinstance(found, Mapping) else {}
+
+
+DISCOVERY_ROWS = (
+    Deviation(
+        "discovery",
+        "generator",
+        "Imagen (internal to Google)",
+        "Stable Diffusion 2 (`stabilityai/stable-diffusion-2`), Euler, 50 steps, guidance 7.5",
+        "Imagen is not available; SD 2 is the open model ImageNet* generates with",
+        "`discover --generator`, `--steps`",
+        "the images are not the demo's stand-ins",
+        lambda m: not _discovery(m).get("stand_in"),
+    ),
+    Deviation(
+        "discovery",
+        "captioner",
+        "Flamingo (internal to DeepMind)",
+        "BLIP-2 OPT-2.7B, label-conditioned (LANCE's captioner)",
+        "Flamingo is not available; one captioner shared with LANCE",
+        "`discover --captioner`",
+        "the captions are not the demo's stand-ins",
+        lambda m: not _discovery(m).get("stand_in"),
+    ),
+    Deviation(
+        "discovery",
+        "stand-ins",
+        "real generator, captioner and classifiers",
+        "deterministic stand-ins with a planted failure (a palette painter, a colour captioner, a rule classifier)",
+        "the offline demo: tiny random models cannot make images whose content matters",
+        "drop `--demo`",
+        "the release came from `discover --demo`",
+        lambda m: bool(_discovery(m).get("stand_in")),
+    ),
+    Deviation(
+        "discovery",
+        "describing failures",
+        "a description per misclassified image (Figure 2); how several are combined is not given in our copy",
+        "the failures of a class clustered (k-means on CLIP embeddings, all predicted labels together, k by "
+        "silhouette), each cluster's captions merged into at most 3 shared keywords; one hypothesis per distinct "
+        "description, at most 5 per class",
+        "a short description shared by several failures is what can be tested; grouping by label first lost "
+        "failures whose wrong labels scatter",
+        "`discover --merge-llm MODEL` merges with an LLM; clustering and the 5 through the Python API "
+        "(`ClusteringSettings`, `DiscoverySettings`)",
+    ),
+    Deviation(
+        "discovery",
+        "what counts as a failure found",
+        "a description under which the rate of a (true label, predicted label) pair is higher than the base caption's "
+        "(Figures 3 and 5); no significance test is given in our copy",
+        "the target label's rate and the total failure rate, each a one-sided Fisher exact test against the base "
+        "images; Benjamini-Hochberg over both tests of every hypothesis of a model, level 0.05",
+        "a reader can check a discovery; with tens of descriptions per model, some rates rise by chance",
+        "`discover --alpha`",
+    ),
+    Deviation(
+        "discovery",
+        "sample sizes",
+        "not given in our copy (its rates, as low as 0.0032%, imply many thousands of images per caption)",
+        "200 base images per class, 100 per description",
+        "our choice: 700 generated images per class at 5 descriptions; at these sizes a shift of one wrong label from "
+        "4% to 20% is found in most runs (docs/discovery.md)",
+        "`discover --n-base`, `--n-test`",
+    ),
+    Deviation(
+        "discovery",
+        "refinement",
+        "the description is edited word by word, by hand or automatically (Figure 2)",
+        "every word-dropped variant tested on the test(s) that found the failure, in a Benjamini-Hochberg family of "
+        "its own; the shortest significant one is reported beside the original",
+        "which words carry the failure is a question of its own, corrected as such",
+        "`discover --no-refine`",
+        "refinement ran",
+        lambda m: _discovery(m).get("refine", True) is not False,
+    ),
+)
+
+DEVIATIONS: tuple[Deviation, ...] = (*LANCE_ROWS, *DILLEMA_ROWS, *PERTURBER_ROWS, *DISCOVERY_ROWS)
 
 
 # -- readers -------------------------------------------------------------------------------------------------------

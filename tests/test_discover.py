@@ -137,6 +137,11 @@ def test_discover_demo_command_writes_discoveries_and_a_report_that_renders(tmp_
         assert meta["refined_description"] == "red" and meta["discovered_by"] == "target_label,total"
         assert meta["prompt"].endswith(", red pond") and meta["failure_rate"] == 1.0 and meta["target_rate"] == 1.0
         assert meta["target_label"] == 1 and 0 < meta["target_base_rate"] < 1 and meta["target_q_value"] < 0.05
+    # the card lists the discovery deviations that apply to a demo release (stand-ins; no generator or captioner row)
+    card = (release / "README.md").read_text()
+    assert "**Failure discovery (`lance-cf discover`)**" in card and "| stand-ins |" in card
+    assert "| generator |" not in card and "| refinement |" in card
+    assert manifest["source"]["discovery"]["stand_in"] is True and manifest["source"]["discovery"]["n_base"] == 60
     from croissant_check import assert_croissant_matches_datasets
 
     assert assert_croissant_matches_datasets(release, tmp_path) == sum(c["total"] for c in manifest["counts"].values())
@@ -300,3 +305,17 @@ def test_release_and_generating_discoveries_never_share_an_output(tmp_path, caps
     code, _, err = _run(capsys, "discover", "--release", str(release), "--model", "resnet18", "--output",
                         str(release_out))  # fmt: skip
     assert code == 2 and "another release or other models" in err
+
+
+def test_the_discovery_deviations_are_decided_from_the_release_manifest():
+    from lance_pipeline import deviations as dv
+
+    def topics(source):
+        return [d.topic for d in dv.deviations_for({"source": source}) if d.mode == "discovery"]
+
+    real = {"kind": "discovery", "discovery": {"stand_in": False, "refine": True}}
+    assert topics(real) == ["generator", "captioner", "describing failures", "what counts as a failure found",
+                            "sample sizes", "refinement"]  # fmt: skip
+    demo = {"kind": "discovery", "discovery": {"stand_in": True, "refine": False}}
+    assert topics(demo) == ["stand-ins", "describing failures", "what counts as a failure found", "sample sizes"]
+    assert topics({"kind": "imagefolder"}) == [] and "discovery" in dv.modes_of({"source": {"kind": "discovery"}})

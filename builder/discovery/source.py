@@ -131,6 +131,17 @@ class DiscoverySource(Source):
         if not samples:
             raise ValueError(f"source {spec!r}: the discovery found no failure; there is nothing to release")
         self.samples = sorted(samples, key=lambda s: s.key)
+        settings = document["settings"]
+        self.discovery = {  # how the failures were found: the card's deviations from the paper are decided from it
+            **{k: settings[k] for k in ("n_base", "n_test", "alpha", "refine", "max_descriptions_per_class")},
+            "clustering": settings["clustering"]["method"],
+            "merger": document["merger"].get("kind"),
+            "stand_in": bool(document["generator"].get("stand_in") or document["captioner"].get("stand_in")),
+            "schema_version": document.get("schema_version"),
+        }
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "discovery": self.discovery}
 
     def read(self, sample: SourceSample) -> bytes:
         import io
