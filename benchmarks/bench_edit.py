@@ -55,6 +55,7 @@ import numpy as np
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 CAPTIONS = [
     "a photo of a dog sitting on the grass",
@@ -373,6 +374,69 @@ def run_controlnet(components, controlnet, options, images, captions, edits, dev
     return out
 
 
+def unet_flops_per_sample_forward(components, image_size: int, device: str) -> float:
+    """FLOPs of one UNet sample-forward (one latent, one text context) at ``image_size``, counted by torch's
+    ``FlopCounterMode`` on a batch of two (the count is per sample): what a forward-equivalent costs, so that
+    counted forward-equivalents times this over seconds is the UNet's achieved FLOP rate (VAE and text encoder
+    not included)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    unet = components.unet
+    dtype = next(unet.parameters()).dtype
+    latent = torch.zeros(2, unet.config.in_channels, image_size // 8, image_size // 8, device=device, dtype=dtype)
+    context = torch.zeros(2, 77, unet.config.cross_attention_dim, device=device, dtype=dtype)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        unet(latent, 10, encoder_hidden_states=context)
+    return counter.get_total_flops() / 2
+
+
+class JsonResults(dict):
+    """The rows of this run as they finish: a dict of result name -> raw result, mirrored to ``--json`` (one
+    snapshot after every row, so a run stopped by a time budget keeps what it finished)."""
+
+    def __init__(self, path, header, n_images: int, n_cf: int, flops_per_forward: float) -> None:
+        super().__init__()
+        self.path, self.header = path, header
+        self.n_images, self.n_cf, self.flops_per_forward = n_images, n_cf, flops_per_forward
+        self.summary: dict = {}
+        self._write()
+
+    def __setitem__(self, name, result) -> None:
+        super().__setitem__(name, result)
+        self._write()
+
+    def finish(self, **summary) -> None:
+        self.summary = summary
+        self._write()
+
+    def row(self, name: str, r: dict) -> dict:
+        fwd_eq = r["inversion_count"].forward_equivalents + r["edit_count"].forward_equivalents
+        seconds = r["inversion_s"] + r["edit_s"]
+        row = {
+            "name": name,
+            "unet_fwd_eq_per_cf": fwd_eq / self.n_cf,
+            "inversion_fwd_eq_per_image": r["inversion_count"].forward_equivalents / self.n_images,
+            "editing_fwd_eq_per_cf": r["edit_count"].forward_equivalents / self.n_cf,
+            "s_inversion_per_image": r["inversion_s"] / self.n_images,
+            "s_editing_per_cf": r["edit_s"] / self.n_cf,
+            "s_per_cf": seconds / self.n_cf,
+            "s_per_image": seconds / self.n_images,
+            "peak_gib": r["peak"],
+            "unet_tflops_achieved": fwd_eq * self.flops_per_forward / seconds / 1e12 if seconds > 0 else None,
+            "controlnet_fwd_per_cf": r.get("controlnet_forwards", 0) / self.n_cf,
+        }
+        if not r.get("other_editor"):
+            row["reconstruction_mse"] = float(np.mean(r["reconstruction_error"]))
+        return row
+
+    def _write(self) -> None:
+        from bench_json import write_json
+
+        rows = [self.row(name, r) for name, r in self.items()]
+        write_json(self.path, {"benchmark": "bench_edit", **self.header, "rows": rows, "summary": self.summary})
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
@@ -395,6 +459,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--no-controlnet", action="store_true", help=f"leave out the ControlNet editor's row ({CONTROLNET_PRESET})"
     )
+    parser.add_argument("--json", default=None, help="also write every row to this JSON file (after each row)")
     parser.add_argument(
         "--compile",
         default="none",
@@ -436,7 +501,20 @@ def main(argv: list[str] | None = None) -> None:
             f"{cn_options.guidance_scale}, images_per_edit={cn_options.images_per_edit}, "
             f"conditioning_scales={list(cn_options.conditioning_scales)}, batch_size={cn_options.batch_size}"
         )
-    results = {}
+    flops_per_forward = unet_flops_per_sample_forward(components, image_size, args.device)
+    header = {
+        "size": args.size,
+        "image_size": image_size,
+        "device": args.device,
+        "images": args.images,
+        "edits_per_image": args.edits,
+        "steps": steps,
+        "null_text_iterations": inner,
+        "sweep": list(options.self_replace_sweep),
+        "unet_flops_per_sample_forward": flops_per_forward,
+        "seconds": "wall" if args.device.startswith("cuda") else "process CPU time",
+    }
+    results = JsonResults(args.json, header, n_images=args.images, n_cf=n_cf, flops_per_forward=flops_per_forward)
     for name, runner in (("reference fp32", run_reference), ("ours null_text fp32", run_ours)):
         results[name] = runner(components, options, images, captions, edits, args.device)
     reference, ours = results["reference fp32"], results["ours null_text fp32"]
@@ -540,6 +618,7 @@ def main(argv: list[str] | None = None) -> None:
         ours[k].forward_equivalents for k in ("inversion_count", "edit_count")
     )
     print(f"speedup_vs_reference={speedup:.2f} fwd_eq_ratio={ratio:.2f}")
+    results.finish(speedup_vs_reference=speedup, fwd_eq_ratio=ratio)
 
 
 if __name__ == "__main__":

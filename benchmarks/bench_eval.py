@@ -31,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def write_imagefolder(release_root: Path, target: Path) -> int:
@@ -128,6 +129,7 @@ def main() -> None:
     parser.add_argument("--amp", action="store_true", help="autocast on both sides (validate.py --amp)")
     parser.add_argument("--amp-dtype", default="bfloat16", choices=("bfloat16", "float16"))
     parser.add_argument("--repeats", type=int, default=3, help="rounds; the best of each measurement is kept")
+    parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
     args = parser.parse_args()
 
     import io
@@ -239,6 +241,27 @@ def main() -> None:
     print(
         f"timm validate.py loop, defaults (NCHW, float32): {ips['validate_defaults']:.2f} images/s "
         f"({best['validate_defaults']:.2f}s)"
+    )
+    from bench_json import write_json
+
+    write_json(
+        args.json,
+        {
+            "benchmark": "bench_eval",
+            "model": args.model,
+            "device": args.device,
+            "images": n,
+            "input_size": list(data_config["input_size"]),
+            "batch_size": args.batch_size,
+            "workers": args.workers,
+            "layout": layout,
+            "precision": precision,
+            "images_per_second": ips,
+            "seconds_best": best,
+            "ratio_like_for_like": ips["harness"] / ips["validate_like"],
+            "ratio_vs_forward": ips["harness"] / ips["forward"],
+            "ratio_vs_validate_defaults": ips["harness"] / ips["validate_defaults"],
+        },
     )
     print(
         f"ratio_like_for_like={ips['harness'] / ips['validate_like']:.3f} "

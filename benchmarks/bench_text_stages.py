@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # Editing cost per source image at the issue's settings with our editor and null-text (docs/performance.md, counted by
 # hooks): UNet sample-forward-equivalents; and the FLOPs of one SD 1.x UNet sample-forward at 512x512.
@@ -87,8 +88,9 @@ def _tokenizer(specials: list[str], extra: list[str]):
     return _word_level_tokenizer(specials, extra_added=extra)
 
 
-def write_captioner(path: Path, size: str) -> Path:
-    """A random-weight BLIP-2 (OPT decoder) of ``SIZES[size]`` with a local processor, saved to ``path``."""
+def write_captioner(path: Path, size: str, device: str = "cpu") -> Path:
+    """A random-weight BLIP-2 (OPT decoder) of ``SIZES[size]`` with a local processor, saved to ``path``; the
+    weights are drawn on ``device`` (on a GPU, seconds instead of minutes at full size)."""
     import torch
     from transformers import Blip2Config, Blip2ForConditionalGeneration, Blip2Processor, BlipImageProcessor
 
@@ -119,7 +121,8 @@ def write_captioner(path: Path, size: str) -> Path:
         image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
     )
     torch.manual_seed(0)
-    model = Blip2ForConditionalGeneration(config).eval()
+    with torch.device(device):
+        model = Blip2ForConditionalGeneration(config).eval()
     if size == "full":  # written in half precision (the stage loads it at its own dtype): half the disk and RAM
         model = model.to(torch.bfloat16)
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
@@ -129,8 +132,9 @@ def write_captioner(path: Path, size: str) -> Path:
     return path
 
 
-def write_perturber(path: Path, size: str) -> Path:
-    """A random-weight Qwen2 causal LM of ``SIZES[size]`` with a chat-template tokenizer, saved to ``path``."""
+def write_perturber(path: Path, size: str, device: str = "cpu") -> Path:
+    """A random-weight Qwen2 causal LM of ``SIZES[size]`` with a chat-template tokenizer, saved to ``path``; the
+    weights are drawn on ``device``."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -150,7 +154,8 @@ def write_perturber(path: Path, size: str) -> Path:
         pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config).eval()
+    with torch.device(device):
+        model = Qwen2ForCausalLM(config).eval()
     if size == "full":
         model = model.to(torch.bfloat16)
     model.generation_config.eos_token_id = config.eos_token_id
@@ -206,15 +211,16 @@ def run_text_stages(args, images, label_names, workdir: Path) -> dict:
     from lance_pipeline.text.captioning import LabelConditionedCaptioner
     from lance_pipeline.text.perturbation import PromptPerturber
 
-    captioner_dir = write_captioner(workdir / "captioner", args.size)
-    perturber_dir = write_perturber(workdir / "perturber", args.size)
+    captioner_dir = Path(args.captioner_dir or write_captioner(workdir / "captioner", args.size, args.device))
+    perturber_dir = Path(args.perturber_dir or write_perturber(workdir / "perturber", args.size, args.device))
+    modes = [("batched", args.batch_size)] + ([] if args.batched_only else [("one at a time", 1)])
     out: dict = {}
     records = [
         {"key": f"img{k}", "image": image, "label_name": name, "seed": k}
         for k, (image, name) in enumerate(zip(images, label_names, strict=True))
     ]
     captions = None
-    for mode, batch in (("batched", args.batch_size), ("one at a time", 1)):
+    for mode, batch in modes:
         captioner = LabelConditionedCaptioner(model=str(captioner_dir), revision=None, batch_size=batch)
         captioner.load(args.device)
         captioner._model.requires_grad_(False)  # FlopCounterMode's module tracker needs it under inference_mode
@@ -223,7 +229,7 @@ def run_text_stages(args, images, label_names, workdir: Path) -> dict:
         out[("caption", mode)] = {"s": seconds, "flops": flops, "tokens": counter.new_tokens, "calls": counter.calls}
         captions = captions or [r["caption"] for r in results]
     perturb_records = [{**r, "caption": c} for r, c in zip(records, captions, strict=True)]
-    for mode, batch in (("batched", args.batch_size), ("one at a time", 1)):
+    for mode, batch in modes:
         perturber = PromptPerturber(model=str(perturber_dir), revision=None, batch_size=batch)
         perturber.load(args.device)
         perturber._model.requires_grad_(False)  # FlopCounterMode's module tracker needs it under inference_mode
@@ -245,8 +251,9 @@ def run_editing(args, images, captions) -> dict:
 
     from lance_pipeline.editing.options import ImageEditorOptions
 
-    image_size, *_, steps, inner = EDIT_SIZES[args.size]
-    components = build_components(args.size, args.device)
+    editing_size = args.editing_size or args.size
+    image_size, *_, steps, inner = EDIT_SIZES[editing_size]
+    components = build_components(editing_size, args.device)
     options = ImageEditorOptions(
         model="random-sd1",
         image_size=image_size,
@@ -326,6 +333,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=8, help="the stages' batch_size when batched")
     parser.add_argument("--edits", type=int, default=6, help="edited captions per image for the editing row")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads on CPU")
+    parser.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    parser.add_argument(
+        "--editing-size", default=None, help="bench_edit's size of the editing row (default: --size; tiny: seconds)"
+    )
+    parser.add_argument("--batched-only", action="store_true", help="skip the one-at-a-time runs (minutes at 7B)")
+    parser.add_argument("--captioner-dir", default=None, help="an already written captioner (write_captioner)")
+    parser.add_argument("--perturber-dir", default=None, help="an already written perturber (write_perturber)")
     args = parser.parse_args(argv)
 
     import numpy as np
@@ -380,11 +394,41 @@ def main(argv: list[str] | None = None) -> None:
         f"editing {full['editing'] / 1e15:.2f} PFLOP per image -> text stages {100 * share_full:.2f} % of editing FLOPs"
     )
     speedups = {
-        stage: text[(stage, "one at a time")]["s"] / text[(stage, "batched")]["s"] for stage in ("caption", "perturb")
+        stage: text[(stage, "one at a time")]["s"] / text[(stage, "batched")]["s"]
+        for stage in ("caption", "perturb")
+        if (stage, "one at a time") in text
     }
+    from bench_json import write_json
+
+    write_json(
+        args.json,
+        {
+            "benchmark": "bench_text_stages",
+            "size": args.size,
+            "device": args.device,
+            "images": n,
+            "batch_size": args.batch_size,
+            "stages": [
+                {
+                    "stage": stage,
+                    "mode": mode,
+                    "s_per_image": r["s"] / n,
+                    "gflop_per_image": r["flops"] / n / 1e9,
+                    "new_tokens_per_image": r["tokens"] / n,
+                    "generate_calls": r["calls"],
+                }
+                for (stage, mode), r in ((k, v) for k, v in text.items() if isinstance(k, tuple))
+            ],
+            "editing": {k: editing[k] for k in ("s", "fwd_eq", "flops", "flops_per_forward", "steps", "inner")},
+            "text_share_time_measured": share_time,
+            "text_share_flops_measured": share_flops,
+            "text_share_flops_full_computed": share_full,
+            "batching_speedup": speedups,
+        },
+    )
     print(
         f"text_share_flops_full={share_full:.4f} text_share_time_measured={share_time:.4f} "
-        f"batching_speedup_caption={speedups['caption']:.2f} batching_speedup_perturb={speedups['perturb']:.2f}"
+        + " ".join(f"batching_speedup_{stage}={value:.2f}" for stage, value in speedups.items())
     )
 
 

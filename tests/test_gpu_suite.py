@@ -1,0 +1,116 @@
+"""benchmarks/gpu_suite.py, the one command for the GPU figures: its CPU dry run end to end (so the script cannot rot
+while no GPU is lent), its time budget, and the wheels it would carry."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SUITE = REPO / "benchmarks" / "gpu_suite.py"
+HARDIMAGENET_STAGES = {
+    "caption",
+    "perturb",
+    "label_check",
+    "random_edit",
+    "invert",
+    "reconstruct",
+    "edit",
+    "lance_r_edit",
+}
+
+
+def run_suite(tmp_path: Path, *args: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(SUITE), "--out", str(tmp_path / "out"), "--wheels", str(tmp_path / "no-wheels"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads((tmp_path / "out" / "suite.json").read_text())
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_the_dry_run_runs_every_section_and_reports_what_the_gpu_run_reports(tmp_path):
+    report = run_suite(tmp_path, "--dry-run")
+    assert report["size"] == "small" and report["environment"]["device"] == "cpu"
+    sections = {s["name"]: s for s in report["sections"]}
+    assert list(sections) == ["matmul", "editor", "eval_resnet50", "eval_vit_b16", "models", "text", "build"]
+    assert {name: s["status"] for name, s in sections.items()} == dict.fromkeys(sections, "ok")
+
+    editor = sections["editor"]["data"]
+    rows = {r["name"]: r for r in editor["rows"]}
+    assert {"reference fp32", "ours null_text fp32", "ours direct bf16", "controlnet fp32"} <= set(rows)
+    # Counted by the UNet hook: ours does fewer forward-equivalents than the reference, direct inversion fewer still.
+    reference, ours = rows["reference fp32"], rows["ours null_text fp32"]
+    assert ours["unet_fwd_eq_per_cf"] < reference["unet_fwd_eq_per_cf"]
+    assert rows["ours direct fp32"]["unet_fwd_eq_per_cf"] < ours["unet_fwd_eq_per_cf"]
+    flops = editor["unet_flops_per_sample_forward"]
+    for row in rows.values():
+        seconds = row["s_per_cf"] * editor["images"] * editor["edits_per_image"]
+        fwd_eq = row["unet_fwd_eq_per_cf"] * editor["images"] * editor["edits_per_image"]
+        assert row["unet_tflops_achieved"] == pytest.approx(fwd_eq * flops / seconds / 1e12, rel=1e-6)
+
+    for name in ("eval_resnet50", "eval_vit_b16"):
+        data = sections[name]["data"]
+        ips = data["images_per_second"]
+        assert data["ratio_vs_forward"] == pytest.approx(ips["harness"] / ips["forward"])
+        assert data["images"] == 4 * 6  # originals x (original + reconstructed + 3 edits + lance_r) of the fixture
+
+    text = sections["text"]["data"]
+    assert {(s["stage"], s["mode"]) for s in text["stages"]} == {("caption", "batched"), ("perturb", "batched")}
+    assert 0 < text["text_share_time_measured"]
+
+    memory = sections["build"]["data"]["stage_memory"]
+    assert set(memory) == HARDIMAGENET_STAGES  # every stage of the preset ran on the random-weight models
+    assert all(per_device["cpu"]["measure"] == "rss_peak_growth" for per_device in memory.values())
+
+    markdown = (tmp_path / "out" / "suite.md").read_text()
+    assert "| reference fp32 |" in markdown and "harness / validate.py" in markdown and "| edit | cpu:" in markdown
+    assert (tmp_path / "out" / "suite.log").stat().st_size > 0
+
+
+@pytest.mark.e2e
+def test_a_section_that_outlives_its_slot_is_stopped_and_the_report_is_still_written(tmp_path):
+    report = run_suite(tmp_path, "--dry-run", "--sections", "matmul,editor,models,build", "--budget-s", "4")
+    sections = {s["name"]: s for s in report["sections"]}
+    assert sections["matmul"]["status"] == "ok"
+    assert sections["editor"]["status"].startswith("stopped: out of its time slot")
+    assert sections["build"]["status"].startswith("skipped: ")  # budget spent, or its models never written
+    assert (tmp_path / "out" / "suite.md").is_file()
+
+
+def test_a_stopped_section_keeps_what_it_had_written(tmp_path):
+    """A section's JSON is read back after its process group is killed at the end of its slot."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import gpu_suite
+    finally:
+        sys.path.pop(0)
+    partial = tmp_path / "partial.json"
+    child = f"import json, time; open({str(partial)!r}, 'w').write(json.dumps({{'rows': [1]}})); time.sleep(3600)"
+    with open(tmp_path / "log", "w") as log:
+        result = gpu_suite.run_section({"name": "x", "argv": [sys.executable, "-c", child], "json": partial}, 15, log)
+    assert result["status"].startswith("stopped: out of its time slot")
+    assert result["data"] == {"rows": [1]}
+
+
+def test_the_wheels_to_carry_are_the_dependencies_the_lent_machine_lacks():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import gpu_suite
+    finally:
+        sys.path.pop(0)
+    missing = gpu_suite.missing_packages()
+    assert {"diffusers", "open-clip-torch", "datasets", "ftfy", "huggingface-hub"} <= set(missing)
+    assert not {"torch", "transformers", "timm", "numpy", "pandas", "pyarrow"} & set(missing)  # already there
+    assert gpu_suite.pinned("diffusers").startswith("diffusers==")
