@@ -11,14 +11,18 @@ import dataclasses
 import hashlib
 import json
 import re
+import typing
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
-
-import yaml
+from typing import Annotated, Any
 
 from builder.release_format import CONFIG_NAMES, IMAGE_FORMATS, is_release_version
+from builder.release_format.yaml_text import check_expansion, load_yaml
+from lance_pipeline.option_types import ImageSide, Interval, check_value, describe_type
+
+AtLeast0 = Annotated[int, Interval(ge=0)]
+AtLeast1 = Annotated[int, Interval(ge=1)]
 
 
 @dataclass
@@ -46,18 +50,19 @@ class BuildConfig:
     name: str
     version: str = "1.0.0"
     description: str | None = None  # shown at the top of the dataset card
-    seed: int = 0
+    seed: AtLeast0 = 0
     source: str | None = None  # SCHEME:ARG, see builder.sources
     source_options: dict[str, Any] = field(default_factory=dict)
     configs: list[str] = field(default_factory=lambda: list(CONFIG_NAMES))
-    limit: int | None = None  # first N source samples in key order
-    image_size: int | None = 512  # centre crop + resize to a square of this side; None keeps the source size
+    limit: AtLeast1 | None = None  # first N source samples in key order
+    # Centre crop + resize to a square of this side; None keeps the source size.
+    image_size: ImageSide | None = 512
     image_format: str = "png"
-    shard_max_samples: int = 1000
-    shard_max_bytes: int = 1 << 30
-    batch_size: int = 8
-    min_image_side: int = 16
-    max_image_pixels: int = 89_478_485  # Pillow's decompression-bomb limit
+    shard_max_samples: AtLeast1 = 1000
+    shard_max_bytes: AtLeast1 = 1 << 30
+    batch_size: AtLeast1 = 8
+    min_image_side: AtLeast1 = 16
+    max_image_pixels: AtLeast1 = 89_478_485  # Pillow's decompression-bomb limit
     license: str | None = None  # overrides the source's licence note
     source_hint: str | None = None  # what --source a preset without a source expects (shown in the error)
     stages: list[StageConfig] = field(default_factory=list)
@@ -70,15 +75,18 @@ class BuildConfig:
             raise ValueError(
                 f'version {self.version!r}: expected a semantic version such as 1.0.0 (quote it in YAML: "1.0.0")'
             )
-        for name in ("description", "license", "source", "source_hint"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, str):
-                raise ValueError(f"{name} {value!r}: expected a string")
+        hints = typing.get_type_hints(BuildConfig, include_extras=True)
+        for name in ("description", "license", "source", "source_hint", "seed", "limit", "image_size"):
+            self._check_field(name, hints[name])
         if not isinstance(self.source_options, dict):
             raise ValueError(
                 f"source_options {self.source_options!r}: expected a mapping of name: value, not a "
                 f"{type(self.source_options).__name__}"
             )
+        # A config built in Python (not read by load_yaml) may share values too: bounded before anything walks it.
+        check_expansion(self.source_options, "source_options")
+        for stage in self.stages:
+            check_expansion(stage.options, f"stage {stage.name!r}: options")
         if not isinstance(self.configs, list) or not all(isinstance(c, str) for c in self.configs):
             raise ValueError(f"configs {self.configs!r}: expected a list of config names, e.g. [original]")
         if not self.configs:
@@ -87,24 +95,8 @@ class BuildConfig:
             raise ValueError(f"configs {self.configs}: listed twice")
         if self.image_format not in IMAGE_FORMATS:
             raise ValueError(f"image_format {self.image_format!r}: expected one of {', '.join(IMAGE_FORMATS)}")
-        for name, value, low in [
-            ("seed", self.seed, 0),
-            ("shard_max_samples", self.shard_max_samples, 1),
-            ("shard_max_bytes", self.shard_max_bytes, 1),
-            ("batch_size", self.batch_size, 1),
-            ("min_image_side", self.min_image_side, 1),
-            ("max_image_pixels", self.max_image_pixels, 1),
-        ]:
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"{name} {value!r}: expected an integer >= {low}")
-        if self.limit is not None and (
-            not isinstance(self.limit, int) or isinstance(self.limit, bool) or self.limit < 1
-        ):
-            raise ValueError(f"limit {self.limit!r}: expected a positive integer")
-        if self.image_size is not None and (
-            not isinstance(self.image_size, int) or isinstance(self.image_size, bool) or self.image_size < 8
-        ):
-            raise ValueError(f"image_size {self.image_size!r}: expected an integer >= 8 or null")
+        for name in ("shard_max_samples", "shard_max_bytes", "batch_size", "min_image_side", "max_image_pixels"):
+            self._check_field(name, hints[name])
         if self.source is None:
             hint = f" ({self.source_hint})" if self.source_hint else ""
             raise ValueError(f"build {self.name!r} has no source: pass --source SCHEME:ARG{hint}")
@@ -113,11 +105,17 @@ class BuildConfig:
             raise ValueError(f"stages: duplicate stage names in {names}")
         for stage in self.stages:
             size = stage.batch_size
-            if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
+            if check_value(size, AtLeast1 | None) is not None:
                 raise ValueError(
                     f"stage {stage.name!r}: batch_size {size!r}: expected an integer >= 1 (records per call of the "
                     "stage), or leave it out for the whole build batch"
                 )
+
+    def _check_field(self, name: str, annotation: Any) -> None:
+        """One field against its annotation (type and bounds), by the checker stage and source options use."""
+        value = getattr(self, name)
+        if check_value(value, annotation) is not None:
+            raise ValueError(f"{name} {value!r}: expected {describe_type(annotation)}")
 
     def active_stages(self) -> list[StageConfig]:
         """Stages needed by the selected configs, in declared order."""
@@ -214,11 +212,7 @@ def load_config(preset_or_path: str) -> BuildConfig:
             )
         text = (resources.files("builder") / "presets" / f"{preset_or_path}.yaml").read_text()
         origin = f"preset {preset_or_path!r}"
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ValueError(f"{origin}: not valid YAML ({err})") from err
-    return _from_dict(data, origin)
+    return _from_dict(load_yaml(text, origin), origin)
 
 
 def apply_overrides(config: BuildConfig, **overrides: Any) -> BuildConfig:

@@ -12,6 +12,8 @@ from typing import Any
 
 import yaml
 
+from builder.release_format.yaml_text import load_yaml
+
 # key -> (what it does, where the value comes from). Shown as the comment beside each key.
 KEY_DOCS: dict[str, tuple[str, str]] = {
     "name": ("release name: the Hub dataset's pretty name and the manifest's name", "yours"),
@@ -96,6 +98,6 @@ def commented_yaml(data: dict[str, Any], *, origin: str) -> str:
         lines.append(f"{key}: {_dump(value)}{comment}")
     text = "\n".join(lines) + "\n"
     # What is printed must load back to the same config: a reader can copy it into a file and build from it.
-    if yaml.safe_load(text) != data:
+    if load_yaml(text, "the commented config") != data:
         raise AssertionError("commented YAML does not round-trip")  # a bug here, not bad input
     return text

@@ -28,7 +28,6 @@ import json
 import logging
 import os
 import re
-import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -179,23 +178,9 @@ def listed_files(release_dir: Path, manifest: dict[str, Any]) -> list[str]:
 
 
 def _check_inside(root: Path, rel: str) -> None:
-    pure = PurePosixPath(rel)
-    if pure.is_absolute() or "\\" in rel or not pure.parts or any(part in ("", ".", "..") for part in pure.parts):
-        raise PublishError(f"{root}: manifest lists {rel!r}, which is not a plain path inside the release")
-    current = root
-    for depth, part in enumerate(pure.parts, start=1):
-        current = current / part
-        try:
-            mode = os.lstat(current).st_mode
-        except FileNotFoundError:
-            raise PublishError(f"{root}: {rel} is listed in the manifest but missing") from None
-        if stat.S_ISLNK(mode):
-            where = rel if depth == len(pure.parts) else "/".join(pure.parts[:depth])
-            raise PublishError(
-                f"{root}: {where} is a symbolic link; publish never follows links (replace it with the file itself)"
-            )
-    if not stat.S_ISREG(mode):
-        raise PublishError(f"{root}: {rel} is not a regular file")
+    problem = rf.listed_path_problem(root, rel)
+    if problem is not None:
+        raise PublishError(f"{root}: {problem}")
 
 
 def find_left_out(release_dir: Path, published: set[str]) -> list[str]:
@@ -333,10 +318,10 @@ def refuse_token(contents: dict[str, bytes]) -> None:
 
 def card_gating(card_text: str) -> bool:
     """Whether the card's YAML asks users to accept terms (``extra_gated_*`` or ``gated``)."""
-    import yaml
+    from builder.release_format.yaml_text import load_yaml
 
     match = re.match(r"^---\s*\n(.*?)\n---\s*(\n|$)", card_text, re.DOTALL)
-    meta = yaml.safe_load(match.group(1)) if match else None
+    meta = load_yaml(match.group(1), "the card's YAML front matter") if match else None
     if not isinstance(meta, dict):
         return False
     return bool(meta.get("gated") or any(k.startswith("extra_gated_") for k in meta))

@@ -40,7 +40,6 @@ import os
 import re
 import tarfile
 import tempfile
-import types
 import typing
 import unicodedata
 import zlib
@@ -52,6 +51,7 @@ from typing import Any, BinaryIO
 
 from builder import imagenet
 from builder.release_format import sanitize_key
+from lance_pipeline.option_types import check_value, describe_type
 
 logger = logging.getLogger(__name__)
 
@@ -424,10 +424,20 @@ class ImageFolderSource(_FileSource):
                 label = imagenet.synset_to_index()[folder.name]
                 entries += [(p, label, folder.name) for p in walk.images(folder)]
         else:
-            self.label_space = LabelSpace("custom", [_nfc(f.name) for f in folders])
-            for label, folder in enumerate(folders):
-                entries += [(p, label, folder.name) for p in walk.images(folder)]
+            # A class folder that is only a link to a folder listed elsewhere (the root, another class, an outside
+            # folder already linked) holds no image of its own: it is not a class. Its entry stays, as a failure.
+            listed = [(folder, walk.images(folder)) for folder in folders]
+            classes = [folder for folder, items in listed if not _only_a_link(folder, items)]
+            self.label_space = LabelSpace("custom", [_nfc(f.name) for f in classes])
+            label_of = {folder: label for label, folder in enumerate(classes)}
+            for folder, items in listed:
+                entries += [(p, label_of.get(folder, -1), folder.name) for p in items]
         self._fill(walk, entries)
+
+
+def _only_a_link(folder: Path, items: list[tuple[Path, str | None]]) -> bool:
+    """Whether a class folder is a symbolic link the walk did not follow (its images are listed elsewhere)."""
+    return len(items) == 1 and items[0][0] == folder and items[0][1] is not None and folder.is_symlink()
 
 
 class ImageNetSource(_FileSource):
@@ -909,35 +919,6 @@ class WebDatasetSource(Source):
 
 
 # -- creating a source -------------------------------------------------------------------------------------------------
-def _type_name(expected: Any, plural: bool = False) -> str:
-    """``list[str | int] | None`` -> "a list (of strings or integers) or null"."""
-    origin = typing.get_origin(expected)
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a, plural) for a in typing.get_args(expected))
-    if origin is list:
-        return f"a list (of {_type_name(typing.get_args(expected)[0], plural=True)})"
-    singular, many = {str: ("a string", "strings"), int: ("an integer", "integers"), type(None): ("null", "null")}.get(
-        expected, (getattr(expected, "__name__", "?"), getattr(expected, "__name__", "?"))
-    )
-    return many if plural else singular
-
-
-def _matches(value: Any, expected: Any) -> bool:
-    origin = typing.get_origin(expected)
-    if expected is Any:
-        return True
-    if origin in (typing.Union, types.UnionType):
-        return any(_matches(value, a) for a in typing.get_args(expected))
-    if origin is list:
-        (item,) = typing.get_args(expected)
-        return isinstance(value, list) and all(_matches(v, item) for v in value)
-    if expected is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if expected is type(None):
-        return value is None
-    return isinstance(value, expected)
-
-
 def create_source(spec: str, options: dict[str, Any] | None = None) -> Source:
     """Build a source from ``SCHEME:ARG`` and its options; a bad spec or option is a one-line ``ValueError``."""
     from builder.registry import SOURCES
@@ -964,13 +945,14 @@ def create_source(spec: str, options: dict[str, Any] | None = None) -> Source:
         takes = f"it takes {', '.join(accepted)}" if accepted else "it takes none"
         raise ValueError(f"source {spec!r} does not take option(s) {', '.join(unknown)} ({scheme} sources: {takes})")
     try:
-        hints = typing.get_type_hints(cls.__init__)
+        hints = typing.get_type_hints(cls.__init__, include_extras=True)
     except Exception:  # a custom source with annotations that do not resolve: its own checks apply
         hints = {}
     for name, value in (options or {}).items():
-        if name in hints and not _matches(value, hints[name]):
+        problem = check_value(value, hints[name]) if name in hints else None
+        if problem is not None:
             raise ValueError(
-                f"source {spec!r}: option {name} = {value!r} should be {_type_name(hints[name])} "
-                "(set it in source_options)"
+                f"source {spec!r}: option {name} = {value!r} should be {describe_type(hints[name])} "
+                f"({problem}; set it in source_options)"
             )
     return cls(spec, arg, **(options or {}))

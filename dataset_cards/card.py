@@ -124,6 +124,18 @@ def release_kind(manifest: rf.Manifest) -> str:
     return "lance"
 
 
+def empty_classes_note(names: list[str], labels: list[int], num_classes: int) -> str:
+    """What the card says of the label space's classes that have no sample in the release (none: "")."""
+    present = set(labels)
+    missing = [i for i in range(num_classes) if i not in present]
+    if not missing:
+        return ""
+    text = f"{len(missing)} of them have no sample in this release"
+    if len(missing) <= 20:
+        text += ": " + ", ".join(md_escape(names[i]) if i < len(names) else str(i) for i in missing)
+    return text
+
+
 def _template_context(
     manifest: rf.Manifest,
     results: list[dict] | None,
@@ -203,6 +215,7 @@ def _template_context(
         "source_num_samples": source["num_samples"],
         "label_space_name": md_escape(manifest.label_space["name"]),
         "num_classes": manifest.num_classes,
+        "empty_classes": empty_classes_note(names, labels, manifest.num_classes),
         "seed": manifest.seed,
         "packages": ", ".join(f"{k} {v}" for k, v in sorted(manifest.packages.items())) or "not recorded",
         "num_failures": len(manifest.failures),

@@ -43,12 +43,12 @@ import dataclasses
 import difflib
 import functools
 import inspect
-import types
 import typing
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from lance_pipeline.edit_types import EDIT_TYPES, MULTI_EDIT_TYPE
+from lance_pipeline.option_types import check_value, describe_type
 
 Record = dict[str, Any]
 
@@ -213,7 +213,7 @@ def options_type(cls: type) -> type:
         if not dataclasses.is_dataclass(declared):
             raise StageContractError(f"{cls.__qualname__}.options_class must be a dataclass")
         return declared
-    hints = typing.get_type_hints(cls.__init__)
+    hints = typing.get_type_hints(cls.__init__, include_extras=True)
     fields = []
     for name, parameter in inspect.signature(cls.__init__).parameters.items():
         if name == "self" or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
@@ -242,11 +242,12 @@ def check_options(cls: type, options: dict[str, Any], where: str) -> Any:
             close = difflib.get_close_matches(str(name), list(fields), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else f"; options are {', '.join(fields)}"
             raise ValueError(f"{where}: unknown option {name!r}{hint}")
-    hints = typing.get_type_hints(kind)
+    hints = typing.get_type_hints(kind, include_extras=True)
     for name, value in options.items():
         annotation = hints.get(name, Any)
-        if not _matches(value, annotation):
-            raise ValueError(f"{where}: option {name} = {value!r}: expected {_describe_type(annotation)}")
+        problem = check_value(value, annotation)
+        if problem is not None:
+            raise ValueError(f"{where}: option {name} = {value!r}: expected {describe_type(annotation)} ({problem})")
     required = [
         n
         for n, f in fields.items()
@@ -258,48 +259,6 @@ def check_options(cls: type, options: dict[str, Any], where: str) -> Any:
         return kind(**options)
     except (TypeError, ValueError) as err:
         raise ValueError(f"{where}: {err}") from err
-
-
-def _matches(value: Any, annotation: Any) -> bool:
-    """Whether a value loaded from YAML fits an annotation (lists stand for tuples; ints for floats)."""
-    if annotation is Any or annotation is object:
-        return True
-    origin = typing.get_origin(annotation)
-    args = typing.get_args(annotation)
-    if origin in (typing.Union, types.UnionType):
-        return any(_matches(value, a) for a in args)
-    if origin is typing.Literal:
-        return value in args
-    if annotation is type(None):
-        return value is None
-    if annotation is bool:
-        return isinstance(value, bool)
-    if annotation is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if annotation is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if annotation is str:
-        return isinstance(value, str)
-    if origin in (list, tuple, typing.Sequence, typing.Iterable) or annotation in (list, tuple):
-        if not isinstance(value, list | tuple):
-            return False
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            return len(value) == len(args) and all(_matches(v, a) for v, a in zip(value, args, strict=True))
-        item = args[0] if args else Any
-        return all(_matches(v, item) for v in value)
-    if origin is dict or annotation is dict:
-        if not isinstance(value, dict):
-            return False
-        key_type, value_type = args if args else (Any, Any)
-        return all(_matches(k, key_type) and _matches(v, value_type) for k, v in value.items())
-    if isinstance(annotation, type):
-        return isinstance(value, annotation)
-    return True  # an annotation this checker does not understand is left to the stage's own checks
-
-
-def _describe_type(annotation: Any) -> str:
-    text = getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
-    return text or str(annotation).replace("typing.", "")
 
 
 # -- records at run time -----------------------------------------------------------------------------------------------

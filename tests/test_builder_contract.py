@@ -62,11 +62,15 @@ def test_typo_in_the_last_stage_fails_before_any_model_is_built(tmp_path, monkey
 @pytest.mark.parametrize(
     ("stage", "option", "value", "expected"),
     [
-        ("caption", "max_new_tokens", "twelve", "option max_new_tokens = 'twelve': expected int"),
-        ("perturb", "do_sample", "yes", "option do_sample = 'yes': expected bool"),
-        ("edit", "self_replace_sweep", [0.4, "x"], "option self_replace_sweep"),
+        ("caption", "max_new_tokens", "twelve", "option max_new_tokens = 'twelve': expected an integer"),
+        ("caption", "max_new_tokens", 12.0, "option max_new_tokens = 12.0: expected an integer"),
+        ("perturb", "do_sample", "yes", "option do_sample = 'yes': expected true or false"),
+        ("perturb", "do_sample", 1, "option do_sample = 1: expected true or false"),
+        ("edit", "self_replace_sweep", [0.4, "x"], "a list (of numbers) (Input should be a valid number (item [1])"),
+        ("edit", "guidance_scale", float("nan"), "guidance_scale = nan: expected a number (Input should be a finite"),
         ("label_check", "label_threshold", 2.0, "cosine similarity threshold"),  # the stage's own range check
-        ("invert", "num_inference_steps", 0, "num_inference_steps must be a positive int"),
+        ("invert", "num_inference_steps", 0, "option num_inference_steps = 0: expected an integer in [1, 1000]"),
+        ("invert", "image_size", 10**9, "option image_size = 1000000000: expected an integer in [8, 16384]"),
     ],
 )
 def test_wrong_option_values_name_the_stage_and_the_option(tmp_path, stage, option, value, expected):

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import stat
+from pathlib import Path
 
 SPLIT = "test"
 MANIFEST_NAME = "manifest.json"
@@ -52,3 +55,32 @@ def sanitize_key(text: str) -> str:
     if cleaned != text or not cleaned:
         cleaned = f"{cleaned}-{hashlib.sha256(text.encode('utf-8')).hexdigest()[:8]}"
     return cleaned
+
+
+def listed_path_problem(root: Path, rel: str) -> str | None:
+    """Why the path ``rel`` a manifest lists is not a regular file inside the release ``root``, or None.
+
+    A listed path must be plain (relative, ``/``-separated, no ``.``, ``..`` or empty parts), must exist, must not
+    pass through a symbolic link (a link can point anywhere: neither ``verify`` nor ``publish`` follows one), and
+    must name a regular file. ``verify`` reports the problem, ``publish`` refuses with it.
+    """
+    # Split by hand: PurePosixPath would drop "." parts and empty ones ("a//b") before they could be refused.
+    parts = rel.split("/")
+    if rel.startswith("/") or "\\" in rel or any(part in ("", ".", "..") for part in parts):
+        return f"manifest lists {rel!r}, which is not a plain path inside the release"
+    current = root
+    mode = 0
+    for depth, part in enumerate(parts, start=1):
+        current = current / part
+        try:
+            mode = os.lstat(current).st_mode
+        except FileNotFoundError:
+            return f"{rel} is listed in the manifest but missing"
+        if stat.S_ISLNK(mode):
+            where = rel if depth == len(parts) else "/".join(parts[:depth])
+            return (
+                f"{where} is a symbolic link; verify and publish never follow links (replace it with the file itself)"
+            )
+    if not stat.S_ISREG(mode):
+        return f"{rel} is not a regular file"
+    return None

@@ -27,10 +27,12 @@ from builder.release_format.layout import (
     METADATA_EXT,
     TIMM_INFO_NAME,
     is_valid_key,
+    listed_path_problem,
 )
 from builder.release_format.manifest import Manifest, ManifestError, Tally, canonical_json, manifest_digest
 from builder.release_format.metadata import metadata_json_schema
 from builder.release_format.shards import file_sha256, iter_shard
+from builder.release_format.yaml_text import load_yaml
 
 MAX_PROBLEMS = 50
 
@@ -111,8 +113,9 @@ def _check_shards(
         if config not in manifest.configs:
             problems.add(f"{rel}: config {config!r} is not among the manifest's configs")
             continue
-        if not path.is_file():
-            problems.add(f"{rel}: missing")
+        problem = listed_path_problem(root, rel)
+        if problem is not None:  # outside the release, through a link, missing or not a file: never opened
+            problems.add(problem)
             continue
         digest, size = file_sha256(path)
         if size != shard.bytes:
@@ -172,6 +175,8 @@ def _check_shards(
         if n != shard.samples:
             problems.add(f"{rel}: {n} samples, manifest says {shard.samples}")
 
+    if not problems and not any(tally.total for tally in tallies.values()):
+        problems.add("the release holds no samples (every config is empty): nothing to evaluate or publish")
     for config in manifest.configs:
         expected = manifest.counts[config]
         got = tallies.get(config, Tally()).to_dict()
@@ -199,17 +204,12 @@ def _check_image(data: bytes) -> str | None:
 
 def read_card_yaml(path: Path) -> dict[str, Any]:
     """The YAML front matter of a card (raises ValueError naming what is wrong)."""
-    import yaml
-
     if not path.is_file():
         raise ValueError(f"{CARD_NAME}: missing")
     text = path.read_text(encoding="utf-8", errors="replace")
     if not text.startswith("---\n") or "\n---" not in text[4:]:
         raise ValueError(f"{CARD_NAME}: no YAML front matter")
-    try:
-        header = yaml.safe_load(text[4 : text.index("\n---", 4)])
-    except yaml.YAMLError as err:
-        raise ValueError(f"{CARD_NAME}: YAML front matter does not parse ({err})") from err
+    header = load_yaml(text[4 : text.index("\n---", 4)], f"{CARD_NAME}: YAML front matter")
     if not isinstance(header, dict):
         raise ValueError(f"{CARD_NAME}: YAML front matter is not a mapping")
     return header

@@ -47,6 +47,7 @@ from typing import Any
 from lance_pipeline.editing.candidate_selection import Candidate, CandidateSelector, EditRequest, SweepResult
 from lance_pipeline.editing.options import EditorOptions, check_model_reference
 from lance_pipeline.editing.stages import CounterfactualEditStage
+from lance_pipeline.option_types import DiffusionSteps
 from lance_pipeline.stage import SCORE_NAMES, MetadataField, Record, ReleaseOutput, SampleFailure
 
 logger = logging.getLogger(__name__)
@@ -185,7 +186,7 @@ class ControlNetEditorOptions(EditorOptions):
     canny_high_threshold: int = CANNY_HIGH_THRESHOLD
     depth_model: str | None = None
     depth_revision: str | None = None
-    num_inference_steps: int = DILLEMA_STEPS
+    num_inference_steps: DiffusionSteps = DILLEMA_STEPS
     guidance_scale: float = DILLEMA_GUIDANCE
     negative_prompt: str = DILLEMA_NEGATIVE_PROMPT
     images_per_edit: int = 1

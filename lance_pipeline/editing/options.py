@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from lance_pipeline.editing.sd_components import COMPILE_MODES, DEFAULT_MODEL, DEFAULT_REVISION, DTYPES
+from lance_pipeline.option_types import DiffusionSteps, ImageSide
 
 # LANCE's paper sweep (section 3.2); the authors' code sweeps only up to 0.8.
 DEFAULT_SELF_REPLACE_SWEEP = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -94,7 +95,7 @@ class EditorOptions(ClipGateOptions):
     model: str = ""
     revision: str | None = None
     dtype: str = "float32"
-    image_size: int = 512
+    image_size: ImageSide = 512
     cache_dir: str | None = None
 
     # Class attributes, not options (unannotated or ClassVar): the dtypes an editor accepts, and its own options that
@@ -167,7 +168,7 @@ class ImageEditorOptions(EditorOptions):
     allow_tf32: bool = True
     cudnn_benchmark: bool = False
     compile: str = "none"
-    num_inference_steps: int = 50
+    num_inference_steps: DiffusionSteps = 50
     guidance_scale: float = 7.5
     inversion: str = "null_text"
     num_inner_steps: int = 10

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from lance_pipeline.option_types import DiffusionSteps, ImageSide
 from lance_pipeline.stage import MetadataField, ReleaseOutput
 
 logger = logging.getLogger(__name__)
@@ -49,10 +50,10 @@ class GenerationOptions:
     tokens: str | None = None
     plain_prompt: bool = False
     scheduler: str = "euler"
-    num_inference_steps: int = 50
+    num_inference_steps: DiffusionSteps = 50
     guidance_scale: float = 7.5
-    generation_size: int | None = None
-    image_size: int = 512
+    generation_size: ImageSide | None = None
+    image_size: ImageSide = 512
     batch_size: int = 4
     dtype: str = "float32"
 
