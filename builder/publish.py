@@ -245,23 +245,49 @@ def check_configs(manifest: dict[str, Any]) -> list[str]:
     return [f"config {c} has no samples and is not part of the release" for c in empty]
 
 
-def local_paths(obj: Any, where: str = "") -> list[tuple[str, str]]:
-    """Every (key path, string) in a JSON-like object whose string holds an absolute path of this machine."""
+# Where a manifest or a results JSON names a class: a label name is data, whatever its shape (Open Images names its
+# classes /m/01g317), never a machine path, so the path guard neither refuses nor rewrites it.
+LABEL_NAMES_AT = "label_space.names"
+LABEL_NAME_KEY = "label_name"
+
+
+def label_names_of(manifest: dict[str, Any]) -> set[str]:
+    """The class names of a manifest's label space (data the path guard leaves alone, in the card too)."""
+    names = (manifest.get("label_space") or {}).get("names") or []
+    return {name for name in names if isinstance(name, str)}
+
+
+def _is_label(where: str, value: str, labels: set[str] | frozenset[str]) -> bool:
+    key = where.rsplit(".", 1)[-1]
+    return value in labels or key == LABEL_NAME_KEY or where.startswith(LABEL_NAMES_AT + "[")
+
+
+def local_paths(obj: Any, where: str = "", labels: set[str] | frozenset[str] = frozenset()) -> list[tuple[str, str]]:
+    """Every (key path, string) in a JSON-like object whose string holds an absolute path of this machine; class names
+    (``labels``, the label space, ``label_name`` fields) are data, not paths."""
     found: list[tuple[str, str]] = []
     if isinstance(obj, dict):
         for key, value in obj.items():
-            found += local_paths(value, f"{where}.{key}" if where else str(key))
+            found += local_paths(value, f"{where}.{key}" if where else str(key), labels)
     elif isinstance(obj, list):
         for i, value in enumerate(obj):
-            found += local_paths(value, f"{where}[{i}]")
-    elif isinstance(obj, str) and _LOCAL_PATH.search(obj):
+            found += local_paths(value, f"{where}[{i}]", labels)
+    elif isinstance(obj, str) and _LOCAL_PATH.search(obj) and not _is_label(where, obj, labels):
         found.append((where or "(root)", obj))
     return found
 
 
+def local_paths_in_text(text: str, labels: set[str] | frozenset[str]) -> list[str]:
+    """The machine paths in a rendered text (the card), once the class names it quotes are set aside."""
+    for name in sorted(labels, key=len, reverse=True):  # longest first: a name inside another is not cut in two
+        if _LOCAL_PATH.search(name):
+            text = text.replace(name, " ")
+    return [m.group(0) for m in _LOCAL_PATH.finditer(text)]
+
+
 def scrub_local_paths(obj: Any) -> tuple[Any, list[str]]:
     """A copy of ``obj`` where every absolute machine path inside a string is replaced by its last component, and the
-    key paths that changed."""
+    key paths that changed; class names (``label_name`` fields, a label space's names) are data and stay as they are."""
     changed: list[str] = []
 
     def scrub(value: Any, where: str) -> Any:
@@ -269,7 +295,7 @@ def scrub_local_paths(obj: Any) -> tuple[Any, list[str]]:
             return {k: scrub(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
         if isinstance(value, list):
             return [scrub(v, f"{where}[{i}]") for i, v in enumerate(value)]
-        if isinstance(value, str) and _LOCAL_PATH.search(value):
+        if isinstance(value, str) and _LOCAL_PATH.search(value) and not _is_label(where, value, frozenset()):
             changed.append(where or "(root)")
             return _LOCAL_PATH.sub(lambda m: _last_component(m.group(0)), value)
         return value
@@ -551,7 +577,7 @@ def _local_checks(
     notes.append(rf.viewer_statement(manifest))
     listed_files(release_dir, manifest)
     if not allow_local_paths:
-        _refuse_local_paths(f"{release_dir}/{rf.MANIFEST_NAME}", local_paths(manifest))
+        _refuse_local_paths(f"{release_dir}/{rf.MANIFEST_NAME}", local_paths(manifest, labels=label_names_of(manifest)))
     if verify:
         verify_before_publish(release_dir)
     return manifest, notes
@@ -577,7 +603,7 @@ def _stage(
     texts = (rf.MANIFEST_NAME, rf.TIMM_INFO_NAME, rf.CARD_NAME, rf.CROISSANT_NAME)
     refuse_token({name: (staging / name).read_bytes() for name in texts if (staging / name).is_file()})
     if not allow_local_paths:
-        in_card = [(rf.CARD_NAME, m.group(0)) for m in _LOCAL_PATH.finditer(card_text)]
+        in_card = [(rf.CARD_NAME, path) for path in local_paths_in_text(card_text, label_names_of(manifest))]
         _refuse_local_paths(f"the card rendered for {release_dir}", in_card)
     left_out = find_left_out(release_dir, {f.path_in_repo for f in files} | set(card_files))
     if strict and left_out:
