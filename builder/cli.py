@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import shlex
 import sys
 from pathlib import Path
 
@@ -20,6 +21,7 @@ ENGINE_NAMES = tuple(ENGINES.names())
 # Modules that add subcommands, in the order `--help` lists them. A module that is not installed is skipped.
 SUBCOMMAND_MODULES = (
     "builder.cli",  # build, validate, verify, presets
+    "builder.cli_models",  # models list, models download
     "builder.perturber.cli",  # perturber
     "builder.interfaces.cli",  # interfaces learn-tokens
     "evaluation.cli",  # eval, leaderboard
@@ -261,6 +263,7 @@ def run_validate(args: argparse.Namespace) -> int:
 def run_build(args: argparse.Namespace) -> int:
     from builder.config import apply_overrides, load_config
     from builder.engine import build
+    from builder.model_check import ModelsMissing
 
     config = load_config(args.config)
     source_options = dict(config.source_options)
@@ -281,22 +284,27 @@ def run_build(args: argparse.Namespace) -> int:
         source_options=source_options,
     )
     engine, device, engine_options = _engine_choice(args)
-    manifest = build(
-        config,
-        args.output,
-        device=device,
-        progress=not args.no_progress,
-        engine=engine,
-        engine_options=engine_options,
-        keep_inversions=args.keep_inversions == "yes",
-        record_memory=args.record_memory,
-        workers=args.workers,
-        allow_code=_allow_code(args),
-        torch_threads=args.torch_threads,
-        retry_failures=args.retry_failures,
-        allow_version_change=args.allow_version_change,
-        schedule=args.schedule,
-    )
+    try:
+        manifest = build(
+            config,
+            args.output,
+            device=device,
+            progress=not args.no_progress,
+            engine=engine,
+            engine_options=engine_options,
+            keep_inversions=args.keep_inversions == "yes",
+            record_memory=args.record_memory,
+            workers=args.workers,
+            allow_code=_allow_code(args),
+            torch_threads=args.torch_threads,
+            retry_failures=args.retry_failures,
+            allow_version_change=args.allow_version_change,
+            schedule=args.schedule,
+        )
+    except ModelsMissing as err:  # the command that fetches them names this config
+        configs = f" --configs {','.join(args.configs)}" if args.configs else ""
+        err.command = f"lance-cf models download {shlex.quote(args.config)}{configs}"
+        raise
     return _summarize_build(args.output, manifest, allow_empty=args.allow_empty)
 
 

@@ -39,6 +39,7 @@ from builder import images
 from builder.config import BuildConfig
 from builder.ledger import Ledger
 from builder.lock import output_lock
+from builder.model_check import build_needs, check_cpu, models_ready, resolve_models
 from builder.release_format import WORK_DIR, empty_metadata, encode_metadata, is_valid_key
 from builder.runtime import DEFAULT_TORCH_THREADS, environment, environment_changes
 from builder.sources import Source, SourceSample, create_source
@@ -533,6 +534,10 @@ def build(config: BuildConfig, output: Path, options: BuildOptions | None = None
     options = replace(options or BuildOptions(), **overrides)
     validated = validate_build(config, allow_code=options.allow_code)
     run_engine = _engine(validated, options)  # an unknown engine or option fails here, before anything is written
+    # Every model the stages will load is cached or reachable: checked in seconds, before torch is imported.
+    needs = build_needs(validated)
+    models = resolve_models(needs)
+    requested_device = options.device
     if validated.active:  # a build of `original` alone never imports torch
         options = replace(options, device=resolve_device(options.device))
     output = Path(output)
@@ -545,10 +550,12 @@ def build(config: BuildConfig, output: Path, options: BuildOptions | None = None
     plan = _plan(config, source)
     if not plan:
         raise ValueError(f"source {config.source!r} has no images")
+    if options.device == "cpu":  # a full-size build on the CPU only when asked for
+        check_cpu(validated, needs, len(plan), requested_device, options.torch_threads)
     created = not output.exists()
     try:
         output.mkdir(parents=True, exist_ok=True)
-        with output_lock(output, "build"):
+        with output_lock(output, "build"), models_ready(models, progress=options.progress):
             return _build_locked(validated, source, plan, output, options, run_engine)
     except (OSError, sqlite3.OperationalError) as err:
         mapped = _environment_error(err, output)

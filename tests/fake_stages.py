@@ -7,6 +7,7 @@ import time
 import numpy as np
 from PIL import Image, ImageOps
 
+from lance_pipeline.model_needs import ModelOption
 from lance_pipeline.stage import ReleaseOutput, SampleFailure
 
 
@@ -201,3 +202,23 @@ class FakeAllocatingStage:
 
     def describe(self):
         return {"model": None}
+
+
+class HubModelCaptionStage(FakeCaptionStage):
+    """A caption stage that declares a Hub model (``model`` at ``revision``) and loads nothing: what a build checks
+    before its stages load, without a model."""
+
+    model_options = (
+        ModelOption("model", role="test captioner"),
+        ModelOption("helper", revision="helper_revision", role="test helper"),
+    )
+
+    def __init__(
+        self,
+        model: str = "org/tiny-captioner",
+        revision: str | None = None,
+        helper: str | None = None,
+        helper_revision: str | None = None,
+    ):
+        super().__init__()
+        self.model, self.revision, self.helper, self.helper_revision = model, revision, helper, helper_revision

@@ -14,7 +14,9 @@ standard ``lfs/objects/aa/bb/<oid>`` layout inside the git directory, so ``git l
 could read the same repository. Only the stdlib and the ``git`` binary are used.
 
 Faults for resilience tests are injected through :class:`Faults`: answer the next N requests of a kind with an HTTP
-error, or hold every LFS upload after the first N until the test releases them (to interrupt a client mid-upload).
+error, hold every LFS upload after the first N until the test releases them (to interrupt a client mid-upload), or
+hold file downloads after N bytes until the test releases them (to kill a client mid-download). A gated repo's files are served only to the
+double's token, as the Hub serves them only to accounts that accepted the conditions.
 """
 
 from __future__ import annotations
@@ -61,6 +63,11 @@ class Faults:
     hold_lfs_after: int | None = None
     release: threading.Event = field(default_factory=threading.Event)
     held: int = 0
+    # When set, every download of a whole file (GET .../resolve/... without a Range) larger than this sends its
+    # headers and this many bytes of the body, then waits for ``release`` and drops the connection; ``held_downloads``
+    # counts them. Ranged requests (a client resuming) are served in full.
+    hold_downloads_after: int | None = None
+    held_downloads: int = 0
 
     def take(self, kind: str) -> int | None:
         codes = self.fail.get(kind)
@@ -75,6 +82,8 @@ class HubDouble:
         self.token = token
         self.faults = Faults()
         self.log: list[tuple[str, str, int]] = []
+        # Every file download: (path, Range header or None), to see a client resume where it stopped.
+        self.downloads: list[tuple[str, str | None]] = []
         # Repo settings as the Hub stores them ("gated": False | "auto" | "manual"), and every settings call received.
         self.settings: dict[tuple[str, str], dict[str, Any]] = {}
         self.settings_calls: list[tuple[str, str, dict[str, Any]]] = []
@@ -647,6 +656,17 @@ class _Handler(BaseHTTPRequestHandler):
             info["lfs"] = dict(entry["lfs"])
         return info
 
+    def _sibling(self, path: str, entry: dict[str, Any]) -> dict[str, Any]:
+        """A ``siblings`` item; with ``?blobs=true`` (``files_metadata=True``) also size, blob id and LFS info."""
+        if self.query.get("blobs", ["false"])[0].lower() not in ("1", "true"):
+            return {"rfilename": path}
+        sibling: dict[str, Any] = {"rfilename": path, "size": entry["size"], "blobId": entry["blob"]}
+        if entry["lfs"] is not None:
+            lfs = entry["lfs"]
+            sibling["size"] = lfs["size"]
+            sibling["lfs"] = {"sha256": lfs["oid"], "size": lfs["size"], "pointerSize": lfs["pointerSize"]}
+        return sibling
+
     def repo_info(self, repo_type: str, org: str, name: str, rev: str = "main") -> None:
         repo_id = self._repo(repo_type, org, name)
         sha = self._commit_of(repo_type, repo_id, rev)
@@ -671,7 +691,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "createdAt": date,
                 "tags": [],
                 "cardData": card_data,
-                "siblings": [{"rfilename": p} for p in sorted(files)],
+                "siblings": [self._sibling(p, files[p]) for p in sorted(files)],
             },
         )
 
@@ -733,6 +753,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def resolve_file(self, org: str, name: str, rev: str, path: str, repo_type: str = "models") -> None:
         repo_id = self._repo(repo_type, org, name)
+        gated = self.hub.settings.get((repo_type, repo_id), {}).get("gated", False)
+        if gated and (self.hub.token is None or self.headers.get("Authorization") != f"Bearer {self.hub.token}"):
+            raise HubError(401, f"Access to model {repo_id} is restricted: you must accept its conditions", "GatedRepo")
         sha = self._commit_of(repo_type, repo_id, rev)
         path = urllib.parse.unquote(path)
         files = self.hub.entries(repo_type, repo_id, sha)
@@ -763,6 +786,25 @@ class _Handler(BaseHTTPRequestHandler):
             return
         data = self.hub.read_file(repo_type, repo_id, entry)
         range_header = self.headers.get("Range")
+        self.hub.downloads.append((path, range_header))
+        faults = self.hub.faults
+        hold = faults.hold_downloads_after
+        if hold is not None and len(data) > hold and not range_header:
+            # A download stuck mid-body: the full length announced, part of the body sent, then nothing until the
+            # test (having killed the client) releases it.
+            self.send_response(200)
+            for key, value in headers.items():
+                self.send_header(key, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data[:hold])
+            self.wfile.flush()
+            with self.hub._lock:
+                faults.held_downloads += 1
+            faults.release.wait(timeout=60)
+            self.close_connection = True
+            self.connection.shutdown(2)
+            return
         match = re.fullmatch(r"bytes=(\d*)-(\d*)", range_header or "")
         if match and (match.group(1) or match.group(2)):
             if match.group(1):

@@ -47,6 +47,7 @@ from typing import Any
 from lance_pipeline.editing.candidate_selection import Candidate, CandidateSelector, EditRequest, SweepResult
 from lance_pipeline.editing.options import EditorOptions, check_model_reference
 from lance_pipeline.editing.stages import CounterfactualEditStage
+from lance_pipeline.model_needs import DIFFUSERS_MODEL_FILES, SD_COMPONENT_FILES, ModelOption, clip_option
 from lance_pipeline.option_types import DiffusionSteps
 from lance_pipeline.stage import SCORE_NAMES, MetadataField, Record, ReleaseOutput, SampleFailure
 
@@ -647,6 +648,13 @@ class ControlNetEditStage(CounterfactualEditStage):
     editor_name = EDITOR_NAME
     options_class = ControlNetEditorOptions
     version = "1"
+    model_options = (
+        ModelOption("model", SD_COMPONENT_FILES, cache_dir="cache_dir", role="Stable Diffusion 1.x"),
+        ModelOption("controlnet", DIFFUSERS_MODEL_FILES, revision="controlnet_revision", cache_dir="cache_dir",
+                    role="ControlNet"),
+        ModelOption("depth_model", revision="depth_revision", cache_dir="cache_dir", role="depth estimator"),
+        clip_option(),
+    )  # fmt: skip
     consumes = {"key": "str", "image": "image", "caption": "str", "seed": "int", "edits": "list"}
     produces = {"counterfactuals": "list", "edit_candidates": "list"}
     outputs = (ReleaseOutput("counterfactual", "counterfactuals", "cf", many=True, fields=METADATA_FIELDS),)

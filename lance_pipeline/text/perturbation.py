@@ -38,6 +38,7 @@ from typing import Any
 
 from lance_pipeline.edit_types import edit_type as edit_type_row
 from lance_pipeline.edit_types import validate_edit_types
+from lance_pipeline.model_needs import PEFT_ADAPTER_FILES, ModelOption
 from lance_pipeline.stage import Record, SampleFailure
 from lance_pipeline.text.edit_spans import diff_captions
 
@@ -317,6 +318,10 @@ class PromptPerturber:
     version = "1"
     consumes = {"caption": "str", "label_name": "str", "seed": "int"}
     produces = {"edits": "list", "perturb_stats": "dict"}
+    model_options = (
+        ModelOption("model", role="caption perturber (LLM)"),
+        ModelOption("adapter", PEFT_ADAPTER_FILES, revision="adapter_revision", role="LoRA adapter of the perturber"),
+    )
 
     def __init__(
         self,

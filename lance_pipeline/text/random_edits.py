@@ -29,6 +29,7 @@ import random
 import re
 from typing import Any
 
+from lance_pipeline.model_needs import ModelOption
 from lance_pipeline.stage import Record, SampleFailure
 from lance_pipeline.text.edit_spans import STRIP_CHARS, tokenize_caption
 
@@ -103,6 +104,7 @@ class RandomWordEditor:
     version = "1"
     consumes = {"caption": "str", "label_name": "str", "seed": "int"}
     produces = {"random_edits": "list"}
+    model_options = (ModelOption("model", role="masked language model of LANCE-R"),)
 
     def __init__(
         self,

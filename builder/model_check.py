@@ -1,0 +1,253 @@
+"""Before a build's first stage loads: every model it needs is here (or fetched), and a full-size build on the CPU is
+said so.
+
+``build_needs`` reads the active stages' declared models (``lance_pipeline.model_needs``) from the validated config,
+nothing loaded. ``resolve_models`` checks them against the cache and, for what is missing, the Hub (bounded, in
+seconds, before torch is imported): a model that is neither cached nor reachable stops the build with one line per
+model and the ``lance-cf models download`` command. ``models_ready`` downloads the reachable ones, under one progress
+bar, and when every model is here and the Hub does not answer, lets the stages load offline, so no library waits on
+it. ``check_cpu`` refuses
+to start a full-size build on the CPU unless ``--device cpu`` asked for it, with an estimate of how long it would
+take from the UNet evaluations these options count and a quick measured step of this CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import re
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from lance_pipeline.hub_cache import (
+    LOCAL_MARKER,
+    ModelState,
+    endpoint,
+    fetch_models,
+    format_size,
+    hub_answers,
+    hub_offline,
+    inspect_models,
+)
+from lance_pipeline.model_needs import ModelNeed, needs_of
+from lance_pipeline.stage import check_options
+
+logger = logging.getLogger(__name__)
+
+
+def build_needs(validated: Any) -> list[ModelNeed]:
+    """Every model the active stages of a validated build will load, in stage order."""
+    needs: list[ModelNeed] = []
+    for stage in validated.active:
+        where = f"stage {stage.config.name!r} ({stage.config.type})"
+        typed = check_options(stage.cls, stage.config.options, where)
+        needs += needs_of(stage.cls, typed, stage.config.name)
+    return needs
+
+
+class ModelsMissing(ValueError):
+    """Models that are neither cached nor reachable: one line each, and the command that fetches them."""
+
+    def __init__(self, states: list[ModelState], command: str | None = None, then: str | None = None) -> None:
+        self.states = states
+        self.command = command
+        self.then = then  # the last line instead of the download command (``models download`` itself)
+        super().__init__(self._message())
+
+    @property
+    def missing(self) -> list[ModelState]:
+        return [s for s in self.states if s.problem and not s.stand_in and not s.need.optional]
+
+    def _message(self) -> str:
+        missing = self.missing
+        reasons = {s.problem for s in missing}
+        common = next(iter(reasons)) if len(reasons) == 1 else None
+        head = f"{len(missing)} model(s) needed are neither cached nor reachable (each key also takes a local directory)"
+        lines = [head + (f"; {common}:" if common else ":")]
+        for state in missing:
+            lines.append("  " + missing_line(state) + ("" if common else f": {state.problem}"))
+        if self.then:
+            lines.append(f"  {self.then}")
+        else:
+            command = self.command or "lance-cf models download PRESET_OR_CONFIG"
+            lines.append(
+                f"  fetch them where the Hub is reachable: {command} (--local-dir DIR: copies and a config for a "
+                "machine without network)"
+            )
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self._message()
+
+
+def keys_of(state: ModelState) -> str:
+    """The keys that name a model, compact: ``stages[invert,edit].options.model``, ``--model``."""
+    keys = list(dict.fromkeys(u.key for u in state.users))
+    parsed = [re.fullmatch(r"stages\[([^\]]+)\]\.options\.(.+)", k) for k in keys]
+    if len(keys) > 1 and all(parsed) and len({m.group(2) for m in parsed}) == 1:
+        return f"stages[{','.join(m.group(1) for m in parsed)}].options.{parsed[0].group(2)}"
+    return ", ".join(keys)
+
+
+def missing_line(state: ModelState) -> str:
+    """``ID@REV (SIZE) for KEY``: what is missing, how big, and the key that takes a local directory instead."""
+    need = state.need
+    if need.repo_id is None:
+        return f"local directory {need.local_path} for {keys_of(state)}"
+    size = format_size(state.size) if state.size is not None else "size unknown offline"
+    return f"{need.label} ({size}) for {keys_of(state)}"
+
+
+def resolve_models(needs: list[ModelNeed], command: str | None = None) -> list[ModelState]:
+    """Where each of ``needs`` stands (cache, Hub), in seconds and without importing torch; raises
+    ``ModelsMissing`` when one is neither cached nor reachable, before anything is downloaded or loaded."""
+    states = inspect_models(needs, probe="missing") if needs else []
+    error = ModelsMissing(states, command)
+    if error.missing:
+        raise error
+    return states
+
+
+@contextlib.contextmanager
+def models_ready(states: list[ModelState], *, progress: bool = True) -> Iterator[None]:
+    """Download the reachable models that are not cached, then run the block, offline when the Hub does not answer
+    (every model cached, or a packaged stand-in in use)."""
+    to_fetch = [s for s in states if not s.cached and s.reachable and not s.stand_in]
+    if to_fetch:
+        total = sum(s.missing_bytes() for s in to_fetch)
+        logger.info(
+            "downloading %d model(s) not in the cache (%s) from %s: %s",
+            len(to_fetch),
+            format_size(total),
+            endpoint(),
+            ", ".join(s.need.label for s in to_fetch),
+        )
+        fetch_models(to_fetch, progress=progress)
+    uses_hub = any(s.need.repo_id for s in states)
+    offline = any(s.stand_in for s in states) or (uses_hub and not to_fetch and not hub_answers())
+    if offline:
+        logger.info("the Hub does not answer and every model is here: the stages load them offline")
+    with hub_offline(offline):
+        yield
+
+
+# -- CPU honesty --------------------------------------------------------------------------------------------------------
+# FLOPs of one Stable Diffusion 1.x/2.x UNet sample-forward at 512 px (a 64x64 latent), counted with torch's FLOP
+# counter on the architecture (docs/performance.md; lance_pipeline.editing.cost). It scales with the latent's area.
+UNET_FORWARD_FLOPS_512 = 0.803e12
+# A null-text iteration is a forward and a backward w.r.t. the null embedding (1.08 forwards): lance_pipeline.editing.cost
+BACKWARD_FORWARD_EQUIVALENT = 1.08
+
+
+def unet_evaluations(validated: Any) -> dict[str, float]:
+    """UNet forward-equivalents per source image, per image stage of the build, from the stages' options.
+
+    The counts follow docs/performance.md ("At the issue's scale", counted with ``count_unet_evaluations``): null-text
+    inversion runs S steps with I optimisation iterations each (S x (4 + 2.08 I)); prompt-to-prompt renders
+    each edit as a trunk and forked branches (6 S per edit with guidance) plus a source row of 2 S per sampling run;
+    the reconstruction one guided pass (2 S); the ControlNet editor 2 S per image and conditioning scale; generation
+    2 S per image. Edits per image are the perturber's (``n_per_type`` x edit types, before the label check drops
+    any) or DILLEMA's ``n_counterfactuals``, one for LANCE-R. Text stages are left out (under 1 % of editing, docs/performance.md).
+    """
+    stages = {s.config.type: s for s in validated.active}
+    edits = 0
+    if "llm_perturber" in stages:
+        stage = stages["llm_perturber"]
+        options = check_options(stage.cls, stage.config.options, "perturb")
+        edits = len(stage.cls(**stage.config.options).edit_types) * options.n_per_type
+    elif "dillema_counterfactual" in stages:
+        stage = stages["dillema_counterfactual"]
+        edits = check_options(stage.cls, stage.config.options, "rewrite").n_counterfactuals
+    counts: dict[str, float] = {}
+    for stage in validated.active:
+        kind = stage.config.type
+        try:
+            options = check_options(stage.cls, stage.config.options, kind)
+        except ValueError:
+            continue
+        steps = getattr(options, "num_inference_steps", None)
+        if not steps:
+            continue
+        if kind == "null_text_inversion":
+            inner = getattr(options, "num_inner_steps", 0) if options.inversion == "null_text" else 0
+            counts[stage.config.name] = steps * (4 + (1 + BACKWARD_FORWARD_EQUIVALENT) * inner) if inner else steps
+        elif kind == "reconstruction":
+            counts[stage.config.name] = 2 * steps
+        elif kind == "prompt_to_prompt_edit":
+            counts[stage.config.name] = edits * 6 * steps + 2 * steps * max(1, math.ceil(edits / 10))
+        elif kind == "lance_r_edit":
+            counts[stage.config.name] = 6 * steps + 2 * steps
+        elif kind == "controlnet_edit":
+            scales = len(getattr(options, "conditioning_scales", (1.0,)))
+            counts[stage.config.name] = max(edits, 1) * options.images_per_edit * scales * 2 * steps
+        elif kind == "shift_generation":
+            counts[stage.config.name] = 2 * steps
+    return counts
+
+
+def measure_cpu_flops(threads: int, repeats: int = 2) -> float:
+    """This CPU's speed on the UNet's commonest operation, in FLOP/s: a 3x3 convolution of 320 channels on a 64x64
+    latent (the first level of a 512 px UNet), the best of a few runs at ``threads`` torch threads."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        conv = torch.nn.Conv2d(320, 320, 3, padding=1)
+        x = torch.randn(1, 320, 64, 64)
+        flops = 2 * x.shape[0] * 320 * 320 * 9 * 64 * 64
+        best = math.inf
+        with torch.inference_mode():
+            conv(x)  # warm-up
+            for _ in range(repeats):
+                start = time.perf_counter()
+                conv(x)
+                best = min(best, time.perf_counter() - start)
+        return flops / best
+    finally:
+        torch.set_num_threads(before)
+
+
+def is_full_size(needs: list[ModelNeed]) -> bool:
+    """Real models: a Hub id, or a local copy made by ``lance-cf models download --local-dir``."""
+    return any(n.repo_id is not None or os.path.isfile(os.path.join(str(n.local_path), LOCAL_MARKER)) for n in needs)
+
+
+def format_duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+def check_cpu(validated: Any, needs: list[ModelNeed], images: int, requested: str | None, threads: int) -> None:
+    """Refuse a full-size build that would run on the CPU because no GPU was found (``--device`` not given), with
+    an estimate of its duration; ``--device cpu`` runs it. Demo builds (tiny models) are not concerned."""
+    if requested not in (None, "auto") or not is_full_size(needs):
+        return
+    counts = unet_evaluations(validated)
+    per_image = sum(counts.values())
+    size = validated.config.image_size or 512
+    flops = UNET_FORWARD_FLOPS_512 * (size / 512) ** 2
+    rate = measure_cpu_flops(threads)
+    per_forward = flops / rate
+    if per_image:
+        parts = ", ".join(f"{name} {count:,.0f}" for name, count in counts.items())
+        estimate = (
+            f"{images} image(s) x {per_image:,.0f} UNet evaluations each ({parts}; counted for these options), at "
+            f"least {per_forward:.0f} s each on this CPU ({flops / 1e12:.2f} TFLOP; a UNet convolution measured here "
+            f"at {rate / 1e9:.0f} GFLOP/s with {threads} thread(s)): at least "
+            f"{format_duration(images * per_image * per_forward)}, the text models not counted"
+        )
+    else:
+        estimate = f"its models are full size; one UNet-sized step alone takes {per_forward:.0f} s here"
+    raise ValueError(
+        f"no GPU found, so this build would run on the CPU: {estimate}. Run it on a machine with a GPU, or pass "
+        "--device cpu to run it here anyway"
+    )

@@ -1,0 +1,536 @@
+"""Declared models against the Hugging Face cache and the Hub: what is here, what can be fetched, fetching it.
+
+``inspect_models`` answers, for every declared model (``lance_pipeline.model_needs``), whether all the files its
+loader reads are in the cache, and for those that are not, whether the Hub will give them: one metadata request per
+repository, all at once, each bounded by a timeout and all together by a deadline, never retried. A refused
+connection, a network that swallows packets, ``HF_HUB_OFFLINE``, an unknown id or a gated repository without a token
+all end in seconds with the reason. ``fetch_models`` downloads exactly the missing files through ``huggingface_hub``
+(resumable: an interrupted file continues from its ``.incomplete`` part) under one progress bar whose total is known
+up front. ``hub_offline`` runs the loading libraries offline once everything is cached and the Hub does not answer,
+so they never wait on it.
+
+The exact file list of a repository at a commit never changes; once the Hub gave it, it is kept in
+``$LANCE_CF_CACHE/hub-files`` (with the sizes, the licence and the gating), so later checks are exact offline.
+Endpoint, cache and token are huggingface_hub's own (``HF_ENDPOINT``, ``HF_HOME``/``HF_HUB_CACHE``, ``HF_TOKEN`` or
+``hf auth login``); the token is never printed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lance_pipeline.model_needs import ModelNeed, is_commit, matches, merge_needs, select_files
+
+logger = logging.getLogger(__name__)
+
+REQUEST_TIMEOUT = 5.0  # seconds for one metadata request (connect and read)
+DEADLINE = 8.0  # seconds for all of them together
+
+
+def lance_cache_dir() -> Path:
+    """lance-cf's own cache (``$LANCE_CF_CACHE``, default ``~/.cache/lance-cf``), as ``builder.models`` uses it."""
+    return Path(os.environ.get("LANCE_CF_CACHE", Path.home() / ".cache" / "lance-cf")).expanduser()
+
+
+def hub_cache_dir(cache_dir: str | None = None) -> Path:
+    from huggingface_hub import constants
+
+    return Path(cache_dir or constants.HF_HUB_CACHE).expanduser()
+
+
+def endpoint() -> str:
+    from huggingface_hub import constants
+
+    return constants.ENDPOINT.rstrip("/")
+
+
+def is_offline() -> bool:
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+@dataclass
+class ModelState:
+    """What is known about one (merged) model need.
+
+    Attributes:
+        need: The need (files of every user merged).
+        users: Every need it covers (one per stage or option that loads it).
+        commit: The revision as a commit, once known.
+        files: The files the loader reads: name -> size in bytes (None: unknown). Exact when ``exact``; otherwise the
+            cached files that match the need's patterns.
+        exact: ``files`` is the repository's real list (from the Hub or the kept listing).
+        cached: Every needed file is in the cache (or the local directory exists).
+        license, gated: From the Hub (or the kept listing); None when unknown.
+        problem: Why it is neither cached nor obtainable (None when it is either).
+        stand_in: A packaged copy is used instead (the Hub offline, the model not cached).
+    """
+
+    need: ModelNeed
+    users: list[ModelNeed]
+    commit: str | None = None
+    files: dict[str, int | None] = field(default_factory=dict)
+    exact: bool = False
+    cached: bool = False
+    license: str | None = None
+    gated: Any = None
+    problem: str | None = None
+    stand_in: str | None = None
+    reachable: bool = False
+    sha256: dict[str, str] = field(default_factory=dict)  # large (LFS) files: their content hash
+
+    @property
+    def size(self) -> int | None:
+        if not self.exact or any(v is None for v in self.files.values()):
+            return None
+        return sum(v for v in self.files.values() if v is not None)
+
+    def missing_files(self) -> list[str]:
+        snapshot = snapshot_dir(self.need.repo_id, self.commit or self.need.revision, self.need.cache_dir)
+        return [f for f in self.files if snapshot is None or not (snapshot / f).is_file()]
+
+    def missing_bytes(self) -> int:
+        sizes = self.files
+        return sum(sizes[f] or 0 for f in self.missing_files())
+
+
+# -- the cache ----------------------------------------------------------------------------------------------------------
+def repo_folder(repo_id: str, cache_dir: str | None = None) -> Path:
+    return hub_cache_dir(cache_dir) / ("models--" + repo_id.replace("/", "--"))
+
+
+def snapshot_dir(repo_id: str | None, revision: str | None, cache_dir: str | None = None) -> Path | None:
+    """The cached snapshot folder of ``repo_id`` at ``revision`` (a commit, or a branch/tag the cache has a ref
+    for), or None."""
+    if repo_id is None:
+        return None
+    folder = repo_folder(repo_id, cache_dir)
+    revision = revision or "main"
+    commit = revision if is_commit(revision) else None
+    if commit is None:
+        ref = folder / "refs" / revision
+        if not ref.is_file():
+            return None
+        commit = ref.read_text().strip()
+    snapshot = folder / "snapshots" / commit
+    return snapshot if snapshot.is_dir() else None
+
+
+def _listing_path(repo_id: str, commit: str) -> Path:
+    return lance_cache_dir() / "hub-files" / f"{repo_id.replace('/', '--')}@{commit}.json"
+
+
+def read_listing(repo_id: str, commit: str | None) -> dict[str, Any] | None:
+    if not is_commit(commit):
+        return None
+    try:
+        return json.loads(_listing_path(repo_id, commit).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_listing(repo_id: str, commit: str, listing: dict[str, Any]) -> None:
+    """Keep a repository's file list at a commit (atomically; it never changes, so a kept one is never stale)."""
+    path = _listing_path(repo_id, commit)
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".listing-")
+        with os.fdopen(fd, "w") as handle:
+            json.dump(listing, handle, sort_keys=True)
+        os.replace(tmp, path)
+
+
+def _check_cache(state: ModelState) -> None:
+    """Fill ``state`` from the cache and the kept listing: files, sizes, licence, and whether all are cached."""
+    need = state.need
+    if need.repo_id is None:
+        path = Path(os.path.expanduser(need.local_path or ""))
+        state.cached = path.exists()
+        if not state.cached:
+            state.problem = f"local directory {need.local_path} does not exist"
+        return
+    revision = need.revision or "main"
+    snapshot = snapshot_dir(need.repo_id, revision, need.cache_dir)
+    state.commit = revision if is_commit(revision) else (snapshot.name if snapshot else None)
+    listing = read_listing(need.repo_id, state.commit)
+    if listing is not None:
+        state.exact = True
+        state.files = {f: listing["files"][f] for f in select_files(listing["files"], need.files)}
+        state.sha256 = {f: h for f, h in listing.get("sha256", {}).items() if f in state.files}
+        state.license, state.gated = listing.get("license"), listing.get("gated")
+        state.cached = snapshot is not None and not state.missing_files()
+        return
+    if snapshot is None:
+        return
+    cached = [p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file()]
+    present = select_files(cached, need.files)
+    state.files = {f: (snapshot / f).stat().st_size for f in present}
+    state.cached = all(any(matches(f, pattern) for f in present) for pattern in need.required)
+
+
+# -- the Hub ------------------------------------------------------------------------------------------------------------
+def _describe_error(err: BaseException, where: str, timeout: float) -> str:
+    """One short reason for a failed Hub request (never the token)."""
+    from huggingface_hub import errors
+
+    if isinstance(err, errors.OfflineModeIsEnabled):
+        return "the Hub is switched off (HF_HUB_OFFLINE is set)"
+    if isinstance(err, errors.GatedRepoError):
+        return "gated: accept its conditions on the Hub, then log in (hf auth login, or HF_TOKEN)"
+    if isinstance(err, errors.RevisionNotFoundError):
+        return "this revision does not exist on the Hub"
+    if isinstance(err, errors.RepositoryNotFoundError):
+        return f"not found on {where} (a typo, or a private repo: log in)"
+    if isinstance(err, errors.HfHubHTTPError):
+        status = getattr(getattr(err, "response", None), "status_code", None)
+        return f"{where} answered HTTP {status}" if status else f"{where}: {str(err).splitlines()[0]}"
+    try:
+        import httpx2 as httpx
+    except ImportError:  # huggingface_hub before 2.0
+        import httpx
+
+    if isinstance(err, httpx.TimeoutException):
+        return f"no answer from {where} within {timeout:.0f} s"
+    if isinstance(err, httpx.TransportError | OSError):
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return f"cannot connect to {where} ({reason})"
+    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}".strip()
+
+
+def _probe(need: ModelNeed, token: str | bool | None, timeout: float) -> dict[str, Any]:
+    """Ask the Hub for the repository's files at the revision (one request; a HEAD more for a gated one).
+
+    Returns what it learnt: ``listing`` (files, licence, gating, commit) and ``problem`` (None when the files can
+    be fetched).
+    """
+    from huggingface_hub import HfApi, get_hf_file_metadata, get_token, hf_hub_url
+
+    where = endpoint()
+    found: dict[str, Any] = {"listing": None, "problem": None}
+    try:
+        info = HfApi(endpoint=where, token=token).model_info(
+            need.repo_id, revision=need.revision, files_metadata=True, timeout=timeout
+        )
+        siblings = info.siblings or []
+        sizes = {s.rfilename: (s.lfs.size if s.lfs is not None else s.size) for s in siblings}
+        card = info.card_data.to_dict() if info.card_data is not None else {}
+        license_tag = next((t[len("license:") :] for t in info.tags or [] if t.startswith("license:")), None)
+        listing = {
+            "files": sizes,
+            "sha256": {s.rfilename: s.lfs.sha256 for s in siblings if s.lfs is not None},  # large files: the LFS oid
+            "license": card.get("license") or license_tag,
+            "gated": info.gated,
+            "commit": info.sha,
+        }
+        found["listing"] = listing
+        if is_commit(info.sha):
+            write_listing(need.repo_id, info.sha, listing)
+        files = select_files(sizes, need.files)
+        unmatched = [p for p in need.required if not any(matches(f, p) for f in files)]
+        if unmatched:
+            found["problem"] = f"the repo has no {', '.join(unmatched)} at this revision (not a model of this kind?)"
+        elif info.gated:
+            if token is False or (token is None and get_token() is None):
+                found["problem"] = "gated: accept its conditions on the Hub, then log in (hf auth login, or HF_TOKEN)"
+            elif files:  # a token without access to it gets GatedRepoError here
+                get_hf_file_metadata(
+                    hf_hub_url(need.repo_id, files[0], revision=info.sha, endpoint=where), token=token, timeout=timeout
+                )
+    except Exception as err:  # every failure is this model's reason, reported with the others
+        found["problem"] = _describe_error(err, where, timeout)
+    return found
+
+
+def _apply(state: ModelState, found: dict[str, Any]) -> None:
+    listing = found["listing"]
+    if listing is not None:
+        state.commit = listing["commit"]
+        state.exact = True
+        state.files = {f: listing["files"][f] for f in select_files(listing["files"], state.need.files)}
+        state.sha256 = {f: h for f, h in listing.get("sha256", {}).items() if f in state.files}
+        state.license, state.gated = listing["license"], listing["gated"]
+        snapshot = snapshot_dir(state.need.repo_id, state.commit, state.need.cache_dir)
+        state.cached = snapshot is not None and not state.missing_files()
+    state.problem = found["problem"]
+    state.reachable = listing is not None and found["problem"] is None
+
+
+def inspect_models(
+    needs: list[ModelNeed],
+    *,
+    probe: str = "missing",
+    token: str | bool | None = None,
+    timeout: float | None = None,
+    deadline: float | None = None,
+) -> list[ModelState]:
+    """The state of every declared model (merged per repository and revision), in first-use order.
+
+    ``probe``: ``"missing"`` asks the Hub about the models that are not cached; ``"all"`` about every one (listing
+    sizes and licences); ``"none"`` only looks at the cache. Requests run at once, each bounded by ``timeout``, all by
+    ``deadline`` seconds; a model the Hub did not answer for in time gets that as its problem.
+    """
+    import time
+
+    timeout = REQUEST_TIMEOUT if timeout is None else timeout
+    deadline = DEADLINE if deadline is None else deadline
+    states = [ModelState(need, users) for need, users in merge_needs(needs)]
+    for state in states:
+        _check_cache(state)
+    if probe == "none":
+        return states
+    asked = [s for s in states if s.need.repo_id is not None and (probe == "all" or not s.cached)]
+    if is_offline():
+        for state in asked:
+            if not state.cached:
+                state.problem = "the Hub is switched off (HF_HUB_OFFLINE is set)"
+        asked = []
+    answers: list[list[dict[str, Any]]] = [[] for _ in asked]
+    threads = []
+    for state, answer in zip(asked, answers, strict=True):
+        thread = threading.Thread(
+            target=lambda need=state.need, out=answer: out.append(_probe(need, token, timeout)), daemon=True
+        )
+        thread.start()
+        threads.append(thread)
+    end = time.monotonic() + deadline
+    for thread in threads:
+        thread.join(max(0.0, end - time.monotonic()))
+    for state, answer in zip(asked, answers, strict=True):
+        if answer:
+            _apply(state, answer[0])
+        elif not state.cached:  # still waiting: a network that swallows requests
+            state.problem = f"no answer from {endpoint()} within {deadline:.0f} s"
+    for state in states:
+        if state.cached:
+            state.problem = None
+        elif state.problem is not None and state.need.packaged and _importable(state.need.packaged):
+            state.stand_in = state.need.packaged  # the stage loads the packaged copy while the Hub is offline
+    return states
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def hub_answers(timeout: float | None = None) -> bool:
+    """Whether the Hub endpoint answers at all (one small request, no retry)."""
+    timeout = min(3.0, REQUEST_TIMEOUT) if timeout is None else timeout
+    if is_offline():
+        return False
+    from huggingface_hub.utils import get_session
+
+    result: list[bool] = []
+
+    def ask() -> None:
+        try:
+            get_session().head(endpoint() + "/api/whoami-v2", timeout=timeout)
+            result.append(True)
+        except Exception:  # any failure means: do not rely on it
+            result.append(False)
+
+    thread = threading.Thread(target=ask, daemon=True)
+    thread.start()
+    thread.join(timeout + 1.0)
+    return bool(result and result[0])
+
+
+@contextlib.contextmanager
+def hub_offline(enabled: bool = True) -> Iterator[None]:
+    """Run the block with huggingface_hub (and so transformers, diffusers, open_clip, timm) offline: cached files
+    load without a request, nothing waits on a Hub that does not answer. Worker processes inherit it."""
+    if not enabled:
+        yield
+        return
+    from huggingface_hub import constants
+
+    before, env_before = constants.HF_HUB_OFFLINE, os.environ.get("HF_HUB_OFFLINE")
+    constants.HF_HUB_OFFLINE = True
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = before
+        if env_before is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+        else:
+            os.environ["HF_HUB_OFFLINE"] = env_before
+
+
+# -- downloading --------------------------------------------------------------------------------------------------------
+class DownloadStopped(ValueError):
+    """A download stopped (network, disk): what was fetched stays, the same command resumes it."""
+
+
+def local_copy_dir(root: Path, state: ModelState) -> Path:
+    """Where ``--local-dir`` puts a model: ``ROOT/ORG--NAME`` (``@REV`` added for a branch or tag, so two revisions
+    of one repo never share a folder)."""
+    name = state.need.repo_id.replace("/", "--")
+    if state.need.revision and not is_commit(state.need.revision):
+        name += "@" + state.need.revision
+    return Path(root) / name
+
+
+def fetch_models(
+    states: list[ModelState],
+    *,
+    local_dir: Path | None = None,
+    progress: bool = True,
+    token: str | bool | None = None,
+) -> int:
+    """Download every file the states need that is not there yet; returns the bytes fetched.
+
+    Into the Hugging Face cache, or with ``local_dir`` into ``local_dir/ORG--NAME/`` (plain files a stage can load as
+    a local directory). The states must come from ``inspect_models`` with the Hub's answer (exact file lists). One
+    progress bar counts all bytes, its total known before the first byte. A large file is written to a partial file
+    kept across runs (huggingface_hub keeps none since 2.0), so an interrupted download resumes where it stopped; it
+    is checked against its sha256 before it takes its place.
+    """
+    from tqdm.auto import tqdm
+
+    plan: list[tuple[ModelState, str, int]] = []
+    for state in states:
+        if state.need.repo_id is None or state.stand_in:
+            continue
+        if not state.exact:
+            raise ValueError(f"{state.need.label}: its file list is unknown ({state.problem or 'not asked'})")
+        target = local_copy_dir(local_dir, state) if local_dir is not None else None
+        missing = set(state.missing_files()) if target is None else set()
+        for name, size in state.files.items():
+            if target is not None:
+                done = (target / name).is_file() and (size is None or (target / name).stat().st_size == size)
+            else:
+                done = name not in missing
+            if not done:
+                plan.append((state, name, size or 0))
+    total = sum(size for _, _, size in plan)
+    if not plan:
+        return 0
+    bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="models", disable=not progress)
+
+    class _Into:
+        """tqdm stand-in handed to huggingface_hub: every file's bytes go to the one bar (a resumed file adds the
+        part it already had)."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            initial = kwargs.get("initial") or 0
+            if initial:
+                bar.update(initial)
+
+        def __enter__(self) -> _Into:
+            return self
+
+        def __exit__(self, *exc: Any) -> None:
+            return None
+
+        def update(self, n: float | None = 1) -> None:
+            bar.update(n or 0)
+
+        def close(self) -> None:
+            return None
+
+        def set_postfix_str(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
+    where = endpoint()
+    state, name = plan[0][0], plan[0][1]
+    try:
+        for state, name, _size in plan:
+            bar.set_postfix_str(f"{state.need.repo_id}: {name}", refresh=False)
+            _fetch_file(state, name, local_dir, token, where, _Into)
+    except KeyboardInterrupt:
+        raise
+    except Exception as err:
+        reason = _describe_error(err, where, REQUEST_TIMEOUT)
+        raise DownloadStopped(
+            f"downloading {state.need.label} ({name}) stopped: {reason}; what was fetched is kept: re-run the same "
+            "command to resume"
+        ) from err
+    finally:
+        bar.close()
+    for state in states:
+        if local_dir is not None and state.need.repo_id is not None and not state.stand_in:
+            write_local_marker(local_copy_dir(local_dir, state), state)
+    return total
+
+
+PARTIAL_SUFFIX = ".lance-cf-partial"
+
+
+def _fetch_file(state: ModelState, name: str, local_dir: Path | None, token: Any, where: str, tqdm_class: Any) -> None:
+    """One file. A large one goes through a kept partial file (resumed with a Range request, checked against its
+    sha256), then, for the cache, is linked into the snapshot by ``hf_hub_download``, which finds the blob and
+    transfers nothing. A small one is fetched by ``hf_hub_download`` itself."""
+    import hashlib
+
+    from huggingface_hub import hf_hub_download, hf_hub_url
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import build_hf_headers
+
+    need = state.need
+    revision = state.commit or need.revision
+    sha = state.sha256.get(name)
+    if local_dir is not None:
+        final = local_copy_dir(local_dir, state) / name
+        partial = local_copy_dir(local_dir, state) / PARTIAL_SUFFIX / name
+    elif sha is not None:  # the cache names a large file's blob by its sha256 (its ETag)
+        final = repo_folder(need.repo_id, need.cache_dir) / "blobs" / sha
+        partial = final.with_name(sha + PARTIAL_SUFFIX)
+    else:
+        hf_hub_download(need.repo_id, name, revision=revision, cache_dir=need.cache_dir, token=token,
+                        endpoint=where, tqdm_class=tqdm_class)  # fmt: skip
+        return
+    if not final.is_file():
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        resume = partial.stat().st_size if partial.exists() else 0
+        url = hf_hub_url(need.repo_id, name, revision=revision, endpoint=where)
+        headers = build_hf_headers(token=token, library_name="lance-cf")
+        with partial.open("ab") as handle:
+            http_get(url, handle, resume_size=resume, headers=headers, expected_size=state.files.get(name),
+                     tqdm_class=tqdm_class)  # fmt: skip
+        if sha is not None:
+            digest = hashlib.sha256()
+            with partial.open("rb") as handle:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
+            if digest.hexdigest() != sha:
+                partial.unlink()
+                raise OSError(f"{name}: the downloaded bytes do not match the sha256 the Hub lists (deleted)")
+        final.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(partial, final)
+    if local_dir is None:  # the blob is there: this only links it into the snapshot (and writes the ref)
+        hf_hub_download(need.repo_id, name, revision=revision, cache_dir=need.cache_dir, token=token, endpoint=where)
+
+
+LOCAL_MARKER = ".lance-cf-model.json"
+
+
+def write_local_marker(directory: Path, state: ModelState) -> None:
+    """Record in a local copy which repository and commit it holds (read by ``models list`` and by people)."""
+    data = {"repo_id": state.need.repo_id, "revision": state.commit, "files": sorted(state.files)}
+    (directory / LOCAL_MARKER).write_text(json.dumps(data, indent=1) + "\n")
+
+
+def format_size(size: int | None) -> str:
+    if size is None:
+        return "size unknown"
+    value = float(size)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if value < 1000 or unit == "TB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{size} B"

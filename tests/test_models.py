@@ -1,0 +1,311 @@
+"""Models as a first-class step: ``lance-cf models list|download`` and the check every build runs before its stages
+load, against the Hub double (a real HTTP server on 127.0.0.1), a port that refuses connections and one that accepts
+them and never answers."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from builder_helpers import REPO, make_imagefolder, write_config
+from hub_double import HubDouble
+
+from builder.cli import main
+from lance_pipeline import hub_cache
+from lance_pipeline.model_needs import TRANSFORMERS_FILES, open_clip_weights, select_files
+
+TOKEN = "hf_models_double_token_0123456789"
+STAGE = "tests.fake_stages:HubModelCaptionStage"
+
+
+def _random_bytes(n: int, seed: int) -> bytes:
+    import numpy as np
+
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
+
+
+# A model repository as the Hub holds one: what the loader reads, and what it never needs (pickle, ONNX).
+TINY_LM = {
+    "config.json": b'{"model_type": "tiny"}',
+    "model.safetensors": _random_bytes(300_000, 0),
+    "tokenizer.json": b'{"version": "1.0"}',
+    "merges.txt": b"a b\n",
+    "pytorch_model.bin": _random_bytes(1000, 1),
+    "onnx/model.onnx": _random_bytes(1000, 2),
+    "README.md": b"---\nlicense: apache-2.0\n---\n# tiny\n",
+}
+NEEDED = select_files(list(TINY_LM), TRANSFORMERS_FILES)
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    double = HubDouble(tmp_path / "hub", token=TOKEN).start()
+    _point_at(monkeypatch, tmp_path, double.url)
+    yield double
+    double.stop()
+
+
+def _point_at(monkeypatch, tmp_path: Path, url: str) -> None:
+    """huggingface_hub (in this process) at ``url``, with an empty cache, no token, online."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "ENDPOINT", url)
+    # hf_hub_url builds file URLs from this template, made from HF_ENDPOINT when huggingface_hub was imported.
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", url + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token-file"))
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_PROGRESS_BARS", True)  # the test's uploads
+    monkeypatch.setenv("LANCE_CF_CACHE", str(tmp_path / "lance-cache"))
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+
+
+def push(hub: HubDouble, tmp_path: Path, repo_id: str, files: dict[str, bytes], gated: bool = False) -> str:
+    from huggingface_hub import HfApi
+
+    folder = tmp_path / "upload" / repo_id
+    for name, data in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(data)
+    api = HfApi(endpoint=hub.url, token=TOKEN)
+    api.create_repo(repo_id)
+    api.upload_folder(folder_path=folder, repo_id=repo_id)
+    if gated:
+        api.update_repo_settings(repo_id, gated="auto")
+    return hub.resolve("models", repo_id, "main")
+
+
+def hub_config(tmp_path: Path, options: dict, name: str = "hub.yaml") -> Path:
+    photos = make_imagefolder(tmp_path / "photos", ["cat", "dog"], 1)
+    stages = [{"name": "caption", "type": STAGE, "configs": ["reconstructed"], "options": options}]
+    stages.append({"name": "edit", "type": "tests.fake_stages:FakeEditStage", "configs": ["reconstructed"]})
+    return write_config(tmp_path / name, f"imagefolder:{photos}", stages=stages, configs=["original", "reconstructed"])
+
+
+def cached_file(repo_id: str, commit: str, name: str, tmp_path: Path) -> Path:
+    return tmp_path / "hf-cache" / f"models--{repo_id.replace('/', '--')}" / "snapshots" / commit / name
+
+
+def test_list_then_download_exactly_the_files_a_loader_reads(hub, tmp_path, capsys, monkeypatch):
+    commit = push(hub, tmp_path, "org/tiny-lm", TINY_LM)
+    config = hub_config(tmp_path, {"model": "org/tiny-lm", "revision": commit})
+    size = sum(len(TINY_LM[name]) for name in NEEDED)
+
+    assert main(["models", "list", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert f"org/tiny-lm@{commit}: {hub_cache.format_size(size)} in {len(NEEDED)} file(s)" in out
+    assert "licence apache-2.0, not gated, not cached" in out and "stages[caption].options.model" in out
+    assert (
+        "pytorch_model.bin" not in out and "model.onnx" not in out and f"next: lance-cf models download {config}" in out
+    )
+
+    assert main(["models", "download", str(config), "--no-progress"]) == 0
+    for name in NEEDED:
+        assert cached_file("org/tiny-lm", commit, name, tmp_path).read_bytes() == TINY_LM[name]
+    assert not cached_file("org/tiny-lm", commit, "pytorch_model.bin", tmp_path).exists()
+    capsys.readouterr()
+
+    # Offline, the kept file list makes the check exact: every file, its size and licence, without a request.
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    requests = len(hub.log)
+    assert main(["models", "list", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert f"{hub_cache.format_size(size)} in {len(NEEDED)} file(s), licence apache-2.0, not gated, cached" in out
+    assert "next:" not in out and len(hub.log) == requests
+    cached_file("org/tiny-lm", commit, "tokenizer.json", tmp_path).unlink()  # one file gone: not cached any more
+    assert main(["models", "list", str(config)]) == 0
+    assert "not cached" in capsys.readouterr().out
+
+
+def test_a_gated_model_without_a_token_is_named_and_nothing_is_downloaded(hub, tmp_path, capsys, monkeypatch):
+    commit = push(hub, tmp_path, "org/gated-lm", TINY_LM, gated=True)
+    config = hub_config(tmp_path, {"model": "org/gated-lm", "revision": commit})
+
+    assert main(["models", "download", str(config), "--no-progress"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 3 and "gated: accept its conditions" in lines[0] and "HF_TOKEN" in lines[0], lines
+    assert lines[1].strip().startswith(f"org/gated-lm@{commit[:12]} (") and TOKEN not in "".join(lines)
+    assert not (tmp_path / "hf-cache" / "models--org--gated-lm").exists()
+
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    assert main(["models", "download", str(config), "--no-progress"]) == 0
+    assert (
+        cached_file("org/gated-lm", commit, "model.safetensors", tmp_path).read_bytes() == TINY_LM["model.safetensors"]
+    )
+    assert TOKEN not in capsys.readouterr().out
+
+
+def test_local_dir_copies_and_a_config_pointing_at_them(hub, tmp_path, capsys):
+    commit = push(hub, tmp_path, "org/tiny-lm", TINY_LM)
+    config = hub_config(tmp_path, {"model": "org/tiny-lm", "revision": commit})
+    local = tmp_path / "offline-models"
+
+    assert main(["models", "download", str(config), "--local-dir", str(local), "--no-progress"]) == 0
+    copy = local / "org--tiny-lm"
+    assert sorted(
+        p.relative_to(copy).as_posix() for p in copy.rglob("*") if p.is_file() and ".cache" not in p.parts
+    ) == sorted([*NEEDED, hub_cache.LOCAL_MARKER])
+    assert json.loads((copy / hub_cache.LOCAL_MARKER).read_text())["revision"] == commit
+    from builder.config import load_config
+
+    written = load_config(str(local / "hub.yaml"))
+    assert written.stages[0].options == {"model": str(copy.resolve()), "revision": commit}
+    capsys.readouterr()
+    assert main(["models", "list", str(local / "hub.yaml")]) == 0
+    assert f"{copy.resolve()}: local directory, exists" in capsys.readouterr().out
+
+
+def test_a_build_without_its_models_stops_before_anything_is_written(tmp_path, monkeypatch, capsys):
+    """A port with nothing listening: every model named once, with its key, and the command that fetches them."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    _point_at(monkeypatch, tmp_path, f"http://127.0.0.1:{port}")
+    config = hub_config(tmp_path, {"model": "org/a", "revision": "a" * 40, "helper": "org/b"})
+    out = tmp_path / "out"
+
+    assert main(["build", str(config), "--output", str(out), "--device", "cpu", "--no-progress"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0].startswith("lance-cf build: error: 2 model(s) needed are neither cached nor reachable")
+    assert f"cannot connect to http://127.0.0.1:{port}" in lines[0]
+    assert lines[1] == f"  org/a@{'a' * 12} (size unknown offline) for stages[caption].options.model"
+    assert lines[2] == "  org/b@main (size unknown offline) for stages[caption].options.helper"
+    assert f"lance-cf models download {config}" in lines[3] and len(lines) == 4
+    assert not out.exists()
+
+
+def test_cpu_honesty_counts_the_unet_evaluations_and_asks_for_device_cpu():
+    from builder.config import apply_overrides, load_config
+    from builder.model_check import build_needs, check_cpu, unet_evaluations
+    from builder.validation import validate_build
+
+    lance = validate_build(apply_overrides(load_config("lance"), source="demo"))
+    counts = unet_evaluations(lance)
+    # docs/performance.md, counted with the UNet hook: null-text inversion at 50 steps x 10 iterations is 1,240.
+    assert counts["invert"] == 1240 and counts["reconstruct"] == 100
+    with pytest.raises(ValueError, match=r"would run on the CPU: 3 image\(s\) x [\d,]+ UNet evaluations") as err:
+        check_cpu(lance, build_needs(lance), 3, None, 1)
+    assert "pass --device cpu" in str(err.value)
+    check_cpu(lance, build_needs(lance), 3, "cpu", 1)  # asked for: runs
+    demo = validate_build(load_config("demo"))
+    assert build_needs(demo) == []
+    check_cpu(demo, build_needs(demo), 3, None, 1)  # tiny models: the demo runs on the CPU as it does
+
+
+@pytest.mark.slow  # imports open_clip (and torch): seconds
+def test_open_clip_weights_are_read_from_open_clips_own_table():
+    """The table is read from open_clip's source (importing it costs seconds); it must say what open_clip says."""
+    import open_clip
+
+    checked = 0
+    for name, tag in open_clip.list_pretrained():
+        hub = open_clip.get_pretrained_cfg(name, tag).get("hf_hub")
+        if hub:
+            assert (
+                open_clip_weights(name, tag)[0] == hub.strip("/").rsplit("/", 1)[0]
+                if hub.count("/") == 2 and not hub.endswith("/")
+                else hub.strip("/")
+            )
+            checked += 1
+    assert checked > 50
+    assert open_clip_weights("ViT-L-14", "openai") == (
+        "timm/vit_large_patch14_clip_224.openai",
+        "open_clip_model.safetensors",
+    )
+
+
+# -- processes: what a user sees -------------------------------------------------------------------------------------
+def _env(tmp_path: Path, endpoint: str) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.lower().endswith("_proxy") and not k.startswith("HF_") and not k.endswith("_OFFLINE")
+    }
+    env.update(
+        HF_ENDPOINT=endpoint,
+        HF_HOME=str(tmp_path / "hf-home"),
+        HF_HUB_DISABLE_XET="1",
+        NO_PROXY="127.0.0.1,localhost",
+        LANCE_CF_CACHE=str(tmp_path / "lance-cache"),
+        PYTHONPATH=str(REPO) + os.pathsep + str(REPO / "tests"),
+        OMP_NUM_THREADS="1",
+    )
+    return env
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("network", ["refuses", "hangs"])
+def test_without_network_a_build_says_everything_once(network, tmp_path):
+    """No retry storm: nothing but the error, each line once, on a network that refuses and on one that hangs."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    if network == "refuses":
+        server.close()
+    else:
+        server.listen(64)  # the kernel accepts connections; nothing ever answers
+    try:
+        config = hub_config(tmp_path, {"model": "org/a", "revision": "a" * 40, "helper": "org/b"})
+        proc = subprocess.run(
+            [sys.executable, "-m", "builder.cli", "build", str(config), "--output", str(tmp_path / "out")],
+            env=_env(tmp_path, f"http://127.0.0.1:{port}"), capture_output=True, text=True, cwd=tmp_path,
+        )  # fmt: skip
+    finally:
+        server.close()
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and proc.stdout == ""
+    reason = "cannot connect to" if network == "refuses" else "no answer from"
+    assert lines[0].startswith("lance-cf build: error: 2 model(s)") and reason in lines[0], proc.stderr
+    assert len(lines) == 4 and len(set(lines)) == 4, proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+DOWNLOAD = r"""
+import sys
+from huggingface_hub import constants
+constants.DOWNLOAD_CHUNK_SIZE = 64 * 1024  # write to the partial file as the bytes come
+from builder.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.e2e
+def test_a_killed_download_resumes_where_it_stopped(hub, tmp_path):
+    big = _random_bytes(3_000_000, 3)
+    commit = push(hub, tmp_path, "org/big-lm", {**TINY_LM, "model.safetensors": big})
+    config = hub_config(tmp_path, {"model": "org/big-lm", "revision": commit})
+    env = _env(tmp_path, hub.url)
+    command = [sys.executable, "-c", DOWNLOAD, "models", "download", str(config), "--no-progress"]
+    hub.faults.hold_downloads_after = 1_000_000
+    first = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    while hub.faults.held_downloads == 0:  # no deadline: a busy machine only takes longer
+        try:
+            first.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            continue
+        raise AssertionError(f"the download ended before it was held: {first.communicate()}")
+    first.kill()  # kill -9 in the middle of model.safetensors
+    first.communicate()
+    blobs = tmp_path / "hf-home" / "hub" / "models--org--big-lm" / "blobs"
+    (partial,) = blobs.glob("*" + hub_cache.PARTIAL_SUFFIX)
+    kept = partial.stat().st_size
+    assert 0 < kept <= 1_000_000
+    hub.faults.hold_downloads_after = None
+    hub.faults.release.set()
+
+    second = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert second.returncode == 0, second.stderr
+    assert ("model.safetensors", f"bytes={kept}-") in hub.downloads  # resumed, not started again
+    snapshot = tmp_path / "hf-home" / "hub" / "models--org--big-lm" / "snapshots" / commit
+    assert hashlib.sha256((snapshot / "model.safetensors").read_bytes()).digest() == hashlib.sha256(big).digest()
