@@ -440,6 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
@@ -453,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     for package in ("builder", "lance_pipeline", "dataset_cards", "evaluation"):
         logging.getLogger(package).setLevel(logging.DEBUG if args.verbose else logging.INFO)
     try:
-        return int(args.func(args) or 0)
+        return _run_with_models(args, argv)
     except ValueError as err:  # bad input: one line, no traceback
         sys.stderr.write(f"lance-cf {args.command}: error: {err}\n")
         return 2
@@ -484,6 +485,20 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("lance-cf: interrupted; re-run the same command to resume\n")
         return 130
+
+
+def _run_with_models(args: argparse.Namespace, argv: list[str]) -> int:
+    """Run the command; one that declares its models (its parser's ``models`` default) has them checked first: a
+    model neither cached nor reachable stops it in seconds with the ``models download`` command (builds check theirs
+    in ``builder.engine.build``)."""
+    declare = getattr(args, "models", None)
+    if declare is None or args.command == "models":
+        return int(args.func(args) or 0)
+    from builder.model_check import models_ready, resolve_models
+
+    states = resolve_models(declare(args), command=f"lance-cf models download {shlex.join(argv)}")
+    with models_ready(states, progress=not getattr(args, "no_progress", False)):
+        return int(args.func(args) or 0)
 
 
 def _is_model_download_error(err: BaseException) -> bool:

@@ -162,7 +162,10 @@ def _print_list(states: list[Any], what: str, args: argparse.Namespace) -> None:
         f" --configs {args.configs}" if args.configs and not args.rest else ""
     )
     if any(not s.cached and not s.stand_in for s in states):
-        write(f"next: {command}   (--local-dir DIR: copies and a config for a machine without network)\n")
+        local = (
+            "" if args.target in COMMANDS else "   (--local-dir DIR: copies and a config for a machine without network)"
+        )
+        write(f"next: {command}{local}\n")
 
 
 def _download(args: argparse.Namespace, needs: list[Any], what: str, config: Any) -> int:

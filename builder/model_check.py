@@ -65,17 +65,27 @@ class ModelsMissing(ValueError):
         missing = self.missing
         reasons = {s.problem for s in missing}
         common = next(iter(reasons)) if len(reasons) == 1 else None
-        head = f"{len(missing)} model(s) needed are neither cached nor reachable (each key also takes a local directory)"
+        head = (
+            f"{len(missing)} model(s) needed are neither cached nor reachable (each key also takes a local directory)"
+        )
         lines = [head + (f"; {common}:" if common else ":")]
         for state in missing:
             lines.append("  " + missing_line(state) + ("" if common else f": {state.problem}"))
         if self.then:
             lines.append(f"  {self.then}")
-        else:
+        elif self.command is None or self.command.split()[3:4] in (
+            ["eval"],
+            ["discover"],
+            ["interfaces"],
+            ["perturber"],
+            ["compare-editors"],
+        ):
             command = self.command or "lance-cf models download PRESET_OR_CONFIG"
+            lines.append(f"  fetch them where the Hub is reachable: {command}")
+        else:  # a build: its config can point at local copies
             lines.append(
-                f"  fetch them where the Hub is reachable: {command} (--local-dir DIR: copies and a config for a "
-                "machine without network)"
+                f"  fetch them where the Hub is reachable: {self.command} (--local-dir DIR: copies and a config for "
+                "a machine without network)"
             )
         return "\n".join(lines)
 
@@ -108,6 +118,10 @@ def resolve_models(needs: list[ModelNeed], command: str | None = None) -> list[M
     error = ModelsMissing(states, command)
     if error.missing:
         raise error
+    for state in states:
+        if state.problem and state.need.optional and not state.stand_in:
+            users = ", ".join(dict.fromkeys(u.used_by for u in state.users))
+            logger.warning("%s is skipped: %s (%s) %s", users, state.need.label, state.need.role, state.problem)
     return states
 
 

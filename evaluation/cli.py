@@ -135,7 +135,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from evaluation.fidelity import add_side_by_side_arguments  # light: argparse and stdlib at import
 
     add_side_by_side_arguments(p)
-    p.set_defaults(func=run_eval)
+    p.set_defaults(func=run_eval, models=declared_models)
 
     lb = subparsers.add_parser(
         "leaderboard",
@@ -177,6 +177,26 @@ def resolve_device(device: str | None) -> str:
 def _check_positive(name: str, value: int, minimum: int = 1) -> None:
     if value < minimum:
         raise ValueError(f"{name} must be at least {minimum}, got {value}")
+
+
+def declared_models(args: argparse.Namespace) -> list:
+    """The models ``eval`` will load (checked before it starts: ``lance-cf models list eval ...``): each classifier's
+    pretrained weights, the insights' CLIP (optional: without it the insights are skipped) and, for several
+    releases, the side by side's CLIP."""
+    from lance_pipeline.model_needs import clip_need, timm_need
+
+    needs = []
+    if not args.no_pretrained and args.checkpoint is None:
+        from evaluation.models import expand_model_names
+
+        needs += [timm_need(n, used_by="eval", key="--model") for n in expand_model_names(args.model)]
+    if not args.no_insights:
+        needs.append(clip_need(args.clip_model, args.clip_pretrained, used_by="eval insights", key="--clip-model",
+                               optional=True, role="CLIP of the insights"))  # fmt: skip
+    if len(args.release) > 1 and not args.no_clip_similarity:
+        needs.append(clip_need(args.clip_model, args.clip_pretrained, used_by="eval side by side", key="--clip-model",
+                               role="CLIP of the side by side"))  # fmt: skip
+    return [n for n in needs if n is not None]
 
 
 def run_eval(args: argparse.Namespace) -> int:

@@ -526,6 +526,14 @@ def _write_html(path: Path, note: str, table: list[dict[str, Any]]) -> None:
     )
 
 
+def _declared_models(args: argparse.Namespace) -> list:
+    """compare-editors loads one CLIP model (checked before it starts)."""
+    from lance_pipeline.model_needs import clip_need
+
+    need = clip_need(args.clip_model, args.clip_pretrained, used_by="compare-editors", key="--clip-model")
+    return [need] if need is not None else []
+
+
 def load_side_by_side_clip(model: str, pretrained: str | None, device: str):
     """The CLIP scorer of the CLIP image similarity, loaded; a model that cannot be loaded is one line (ValueError)."""
     from lance_pipeline.clip.gates import ClipScorer
@@ -592,7 +600,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--clip-model", default="ViT-L-14", help="open_clip model for the CLIP image similarity")
     p.add_argument("--clip-pretrained", default="openai", help="its pretrained tag (None for a directory)")
     p.add_argument("--device", default="cpu", help="device of the CLIP model")
-    p.set_defaults(func=run_compare_editors)
+    p.set_defaults(func=run_compare_editors, models=_declared_models)
 
 
 def add_side_by_side_arguments(parser: argparse.ArgumentParser, no_clip_aliases: tuple[str, ...] = ()) -> None:

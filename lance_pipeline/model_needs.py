@@ -75,8 +75,8 @@ OPEN_CLIP_HUB_REQUIRED = ("open_clip_config.json", "*.safetensors")
 # A built-in open_clip name with a pretrained tag: open_clip fetches the tag's safetensors file from its Hub repo;
 # the config beside it (open_clip_config.json) lets a downloaded copy load as a local directory too.
 OPEN_CLIP_WEIGHTS = "open_clip_model.safetensors"
-# timm's pretrained weights (``timm.create_model(name, pretrained=True)``).
-TIMM_FILES = ("config.json", "model.safetensors")
+# timm's pretrained weights (``timm.create_model(name, pretrained=True)`` reads only the safetensors file).
+TIMM_FILES = ("model.safetensors",)
 TIMM_REQUIRED = ("model.safetensors",)
 
 LOCAL_PREFIXES = ("demo:", "pkg:")  # resolved to local directories by the builder (builder.models)
@@ -353,3 +353,35 @@ def clip_option(role: str = "CLIP for the quality gates") -> ModelOption:
         cache_dir="cache_dir",
         role=role,
     )
+
+
+# -- what commands declare (``lance-cf`` parsers set a function of the parsed arguments as their ``models`` default) --
+def clip_need(
+    model: str | None, pretrained: str | None, *, used_by: str, key: str, revision: str | None = None,
+    optional: bool = False, role: str = "CLIP",
+) -> ModelNeed | None:  # fmt: skip
+    """A CLIP model named on a command line (a built-in open_clip name with its tag, ``hf-hub:`` id or directory)."""
+    pretrained = None if pretrained is None or str(pretrained).lower() == "none" else pretrained
+    is_name = model is not None and not str(model).startswith(("hf-hub:", "local-dir:", "demo:", "pkg:", "/", ".", "~"))
+    return reference_need(
+        model, files=OPEN_CLIP_HUB_FILES, required=OPEN_CLIP_HUB_REQUIRED, used_by=used_by, key=key,
+        revision=revision, pretrained=pretrained if is_name and not os.path.isdir(str(model)) else None,
+        optional=optional, role=role,
+    )  # fmt: skip
+
+
+def timm_need(name: str, *, used_by: str, key: str) -> ModelNeed | None:
+    """The pretrained weights ``timm.create_model(name, pretrained=True)`` fetches from the Hub (None when timm takes
+    them from elsewhere)."""
+    if name.startswith("hf-hub:"):  # a model of timm's format on the Hub: its config and weights
+        repo, _, revision = name[len("hf-hub:") :].partition("@")
+        files = ("config.json", "model.safetensors")
+        return ModelNeed(repo, revision or None, files, files, used_by, key, role=f"classifier {name}")
+    import timm
+
+    cfg = timm.models.get_pretrained_cfg(name)
+    hub = getattr(cfg, "hf_hub_id", None) if cfg is not None else None
+    if not hub:
+        return None
+    repo, _, revision = hub.partition("@")
+    return ModelNeed(repo, revision or None, TIMM_FILES, TIMM_REQUIRED, used_by, key, role=f"classifier {name}")

@@ -82,7 +82,7 @@ def register(subparsers) -> None:
         "--no-release", action="store_true", help="do not build OUTPUT/release (the discovered-failure images)"
     )
     discover.add_argument("--no-progress", action="store_true", help="no progress bar")
-    discover.set_defaults(func=run_discover)
+    discover.set_defaults(func=run_discover, models=_declared_models)
 
 
 @functools.cache
@@ -121,6 +121,40 @@ class _Described:
     def describe(self) -> dict[str, Any]:
 
         return restore_model_references(self._inner.describe(), self._references)
+
+
+def _declared_models(args: argparse.Namespace) -> list:
+    """What ``discover`` will load (checked before it starts; ``--demo`` builds its stand-ins locally): the
+    generator, captioner, CLIP, the merging LLM if any, and each classifier's pretrained weights."""
+    from lance_pipeline.interfaces.generation import GenerationOptions
+    from lance_pipeline.model_needs import (
+        SD_PIPELINE_FILES,
+        TRANSFORMERS_FILES,
+        clip_need,
+        reference_need,
+        timm_need,
+    )
+    from lance_pipeline.text.captioning import DEFAULT_CAPTIONER, DEFAULT_CAPTIONER_REVISION
+
+    if args.demo or not args.model or (args.release is None and not args.classes):
+        return []  # the stand-ins are built locally; without a model or classes the command says what it needs
+    if args.release is not None and not (args.release / "manifest.json").is_file():
+        return []  # not a release: the command says so
+    needs = [clip_need(args.clip_model, args.clip_pretrained, used_by="discover", key="--clip-model")]
+    if args.release is None:
+        given = {"model": args.generator, "revision": args.generator_revision} if args.generator else {}
+        generator = GenerationOptions(plain_prompt=True, **given)
+        needs.append(reference_need(generator.model, files=SD_PIPELINE_FILES, revision=generator.revision,
+                                    used_by="discover", key="--generator", role="Stable Diffusion"))  # fmt: skip
+        captioner = (args.captioner, None) if args.captioner else (DEFAULT_CAPTIONER, DEFAULT_CAPTIONER_REVISION)
+        needs.append(reference_need(captioner[0], files=TRANSFORMERS_FILES, revision=captioner[1],
+                                    used_by="discover", key="--captioner", role="captioner"))  # fmt: skip
+    if args.merge_llm:
+        needs.append(reference_need(args.merge_llm, files=TRANSFORMERS_FILES, revision=args.merge_llm_revision,
+                                    used_by="discover", key="--merge-llm", role="merging LLM"))  # fmt: skip
+    if not args.no_pretrained:
+        needs += [timm_need(name, used_by="discover", key="--model") for name in args.model or []]
+    return [n for n in needs if n is not None]
 
 
 def _real_components(args: argparse.Namespace, targets, device: str) -> Any:

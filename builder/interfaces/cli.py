@@ -49,8 +49,18 @@ def register(subparsers) -> None:
     learn.add_argument("--device", default=None, help="torch device (default: cuda if available)")
     learn.add_argument("--push-to-hub", metavar="REPO_ID", help="upload the tokens as a model repository with a card")
     learn.add_argument("--no-progress", action="store_true", help="no progress bar")
-    learn.set_defaults(func=run_learn_tokens)
+    learn.set_defaults(func=run_learn_tokens, models=_declared_models)
     interfaces.set_defaults(func=lambda args: interfaces.print_help() or 2)
+
+
+def _declared_models(args: argparse.Namespace) -> list:
+    """learn-tokens loads one Stable Diffusion checkpoint (checked before it starts)."""
+    from lance_pipeline.model_needs import SD_COMPONENT_FILES, reference_need
+
+    options = _options(args)
+    need = reference_need(options.model, files=SD_COMPONENT_FILES, revision=options.revision, used_by="learn-tokens",
+                          key="--model", revision_key="--revision", role="Stable Diffusion")  # fmt: skip
+    return [need] if need is not None else []
 
 
 def _options(args: argparse.Namespace):

@@ -111,7 +111,38 @@ def _register_try(actions) -> None:
     parser.add_argument("--span-threshold", type=float, default=None, help="reject span similarity >= this")
     parser.add_argument("--no-label-check", action="store_true", help="print edits without scoring them")
     parser.add_argument("--stats", action="store_true", help="also print parsing statistics per caption")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, models=_declared_try_models)
+
+
+def _declared_try_models(args: argparse.Namespace) -> list:
+    """What ``perturber try`` will load (checked before it starts): the LM, its adapter, the label check's model."""
+    from lance_pipeline.model_needs import needs_of
+    from lance_pipeline.text.label_checks import (
+        DEFAULT_SENTENCE_MODEL,
+        DEFAULT_SENTENCE_MODEL_REVISION,
+        LabelPreservationCheck,
+    )
+    from lance_pipeline.text.perturbation import DEFAULT_PERTURBER, DEFAULT_PERTURBER_REVISION, PromptPerturber
+
+    revision = args.revision if args.revision is not None or args.model else DEFAULT_PERTURBER_REVISION
+    options = {"model": args.model or DEFAULT_PERTURBER, "revision": revision, "adapter": args.adapter,
+               "adapter_revision": args.adapter_revision}  # fmt: skip
+    needs = needs_of(PromptPerturber, options, "try")
+    if not args.no_label_check:
+        label = {"model": args.label_model, "revision": None} if args.label_model else {
+            "model": DEFAULT_SENTENCE_MODEL, "revision": DEFAULT_SENTENCE_MODEL_REVISION}  # fmt: skip
+        needs += needs_of(LabelPreservationCheck, label, "label-check")
+    keys = {"model": "--model", "adapter": "--adapter", "label-check": "--label-model"}
+    return [_command_key(n, keys) for n in needs]
+
+
+def _command_key(need, keys: dict[str, str]):
+    """A declared stage option as the command-line option that sets it (``stages[try].options.model`` -> --model)."""
+    import dataclasses
+
+    stage, option = need.key.removeprefix("stages[").split("].options.")
+    flag = keys["label-check"] if stage == "label-check" else keys.get(option, f"--{option.replace('_', '-')}")
+    return dataclasses.replace(need, key=flag, used_by="perturber try", revision_key=None)
 
 
 def resolve_model(reference: str | None) -> str | None:
