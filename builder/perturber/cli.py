@@ -129,7 +129,7 @@ def _declared_try_models(args: argparse.Namespace) -> list:
                "adapter_revision": args.adapter_revision}  # fmt: skip
     needs = needs_of(PromptPerturber, options, "try")
     if not args.no_label_check:
-        label = {"model": args.label_model, "revision": None} if args.label_model else {
+        label = _label_model_options(args.label_model) or {
             "model": DEFAULT_SENTENCE_MODEL, "revision": DEFAULT_SENTENCE_MODEL_REVISION}  # fmt: skip
         needs += needs_of(LabelPreservationCheck, label, "label-check")
     keys = {"model": "--model", "adapter": "--adapter", "label-check": "--label-model"}
