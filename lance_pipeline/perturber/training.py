@@ -1,14 +1,16 @@
 """LoRA finetuning and evaluation of the structured caption perturber of LANCE.
 
 Prabhu et al., NeurIPS 2023, "Stress-testing Visual Models by Generating Language-guided Counterfactual Images"
-(arXiv 2305.19164), section 3.1 and Table 6: LLaMA-7B finetuned with LoRA (rank 8, alpha 16, dropout 0.05 on the
-attention query, key and value projections; learning rate 3e-4, effective batch 128 with gradient accumulation
-32, maximum sequence length 1024) on ~0.6k caption perturbations. The authors' adapter is a lit-llama state dict
+(arXiv 2305.19164), section 3.1, Implementation details and Table 6: LLaMA-7B finetuned with LoRA (rank 8, alpha 16,
+dropout 0.05 on the attention query, key and value projections; learning rate 3e-4, effective batch 128 with gradient
+accumulation 32, maximum sequence length 1024) on ~0.6k caption perturbations, for 37.5k steps with a weight update
+every 32 (so 1,171 updates of 128 examples). The authors' adapter is a lit-llama state dict
 that no current library loads, and they released neither the data nor the script. Here:
 
 * :func:`train_perturber_lora` finetunes *any* transformers causal LM with PEFT through the transformers
   ``Trainer`` (accelerate underneath: one GPU, several, or CPU), on the rows written by
-  :mod:`lance_pipeline.perturber.collect`, in the Alpaca prompt the perturb stage uses for adapters
+  :mod:`lance_pipeline.perturber.collect` (read and checked row by row by :mod:`lance_pipeline.perturber.data`, memory
+  bounded whatever a row's size), in the Alpaca prompt the perturb stage uses for adapters
   (:func:`~lance_pipeline.text.perturbation.alpaca_prompt`), with the loss on the answer tokens only. It checkpoints,
   resumes, and writes a PEFT adapter (safetensors) with a model card that
   :class:`~lance_pipeline.text.perturbation.PromptPerturber` loads by path or Hub id.
@@ -22,12 +24,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lance_pipeline.edit_types import edit_type as edit_type_row
 from lance_pipeline.edit_types import validate_edit_types
+from lance_pipeline.perturber.data import count_instruction_rows, iter_instruction_rows
 from lance_pipeline.text.perturbation import alpaca_prompt
 
 logger = logging.getLogger(__name__)
@@ -46,6 +50,12 @@ QKV_MODULE_NAMES: tuple[tuple[str, ...], ...] = (
 ADAPTER_CARD = "README.md"
 TRAINING_RECORD = "lance_training.json"
 CHECKPOINTS = "checkpoints"
+# The paper's length: "37.5k steps updating the weights every 32 steps" (Implementation details), i.e. forward/backward
+# steps of one micro-batch on one device (lit-llama's finetune/lora.py: max_iters = 50000 * 3 // micro_batch_size 4).
+PAPER_STEPS = 37_500
+# Text cut before tokenising: no tokenizer's tokens average this many characters, so nothing that could fit in
+# max_length tokens is lost, and a huge answer never reaches the tokenizer whole.
+MAX_CHARS_PER_TOKEN = 32
 
 
 @dataclass
@@ -60,11 +70,13 @@ class LoraTrainingConfig:
     batch_size: int = 128  # paper: effective batch (per-device batch x accumulation x devices)
     gradient_accumulation_steps: int = 32  # paper
     max_length: int = 1024  # paper
-    epochs: float = 3.0  # ours (the paper gives none; alpaca-lora's default)
-    max_steps: int = -1  # optimizer steps; -1: run `epochs`
-    warmup_steps: float = 0.0  # ours: an int is steps, a float in (0, 1) a fraction of the run
-    weight_decay: float = 0.0  # ours
-    lr_scheduler: str = "linear"  # ours
+    steps: int | None = PAPER_STEPS  # paper: forward/backward steps; the optimizer updates every accumulation
+    epochs: float | None = None  # instead of steps: passes over the data
+    # lit-llama's finetune/lora.py, whose other defaults are the paper's Table 6 and whose length is the paper's 37.5k
+    # steps: 100 updates of linear warmup, then a constant learning rate (the paper states neither).
+    warmup_steps: float = 100  # an int is optimizer updates, a float in (0, 1) a fraction of the run
+    weight_decay: float = 0.0  # paper
+    lr_scheduler: str = "constant_with_warmup"  # lit-llama
     save_steps: int = 50  # ours: checkpoint every this many optimizer steps
     save_total_limit: int | None = 2  # ours
     logging_steps: int = 1
@@ -81,10 +93,24 @@ class LoraTrainingConfig:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.learning_rate <= 0:
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
-        if self.max_steps < 1 and self.epochs <= 0:
-            raise ValueError(f"need epochs > 0 or max_steps >= 1, got epochs={self.epochs}, max_steps={self.max_steps}")
+        if self.epochs is not None:
+            if self.steps is not None:
+                raise ValueError(f"give steps or epochs, not both (got steps={self.steps}, epochs={self.epochs})")
+            if not self.epochs > 0:
+                raise ValueError(f"epochs must be > 0, got {self.epochs}")
+        elif self.steps is None or self.steps < self.gradient_accumulation_steps:
+            raise ValueError(
+                f"steps must be at least gradient_accumulation_steps ({self.gradient_accumulation_steps}), one "
+                f"update, got {self.steps}"
+            )
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+
+    @property
+    def optimizer_steps(self) -> int | None:
+        """Weight updates of a steps-based run (``steps // gradient_accumulation_steps``: 1,171 for the paper's), or
+        ``None`` when it runs by epochs."""
+        return None if self.epochs is not None else self.steps // self.gradient_accumulation_steps
 
     def per_device_batch_size(self, world_size: int = 1) -> int:
         """The micro-batch that gives the effective ``batch_size`` with the accumulation on ``world_size`` devices."""
@@ -127,29 +153,18 @@ def _is_linear(module: Any, torch: Any) -> bool:
 def load_instruction_rows(
     data: str, split: str = "train", revision: str | None = None, accepted_only: bool = True
 ) -> list[dict[str, Any]]:
-    """The rows of a dataset written by ``lance-cf perturber collect``.
+    """The checked rows of one split as a list (training streams them instead: ``iter_instruction_rows``).
 
     Args:
-        data: Local directory or Hub dataset id.
+        data: A directory, a ``.jsonl``/``.parquet`` file or a Hub dataset id (:mod:`lance_pipeline.perturber.data`).
         split: ``train`` or ``test``.
         revision: Hub revision of ``data``.
         accepted_only: Only rows with at least one accepted variation (the ones there is something to learn from).
-    """
-    from lance_pipeline.perturber.collect import load_dataset_split
 
-    dataset = load_dataset_split(data, split, revision)
-    missing = {"caption", "edit_type", "variations"} - set(dataset.column_names)
-    if missing:
-        raise ValueError(
-            f"instruction data {data!r} lacks column(s) {', '.join(sorted(missing))}; write it with "
-            "`lance-cf perturber collect`"
-        )
-    rows = []
-    for row in dataset:
-        if row["variations"] or not accepted_only:
-            validate_edit_types([row["edit_type"]])
-            rows.append(row)
-    return rows
+    Raises:
+        InstructionDataError: (a ``ValueError``) at the first bad row, naming its file, line and field.
+    """
+    return list(iter_instruction_rows(data, split, revision, accepted_only))
 
 
 def format_example(row: dict[str, Any]) -> tuple[str, str]:
@@ -168,12 +183,21 @@ def tokenize_example(
     The prompt is tokenized with the tokenizer's special tokens, as the perturb stage does at inference; the answer
     ends with the model's end-of-sequence id (the one ``generate`` stops at). Returns ``None`` when the prompt
     alone fills ``max_length`` (nothing of the answer would be learnt).
+
+    Text is cut to ``max_length * MAX_CHARS_PER_TOKEN`` characters before it is tokenized, so a huge row costs no more
+    than a long one: a prompt longer than that cannot fit (``None``), and an answer longer than that is cut by
+    ``max_length`` anyway (it then gets no end-of-sequence id: it did not end there).
     """
     prompt, answer = format_example(row)
+    limit = max_length * MAX_CHARS_PER_TOKEN
+    if len(prompt) > limit:
+        return None
     prompt_ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
-    answer_ids = tokenizer(answer, add_special_tokens=False)["input_ids"] + [eos_token_id]
     if len(prompt_ids) >= max_length:
         return None
+    answer_ids = tokenizer(answer[:limit], add_special_tokens=False)["input_ids"]
+    if len(answer) <= limit:
+        answer_ids = answer_ids + [eos_token_id]
     input_ids = (prompt_ids + answer_ids)[:max_length]
     labels = list(input_ids) if train_on_prompt else [-100] * len(prompt_ids) + input_ids[len(prompt_ids) :]
     return {"input_ids": input_ids, "attention_mask": [1] * len(input_ids), "labels": labels}
@@ -233,6 +257,33 @@ def train_perturber_lora(
     Returns:
         A :class:`TrainingOutcome` with the adapter directory, the metrics written to the card and the loss log.
     """
+    config = config or LoraTrainingConfig()
+    config.check()
+    output = Path(output)
+    checkpoints = output / CHECKPOINTS
+    last, partial = find_checkpoints(checkpoints)
+    if (last or partial) and not resume:
+        found = (last or partial[-1]).name
+        raise ValueError(f"{output} already has checkpoints ({found}); pass --resume or a new --output")
+    if resume and not (last or partial):
+        raise ValueError(f"--resume: no checkpoint in {checkpoints}; start without --resume")
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    micro_batch = config.per_device_batch_size(world_size)
+
+    # 1. Data: every row of both splits checked, streamed, before any model is loaded (a bad row is one line naming
+    #    its file, line and field); rows with accepted variations become examples in the Alpaca prompt with
+    #    answer-only labels.
+    count_instruction_rows(data, "train", data_revision)
+    has_test = count_instruction_rows(data, "test", data_revision)["with_variations"] > 0
+    if resume:
+        # A checkpoint whose save was interrupted (the process killed mid-save) has no complete trainer state: it is
+        # removed, and training resumes from the newest complete one (or from the start when there is none).
+        for broken in partial:
+            logger.warning("removing the partial checkpoint %s (its save was interrupted)", broken.name)
+            shutil.rmtree(broken)
+        if last is None:
+            logger.warning("no complete checkpoint in %s: training from the start", checkpoints)
+    # The libraries load only now: bad data or options fail in a second, with little memory.
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import (
@@ -244,28 +295,7 @@ def train_perturber_lora(
         TrainingArguments,
         set_seed,
     )
-    from transformers.trainer_utils import get_last_checkpoint
 
-    config = config or LoraTrainingConfig()
-    config.check()
-    output = Path(output)
-    checkpoints = output / CHECKPOINTS
-    last = get_last_checkpoint(str(checkpoints)) if checkpoints.is_dir() else None
-    if last and not resume:
-        raise ValueError(f"{output} already has checkpoints ({Path(last).name}); pass --resume or a new --output")
-    if resume and not last:
-        raise ValueError(f"--resume: no checkpoint in {checkpoints}; start without --resume")
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    micro_batch = config.per_device_batch_size(world_size)
-
-    # 1. Data: rows with accepted variations, in the Alpaca prompt, answer-only labels.
-    train_rows = load_instruction_rows(data, "train", data_revision)
-    if not train_rows:
-        raise ValueError(f"instruction data {data!r} has no train row with an accepted variation")
-    try:
-        test_rows = load_instruction_rows(data, "test", data_revision)
-    except ValueError:
-        test_rows = []
     set_seed(config.seed)
     tokenizer = AutoTokenizer.from_pretrained(model, revision=revision)
     if tokenizer.pad_token is None:
@@ -278,10 +308,8 @@ def train_perturber_lora(
         model, revision=revision, dtype=getattr(torch, dtype), use_safetensors=True
     )
     eos_id = _eos_id(base, tokenizer)
-    train_set, n_too_long = _tokenize_rows(train_rows, tokenizer, eos_id, config)
-    test_set, _ = _tokenize_rows(test_rows, tokenizer, eos_id, config) if test_rows else (None, 0)
-    if not train_set:
-        raise ValueError(f"every train prompt is longer than max_length={config.max_length} tokens")
+    train_set, n_too_long = _tokenize_split(data, "train", data_revision, tokenizer, eos_id, config)
+    test_set, _ = _tokenize_split(data, "test", data_revision, tokenizer, eos_id, config) if has_test else (None, 0)
 
     # 2. LoRA on the attention q/k/v projections (the model's own names), the paper's shape.
     targets = config.target_modules or find_qkv_modules(base)
@@ -303,8 +331,8 @@ def train_perturber_lora(
         per_device_eval_batch_size=micro_batch,
         gradient_accumulation_steps=config.gradient_accumulation_steps,
         learning_rate=config.learning_rate,
-        num_train_epochs=config.epochs,
-        max_steps=config.max_steps,
+        num_train_epochs=config.epochs if config.epochs is not None else 1.0,
+        max_steps=config.optimizer_steps if config.optimizer_steps is not None else -1,
         warmup_steps=config.warmup_steps,
         weight_decay=config.weight_decay,
         lr_scheduler_type=config.lr_scheduler,
@@ -337,7 +365,7 @@ def train_perturber_lora(
     # The Trainer prints each log line to stdout when its progress bar is off; route them to logging instead.
     trainer.remove_callback(PrinterCallback)
     trainer.add_callback(_LogToLogger())
-    train_result = trainer.train(resume_from_checkpoint=last if resume else None)
+    train_result = trainer.train(resume_from_checkpoint=str(last) if resume and last else None)
 
     # 4. Measure: train loss, held-out loss with and without the adapter.
     metrics: dict[str, Any] = {
@@ -392,22 +420,61 @@ def _LogToLogger():
     return LogToLogger()
 
 
-def _tokenize_rows(rows: list[dict[str, Any]], tokenizer: Any, eos_id: int, config: LoraTrainingConfig):
+def _tokenize_split(
+    data: str, split: str, revision: str | None, tokenizer: Any, eos_id: int, config: LoraTrainingConfig
+):
+    """The split's examples as a ``datasets.Dataset``, rows streamed and tokenized a chunk at a time."""
     import datasets
 
-    examples, dropped = [], 0
-    for row in rows:
+    chunks, dropped = [], 0
+    columns: dict[str, list] = {"input_ids": [], "attention_mask": [], "labels": []}
+    for row in iter_instruction_rows(data, split, revision):
         example = tokenize_example(row, tokenizer, eos_id, config.max_length, config.train_on_prompt)
         if example is None:
             dropped += 1
-        else:
-            examples.append(example)
+            continue
+        for name, values in columns.items():
+            values.append(example[name])
+        if len(columns["input_ids"]) >= 1000:
+            chunks.append(datasets.Dataset.from_dict(columns))
+            columns = {name: [] for name in columns}
+    if columns["input_ids"]:
+        chunks.append(datasets.Dataset.from_dict(columns))
     if dropped:
-        logger.warning("%d example(s) dropped: prompt longer than max_length=%d", dropped, config.max_length)
-    if not examples:
+        logger.warning("%d %s example(s) dropped: prompt longer than max_length=%d", dropped, split, config.max_length)
+    if not chunks:
+        if split == "train":
+            raise ValueError(f"every train prompt is longer than max_length={config.max_length} tokens")
         return None, dropped
-    columns = {name: [e[name] for e in examples] for name in ("input_ids", "attention_mask", "labels")}
-    return datasets.Dataset.from_dict(columns), dropped
+    return (chunks[0] if len(chunks) == 1 else datasets.concatenate_datasets(chunks)), dropped
+
+
+def find_checkpoints(directory: Path) -> tuple[Path | None, list[Path]]:
+    """The newest complete Trainer checkpoint in ``directory`` and the partial ones, oldest first.
+
+    A checkpoint is complete when its trainer state, which the Trainer writes last, is a file that parses, and its
+    adapter weights are there; a process killed while saving leaves the state missing, a pipe or half written.
+    """
+    found = []
+    if directory.is_dir():
+        for entry in directory.iterdir():
+            prefix, _, number = entry.name.partition("-")
+            if prefix == "checkpoint" and number.isdigit() and entry.is_dir():
+                found.append((int(number), entry))
+    complete, partial = [], []
+    for _, entry in sorted(found):
+        (complete if _is_complete_checkpoint(entry) else partial).append(entry)
+    return (complete[-1] if complete else None), partial
+
+
+def _is_complete_checkpoint(checkpoint: Path) -> bool:
+    state = checkpoint / "trainer_state.json"
+    if not state.is_file() or not (checkpoint / "adapter_model.safetensors").is_file():
+        return False
+    try:
+        return "global_step" in json.loads(state.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
 
 
 def _public_name(reference: str) -> str:
@@ -446,6 +513,10 @@ _PAPER_VALUES = {
     "batch_size": "128 (paper, effective)",
     "gradient_accumulation_steps": "32 (paper)",
     "max_length": "1024 (paper)",
+    "steps": "37500 (paper: an update every 32, so 1171 updates)",
+    "weight_decay": "0 (paper)",
+    "warmup_steps": "100 (lit-llama's recipe, whose defaults the paper's are)",
+    "lr_scheduler": "constant_with_warmup (lit-llama's recipe)",
 }
 
 
