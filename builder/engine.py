@@ -40,6 +40,7 @@ from builder.config import BuildConfig
 from builder.ledger import Ledger
 from builder.lock import output_lock
 from builder.model_check import build_needs, check_cpu, models_ready, resolve_models
+from builder.output_paths import output_problem
 from builder.release_format import WORK_DIR, empty_metadata, encode_metadata, is_valid_key
 from builder.runtime import DEFAULT_TORCH_THREADS, environment, environment_changes
 from builder.sources import Source, SourceSample, create_source
@@ -260,10 +261,8 @@ class _StageRunner:
 
 
 def _output_problem(output: Path) -> str | None:
-    """Why ``output`` cannot hold a build (checked before anything is written), or None."""
-    if output.exists() and not output.is_dir():
-        return f"--output {output} is a file; give a directory (new, empty, or an earlier build of this config)"
-    return None
+    """Why ``output`` cannot hold a build (checked before anything is written or loaded), or None."""
+    return output_problem(output)
 
 
 def _check_output_dir(output: Path, config_hash: str) -> None:
@@ -534,16 +533,16 @@ def build(config: BuildConfig, output: Path, options: BuildOptions | None = None
     options = replace(options or BuildOptions(), **overrides)
     validated = validate_build(config, allow_code=options.allow_code)
     run_engine = _engine(validated, options)  # an unknown engine or option fails here, before anything is written
+    output = Path(output)
+    problem = _output_problem(output)
+    if problem:
+        raise BuildRefused(problem)
     # Every model the stages will load is cached or reachable: checked in seconds, before torch is imported.
     needs = build_needs(validated)
     models = resolve_models(needs)
     requested_device = options.device
     if validated.active:  # a build of `original` alone never imports torch
         options = replace(options, device=resolve_device(options.device))
-    output = Path(output)
-    problem = _output_problem(output)
-    if problem:
-        raise BuildRefused(problem)
     _check_output_dir(output, config.config_hash())  # before creating anything in a directory that is not ours
     # The source is listed before anything is written: a bad source leaves no half-made output behind.
     source = create_source(config.source, config.source_options)
@@ -554,7 +553,12 @@ def build(config: BuildConfig, output: Path, options: BuildOptions | None = None
         check_cpu(validated, needs, len(plan), requested_device, options.torch_threads)
     created = not output.exists()
     try:
-        output.mkdir(parents=True, exist_ok=True)
+        try:
+            output.mkdir(parents=True, exist_ok=True)
+        except OSError as err:  # what the checks above cannot foresee (a special file system, a race)
+            if _environment_error(err, output) is not None:
+                raise
+            raise BuildRefused(f"cannot create --output {output}: {err.strerror or err}; choose another path") from err
         with output_lock(output, "build"), models_ready(models, progress=options.progress):
             return _build_locked(validated, source, plan, output, options, run_engine)
     except (OSError, sqlite3.OperationalError) as err:

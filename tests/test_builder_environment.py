@@ -143,7 +143,7 @@ def test_device_cuda_without_a_gpu_is_one_line_before_anything_is_written(tmp_pa
             "stage 'caption': options must be a mapping",
         ),
         ("stages: {name: caption}", "stages must be a list"),
-        ("limit: true", "limit True: expected a positive integer"),
+        ("limit: true", "limit True: expected an integer >= 1 or null"),
     ],
 )
 def test_mistyped_yaml_values_are_one_line_naming_the_key(tmp_path, capsys, yaml_text, expected):

@@ -140,3 +140,26 @@ def test_one_checker_describes_and_checks_every_option_type():
     for value, annotation in [(True, int), ("3", int), (1, bool), (float("inf"), float), ("c", Literal["a", "b"])]:
         assert check_value(value, annotation) is not None, (value, annotation)
     assert "item [1]" in check_value([1, "x"], tuple[float, ...])
+
+
+@pytest.mark.parametrize("case", ["under a file", "name too long", "a file", "unwritable parent"])
+def test_a_bad_output_path_fails_in_one_line_before_any_model_loads(tmp_path, capsys, monkeypatch, case):
+    """The full demo preset (its models would be built into the cache first): refused before the cache is touched."""
+    import os
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("LANCE_CF_CACHE", str(cache))
+    (tmp_path / "afile").write_text("x")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    output, expected = {
+        "under a file": (tmp_path / "afile" / "out", "is a file, so nothing can be created under it"),
+        "name too long": (tmp_path / ("n" * 300), "a name of 300 bytes is longer than this file system allows"),
+        "a file": (tmp_path / "afile", "is a file; give a directory"),
+        "unwritable parent": (locked / "out", "not writable by this user"),
+    }[case]
+    if case == "unwritable parent" and os.access(locked, os.W_OK):
+        pytest.skip("running as root: permissions do not stop this user")
+    code, err = _run(capsys, "build", "demo", "--output", str(output), "--device", "cpu", "--no-progress")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and expected in err, err
+    assert not cache.exists()
