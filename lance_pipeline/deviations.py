@@ -377,13 +377,50 @@ DILLEMA_ROWS = (
     ),
     Deviation(
         "dillema",
-        "captioner",
-        "BLIP-2 OPT-6.7B (LAVIS `caption_coco_opt6.7b`), nucleus sampling, two captions joined",
-        "BLIP-2 OPT-2.7B, beam search, one label-conditioned caption",
+        "captions",
+        'two captions per image, nucleus-sampled and joined with ". ", not conditioned on the class',
+        "one beam-search caption, conditioned on the class",
         "one deterministic caption shared with LANCE's preset, so the two editors start from the same text",
-        "`caption` stage: `model`",
-        "a `blip2_captioner` stage ran",
-        _has("blip2_captioner"),
+        "`caption` stage: `num_captions: 2`, `do_sample: true`, `num_beams: 1`, `label_conditioned: false` (preset "
+        "`hardimagenet-dillema`)",
+        "one caption per image",
+        lambda m: (
+            bool(described(m, "blip2_captioner"))
+            and all(int(d.get("num_captions") or 1) == 1 for d in described(m, "blip2_captioner"))
+        ),
+    ),
+    Deviation(
+        "dillema",
+        "captioner model",
+        "BLIP-2 OPT-6.7B fine-tuned on COCO captions (LAVIS `caption_coco_opt6.7b`)",
+        "BLIP-2 OPT-2.7B (`Salesforce/blip2-opt-2.7b`, the pinned captioner of every preset)",
+        "the presets share one pinned, checked captioner; the COCO-finetuned 6.7B is a model id away",
+        "`caption` stage: `model`, `revision`",
+        "the captioner is BLIP-2 OPT-2.7B",
+        lambda m: any("opt-2.7b" in str(d.get("model")) for d in described(m, "blip2_captioner")),
+    ),
+    Deviation(
+        "dillema",
+        "counterfactuals per image",
+        "one counterfactual caption per image",
+        "`n_counterfactuals` captions per image, each its own seeded pick of keywords and alternatives",
+        "more edits per image for the same captioning and inversion-free rendering cost",
+        "`rewrite` stage: `n_counterfactuals` (preset `hardimagenet-dillema`: 1)",
+        "more than one counterfactual per image",
+        lambda m: any(int(d.get("n_counterfactuals") or 1) > 1 for d in described(m, "dillema_counterfactual")),
+    ),
+    Deviation(
+        "dillema",
+        "rewrite checks",
+        "any answer holding two quoted sentences is the counterfactual",
+        "a rewrite must contain every applied alternative and keep the class name where the caption had it (else "
+        "asked again, then dropped)",
+        "a rewrite that ignores its alternatives, or drops the class, is not the counterfactual DILLEMA asked for",
+        "`rewrite` stage: `require_alternatives`, `require_class_kept`",
+        "the rewrite stage checks its answers",
+        lambda m: any(
+            d.get("require_alternatives") or d.get("require_class_kept") for d in described(m, "dillema_counterfactual")
+        ),  # fmt: skip
     ),
     Deviation(
         "dillema",

@@ -93,9 +93,34 @@ def test_process_and_describe(tiny_blip2, images) -> None:
     assert description["model"] == "Salesforce/blip2-opt-2.7b" and len(description["revision"]) == 40
 
 
+def test_dillemas_two_sampled_captions_are_seeded_per_sample(tiny_blip2, images) -> None:
+    """DILLEMA's form: two nucleus-sampled captions joined with ". ", each drawn from (sample seed, index) only."""
+    options = {"num_captions": 2, "do_sample": True, "num_beams": 1, "label_conditioned": False}
+    seeds = [11, 12, 13, 14]
+    batched = _captioner(tiny_blip2, batch_size=4, **options).caption(images, LABELS, seeds)
+    single = _captioner(tiny_blip2, batch_size=1, **options)
+    assert [
+        single.caption([im], [label], [seed])[0] for im, label, seed in zip(images, LABELS, seeds, strict=True)
+    ] == (batched)
+    for caption in batched:
+        first, second = caption.split(". a photo of")
+        assert first.startswith("a photo of") and first != "a photo of" + second  # two different draws
+    assert single.caption([images[0]], [LABELS[0]], [99]) != [batched[0]]  # another seed, other captions
+    description = single.describe()
+    assert (description["num_captions"], description["caption_separator"], description["do_sample"]) == (2, ". ", True)
+    assert (description["top_p"], description["temperature"]) == (0.9, 1.0)
+    # Without sampling, the two best beams; the default form's description is what it always was.
+    beams = _captioner(tiny_blip2, num_captions=2).caption(images[:1], LABELS[:1])[0]
+    assert beams.count(". a photo of a ") == 1
+    assert "num_captions" not in LabelConditionedCaptioner().describe()
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
+        ({"do_sample": True}, "set num_beams: 1"),
+        ({"num_captions": 6}, "must not exceed num_beams"),
+        ({"num_captions": 0}, "num_captions"),
         ({"batch_size": 0}, "batch_size"),
         ({"num_beams": 0}, "num_beams"),
         ({"min_new_tokens": 30, "max_new_tokens": 10}, "min_new_tokens"),

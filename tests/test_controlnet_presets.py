@@ -26,7 +26,7 @@ def _construct(config, tmp_path):
     return instances
 
 
-@pytest.mark.parametrize("preset", ["demo-controlnet", "hardimagenet-controlnet"])
+@pytest.mark.parametrize("preset", ["demo-controlnet", "hardimagenet-controlnet", "hardimagenet-dillema"])
 def test_controlnet_presets_construct_without_weights(preset, tmp_path):
     assert preset in list_presets()
     config = load_config(preset)
@@ -37,11 +37,66 @@ def test_controlnet_presets_construct_without_weights(preset, tmp_path):
     assert {s.name for s in config.stages} == {"caption", "keywords", "alternatives", "rewrite", "label_check", "edit"}
     for name, instance in instances.items():
         assert instance.name == name
-    if preset == "hardimagenet-controlnet":
+    if preset.startswith("hardimagenet"):
         for stage in config.stages:
             for key in ("revision", "controlnet_revision"):
                 if key in stage.options:
                     assert re.fullmatch(r"[0-9a-f]{40}", stage.options[key]), f"{stage.name}: unpinned {key}"
+
+
+def test_hardimagenet_dillema_differs_from_the_filtered_preset_only_in_dillemas_selection_and_captions():
+    filtered, dillema = load_config("hardimagenet-controlnet"), load_config("hardimagenet-dillema")
+    assert dillema.source_options == filtered.source_options and dillema.image_size == filtered.image_size
+    stages = {s.name: s.options for s in filtered.stages}
+    changed = {
+        "caption": {"num_captions": 2, "do_sample": True, "num_beams": 1, "top_p": 0.9, "label_conditioned": False},
+        "rewrite": {"n_counterfactuals": 1, "max_span_words": 48},
+        "label_check": {"label_threshold": None, "span_threshold": None},
+        "edit": {"keep_per_edit": 5, "clip_directional_threshold": -1.0, "clip_image_threshold": -1.0,
+                 "clip_text_threshold": -1.0, "require_edited_closer": False},
+    }  # fmt: skip
+    for stage in dillema.stages:
+        assert stage.options == {**stages[stage.name], **changed.get(stage.name, {})}, stage.name
+    assert dict(dillema.stages[-1].options)["images_per_edit"] == 5  # DILLEMA's 5 images, all kept
+
+
+@pytest.mark.slow
+def test_dillemas_selection_keeps_every_candidate_and_the_card_says_so(tmp_path):
+    """demo-controlnet with DILLEMA's selection and two-caption form: every rendered candidate is released with its
+    scores, the card names the selection, and its deviations list what still differs (not the selection)."""
+    import yaml
+
+    from builder.engine import build
+
+    data = load_config("demo-controlnet").to_dict()
+    dillema = {
+        "caption": {"num_captions": 2, "do_sample": True, "num_beams": 1, "label_conditioned": False},
+        "rewrite": {"n_counterfactuals": 1},
+        "edit": {"images_per_edit": 2, "keep_per_edit": 2},
+    }
+    for stage in data["stages"]:
+        stage["options"].update(dillema.get(stage["name"], {}))
+    path = tmp_path / "dillema.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    manifest = build(load_config(str(path)), tmp_path / "out", progress=False)
+    assert manifest["failures"] == []
+    assert manifest["counts"]["counterfactual"]["total"] == 5 * 1 * 2  # 5 photos x 1 counterfactual x 2 images
+    assert manifest["stages"]["caption"]["num_captions"] == 2
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "Selection as DILLEMA published it: every rendered image is kept" in card
+    deviations = card[card.index("## Deviations from the papers") : card.index("## Known failure modes")]
+    assert "| condition | HED edges" in deviations and "| seeds |" in deviations
+    absent = ("| images kept |", "| automatic filter |", "| label check |", "| captions |", "| counterfactuals per",
+            "| captioner model |")  # the last: the demo's captioner is the tiny one, not OPT-2.7B  # fmt: skip
+    for row in absent:
+        assert row not in deviations, row
+    import tarfile
+
+    (shard,) = (tmp_path / "out" / "data" / "counterfactual").glob("*.tar")
+    with tarfile.open(shard) as tar:
+        metas = [json.load(tar.extractfile(m)) for m in tar.getmembers() if m.name.endswith(".json")]
+    assert len(metas) == 10 and all(isinstance(m["scores"]["clip_directional"], float) for m in metas)
+    assert len({(m["source_key"], m["controlnet_seed"]) for m in metas}) == 10  # both seeds of every edit
 
 
 def test_hardimagenet_controlnet_shares_classes_captions_and_label_check_with_hardimagenet():

@@ -22,10 +22,16 @@ Differences from the authors' code (``lance/generate_captions.py``), on purpose:
 * the authors prepend ``"a photo of "`` after captioning; we make it the decoder prompt.
 
 Decoding is deterministic (beam search, no sampling), batched with left padding.
+
+DILLEMA's form (Baresi et al., arXiv 2502.04378, code ``captioning/DILLEMA_captioning_imagenet.py``): two captions per
+image drawn with nucleus sampling and joined with ``". "``. ``num_captions: 2`` with ``do_sample: true`` and
+``num_beams: 1`` gives it; each caption draws its own noise from (sample seed, caption index) only, so the captions do
+not depend on the batch. Without sampling, ``num_captions`` returns the best beams.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from typing import Any
@@ -93,11 +99,16 @@ class LabelConditionedCaptioner:
         label_conditioned: Put the class name into the prompt (see the module docstring).
         domain_phrase: The phrase every caption starts with.
         dtype: ``"auto"`` (float16 on CUDA, float32 elsewhere) or a torch dtype name.
+        num_captions: Captions per image, joined with ``caption_separator`` into the record's caption (DILLEMA: 2).
+        do_sample: Nucleus sampling with per-(sample, caption) seeded noise instead of beam search (needs
+            ``num_beams: 1``; DILLEMA samples).
+        top_p, temperature: Sampling's nucleus mass and temperature (LAVIS's defaults, DILLEMA's: 0.9 and 1.0).
+        caption_separator: What joins several captions (DILLEMA: ``". "``).
     """
 
     name = "caption"
     version = "1"
-    consumes = {"image": "image", "label_name": "str"}
+    consumes = {"image": "image", "label_name": "str", "seed": "int"}
     produces = {"caption": "str"}
     model_options = (ModelOption("model", role="captioner (BLIP-2)"),)
 
@@ -113,6 +124,11 @@ class LabelConditionedCaptioner:
         label_conditioned: bool = True,
         domain_phrase: str = DOMAIN_PHRASE,
         dtype: str = "auto",
+        num_captions: int = 1,
+        do_sample: bool = False,
+        top_p: float = 0.9,
+        temperature: float = 1.0,
+        caption_separator: str = ". ",
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -129,6 +145,17 @@ class LabelConditionedCaptioner:
             raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
         if not domain_phrase.strip():
             raise ValueError("domain_phrase must be a non-empty phrase such as 'a photo of'")
+        if num_captions < 1:
+            raise ValueError(f"num_captions must be >= 1, got {num_captions}")
+        if do_sample:
+            if num_beams != 1:
+                raise ValueError(
+                    f"do_sample draws each caption from its own seed, one sequence each: set num_beams: 1 (got {num_beams})"
+                )
+            if temperature <= 0 or not 0 < top_p <= 1:
+                raise ValueError(f"sampling needs temperature > 0 and top_p in (0, 1], got {temperature}, {top_p}")
+        elif num_captions > num_beams:
+            raise ValueError(f"num_captions ({num_captions}) must not exceed num_beams ({num_beams}): the best beams")
         self.model_id = str(model)
         self.revision = revision
         self.batch_size = batch_size
@@ -139,6 +166,11 @@ class LabelConditionedCaptioner:
         self.label_conditioned = label_conditioned
         self.domain_phrase = " ".join(domain_phrase.split())
         self.dtype = dtype
+        self.num_captions = num_captions
+        self.do_sample = do_sample
+        self.top_p = top_p
+        self.temperature = temperature
+        self.caption_separator = caption_separator
         self.device: str | None = None
         self._model = None
         self._processor = None
@@ -170,27 +202,40 @@ class LabelConditionedCaptioner:
             "min_new_tokens": self.min_new_tokens,
             "max_new_tokens": self.max_new_tokens,
             "repetition_penalty": self.repetition_penalty,
-            "do_sample": False,
+            "do_sample": self.do_sample,
             "label_conditioned": self.label_conditioned,
             "domain_phrase": self.domain_phrase,
             "dtype": self.dtype,
+            # DILLEMA's form only: a release of the default form keeps the description it always had.
+            **(
+                {"num_captions": self.num_captions, "caption_separator": self.caption_separator}
+                if self.num_captions > 1 or self.do_sample
+                else {}
+            ),
+            **(
+                {"top_p": self.top_p, "temperature": self.temperature, "seed": "sha256(sample seed, caption index)"}
+                if self.do_sample
+                else {}
+            ),
         }
 
     # -- work ---------------------------------------------------------------------------------------
-    def caption(self, images: list, label_names: list[str | None]) -> list[str]:
+    def caption(self, images: list, label_names: list[str | None], seeds: list[int] | None = None) -> list[str]:
         """Caption a list of PIL images, batched.
 
         Args:
             images: PIL images (converted to RGB).
             label_names: Class name per image (ignored when ``label_conditioned`` is off).
+            seeds: Per-image seeds (used only when sampling).
 
         Returns:
-            One caption per image, each starting with the domain phrase.
+            One caption per image, each starting with the domain phrase (``num_captions`` of them joined).
         """
         if self._model is None:
             raise RuntimeError("LabelConditionedCaptioner.load(device) must be called before caption()")
         if len(images) != len(label_names):
             raise ValueError(f"got {len(images)} images but {len(label_names)} label names")
+        seeds = [0] * len(images) if seeds is None else [int(s) for s in seeds]
         captions: list[str] = []
         for start in range(0, len(images), self.batch_size):
             batch_images = [im.convert("RGB") for im in images[start : start + self.batch_size]]
@@ -198,13 +243,27 @@ class LabelConditionedCaptioner:
                 caption_prompt(n, self.domain_phrase, self.label_conditioned)
                 for n in label_names[start : start + self.batch_size]
             ]
-            captions.extend(self._caption_batch(batch_images, prompts))
+            captions.extend(self._caption_batch(batch_images, prompts, seeds[start : start + self.batch_size]))
         return captions
 
-    def _caption_batch(self, images: list, prompts: list[str]) -> list[str]:
+    def _caption_batch(self, images: list, prompts: list[str], seeds: list[int]) -> list[str]:
         import torch
 
-        inputs = self._processor(images=images, text=prompts, return_tensors="pt", padding=True)
+        n = self.num_captions
+        processors = None
+        if self.do_sample:
+            # One row per (image, caption), each drawing its own noise: the caption depends on its seed only.
+            from transformers import LogitsProcessorList
+
+            from lance_pipeline.text.perturbation import SeededGumbelSampler
+
+            images = [im for im in images for _ in range(n)]
+            prompts_in = [p for p in prompts for _ in range(n)]
+            row_seeds = [caption_seed(seed, k) for seed in seeds for k in range(n)]
+            processors = LogitsProcessorList([SeededGumbelSampler(row_seeds, self.temperature, self.top_p)])
+        else:
+            prompts_in = prompts
+        inputs = self._processor(images=images, text=prompts_in, return_tensors="pt", padding=True)
         inputs = inputs.to(self.device)
         if "pixel_values" in inputs:
             inputs["pixel_values"] = inputs["pixel_values"].to(self._model.dtype)
@@ -213,9 +272,11 @@ class LabelConditionedCaptioner:
                 **inputs,
                 do_sample=False,
                 num_beams=self.num_beams,
+                num_return_sequences=1 if self.do_sample else n,
                 min_new_tokens=self.min_new_tokens,
                 max_new_tokens=self.max_new_tokens,
                 repetition_penalty=self.repetition_penalty,
+                logits_processor=processors,
             )
         input_ids = inputs.get("input_ids")
         # Decoder-only LMs return prompt + continuation; encoder-decoders only the continuation.
@@ -226,17 +287,30 @@ class LabelConditionedCaptioner:
         ):
             out = out[:, input_ids.shape[1] :]
         texts = self._processor.batch_decode(out, skip_special_tokens=True)
-        return [join_caption(prompt, _drop_echo(prompt, text)) for prompt, text in zip(prompts, texts, strict=True)]
+        # Rows come image by image, ``n`` per image (the sampled copies, or the best beams in order).
+        row_prompts = [p for p in prompts for _ in range(n)]
+        rows = [join_caption(prompt, _drop_echo(prompt, text)) for prompt, text in zip(row_prompts, texts, strict=True)]
+        return [self.caption_separator.join(rows[i * n : (i + 1) * n]) for i in range(len(prompts))]
 
     def process(self, records: list[Record]) -> list[Record | SampleFailure]:
         """Caption each record's ``image`` conditioned on its ``label_name``; returns ``{"caption": str}``."""
         results: list[Record | SampleFailure] = [SampleFailure("caption: record has no image")] * len(records)
         todo = [i for i, r in enumerate(records) if r.get("image") is not None]
         if todo:
-            captions = self.caption([records[i]["image"] for i in todo], [records[i].get("label_name") for i in todo])
+            captions = self.caption(
+                [records[i]["image"] for i in todo],
+                [records[i].get("label_name") for i in todo],
+                [int(records[i].get("seed", 0)) for i in todo],
+            )
             for i, caption in zip(todo, captions, strict=True):
                 results[i] = {"caption": caption}
         return results
+
+
+def caption_seed(sample_seed: int, index: int) -> int:
+    """The noise seed of a sample's ``index``-th sampled caption: from (sample seed, index) only."""
+    digest = hashlib.sha256(f"lance-cf:caption:{int(sample_seed)}:{int(index)}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
 
 
 def _drop_echo(prompt: str, text: str) -> str:

@@ -524,7 +524,7 @@ class PromptPerturber:
         )
         processors = LogitsProcessorList()
         if self.do_sample:
-            processors.append(_SeededGumbelSampler(seeds, self.temperature, self.top_p))
+            processors.append(SeededGumbelSampler(seeds, self.temperature, self.top_p))
         # The chat template already holds any BOS token; the Alpaca text needs the tokenizer's own specials.
         enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=self._style == "alpaca")
         enc = enc.to(self.device)
@@ -639,7 +639,7 @@ def _empty_stats() -> dict[str, Any]:
     return stats
 
 
-class _SeededGumbelSampler:
+class SeededGumbelSampler:
     """Sampling as argmax(logits / T + Gumbel noise), with one seeded generator per batch row.
 
     Greedy decoding over these scores draws from softmax(logits / T) (restricted to the top-p nucleus), and
