@@ -32,10 +32,12 @@ def register(subparsers) -> None:
     discover = subparsers.add_parser(
         "discover",
         help="find, in words, where a model fails more than it should (Wiles et al.)",
-        description="Generate images of each class, cluster a model's failures, caption and describe each cluster, "
-        "test each description on new images against the class's base failure rate (one-sided Fisher exact test, "
-        "Benjamini-Hochberg), refine what is found, and write discoveries.json and report.html. Resumable: re-run "
-        "the same command. --demo runs offline with stand-ins that have a planted failure.",
+        description="Generate images of each class, cluster a model's failures (all wrong labels together), caption "
+        "and describe each cluster, and test each distinct description on new images against the class's base images "
+        "twice: the rate of its target label (the wrong label its failures were given most) and the total failure "
+        "rate (one-sided Fisher exact tests, one Benjamini-Hochberg family per model). Discoveries are refined by "
+        "dropping words (a corrected family of their own); discoveries.json and report.html are written. Resumable: "
+        "re-run the same command. --demo [SCENARIO] runs offline with stand-ins that have a planted failure.",
     )
     discover.add_argument("--model", action="append", metavar="NAME", help="timm model to probe (repeatable)")
     discover.add_argument(
@@ -69,8 +71,8 @@ def register(subparsers) -> None:
         nargs="?",
         const="planted-red",
         metavar="SCENARIO",
-        help="offline stand-ins with a planted failure: planted-red (default), partial-red, target-shift, "
-        "scattered-blue, null (docs/discovery.md)",
+        help="offline stand-ins with a planted failure, one of: "
+        f"{', '.join(DISCOVERY_DEMOS.in_order())} (default planted-red; docs/discovery.md)",
     )
     discover.add_argument(
         "--release",
