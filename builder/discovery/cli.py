@@ -138,10 +138,13 @@ def _declared_models(args: argparse.Namespace) -> list:
     )
     from lance_pipeline.text.captioning import DEFAULT_CAPTIONER, DEFAULT_CAPTIONER_REVISION
 
-    if args.demo or not args.model or (args.release is None and not args.classes):
-        return []  # the stand-ins are built locally; without a model or classes the command says what it needs
-    if args.release is not None and not (args.release / "manifest.json").is_file():
-        return []  # not a release: the command says so
+    # A bad option or output path is reported before the models are looked for (it is cheaper to fix first).
+    if args.release is not None:
+        check_release_arguments(args)
+    else:
+        check_generation_arguments(args)
+    if args.demo:
+        return []  # the stand-ins are built locally
     needs = [clip_need(args.clip_model, args.clip_pretrained, used_by="discover", key="--clip-model")]
     if args.release is None:
         given = {"model": args.generator, "revision": args.generator_revision} if args.generator else {}
@@ -276,10 +279,8 @@ def _check_options(args: argparse.Namespace) -> None:
         raise ValueError(f"--batch-size {args.batch_size}: expected a positive integer")
 
 
-def run_release_mode(args: argparse.Namespace) -> int:
-    """``discover --release DIR``: cluster and describe each model's failing counterfactuals of a release."""
-
-    # 1. every option and path, before any model loads
+def check_release_arguments(args: argparse.Namespace) -> None:
+    """``--release`` mode's options and paths, checked before any model is checked or loaded (one line each)."""
     if not args.model:
         raise ValueError("give at least one --model NAME (a timm model) to probe the release with")
     if args.demo:
@@ -291,7 +292,10 @@ def run_release_mode(args: argparse.Namespace) -> int:
         raise ValueError(f"--output {args.output}: holds a generating discovery; give a new --output directory")
     path = args.output / "discoveries.json"
     if path.is_file():
-        previous = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            previous = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, OSError):
+            previous = {}  # unreadable: not a discovery this command may replace
         same = previous.get("release", {}).get("manifest_sha256") == read_manifest_dict(args.release)[
             "manifest_sha256"] and sorted(previous.get("models", {})) == sorted(args.model)  # fmt: skip
         if not same:
@@ -299,6 +303,39 @@ def run_release_mode(args: argparse.Namespace) -> int:
                 f"--output {args.output}: holds the discoveries of another release or other models; give a new "
                 "--output directory"
             )
+
+
+def check_generation_arguments(args: argparse.Namespace) -> tuple[list[ClassTarget], DiscoverySettings]:
+    """The generating mode's options and paths, checked before any model is checked or loaded (one line each);
+    returns the resolved classes and the settings."""
+    if args.demo:
+        if args.model:
+            raise ValueError("--demo probes its own planted stand-in model; drop --model")
+        classes = args.classes.split(",") if args.classes else DEMO_CLASSES
+    else:
+        if not args.model:
+            raise ValueError("give at least one --model NAME (a timm model), or --demo for the offline stand-ins")
+        if not args.classes:
+            raise ValueError("give --classes (ImageNet synsets, indices or names, comma-separated)")
+        classes = [c.strip() for c in args.classes.split(",") if c.strip()]
+    _check_options(args)
+    settings = DiscoverySettings(
+        n_base=args.n_base, n_test=args.n_test, alpha=args.alpha, refine=not args.no_refine, seed=args.seed,
+        batch_size=args.batch_size, clustering=ClusteringSettings(seed=args.seed),
+    )  # fmt: skip
+    targets = _targets(classes)
+    check_output_directory(args.output)
+    if (args.output / "discoveries.json").is_file() and not (args.output / LEDGER).exists():
+        raise ValueError(f"--output {args.output}: holds the discoveries of a release (--release); give a new --output")
+    if args.demo:
+        DISCOVERY_DEMOS.target(args.demo)  # a registered name only (one line with "did you mean" otherwise)
+    return targets, settings
+
+
+def run_release_mode(args: argparse.Namespace) -> int:
+    """``discover --release DIR``: cluster and describe each model's failing counterfactuals of a release."""
+
+    check_release_arguments(args)  # 1. every option and path, before any model loads
     device = resolve_device(args.device)
     resolved, _ = resolve_model_references({"clip": args.clip_model})
     pretrained = None if resolved["clip"] != args.clip_model else args.clip_pretrained
@@ -317,6 +354,7 @@ def run_release_mode(args: argparse.Namespace) -> int:
         args.release, classifiers, lambda images: scorer.encode_images(images).cpu().numpy(), merger=merger
     )
     args.output.mkdir(parents=True, exist_ok=True)
+    path = args.output / "discoveries.json"
     tmp = path.with_name(".discoveries.json.tmp")
     tmp.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     tmp.replace(path)
@@ -341,26 +379,8 @@ def run_discover(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
     # 1. every option and path, before any model loads (Discovery then checks the output's settings, then loads)
-    if args.demo:
-        if args.model:
-            raise ValueError("--demo probes its own planted stand-in model; drop --model")
-        classes = args.classes.split(",") if args.classes else DEMO_CLASSES
-    else:
-        if not args.model:
-            raise ValueError("give at least one --model NAME (a timm model), or --demo for the offline stand-ins")
-        if not args.classes:
-            raise ValueError("give --classes (ImageNet synsets, indices or names, comma-separated)")
-        classes = [c.strip() for c in args.classes.split(",") if c.strip()]
-    _check_options(args)
-    settings = DiscoverySettings(
-        n_base=args.n_base, n_test=args.n_test, alpha=args.alpha, refine=not args.no_refine, seed=args.seed,
-        batch_size=args.batch_size, clustering=ClusteringSettings(seed=args.seed),
-    )  # fmt: skip
-    targets = _targets(classes)
+    targets, settings = check_generation_arguments(args)
     output: Path = args.output
-    check_output_directory(output)
-    if (output / "discoveries.json").is_file() and not (output / LEDGER).exists():
-        raise ValueError(f"--output {output}: holds the discoveries of a release (--release); give a new --output")
     device = resolve_device(args.device)
     components = _demo_components(args.demo, targets) if args.demo else _real_components(args, targets, device)
     if args.merge_llm:
