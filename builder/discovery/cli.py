@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import sys
 from importlib import resources
 from pathlib import Path
@@ -15,6 +14,7 @@ from builder import imagenet
 from builder.discovery.report import write_discovery_report
 from builder.discovery.run import LEDGER, Discovery, describe_release_failures
 from builder.model_refs import resolve_model_references, restore_model_references
+from builder.output_paths import output_problem
 from builder.registry import DISCOVERY_DEMOS
 from builder.release_format import read_manifest_dict
 from lance_pipeline.clip.gates import ClipScorer
@@ -258,15 +258,9 @@ def build_discovery_release(output: Path, document: dict[str, Any]) -> Path:
 
 def check_output_directory(output: Path) -> None:
     """``--output`` must be a directory or creatable as one: one line otherwise, before anything runs."""
-    if output.exists() and not output.is_dir():
-        raise ValueError(f"--output {output}: is a file, not a directory; give a new or existing directory")
-    parent = output
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ValueError(f"--output {output}: {parent} is a file, so the directory cannot be created there")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"--output {output}: {parent} is not writable; give a directory you can write to")
+    problem = output_problem(output)
+    if problem:
+        raise ValueError(problem)
 
 
 def _check_options(args: argparse.Namespace) -> None:
