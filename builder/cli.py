@@ -238,7 +238,7 @@ def _allow_code(args: argparse.Namespace) -> bool:
 def run_validate(args: argparse.Namespace) -> int:
     from builder.config import apply_overrides, load_config
     from builder.sources import create_source
-    from builder.validation import describe_validation, validate_build
+    from builder.validation import check_stages_against_source, describe_validation, validate_build
 
     config = load_config(args.config)
     config = apply_overrides(config, source=args.source, configs=args.configs)
@@ -250,6 +250,7 @@ def run_validate(args: argparse.Namespace) -> int:
     validated = validate_build(config, allow_code=_allow_code(args))
     if source_line is None:
         source = create_source(config.source, config.source_options)
+        check_stages_against_source(validated, source)
         source_line = (
             f"source: {config.source} ({len(source.samples)} images, {source.label_space.num_classes} classes)"
         )

@@ -135,14 +135,65 @@ class BuildConfig:
         data = self.to_dict()
         if self.source is not None:
             data["source"] = public_spec(self.source)
+        data["stages"] = [public_stage_dict(s) for s in self.stages]
         return data
 
     def config_hash(self) -> str:
         """Hash of everything that decides the release's content. Inactive stages are left out."""
         data = self.public_dict()
-        data["stages"] = [s.to_dict() for s in self.active_stages()]
+        data["stages"] = [public_stage_dict(s) for s in self.active_stages()]
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def public_stage_dict(stage: StageConfig) -> dict[str, Any]:
+    """A stage as a release records it: an option its stage declares a local path (field metadata ``local_path``,
+    e.g. a folder of class tokens) is recorded by its name, as sources are, and its content by a digest under
+    ``local_inputs``, so that the same files at two locations give the same config and other files another."""
+    data = stage.to_dict()
+    paths = _local_path_options(stage.type)
+    local_inputs = {}
+    for name in paths:
+        value = data["options"].get(name)
+        if isinstance(value, str) and value and not value.startswith(("demo:", "pkg:")):
+            from builder.sources import _path_name
+
+            data["options"][name] = _path_name(value)
+            local_inputs[name] = _content_digest(Path(value))
+    if local_inputs:
+        data["local_inputs"] = local_inputs
+    return data
+
+
+def _local_path_options(stage_type: str) -> list[str]:
+    """The options a registered stage type declares as local paths (none for code stage types and unknown names)."""
+    from builder.registry import STAGES
+    from lance_pipeline.stage import options_type
+
+    if not isinstance(stage_type, str) or stage_type not in STAGES.names():
+        return []
+    try:
+        kind = options_type(STAGES.resolve(stage_type))
+    except Exception:  # validation reports a stage that cannot be imported; recording it is not the place
+        return []
+    return [f.name for f in dataclasses.fields(kind) if f.metadata.get("local_path")]
+
+
+def _content_digest(path: Path) -> str | None:
+    """sha256 over a file's bytes, or over a folder's visible files (name and bytes, in name order); None if absent."""
+    digest = hashlib.sha256()
+    try:
+        if path.is_dir():
+            for child in sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")):
+                digest.update(child.name.encode("utf-8", "surrogateescape") + b"\0")
+                digest.update(hashlib.sha256(child.read_bytes()).digest())
+        elif path.is_file():
+            digest.update(path.read_bytes())
+        else:
+            return None
+    except OSError:
+        return None
+    return "sha256:" + digest.hexdigest()
 
 
 def preset_path(name: str) -> str:

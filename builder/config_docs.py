@@ -56,6 +56,17 @@ def undocumented_keys(config_cls: type) -> list[str]:
     return sorted({f.name for f in dataclasses.fields(config_cls)} - set(KEY_DOCS))
 
 
+def _source_key_docs(spec: Any) -> dict[str, tuple[str, str]]:
+    """What a source class says beside some keys instead (``key_docs``): a generation source's configs are shifts,
+    not LANCE's configs."""
+    from builder.registry import SOURCES
+
+    scheme = spec.partition(":")[0] if isinstance(spec, str) else ""
+    if scheme not in SOURCES.names():
+        return {}
+    return dict(getattr(SOURCES.resolve(scheme), "key_docs", None) or {})
+
+
 def _dump(value: Any) -> str:
     """One YAML scalar or flow collection on one line (anchors and aliases already resolved)."""
     text = yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=10**6, allow_unicode=True)
@@ -69,8 +80,9 @@ def commented_yaml(data: dict[str, Any], *, origin: str) -> str:
     printed is exactly what a build uses.
     """
     lines = [f"# {origin}, resolved (anchors expanded); every key is explained in docs/config.md"]
+    docs = {**KEY_DOCS, **_source_key_docs(data.get("source"))}
     for key, value in data.items():
-        meaning, source = KEY_DOCS.get(key, ("", ""))
+        meaning, source = docs.get(key, ("", ""))
         comment = f"  # {meaning} [{source}]" if meaning else ""
         if key == "stages":
             lines.append(f"stages:{comment}")

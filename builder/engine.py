@@ -44,7 +44,7 @@ from builder.output_paths import output_problem
 from builder.release_format import WORK_DIR, empty_metadata, encode_metadata, is_valid_key
 from builder.runtime import DEFAULT_TORCH_THREADS, environment, environment_changes
 from builder.sources import Source, SourceSample, create_source
-from builder.validation import ValidatedBuild, ValidatedStage, validate_build
+from builder.validation import ValidatedBuild, ValidatedStage, check_stages_against_source, validate_build
 from lance_pipeline.devices import resolve_device
 from lance_pipeline.stage import (
     SOURCE_FIELDS,
@@ -546,6 +546,7 @@ def build(config: BuildConfig, output: Path, options: BuildOptions | None = None
     _check_output_dir(output, config.config_hash())  # before creating anything in a directory that is not ours
     # The source is listed before anything is written: a bad source leaves no half-made output behind.
     source = create_source(config.source, config.source_options)
+    check_stages_against_source(validated, source)  # e.g. a token for every class to generate, before any model
     plan = _plan(config, source)
     if not plan:
         raise ValueError(f"source {config.source!r} has no images")

@@ -276,3 +276,20 @@ def describe_validation(validated: ValidatedBuild) -> list[str]:
             + (f" => {writes}" if writes else "")
         )
     return lines
+
+
+def check_stages_against_source(validated: ValidatedBuild, source: Any) -> None:
+    """Checks that need the source's classes, before any model loads: an active stage whose class defines
+    ``check_classes(classes)`` (label -> class name of every class the build will process) is asked whether it can
+    serve them, e.g. a generation stage's token folder covers them. Raises ``ValueError`` naming the stage."""
+    checked = [s for s in validated.active if callable(getattr(s.cls, "check_classes", None))]
+    if not checked:
+        return
+    names = source.label_space.names
+    labels = sorted({s.label for s in source.samples if not s.problem and s.label >= 0})
+    classes = {label: names[label] if label < len(names) else str(label) for label in labels}
+    for stage in checked:
+        try:
+            stage.cls(**stage.config.options).check_classes(classes)
+        except ValueError as err:
+            raise ValueError(f"stage {stage.config.name!r} ({stage.config.type}): {err}") from None

@@ -544,6 +544,7 @@ def evaluate_model(
         release_configs=list(release.configs),
         edit_clusters=edit_clusters,
         insight_top=options.insight_top,
+        manifest=release.manifest,
     )
     results: dict[str, Any] = {
         "schema": RESULTS_SCHEMA,

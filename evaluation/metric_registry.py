@@ -88,6 +88,7 @@ class MetricContext:
     min_per_class: int = 5
     release_configs: list[str] | None = None  # every config the release declares (scored or not); default: configs
     edit_clusters: dict[str, Any] | None = None  # the release's edit clusters (insights), None when not computed
+    manifest: dict[str, Any] | None = None  # the release's manifest (e.g. which of its configs are shifts)
     insight_top: int = 3
     _cache: dict[Any, Any] = field(default_factory=dict, repr=False)
 

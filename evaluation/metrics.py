@@ -435,9 +435,11 @@ def compute_metrics(
     release_configs: list[str] | None = None,
     edit_clusters: dict[str, Any] | None = None,
     insight_top: int = 3,
+    manifest: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The metrics ``metrics`` (default: every default registered metric) of one model from its prediction rows.
 
+    ``manifest`` is the release's manifest, for metrics that read its declarations (which configs are shifts).
     ``release_configs`` (default: the configs of ``rows``) are all the configs the release declares, scored or not:
     which metrics apply depends on the release, not on which configs a ``--limit`` run happened to reach.
     ``edit_clusters`` (:func:`evaluation.insights.cluster_release_edits`, once per run) enables the ``insights``
@@ -470,6 +472,7 @@ def compute_metrics(
         release_configs=release_configs,
         edit_clusters=edit_clusters,
         insight_top=insight_top,
+        manifest=manifest,
     )
     selected = select_metrics(metrics)
     out, computed = run_metrics(context, selected)

@@ -116,7 +116,9 @@ def _shift_table(results: dict[str, Any]) -> str:
         "<th>drop [95% CI]</th><th>classes used</th><th class='text'>classes excluded</th></tr>"
     )
     body = []
-    for shift, entry in section["shifts"].items():
+    from evaluation.interfaces.shift_results import scored_shifts
+
+    for shift, entry in scored_shifts(section).items():
         excluded = ", ".join(str(c) for c in entry["classes_excluded"]) or "–"
         body.append(
             f"<tr><td class='text'>{html.escape(shift)}</td><td>{entry['n']}</td><td>{_fmt(entry['accuracy'])}</td>"

@@ -47,7 +47,7 @@ def _png(image) -> bytes:
 def test_tokens_are_loaded_and_replace_the_placeholder(generator):
     assert generator.tokens == {0: "<tench-0>", 1: "<goldfish-1>"}
     snow = next(s for s in IMAGENET_STAR_SHIFTS if s.name == "in_the_snow")
-    assert snow.render(generator.class_word(1, "goldfish")) == "a photo of a <goldfish-1> in the snow"
+    assert snow.render(generator.class_word(1, "goldfish")) == "A photo of a <goldfish-1> in the snow"
     ids = generator.pipe.tokenizer("<goldfish-1>", add_special_tokens=False).input_ids
     assert ids == [generator.pipe.tokenizer.convert_tokens_to_ids("<goldfish-1>")]  # one token, not word pieces
 
@@ -98,13 +98,7 @@ def test_clip_presence_scores_equal_independent_cosines(tmp_path):
     assert shifts[1] == pytest.approx(float(img[1] @ txt[2]), abs=1e-5)
 
 
-def test_imagenet_star_shifts_and_user_shifts():
-    names = [s.name for s in IMAGENET_STAR_SHIFTS]
-    assert len(names) == 24 and names[0] == "base" and len(set(names)) == 24
-    known = {s.name: s.threshold for s in IMAGENET_STAR_SHIFTS if s.threshold is not None}
-    assert known == {"in_the_snow": 0.160, "pencil_sketch": 0.223}
-    sketch = next(s for s in IMAGENET_STAR_SHIFTS if s.name == "pencil_sketch")
-    assert sketch.object_caption("dog") == "a dog" and sketch.style
+def test_user_shifts_join_the_named_ones():
     chosen = shifts_by_name(
         ["base", "in_the_snow"],
         [
@@ -117,10 +111,11 @@ def test_imagenet_star_shifts_and_user_shifts():
         ],
     )
     assert [s.name for s in chosen] == ["base", "in_the_snow", "on_mars"]
-    with pytest.raises(ValueError, match="did you mean in_the_snow"):
-        shifts_by_name(["in_the_snwo"])
+    assert chosen[2].provenance == "yours"
     with pytest.raises(ValueError, match="<TOKEN>"):
         Shift("x", "a photo of a dog", None)
+    with pytest.raises(ValueError, match="listed twice"):
+        shifts_by_name(["base"], [{"name": "base", "prompt": "<TOKEN>"}])
 
 
 def test_shift_verdict_rules():
@@ -157,7 +152,7 @@ def test_generation_and_filter_stages_on_tiny_models(tiny_sd_dir, token_dir, tmp
     clip_dir = str(create_tiny_open_clip(tmp_path / "clip"))
     live = records[:2]
     objects, shifts = None, None
-    filt = ShiftFilterStage(clip_model=clip_dir, clip_pretrained=None, keep_rejected=True)
+    filt = ShiftFilterStage(clip_model=clip_dir, clip_pretrained=None, object_filter=False, keep_rejected=True)
     filt.load("cpu")
     objects, shifts = clip_presence_scores(filt.scorer, [r["generated"] for r in live],
                                            [r["object_caption"] for r in live], [r["shift_caption"] for r in live])  # fmt: skip

@@ -1,10 +1,15 @@
-"""``lance-cf interfaces learn-tokens``: learn one textual-inversion token per class (dataset interfaces).
+"""``lance-cf interfaces``: the commands of dataset interfaces (Vendrow et al., arXiv 2302.07865).
 
-Reads the class's images from any source this tool reads (``imagefolder:``, ``imagenet:``, ``hf:``, ``wds:``), trains
-``lance_pipeline.interfaces.textual_inversion`` once per class and writes ``{label}.safetensors`` (diffusers'
-``load_textual_inversion`` layout) plus ``tokens.json`` (settings, classes, final losses). Resumable per class: a
-finished class's file is never redone, so a killed run redoes at most the class in flight. ``--push-to-hub`` uploads
-the directory as a model repository with a card.
+- ``shifts`` lists the shifts a build can name: the paper's Table 1 (prompt, shift caption, CLIP threshold, yield) and
+  the separately named corrected variants.
+- ``calibrate`` computes the per-class object-presence thresholds of Appendix A.3 from real images of each class (any
+  source this tool reads), one class at a time, into a JSON file the build's filter reads.
+- ``learn-tokens`` learns one textual-inversion token per class from its real images (any source), one class at a
+  time, decoding an image only when a training step draws it: memory does not grow with the images per class. It
+  writes ``{label}.safetensors`` (diffusers' ``load_textual_inversion`` layout, with everything the index records in
+  its metadata) and then ``tokens.json``, the index, rebuilt from the token files on every run: a run killed between
+  the two writes loses nothing. The output folder is locked for the run. ``--push-to-hub`` uploads the folder as a
+  model repository with a card, and refuses to publish fewer tokens than the folder holds.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,16 +25,54 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 TOKENS_INDEX = "tokens.json"
+INDEX_FIELDS = ("class_name", "token", "images", "initializer_norm", "first_loss", "last_loss")
 
 
 def register(subparsers) -> None:
     interfaces = subparsers.add_parser(
         "interfaces",
-        help="dataset interfaces (ImageNet*): learn class tokens",
-        description="Dataset interfaces (Vendrow et al., arXiv 2302.07865): learn a textual-inversion token per class "
-        "from that class's real images, then build per-shift releases with the imagenet-star or demo-star preset.",
+        help="dataset interfaces (ImageNet*): shifts, object thresholds, class tokens",
+        description="Dataset interfaces (Vendrow et al., arXiv 2302.07865): list the shifts, calibrate the per-class "
+        "object thresholds and learn a textual-inversion token per class from that class's real images, then build "
+        "per-shift releases with the imagenet-star or demo-star preset.",
     )
     commands = interfaces.add_subparsers(dest="interfaces_command", metavar="COMMAND")
+
+    shifts = commands.add_parser(
+        "shifts",
+        help="list the shifts: prompt, shift caption, CLIP threshold, provenance, the paper's yield",
+        description="The shifts a generation build can name: ImageNet*'s 23 and base, as the paper's Table 1 gives "
+        "them (the default), then the corrected wordings, which are built only when named.",
+    )
+    shifts.add_argument("--format", choices=("text", "json"), default="text", help="output format (default: text)")
+    shifts.set_defaults(func=run_shifts)
+
+    calibrate = commands.add_parser(
+        "calibrate",
+        help="per-class object thresholds: a percentile of CLIP similarity on each class's real images",
+        description='For each class, the CLIP similarity between "a photo of a <class>" (and "a <class>", for art '
+        "styles) and every real image of the class, and its --percentile-th percentile: the object-presence "
+        "threshold of the paper's Appendix A.3 (they used ImageNet's validation images). Written as JSON with the "
+        "CLIP model, the percentile and the image counts; set the filter's object_thresholds to the file.",
+    )
+    calibrate.add_argument("--source", required=True, metavar="SPEC", help="imagefolder:PATH | imagenet:PATH | hf:...")
+    calibrate.add_argument("--classes", metavar="LIST", help="class subset (synsets, indices or names)")
+    calibrate.add_argument("--output", "-o", required=True, type=Path, help="thresholds file to write (JSON)")
+    calibrate.add_argument(
+        "--percentile",
+        type=float,
+        help="percentile of each class's similarities (default 5: ours, the paper's value is not in our copy)",
+    )
+    calibrate.add_argument("--clip-model", default="ViT-H-14", help="CLIP model, as the filter names it (ViT-H-14)")
+    calibrate.add_argument(
+        "--clip-pretrained", default="laion2b_s32b_b79k", help="its pretrained tag ('none' for a local directory)"
+    )
+    calibrate.add_argument("--clip-revision", help="Hub revision of an hf-hub: CLIP model")
+    calibrate.add_argument("--images-per-class", type=int, metavar="N", help="use at most N images of each class")
+    calibrate.add_argument("--device", default=None, help="torch device (default: cuda if available)")
+    calibrate.add_argument("--force", action="store_true", help="replace an existing --output file")
+    calibrate.set_defaults(func=run_calibrate, models=_calibrate_models)
+
     learn = commands.add_parser(
         "learn-tokens",
         help="learn one token per class (resumable per class)",
@@ -44,6 +88,11 @@ def register(subparsers) -> None:
     learn.add_argument("--steps", type=int, help="optimisation steps per class (default 3000)")
     learn.add_argument("--learning-rate", type=float, help="AdamW learning rate (default 5e-4)")
     learn.add_argument("--resolution", type=int, help="training resolution in pixels (default 768)")
+    learn.add_argument(
+        "--norm-constraint",
+        choices=("reparameterize", "rescale", "none"),
+        help="how the token keeps its initialiser's norm (default reparameterize: MadryLab's)",
+    )
     learn.add_argument("--images-per-class", type=int, metavar="N", help="use at most N images of each class")
     learn.add_argument("--seed", type=int, default=0, help="base seed (each class's RNG derives from it and its token)")
     learn.add_argument("--device", default=None, help="torch device (default: cuda if available)")
@@ -63,6 +112,191 @@ def _declared_models(args: argparse.Namespace) -> list:
     return [need] if need is not None else []
 
 
+def _calibrate_models(args: argparse.Namespace) -> list:
+    """calibrate loads one CLIP model (checked before it starts)."""
+    from lance_pipeline.model_needs import clip_need
+
+    need = clip_need(args.clip_model, args.clip_pretrained, used_by="interfaces calibrate", key="--clip-model",
+                     revision=args.clip_revision, role="CLIP of the object thresholds")  # fmt: skip
+    return [need] if need is not None else []
+
+
+# -- shifts -----------------------------------------------------------------------------------------------------------
+def shift_rows() -> list[dict[str, Any]]:
+    from lance_pipeline.interfaces.shifts import CORRECTED_VARIANTS, IMAGENET_STAR_SHIFTS, object_caption
+
+    rows = []
+    for default, shifts in ((True, IMAGENET_STAR_SHIFTS), (False, CORRECTED_VARIANTS)):
+        for shift in shifts:
+            rows.append({
+                **shift.to_dict(),
+                "object_caption": object_caption("<class>", shift.style),
+                "default": default,
+            })  # fmt: skip
+    return rows
+
+
+def run_shifts(args: argparse.Namespace) -> int:
+    rows = shift_rows()
+    if args.format == "json":
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        return 0
+    header = ("shift", "prompt", "shift caption", "threshold", "paper's yield", "provenance")
+
+    def cells(row: dict[str, Any]) -> tuple[str, ...]:
+        return (
+            row["name"],
+            row["prompt"],
+            row["shift_caption"] or "-",
+            "-" if row["threshold"] is None else f"{row['threshold']:.3f}",
+            "-" if row["paper_yield"] is None else f"{100 * row['paper_yield']:.1f}%",
+            row["provenance"],
+        )
+
+    table = [header, *(cells(r) for r in rows)]
+    widths = [max(len(line[i]) for line in table) for i in range(len(header) - 1)]
+
+    def line(values: tuple[str, ...]) -> str:
+        return "  ".join(v.ljust(w) for v, w in zip(values, widths, strict=False)) + "  " + values[-1]
+
+    out = [line(header)]
+    out += [line(cells(r)) for r in rows if r["default"]]
+    out += ["", "Corrected wordings (built only when named in the source's shifts):"]
+    out += [line(cells(r)) for r in rows if not r["default"]]
+    out += [
+        "",
+        '<TOKEN> is the class\'s learned token. Object presence is scored against "a photo of a <class>" ("a <class>" '
+        "for oil_painting, pencil_sketch and embroidery), per class: `lance-cf interfaces calibrate`.",
+    ]
+    sys.stdout.write("\n".join(out) + "\n")
+    return 0
+
+
+# -- reading one class at a time ----------------------------------------------------------------------------------------
+def _source(spec: str, classes: str | None):
+    from builder.sources import create_source
+
+    source_options = {"classes": [c.strip() for c in classes.split(",")]} if classes else {}
+    return create_source(spec, source_options)
+
+
+def _samples_by_label(source) -> dict[int, list[Any]]:
+    """Each class's samples in key order (listing only: nothing is decoded); samples the source could not label are
+    counted and logged."""
+    by_label: dict[int, list[Any]] = {}
+    problems = 0
+    for sample in source.samples:
+        if sample.problem or sample.label < 0:
+            problems += 1
+            continue
+        by_label.setdefault(sample.label, []).append(sample)
+    if problems:
+        logger.warning("%d sample(s) of the source have no usable image or label", problems)
+    return dict(sorted(by_label.items()))
+
+
+def _decode(source, sample) -> Any:
+    from builder import images
+
+    return images.decode_image(source.read(sample), image_size=None, min_side=16)
+
+
+def _readable(source, samples: list[Any], limit: int | None) -> list[Any]:
+    """The first ``limit`` samples (all without one) that decode, in key order; each is decoded once and dropped."""
+    from builder import images
+
+    kept = []
+    for sample in samples:
+        if limit is not None and len(kept) >= limit:
+            break
+        try:
+            _decode(source, sample)
+        except (OSError, ValueError, images.ImageDecodeError) as err:
+            logger.warning("skipping %s: %s", sample.key, err)
+            continue
+        kept.append(sample)
+    return kept
+
+
+class ClassImages:
+    """One class's training images as a sequence that decodes an image each time it is indexed (and keeps none)."""
+
+    def __init__(self, source, samples: list[Any]) -> None:
+        self.source = source
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> Any:
+        return _decode(self.source, self.samples[index])
+
+
+def _check_count(name: str, value: int | None) -> None:
+    if value is not None and (isinstance(value, bool) or value < 1):
+        raise ValueError(f"{name} {value}: expected a positive integer")
+
+
+# -- calibrate --------------------------------------------------------------------------------------------------------
+def run_calibrate(args: argparse.Namespace) -> int:
+    from tqdm.auto import tqdm
+
+    from builder.cli import resolve_device
+    from lance_pipeline.clip.gates import ClipScorer
+    from lance_pipeline.interfaces.object_thresholds import (
+        DEFAULT_PERCENTILE,
+        ClassThreshold,
+        ObjectThresholds,
+        check_percentile,
+        class_similarities,
+        percentile_threshold,
+    )
+
+    percentile = check_percentile(DEFAULT_PERCENTILE if args.percentile is None else args.percentile)
+    _check_count("--images-per-class", args.images_per_class)
+    output: Path = args.output
+    if output.is_dir():
+        raise ValueError(f"--output {output} is a directory; give a file name (e.g. thresholds.json)")
+    if output.exists() and not args.force:
+        raise ValueError(f"--output {output} exists; pass --force to replace it, or give another file")
+    pretrained = None if str(args.clip_pretrained).lower() in ("none", "") else args.clip_pretrained
+    scorer = ClipScorer(model=args.clip_model, pretrained=pretrained, revision=args.clip_revision)
+    source = _source(args.source, args.classes)
+    by_label = _samples_by_label(source)
+    if not by_label:
+        raise ValueError(f"source {args.source!r}: no labelled images")
+    scorer.load(resolve_device(args.device))
+    names = source.label_space.names
+    classes: dict[str, ClassThreshold] = {}
+    for label, samples in tqdm(by_label.items(), unit="class", desc="calibrate", disable=not sys.stderr.isatty()):
+        name = names[label] if label < len(names) else str(label)
+        usable = _readable(source, samples, args.images_per_class)
+        if not usable:
+            logger.warning("class %s (%s): no readable image; no threshold", label, name)
+            continue
+        photo, style = class_similarities(scorer, (_decode(source, s) for s in usable), name)
+        classes[name] = ClassThreshold(
+            label, len(usable), percentile_threshold(photo, percentile), percentile_threshold(style, percentile)
+        )
+    if not classes:
+        raise ValueError(f"source {args.source!r}: no class has a readable image")
+    thresholds = ObjectThresholds(
+        clip=scorer.describe(),
+        percentile=percentile,
+        percentile_is_default=args.percentile is None,
+        source=source.public_spec,
+        classes=classes,
+    )
+    thresholds.write(output)
+    counts = [c.images for c in classes.values()]
+    sys.stdout.write(
+        f"wrote {output}: object thresholds for {len(classes)} class(es) at percentile {percentile:g} "
+        f"({min(counts)} to {max(counts)} images per class); set the filter's object_thresholds to it\n"
+    )
+    return 0
+
+
+# -- learn-tokens -----------------------------------------------------------------------------------------------------
 def _options(args: argparse.Namespace):
     from lance_pipeline.interfaces.textual_inversion import TextualInversionOptions
 
@@ -70,6 +304,7 @@ def _options(args: argparse.Namespace):
         "steps": args.steps,
         "learning_rate": args.learning_rate,
         "resolution": args.resolution,
+        "norm_constraint": args.norm_constraint,
         "seed": args.seed,
     }
     if args.model is not None:  # a model named on the command line is pinned by --revision, or not at all
@@ -79,35 +314,55 @@ def _options(args: argparse.Namespace):
     return TextualInversionOptions(**{k: v for k, v in given.items() if v is not None or k == "revision"})
 
 
-def _class_images(source, per_class: int | None) -> dict[int, list[Any]]:
-    """Decoded RGB images per label, in key order; unreadable images are logged and skipped (counted)."""
-    from builder import images
+def _settings_digest(settings: dict[str, Any]) -> str:
+    import hashlib
 
-    by_label: dict[int, list[Any]] = {}
-    skipped = 0
-    for sample in source.samples:
-        if sample.problem:
-            skipped += 1
-            continue
-        bucket = by_label.setdefault(sample.label, [])
-        if per_class is not None and len(bucket) >= per_class:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+
+
+_TOKEN_FILE = re.compile(r"([0-9]+)\.safetensors", flags=re.ASCII)
+
+
+def rebuild_index(output: Path, settings: dict[str, Any]) -> dict[str, Any]:
+    """The index from the token files themselves: each ``{label}.safetensors`` carries its entry and the digest of
+    the settings it was learned with in its metadata. A file learned with other settings, or one without that
+    metadata, is refused in one line naming it."""
+    from safetensors import SafetensorError, safe_open
+
+    digest = _settings_digest(settings)
+    classes: dict[str, Any] = {}
+    for path in sorted(output.iterdir()):
+        match = _TOKEN_FILE.fullmatch(path.name)
+        if match is None:
             continue
         try:
-            bucket.append(images.decode_image(source.read(sample), image_size=None, min_side=16))
-        except (OSError, ValueError, images.ImageDecodeError) as err:
-            skipped += 1
-            logger.warning("skipping %s: %s", sample.key, err)
-    if skipped:
-        logger.warning("%d image(s) could not be used", skipped)
-    return {label: imgs for label, imgs in by_label.items() if imgs}
+            with safe_open(str(path), framework="pt") as handle:
+                meta = handle.metadata() or {}
+        except (SafetensorError, OSError) as err:
+            raise ValueError(
+                f"{path}: not a readable token file ({err}); remove it to learn that class again"
+            ) from None
+        if meta.get("settings_sha256") != digest:
+            raise ValueError(
+                f"{path}: learned with other settings than this run's; use another --output or the same settings"
+            )
+        try:
+            entry = json.loads(meta["entry"])
+        except (KeyError, ValueError):
+            raise ValueError(f"{path}: no index entry in its metadata; remove it to learn that class again") from None
+        classes[str(int(match.group(1)))] = {k: entry[k] for k in INDEX_FIELDS}
+    return {"settings": settings, "options": settings["options"], "classes": classes}
+
+
+def _write_index(output: Path, index: dict[str, Any]) -> None:
+    """Atomically, after the token files it lists (the output folder is locked: one writer)."""
+    tmp = output / f".{TOKENS_INDEX}.tmp"
+    tmp.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    tmp.replace(output / TOKENS_INDEX)
 
 
 def run_learn_tokens(args: argparse.Namespace) -> int:
-    from tqdm.auto import tqdm
-
-    from builder.cli import resolve_device
-    from builder.sources import create_source
-    from lance_pipeline.interfaces.textual_inversion import TextualInversionTrainer, save_token, token_for_class
+    from builder.lock import output_lock
 
     options = _options(args)  # bad settings fail here, before any image is read or model loaded
     if args.push_to_hub:
@@ -117,51 +372,66 @@ def run_learn_tokens(args: argparse.Namespace) -> int:
             check_repo_id(args.push_to_hub)
         except ValueError:
             raise ValueError(f"--push-to-hub {args.push_to_hub!r} is not a Hub repo id; expected ORG/NAME") from None
-    if args.images_per_class is not None and args.images_per_class < 1:
-        raise ValueError(f"--images-per-class {args.images_per_class}: expected a positive integer")
-    source_options = {"classes": [c.strip() for c in args.classes.split(",")]} if args.classes else {}
-    source = create_source(args.source, source_options)
-    per_class = _class_images(source, args.images_per_class)
-    if not per_class:
-        raise ValueError(f"source {args.source!r}: no readable images")
+    _check_count("--images-per-class", args.images_per_class)
     output: Path = args.output
     if output.exists() and not output.is_dir():
         raise ValueError(f"--output {output} is a file; give a directory")
+    source = _source(args.source, args.classes)
+    by_label = _samples_by_label(source)
+    if not by_label:
+        raise ValueError(f"source {args.source!r}: no labelled images")
     output.mkdir(parents=True, exist_ok=True)
-    index_path = output / TOKENS_INDEX
-    index = json.loads(index_path.read_text()) if index_path.exists() else {}
-    if index and index.get("options") != options.to_dict():
-        raise ValueError(
-            f"{output} holds tokens learned with other settings; use another --output or the same settings"
-        )
-    index["options"] = options.to_dict()
-    index.setdefault("classes", {})
+    with output_lock(output, "interfaces learn-tokens"):
+        return _learn_locked(args, options, source, by_label, output)
+
+
+def _learn_locked(args, options, source, by_label: dict[int, list[Any]], output: Path) -> int:
+    from tqdm.auto import tqdm
+
+    from builder.cli import resolve_device
+    from lance_pipeline.interfaces.textual_inversion import TextualInversionTrainer, save_token, token_for_class
+
+    settings = {"options": options.to_dict(), "images_per_class": args.images_per_class}
+    index = rebuild_index(output, settings)  # the files are the truth; the index is derived from them
+    _write_index(output, index)
     names = source.label_space.names
-    todo = [label for label in sorted(per_class) if not (output / f"{label}.safetensors").exists()]
-    done = len(per_class) - len(todo)
+    todo = [label for label in by_label if str(label) not in index["classes"]]
+    done = len(by_label) - len(todo)
     if done:
         sys.stderr.write(f"interfaces: {done} class(es) already learned in {output}; resuming with {len(todo)}\n")
     trainer = TextualInversionTrainer(options, device=resolve_device(args.device))
     bar = tqdm(total=len(todo) * options.steps, unit="step", desc="learn tokens", disable=args.no_progress)
+    learned_now = 0
     for label in todo:
         name = names[label] if label < len(names) else str(label)
+        samples = _readable(source, by_label[label], args.images_per_class)
+        if not samples:
+            logger.warning("class %s (%s): no readable image; no token", label, name)
+            continue
         token = token_for_class(name, label)
         bar.set_postfix_str(name[:30])
-        learned = trainer.learn(per_class[label], name, token, progress=bar)
-        save_token(output / f"{label}.safetensors", learned, metadata={"class_name": name, "label": str(label)})
-        index["classes"][str(label)] = {
+        learned = trainer.learn(ClassImages(source, samples), name, token, progress=bar)
+        entry = {
             "class_name": name,
             "token": token,
-            "images": len(per_class[label]),
+            "images": len(samples),
             "initializer_norm": learned.initializer_norm,
             "first_loss": learned.losses[0],
             "last_loss": learned.losses[-1],
         }
-        tmp = index_path.with_name(f".{TOKENS_INDEX}.tmp")
-        tmp.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-        tmp.replace(index_path)
+        metadata = {
+            "class_name": name,
+            "label": str(label),
+            "entry": json.dumps(entry, sort_keys=True),
+            "settings_sha256": _settings_digest(settings),
+        }
+        # 1. the token file (atomic), which holds its own index entry; 2. the index, rebuilt from it (atomic).
+        save_token(output / f"{label}.safetensors", learned, metadata=metadata)
+        index["classes"][str(label)] = entry
+        _write_index(output, index)
+        learned_now += 1
     bar.close()
-    sys.stdout.write(f"learned {len(todo)} token(s) into {output} ({len(per_class)} class(es) in all)\n")
+    sys.stdout.write(f"learned {learned_now} token(s) into {output} ({len(index['classes'])} class(es) in all)\n")
     if args.push_to_hub:
         return push_tokens(output, args.push_to_hub, index)
     return 0
@@ -181,10 +451,21 @@ def push_tokens(directory: Path, repo_id: str, index: dict[str, Any]) -> int:
     from builder.cli_publish import _talk_to_hub
     from builder.publish import check_repo_id, create_api, refuse_token
 
+    on_disk = sorted(int(m.group(1)) for p in directory.iterdir() if (m := _TOKEN_FILE.fullmatch(p.name)))
+    indexed = sorted(int(label) for label in index["classes"])
+    if on_disk != indexed:
+        left_out = sorted(set(on_disk) - set(indexed))
+        raise ValueError(
+            f"--push-to-hub: {directory} holds {len(on_disk)} learned token(s) but the push would publish "
+            f"{len(indexed)} (left out: {', '.join(map(str, left_out[:5])) or 'none'}"
+            f"{', ...' if len(left_out) > 5 else ''}); re-run learn-tokens on it to rebuild its index, then push"
+        )
     opts = dict(index["options"])
     if isinstance(opts.get("model"), str) and os.path.isdir(opts["model"]):
         opts["model"] = Path(opts["model"]).name
     public_index = {**index, "options": opts}
+    if "settings" in index:
+        public_index["settings"] = {**index["settings"], "options": opts}
     rows = "\n".join(
         f"| {label} | {info['class_name']} | `{info['token']}` | {info['images']} |"
         for label, info in sorted(index["classes"].items(), key=lambda kv: int(kv[0]))

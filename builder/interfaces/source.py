@@ -75,7 +75,7 @@ class GenerationSource(Source):
                 labels = [names.index(str(c)) for c in classes]
             else:
                 labels = list(range(len(names)))
-            class_keys = {i: sanitize_key(names[i].replace(" ", "_")) for i in labels}
+            class_keys = {i: _class_key(names[i]) for i in labels}
         self.license = (
             "Generated images; the generator's licence applies (Stable Diffusion 2: CreativeML Open RAIL++-M)."
         )
@@ -107,12 +107,28 @@ class GenerationSource(Source):
         return [s.name for s in self.shifts]
 
     def describe(self) -> dict[str, Any]:
-        return {
-            **super().describe(),
-            "per_class": self.per_class,
-            "shifts": [
-                {"name": s.name, "prompt": s.prompt, "shift_caption": s.shift_caption, "threshold": s.threshold,
-                 "provenance": s.provenance}
-                for s in self.shifts
-            ],
-        }  # fmt: skip
+        return {**super().describe(), "per_class": self.per_class, "shifts": [s.to_dict() for s in self.shifts]}
+
+    # What `presets --show` says beside these keys for a build with this source (builder.config_docs).
+    key_docs = {
+        "configs": (
+            "release configs to build: base and the shifts (`lance-cf interfaces shifts` lists them), plus rejected "
+            "when the filter keeps rejected images",
+            "Vendrow et al. 2023, Table 1",
+        ),
+        "image_size": ("released image side; the generate stage's image_size decides it", "MadryLab code: 512"),
+    }
+
+
+MAX_CLASS_KEY = 48  # with a shift name (at most 64) and the index, a key stays a short file name
+
+
+def _class_key(name: str) -> str:
+    """A class's part of every sample key, from its name only: sanitised, and bounded (a long name keeps its first 39
+    characters and a hash of the whole)."""
+    import hashlib
+
+    key = sanitize_key(name.replace(" ", "_"))
+    if len(key) > MAX_CLASS_KEY:
+        key = f"{key[:39]}-{hashlib.sha256(name.encode('utf-8')).hexdigest()[:8]}"
+    return key

@@ -19,6 +19,8 @@ from evaluation.metric_registry import Metric, MetricContext
 
 BASE_CONFIG = "base"
 LANCE_ORIGINAL = "original"
+# Configs an interfaces release may hold that are not shifts: never scored as one, never in a shift table.
+NON_SHIFT_CONFIGS = ("rejected",)
 SHIFT_FIELDS = ("classes", "classes_excluded", "min_per_class", "accuracy", "base_accuracy", "drop", "drop_ci", "n")
 
 
@@ -32,16 +34,29 @@ def is_interfaces_results(results: dict[str, Any]) -> bool:
     return isinstance(results.get("interfaces"), dict)
 
 
+def release_shift_configs(manifest: dict[str, Any] | None) -> list[str] | None:
+    """The shifts an interfaces release declares (``source.shifts`` of its manifest) other than ``base``; None when
+    the manifest does not say (then every config but ``base`` and ``NON_SHIFT_CONFIGS`` is taken for a shift)."""
+    shifts = ((manifest or {}).get("source") or {}).get("shifts")
+    if not isinstance(shifts, list):
+        return None
+    return [str(s.get("name")) for s in shifts if isinstance(s, dict) and s.get("name") != BASE_CONFIG]
+
+
 def shift_metrics(
     rows: list[dict[str, Any]],
     label_names: list[str],
     *,
+    shift_configs: list[str] | None = None,
     min_per_class: int = MIN_PER_CLASS,
     n_boot: int = 1000,
     seed: int = 0,
 ) -> dict[str, Any]:
     """The ``interfaces`` section of a results JSON from per-sample prediction rows (``config``, ``label``,
-    ``correct1``): per shift config other than ``base``, :func:`shift_accuracy_drop` plus ``n`` (scored images)."""
+    ``correct1``): per shift config, :func:`shift_accuracy_drop` plus ``n`` (scored images).
+
+    Only shifts are scored: ``shift_configs`` (the release's declared shifts) when given, else every config but
+    ``base`` and the non-shift configs (``rejected``). Any other scored config is listed under ``not_shifts``."""
     by_config: dict[str, tuple[list[int], list[bool]]] = {}
     for row in rows:
         labels, correct = by_config.setdefault(row["config"], ([], []))
@@ -50,9 +65,15 @@ def shift_metrics(
     if BASE_CONFIG not in by_config:
         raise ValueError(f"interfaces release: no scored sample in the '{BASE_CONFIG}' config; the drop needs it")
     base = per_class_accuracy(*by_config[BASE_CONFIG])
+
+    def is_shift(config: str) -> bool:
+        if config == BASE_CONFIG or config in NON_SHIFT_CONFIGS:
+            return False
+        return shift_configs is None or config in shift_configs
+
     shifts = {}
     for config, (labels, correct) in by_config.items():
-        if config == BASE_CONFIG:
+        if not is_shift(config):
             continue
         entry = shift_accuracy_drop(
             per_class_accuracy(labels, correct), base, min_per_class=min_per_class, n_boot=n_boot, seed=seed
@@ -65,7 +86,14 @@ def shift_metrics(
         "min_per_class": min_per_class,
         "base_by_class": base_classes,
         "shifts": shifts,
+        "not_shifts": sorted(c for c in by_config if c != BASE_CONFIG and not is_shift(c)),
     }
+
+
+def scored_shifts(section: dict[str, Any]) -> dict[str, Any]:
+    """The shift entries of an ``interfaces`` section, without any non-shift config (results written before only
+    shifts were scored may hold a ``rejected`` entry)."""
+    return {k: v for k, v in (section.get("shifts") or {}).items() if k not in NON_SHIFT_CONFIGS}
 
 
 class ShiftAccuracyDrop(Metric):
@@ -88,6 +116,7 @@ class ShiftAccuracyDrop(Metric):
         section = shift_metrics(
             context.rows,
             context.label_names,
+            shift_configs=release_shift_configs(context.manifest),
             min_per_class=context.min_per_class,
             n_boot=context.n_boot,
             seed=context.seed,
@@ -135,7 +164,7 @@ def shift_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in results:
         if r.get("status") != "ok" or not is_interfaces_results(r):
             continue
-        for shift, entry in r["interfaces"]["shifts"].items():
+        for shift, entry in scored_shifts(r["interfaces"]).items():
             ci = entry.get("drop_ci") or [None, None]
             rows.append(
                 {
@@ -209,7 +238,7 @@ def combined_rows(results: list[dict[str, Any]]) -> tuple[list[str], list[dict[s
         release = r.get("release") or {}
         row["releases"].append(f"{release.get('name')} {release.get('version')}")
         if is_interfaces_results(r):
-            values = {f"shift: {s}": e.get("drop") for s, e in r["interfaces"]["shifts"].items()}
+            values = {f"shift: {s}": e.get("drop") for s, e in scored_shifts(r["interfaces"]).items()}
         else:
             values = lance_edit_type_drops(r)
         for column, value in values.items():

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,7 @@ class GenerationOptions:
 
     model: str = DEFAULT_MODEL
     revision: str | None = DEFAULT_REVISION
-    tokens: str | None = None
+    tokens: str | None = field(default=None, metadata={"local_path": True})
     plain_prompt: bool = False
     scheduler: str = "euler"
     num_inference_steps: DiffusionSteps = 50
@@ -79,6 +79,7 @@ class ShiftGenerator:
         self.device = device
         self.pipe = None
         self.tokens: dict[int, str] = {}
+        self.tokens_sha256: str | None = None
 
     def load(self) -> None:
         import diffusers
@@ -102,19 +103,17 @@ class ShiftGenerator:
             self.tokens = self._load_tokens(Path(opts.tokens))
 
     def _load_tokens(self, directory: Path) -> dict[int, str]:
-        """Load every ``{label}.safetensors`` / ``{label}.bin`` token into the pipeline's text encoder."""
-        from lance_pipeline.interfaces.textual_inversion import load_token
+        """Load every ``{label}.safetensors`` / ``{label}.bin`` token into the pipeline's text encoder, each checked
+        first (``textual_inversion.read_token_dir`` and ``check_tokens_for_encoder``: errors name the file)."""
+        from lance_pipeline.interfaces.textual_inversion import check_tokens_for_encoder, read_token_dir
 
-        if not directory.is_dir():
-            raise ValueError(f"tokens {directory}: not a directory of learned class tokens")
+        files = read_token_dir(directory)
+        check_tokens_for_encoder(files, self.pipe.tokenizer, self.pipe.text_encoder.get_input_embeddings().weight)
         tokens: dict[int, str] = {}
-        files = sorted(p for p in directory.iterdir() if p.suffix in (".safetensors", ".bin") and p.stem.isdigit())
-        if not files:
-            raise ValueError(f"tokens {directory}: no {{label}}.safetensors or {{label}}.bin files")
-        for path in files:
-            token, embedding = load_token(path)
-            self.pipe.load_textual_inversion({token: embedding}, token=token)
-            tokens[int(path.stem)] = token
+        for label, entry in sorted(files.items()):
+            self.pipe.load_textual_inversion({entry.token: entry.embedding}, token=entry.token)
+            tokens[label] = entry.token
+        self.tokens_sha256 = _tokens_digest(files)
         return tokens
 
     def class_word(self, label: int, label_name: str) -> str:
@@ -146,7 +145,31 @@ class ShiftGenerator:
         return [im.convert("RGB").resize((opts.image_size, opts.image_size), Image.Resampling.BICUBIC) for im in images]
 
     def describe(self) -> dict[str, Any]:
-        return {**asdict(self.options), "safety_checker": None, "tokens_loaded": len(self.tokens)}
+        return {
+            **public_options(self.options),
+            "safety_checker": None,
+            "tokens_loaded": len(self.tokens),
+            "tokens_sha256": self.tokens_sha256,
+        }
+
+
+def public_options(options: GenerationOptions) -> dict[str, Any]:
+    """The options as a release records them: the tokens folder by its name, never a machine path."""
+    data = asdict(options)
+    if data["tokens"] and not data["tokens"].startswith(("demo:", "pkg:")):
+        data["tokens"] = Path(data["tokens"]).name
+    return data
+
+
+def _tokens_digest(files: dict[int, Any]) -> str:
+    """sha256 over (label, token, embedding bytes) of every loaded token, in label order: what was generated with."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for label, entry in sorted(files.items()):
+        digest.update(f"{label}\0{entry.token}\0".encode())
+        digest.update(entry.embedding.contiguous().numpy().tobytes())
+    return "sha256:" + digest.hexdigest()
 
 
 def clip_presence_scores(scorer: Any, images: list[Any], object_captions: list[str], shift_captions: list[str | None]):
@@ -239,26 +262,81 @@ class ShiftGenerationStage:
                 results[i] = {"generated": image, "prompt": prompt, "token": token}
         return results
 
+    def check_classes(self, classes: dict[int, str]) -> None:
+        """Before any model runs: the token folder is readable and sound, and has a token for every class the build
+        generates (a missing class would otherwise fail image by image, after hours of generation)."""
+        from lance_pipeline.interfaces.textual_inversion import read_token_dir
+
+        tokens = self.options.tokens
+        if self.options.plain_prompt or tokens is None or tokens.startswith(("demo:", "pkg:")):
+            return
+        files = read_token_dir(tokens)
+        missing = [label for label in sorted(classes) if label not in files]
+        if not missing:
+            return
+        shown = ", ".join(f"{label} ({classes[label]})" for label in missing[:3]) + (" ..." if len(missing) > 3 else "")
+        covered = len(classes) - len(missing)
+        raise ValueError(
+            f"tokens {tokens}: {covered} of the build's {len(classes)} class(es) have a token; missing {shown}. Learn "
+            "them with `lance-cf interfaces learn-tokens`, or build only the classes the folder covers (--classes)"
+        )
+
     def describe(self) -> dict[str, Any]:
-        return self.generator.describe() if self.generator else {**asdict(self.options), "safety_checker": None}
+        if self.generator:
+            return self.generator.describe()
+        return {**public_options(self.options), "safety_checker": None}
 
 
 @dataclass
 class ShiftFilterOptions:
-    """The CLIP filter of dataset interfaces.
+    """The CLIP filter of dataset interfaces (§3.1, Appendix A.3).
+
+    Object presence is judged per class, as in the paper: ``object_thresholds`` names a file of per-class thresholds
+    (``lance-cf interfaces calibrate``: a percentile of the class's real images' similarities). Without one the filter
+    refuses to run, unless the config says explicitly what to do instead: ``object_threshold`` (one threshold for
+    every class) or ``object_filter: false`` (no object criterion). Either choice is stated on the card.
 
     Attributes:
         clip_model, clip_pretrained, clip_revision: The CLIP scorer (ImageNet* used open_clip ViT-H-14 laion2b).
-        object_threshold: Minimum object-presence similarity; None keeps every image on this criterion (the paper's
-            value is not known here: see lance_pipeline.interfaces.shifts).
-        keep_rejected: Release rejected images in a ``rejected`` config (they are always counted).
+        object_thresholds: Per-class thresholds file (recorded in a release by its name, and its content).
+        object_threshold: One object threshold for every class, instead of per-class ones (not the paper's rule).
+        object_filter: False: no object-presence criterion at all (not the paper's rule).
+        keep_rejected: Release rejected images in a ``rejected`` config (they are always counted; never scored).
     """
 
     clip_model: str = "ViT-H-14"
     clip_pretrained: str | None = "laion2b_s32b_b79k"
     clip_revision: str | None = None
+    object_thresholds: str | None = field(default=None, metadata={"local_path": True})
     object_threshold: float | None = None
+    object_filter: bool = True
     keep_rejected: bool = False
+
+    def __post_init__(self) -> None:
+        if self.object_threshold is not None and (
+            isinstance(self.object_threshold, bool)
+            or not isinstance(self.object_threshold, int | float)
+            or not -1.0 <= self.object_threshold <= 1.0
+        ):
+            raise ValueError(f"object_threshold {self.object_threshold!r}: expected a cosine similarity in [-1, 1]")
+        if not self.object_filter:
+            if self.object_thresholds is not None or self.object_threshold is not None:
+                raise ValueError("object_filter is false: leave object_thresholds and object_threshold unset")
+            return
+        if self.object_thresholds is not None and self.object_threshold is not None:
+            raise ValueError("give object_thresholds (per class, the paper's rule) or object_threshold, not both")
+        if self.object_thresholds is None and self.object_threshold is None:
+            raise ValueError(
+                "the object-presence filter needs per-class thresholds: run `lance-cf interfaces calibrate --source "
+                "SPEC --classes ... --output thresholds.json` and set object_thresholds: thresholds.json, or say "
+                "explicitly object_threshold: X (one for every class) or object_filter: false"
+            )
+
+    @property
+    def object_rule(self) -> str:
+        if not self.object_filter:
+            return "off"
+        return "per_class" if self.object_thresholds is not None else "global"
 
 
 class ShiftFilterStage:
@@ -270,9 +348,9 @@ class ShiftFilterStage:
     """
 
     name = "filter"
-    version = "1"
-    consumes = {"generated": "image", "shift": "str", "object_caption": "str", "shift_caption": "any",
-                "shift_threshold": "any"}  # fmt: skip
+    version = "2"
+    consumes = {"generated": "image", "label_name": "str", "shift": "str", "object_caption": "str",
+                "shift_caption": "any", "shift_threshold": "any"}  # fmt: skip
     produces = {"object_score": "float", "shift_score": "any", "object_threshold": "any", "passed": "bool",
                 "release_config": "any"}  # fmt: skip
     options_class = ShiftFilterOptions
@@ -281,6 +359,41 @@ class ShiftFilterStage:
     def __init__(self, **options: Any) -> None:
         self.options = ShiftFilterOptions(**options)
         self.scorer = None
+        self.thresholds = None
+        if self.options.object_thresholds is not None:
+            from lance_pipeline.interfaces.object_thresholds import ObjectThresholds
+
+            self.thresholds = ObjectThresholds.read(self.options.object_thresholds)
+
+    def check_classes(self, classes: dict[int, str]) -> None:
+        """Before any model runs: per-class thresholds exist for every class the build generates."""
+        if self.thresholds is None:
+            return
+        missing = [name for _, name in sorted(classes.items()) if name not in self.thresholds.classes]
+        if missing:
+            shown = ", ".join(repr(n) for n in missing[:3]) + (" ..." if len(missing) > 3 else "")
+            raise ValueError(
+                f"object thresholds {self.options.object_thresholds}: no threshold for {len(missing)} of the build's "
+                f"{len(classes)} class(es) ({shown}); calibrate them with `lance-cf interfaces calibrate --classes "
+                "...`, or build only the classes it has"
+            )
+        self._check_clip_names()
+
+    def _check_clip_names(self) -> None:
+        """The file's CLIP model must be this filter's (names here; weights hashes once loaded)."""
+        from lance_pipeline.clip.loader import ClipModelRef
+
+        o = self.options
+        if o.clip_model.startswith(("demo:", "pkg:")):
+            return  # resolved by the builder; compared by weights hash at load
+        mine = ClipModelRef(o.clip_model, o.clip_pretrained, o.clip_revision).describe()
+        theirs = self.thresholds.clip
+        if (mine["model"], mine["pretrained"]) != (theirs.get("model"), theirs.get("pretrained")):
+            raise ValueError(
+                f"object thresholds {o.object_thresholds}: computed with CLIP {theirs.get('model')} "
+                f"({theirs.get('pretrained')}), but this filter scores with {mine['model']} ({mine['pretrained']}); "
+                "calibrate with the filter's CLIP model"
+            )
 
     def load(self, device: str) -> None:
         from lance_pipeline.clip.gates import ClipScorer
@@ -288,6 +401,33 @@ class ShiftFilterStage:
         o = self.options
         self.scorer = ClipScorer(model=o.clip_model, pretrained=o.clip_pretrained, revision=o.clip_revision)
         self.scorer.load(device)
+        if self.thresholds is not None:
+            expected = self.thresholds.clip.get("weights_sha256")
+            loaded = self.scorer.describe().get("weights_sha256")
+            if expected and loaded and expected != loaded:
+                raise ValueError(
+                    f"object thresholds {o.object_thresholds}: computed with CLIP weights sha256 {expected[:12]}..., "
+                    f"but this filter loaded {loaded[:12]}...; calibrate with the filter's CLIP model"
+                )
+
+    def _object_threshold(self, record: dict[str, Any]) -> float | None:
+        from lance_pipeline.interfaces.shifts import object_caption
+
+        if self.options.object_rule == "off":
+            return None
+        if self.options.object_rule == "global":
+            return float(self.options.object_threshold)
+        name = record["label_name"]
+        if record["object_caption"] == object_caption(name, style=False):
+            style = False
+        elif record["object_caption"] == object_caption(name, style=True):
+            style = True
+        else:
+            raise ValueError(f"object caption {record['object_caption']!r} is not a caption the thresholds cover")
+        threshold = self.thresholds.threshold(name, style)
+        if threshold is None:
+            raise ValueError(f"no object threshold for class {name!r} in {self.options.object_thresholds}")
+        return threshold
 
     def process(self, records: list[dict[str, Any]]) -> list[Any]:
         assert self.scorer is not None, "load() first"
@@ -299,7 +439,8 @@ class ShiftFilterStage:
         )
         out = []
         for record, object_score, shift_score in zip(records, objects, shifts, strict=True):
-            verdict = shift_verdict(object_score, shift_score, self.options.object_threshold, record["shift_threshold"])
+            threshold = self._object_threshold(record)
+            verdict = shift_verdict(object_score, shift_score, threshold, record["shift_threshold"])
             if verdict["passed"]:
                 config = record["shift"]
             else:
@@ -314,14 +455,22 @@ class ShiftFilterStage:
         return out
 
     def describe(self) -> dict[str, Any]:
+        from pathlib import Path
+
         info = self.scorer.describe() if self.scorer is not None else {}
-        return {**info, **asdict(self.options)}
+        options = asdict(self.options)
+        if options["object_thresholds"] is not None:
+            options["object_thresholds"] = Path(options["object_thresholds"]).name  # a name, never a machine path
+        described = {**info, **options, "object_rule": self.options.object_rule}
+        if self.thresholds is not None:
+            described["object_thresholds_data"] = self.thresholds.to_dict()
+        return described
 
 
 def shift_verdict(
     object_score: float, shift_score: float | None, object_threshold: float | None, shift_threshold: float | None
 ) -> dict[str, Any]:
-    """Both CLIP criteria of dataset interfaces; a criterion with no threshold (unknown) passes and says so."""
+    """Both CLIP criteria of dataset interfaces; a criterion without a threshold (none chosen) passes and says so."""
     object_ok = object_threshold is None or object_score >= object_threshold
     shift_ok = shift_threshold is None or shift_score is None or shift_score >= shift_threshold
     return {
