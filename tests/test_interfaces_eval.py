@@ -382,6 +382,23 @@ def test_learn_tokens_push_to_hub_holds_tokens_index_and_card_and_loads_in_diffu
             assert str(tmp_path) not in published and str(tiny_sd_dir) not in published
         assert index["options"]["model"] == Path(tiny_sd_dir).name
         assert json.loads((out / "tokens.json").read_text())["options"]["model"] == str(tiny_sd_dir)  # resume key kept
+        capsys.readouterr()
+
+        # A lost index is rebuilt from the token files: the push holds every learned token, never "pushed 0".
+        (out / "tokens.json").unlink()
+        assert main([*args[:-1], "org/star-tokens-2"]) == 0
+        assert "pushed 2 token(s)" in capsys.readouterr().out
+        pushed = hub.entries("models", "org/star-tokens-2", hub.resolve("models", "org/star-tokens-2", "main"))
+        assert {"0.safetensors", "1.safetensors", "tokens.json"} <= set(pushed)
+        # An index that lists fewer tokens than the folder holds is never pushed.
+        from builder.interfaces.cli import push_tokens
+
+        short = json.loads((out / "tokens.json").read_text())
+        del short["classes"]["1"]
+        requests = len(hub.log)
+        with pytest.raises(ValueError, match=r"holds 2 learned token\(s\) but the push would publish 1 \(left out: 1"):
+            push_tokens(out, "org/star-tokens-3", short)
+        assert len(hub.log) == requests  # refused before any request
 
         env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy") and not k.startswith("HF_")}
         env.update(HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf_home_reader"), HF_HUB_OFFLINE="0",

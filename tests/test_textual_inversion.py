@@ -129,3 +129,77 @@ def test_learn_tokens_command_learns_each_class_once_and_resumes(tiny_sd_dir, tm
     # Other settings into the same directory are refused in one line.
     code, _, err = _run(capsys, *[a if a != "2" else "3" for a in args])
     assert code == 2 and "other settings" in err and len(err.strip().splitlines()) == 1
+
+
+def _madrylab_reference(tiny_sd_dir, image, class_name, token, steps, lr, weight_decay, seed):
+    """MadryLab's norm constraint written out independently: their ``SplitEmbedding`` (frozen main rows, one free
+    auxiliary row scaled to the initialiser's norm in the forward pass) under AdamW, on the same draws as ours."""
+    import numpy as np
+    import torch.nn.functional as F
+    from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
+    from transformers import CLIPTextModel, CLIPTokenizer
+
+    tokenizer = CLIPTokenizer.from_pretrained(tiny_sd_dir, subfolder="tokenizer")
+    text_encoder = CLIPTextModel.from_pretrained(tiny_sd_dir, subfolder="text_encoder")
+    vae = AutoencoderKL.from_pretrained(tiny_sd_dir, subfolder="vae")
+    unet = UNet2DConditionModel.from_pretrained(tiny_sd_dir, subfolder="unet")
+    scheduler = DDPMScheduler.from_pretrained(tiny_sd_dir, subfolder="scheduler")
+    for module in (text_encoder, vae, unet):
+        module.requires_grad_(False)
+    init = text_encoder.get_input_embeddings().weight[tokenizer(class_name, add_special_tokens=False).input_ids].mean(0)
+    tokenizer.add_tokens(token)
+    main = text_encoder.get_input_embeddings().weight.detach().clone()
+    aux = torch.nn.Parameter(init.clone()[None])
+    target = init.norm()
+
+    class SplitEmbedding(torch.nn.Module):
+        def forward(self, ids):
+            normalised = aux * target / torch.linalg.norm(aux, dim=1, keepdim=True)
+            return torch.cat([main, normalised])[ids]
+
+    text_encoder.set_input_embeddings(SplitEmbedding())
+    optimizer = torch.optim.AdamW([aux], lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=weight_decay)
+    generator = torch.Generator().manual_seed(seed)
+    pixels = torch.from_numpy(np.asarray(image.convert("RGB").resize((32, 32)), dtype=np.float32) / 127.5 - 1)
+    pixels = pixels.permute(2, 0, 1)[None]
+    ids = tokenizer([f"a photo of a {token}"], padding="max_length", max_length=tokenizer.model_max_length,
+                    truncation=True, return_tensors="pt").input_ids  # fmt: skip
+    for _ in range(steps):
+        with torch.no_grad():
+            posterior = vae.encode(pixels).latent_dist
+            latents = (posterior.mean + posterior.std * torch.randn(posterior.mean.shape, generator=generator)) * (
+                vae.config.scaling_factor
+            )
+        noise = torch.randn(latents.shape, generator=generator)
+        timesteps = torch.randint(0, scheduler.config.num_train_timesteps, (1,), generator=generator)
+        predicted = unet(scheduler.add_noise(latents, noise, timesteps), timesteps, text_encoder(ids)[0]).sample
+        target_value = noise if scheduler.config.prediction_type == "epsilon" else scheduler.get_velocity(
+            latents, noise, timesteps
+        )
+        loss = F.mse_loss(predicted, target_value)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return (aux * target / aux.norm()).detach()[0]
+
+
+def test_norm_constraint_is_madrylabs_reparameterised_row(tiny_sd_dir):
+    from lance_pipeline.interfaces.textual_inversion import _seed_for
+
+    image = photo(3, (32, 32))
+    token = token_for_class("dog sled", 537)
+    settings = {"steps": 4, "learning_rate": 5e-2, "weight_decay": 0.5, "flip_p": 0.0,
+                "templates": ("a photo of a {}",)}  # fmt: skip
+    ours = TextualInversionTrainer(_options(tiny_sd_dir, **settings)).learn([image], "dog sled", token)
+    reference = _madrylab_reference(str(tiny_sd_dir), image, "dog sled", token, 4, 5e-2, 0.5, _seed_for(0, token))
+    assert torch.allclose(ours.embedding, reference, atol=1e-6), (ours.embedding - reference).abs().max()
+    # The projection variant is another dynamic; and under the reference's, weight decay acts (on the free vector).
+    rescaled = TextualInversionTrainer(_options(tiny_sd_dir, norm_constraint="rescale", **settings)).learn(
+        [image], "dog sled", token
+    )
+    assert not torch.allclose(rescaled.embedding, reference, atol=1e-4)
+    no_decay = TextualInversionTrainer(_options(tiny_sd_dir, **{**settings, "weight_decay": 0.0})).learn(
+        [image], "dog sled", token
+    )
+    assert not torch.allclose(no_decay.embedding, ours.embedding, atol=1e-6)
+    assert ours.embedding.norm().item() == pytest.approx(ours.initializer_norm, rel=1e-5)

@@ -81,7 +81,7 @@ def register(subparsers) -> None:
     learn.add_argument(
         "--source", required=True, metavar="SPEC", help="imagefolder:PATH | imagenet:PATH | hf:... | wds:..."
     )
-    learn.add_argument("--classes", metavar="LIST", help="imagenet source: class subset (synsets, indices or names)")
+    learn.add_argument("--classes", metavar="LIST", help="class subset (synsets, indices or names)")
     learn.add_argument("--output", "-o", required=True, type=Path, help="token directory (created if missing)")
     learn.add_argument("--model", help="Stable Diffusion checkpoint: Hub id or local directory (default: SD 2)")
     learn.add_argument("--revision", help="Hub revision of --model")
@@ -174,22 +174,42 @@ def run_shifts(args: argparse.Namespace) -> int:
 
 # -- reading one class at a time ----------------------------------------------------------------------------------------
 def _source(spec: str, classes: str | None):
+    """The source, and the labels ``classes`` selects (None: all). An ``imagenet:`` source lists only those; any
+    other is listed whole and the classes are picked from its label space (synset, index or name)."""
+    from builder import imagenet
     from builder.sources import create_source
 
-    source_options = {"classes": [c.strip() for c in classes.split(",")]} if classes else {}
-    return create_source(spec, source_options)
+    wanted = [c.strip() for c in classes.split(",") if c.strip()] if classes else []
+    if spec.partition(":")[0] == "imagenet" and wanted:
+        return create_source(spec, {"classes": wanted}), None
+    source = create_source(spec, {})
+    if not wanted:
+        return source, None
+    names = source.label_space.names
+    labels = set()
+    for item in wanted:
+        if source.label_space.name == "imagenet-1k":
+            labels.add(imagenet.resolve_class(item))
+        elif item.isdigit() and int(item) < len(names):
+            labels.add(int(item))
+        elif item in names:
+            labels.add(names.index(item))
+        else:
+            raise ValueError(f"--classes {item!r}: not a class of source {spec!r} (its classes: {names[:5]}...)")
+    return source, labels
 
 
-def _samples_by_label(source) -> dict[int, list[Any]]:
-    """Each class's samples in key order (listing only: nothing is decoded); samples the source could not label are
-    counted and logged."""
+def _samples_by_label(source, labels: set[int] | None = None) -> dict[int, list[Any]]:
+    """Each class's samples in key order (listing only: nothing is decoded), only ``labels`` when given; samples the
+    source could not label are counted and logged."""
     by_label: dict[int, list[Any]] = {}
     problems = 0
     for sample in source.samples:
         if sample.problem or sample.label < 0:
             problems += 1
             continue
-        by_label.setdefault(sample.label, []).append(sample)
+        if labels is None or sample.label in labels:
+            by_label.setdefault(sample.label, []).append(sample)
     if problems:
         logger.warning("%d sample(s) of the source have no usable image or label", problems)
     return dict(sorted(by_label.items()))
@@ -261,8 +281,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
         raise ValueError(f"--output {output} exists; pass --force to replace it, or give another file")
     pretrained = None if str(args.clip_pretrained).lower() in ("none", "") else args.clip_pretrained
     scorer = ClipScorer(model=args.clip_model, pretrained=pretrained, revision=args.clip_revision)
-    source = _source(args.source, args.classes)
-    by_label = _samples_by_label(source)
+    source, labels = _source(args.source, args.classes)
+    by_label = _samples_by_label(source, labels)
     if not by_label:
         raise ValueError(f"source {args.source!r}: no labelled images")
     scorer.load(resolve_device(args.device))
@@ -327,7 +347,9 @@ def rebuild_index(output: Path, settings: dict[str, Any]) -> dict[str, Any]:
     """The index from the token files themselves: each ``{label}.safetensors`` carries its entry and the digest of
     the settings it was learned with in its metadata. A file learned with other settings, or one without that
     metadata, is refused in one line naming it."""
-    from safetensors import SafetensorError, safe_open
+    from safetensors import SafetensorError
+
+    from lance_pipeline.interfaces.textual_inversion import token_metadata
 
     digest = _settings_digest(settings)
     classes: dict[str, Any] = {}
@@ -336,22 +358,27 @@ def rebuild_index(output: Path, settings: dict[str, Any]) -> dict[str, Any]:
         if match is None:
             continue
         try:
-            with safe_open(str(path), framework="pt") as handle:
-                meta = handle.metadata() or {}
-        except (SafetensorError, OSError) as err:
+            meta = token_metadata(path)
+        except (SafetensorError, OSError, ValueError) as err:
             raise ValueError(
                 f"{path}: not a readable token file ({err}); remove it to learn that class again"
             ) from None
+        entry = meta.get("entry")
+        if not isinstance(entry, dict) or any(k not in entry for k in INDEX_FIELDS):
+            raise ValueError(f"{path}: no index entry in its metadata; remove it to learn that class again")
         if meta.get("settings_sha256") != digest:
             raise ValueError(
                 f"{path}: learned with other settings than this run's; use another --output or the same settings"
             )
-        try:
-            entry = json.loads(meta["entry"])
-        except (KeyError, ValueError):
-            raise ValueError(f"{path}: no index entry in its metadata; remove it to learn that class again") from None
         classes[str(int(match.group(1)))] = {k: entry[k] for k in INDEX_FIELDS}
     return {"settings": settings, "options": settings["options"], "classes": classes}
+
+
+def _read_index(output: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((output / TOKENS_INDEX).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _write_index(output: Path, index: dict[str, Any]) -> None:
@@ -376,8 +403,8 @@ def run_learn_tokens(args: argparse.Namespace) -> int:
     output: Path = args.output
     if output.exists() and not output.is_dir():
         raise ValueError(f"--output {output} is a file; give a directory")
-    source = _source(args.source, args.classes)
-    by_label = _samples_by_label(source)
+    source, labels = _source(args.source, args.classes)
+    by_label = _samples_by_label(source, labels)
     if not by_label:
         raise ValueError(f"source {args.source!r}: no labelled images")
     output.mkdir(parents=True, exist_ok=True)
@@ -393,7 +420,8 @@ def _learn_locked(args, options, source, by_label: dict[int, list[Any]], output:
 
     settings = {"options": options.to_dict(), "images_per_class": args.images_per_class}
     index = rebuild_index(output, settings)  # the files are the truth; the index is derived from them
-    _write_index(output, index)
+    if index["classes"] and _read_index(output) != index:  # repaired: a kill between a token file and the index
+        _write_index(output, index)
     names = source.label_space.names
     todo = [label for label in by_label if str(label) not in index["classes"]]
     done = len(by_label) - len(todo)
@@ -419,12 +447,7 @@ def _learn_locked(args, options, source, by_label: dict[int, list[Any]], output:
             "first_loss": learned.losses[0],
             "last_loss": learned.losses[-1],
         }
-        metadata = {
-            "class_name": name,
-            "label": str(label),
-            "entry": json.dumps(entry, sort_keys=True),
-            "settings_sha256": _settings_digest(settings),
-        }
+        metadata = {"label": label, "entry": entry, "settings_sha256": _settings_digest(settings)}
         # 1. the token file (atomic), which holds its own index entry; 2. the index, rebuilt from it (atomic).
         save_token(output / f"{label}.safetensors", learned, metadata=metadata)
         index["classes"][str(label)] = entry

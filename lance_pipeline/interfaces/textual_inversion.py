@@ -25,6 +25,7 @@ are read with ``torch.load(weights_only=True)``, which refuses any pickled objec
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
@@ -351,14 +352,29 @@ def _token_row_embedding(frozen: Any, token_id: int, init: Any, target_norm: flo
 
 
 # -- token files ------------------------------------------------------------------------------------------------------
-def save_token(path: str | Path, learned: LearnedToken, metadata: dict[str, str] | None = None) -> Path:
+TOKEN_METADATA_KEY = "lance_cf"
+
+
+def token_metadata(path: str | Path) -> dict[str, Any]:
+    """The metadata ``save_token`` wrote into a token file (``{}`` for a file without it)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as handle:
+        raw = (handle.metadata() or {}).get(TOKEN_METADATA_KEY)
+    return json.loads(raw) if raw else {}
+
+
+def save_token(path: str | Path, learned: LearnedToken, metadata: dict[str, Any] | None = None) -> Path:
     """Write ``{token: embedding[1, d]}`` as safetensors (diffusers ``load_textual_inversion`` reads it)."""
     from safetensors.torch import save_file
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{__import__('os').getpid()}.tmp")
-    save_file({learned.token: learned.embedding.reshape(1, -1).contiguous()}, str(tmp), metadata=metadata or {})
+    # One metadata key holding canonical JSON: safetensors writes a metadata map in no fixed order, and the same
+    # token must give the same bytes.
+    header = {TOKEN_METADATA_KEY: json.dumps(metadata, sort_keys=True, separators=(",", ":"))} if metadata else {}
+    save_file({learned.token: learned.embedding.reshape(1, -1).contiguous()}, str(tmp), metadata=header)
     tmp.replace(path)  # a killed run leaves no half-written token behind
     return path
 
