@@ -74,7 +74,7 @@ def object_rule_lines(manifest: dict[str, Any]) -> list[str]:
     )
     return [
         f"- Object presence: per class, as in the paper (Appendix A.3). Each class's threshold is the "
-        f"{data.get('percentile'):g}th percentile of the CLIP similarities between \"a photo of a <class>\" (\"a "
+        f'{data.get("percentile"):g}th percentile of the CLIP similarities between "a photo of a <class>" ("a '
         f"<class>\" for art styles) and that class's real images from {code_span(str(data.get('source')))}, computed "
         f"with CLIP {code_span(str(clip.get('model')))} ({md_escape(str(clip.get('pretrained')))}) by `lance-cf "
         f"interfaces calibrate` (file {code_span(str(described.get('object_thresholds')))}); {note}.",
@@ -103,7 +103,7 @@ def interfaces_section(manifest: dict[str, Any]) -> str:
         "## Shifts (dataset interfaces)",
         "",
         "Each image was generated from a prompt naming the class by its learned token (`<TOKEN>`), then kept only when "
-        "CLIP scored both the class (object caption) and the shift (shift caption, \"a photo <shift>\") at or above "
+        'CLIP scored both the class (object caption) and the shift (shift caption, "a photo <shift>") at or above '
         "their thresholds (Vendrow et al., arXiv 2302.07865, §3.1 and Appendix A.3). Every image's metadata carries "
         "both scores, the thresholds and whether it passed.",
         "",
@@ -130,7 +130,7 @@ def interfaces_section(manifest: dict[str, Any]) -> str:
         "`manifest.json`, `build.routing`). Rejected images are released in a `rejected` config only when the build "
         "asked for it; otherwise they are counted as not released. A `rejected` config is never scored as a shift. "
         "Prompts are the paper's Table 1 verbatim where the provenance says so, including its wording slips (\"in the "
-        "road\", \"a orange\", \"panting\"): they are the prompts ImageNet* was made with.",
+        'road", "a orange", "panting"): they are the prompts ImageNet* was made with.',
         "",
     ]
     return "\n".join(lines)

@@ -41,7 +41,8 @@ def test_demo_star_builds_one_verified_config_per_shift_with_every_score(star, t
             assert meta["shift"] == shift and meta["passed"] is True
             assert meta["token"] == f"<{meta['label_name'].replace(' ', '_')}-{meta['label']}>"
             assert meta["prompt"].replace(meta["token"], "<TOKEN>") in {
-                "a photo of a <TOKEN>", "a photo of a <TOKEN> in the snow", "a pencil sketch of a <TOKEN>",
+                "A photo of a <TOKEN>", "A photo of a <TOKEN> in the snow",
+                "A black and white pencil sketch of a <TOKEN>",
             }  # fmt: skip
             assert isinstance(meta["object_score"], float) and meta["object_threshold"] == -1.0
             assert (meta["shift_score"] is None) == (shift == "base")

@@ -87,7 +87,37 @@ def test_results_validation_checks_the_interfaces_section():
         validate_results(results)
 
 
-def test_card_yields_and_threshold_provenance_from_routing():
+def test_a_rejected_config_is_never_scored_as_a_shift():
+    from evaluation.interfaces.shift_results import shift_metrics, shift_rows
+    from evaluation.metrics import compute_metrics
+
+    spec = {
+        "base": {0: [True] * 5, 1: [True] * 5},
+        "in_the_snow": {0: [True] * 5, 1: [False] * 5},
+        "rejected": {0: [False] * 5, 1: [False] * 5},  # what the filter threw out: a drop of 100 if it were scored
+        "extra": {0: [False] * 5, 1: [False] * 5},  # a config the release does not declare as a shift
+    }
+    from evaluation.metric_registry import PREDICTION_COLUMNS
+
+    blank = dict.fromkeys(PREDICTION_COLUMNS)
+    rows = [{**blank, **r, "key": str(i), "source_key": str(i), "label_name": "x", "p_gt": 0.5,
+             "correct5": r["correct1"]} for i, r in enumerate(_rows(spec))]  # fmt: skip
+    manifest = {"source": {"kind": "generate", "shifts": [{"name": "base"}, {"name": "in_the_snow"}]}}
+    section = compute_metrics(rows, ["tench", "goldfish"], n_boot=10, release_configs=list(spec), manifest=manifest)[
+        "interfaces"
+    ]
+    assert list(section["shifts"]) == ["in_the_snow"] and section["not_shifts"] == ["extra", "rejected"]
+    assert section["shifts"]["in_the_snow"]["drop"] == pytest.approx(50.0)
+    # without the release's declaration, rejected is still no shift
+    assert "rejected" not in shift_metrics(_rows(spec), [], n_boot=10)["shifts"]
+    # results written before this rule held a rejected entry: it never enters the leaderboard's shift table
+    legacy = {"status": "ok", "model": {"name": "m"}, "release": {"name": "r", "configs": ["base", "rejected"]},
+              "interfaces": {"shifts": {"rejected": {"n": 10, "classes": 2, "classes_excluded": [], "accuracy": 0.0,
+                                                     "base_accuracy": 100.0, "drop": 100.0, "drop_ci": None}}}}  # fmt: skip
+    assert shift_rows([legacy]) == []
+
+
+def test_card_yields_thresholds_and_object_rule_from_the_manifest():
     from dataset_cards.interfaces_section import interfaces_section, shift_yields
 
     manifest = {
@@ -95,12 +125,17 @@ def test_card_yields_and_threshold_provenance_from_routing():
             "kind": "generate",
             "per_class": 3,
             "shifts": [
-                {"name": "base", "prompt": "a photo of a <TOKEN>", "threshold": None, "provenance": "confirmed"},
-                {"name": "in_the_snow", "prompt": "a photo of a <TOKEN> in the snow", "threshold": 0.16,
-                 "shift_caption": "a photo in the snow", "provenance": "confirmed"},
+                {"name": "base", "prompt": "A photo of a <TOKEN>", "threshold": None, "provenance": "paper, Table 1",
+                 "paper_yield": 0.926},
+                {"name": "in_the_snow", "prompt": "A photo of a <TOKEN> in the snow", "threshold": 0.16,
+                 "shift_caption": "a photo in the snow", "provenance": "paper, Table 1", "paper_yield": 0.732},
             ],
         },
-        "config": {"stages": [{"type": "shift_filter", "options": {"object_threshold": 0.2}}]},
+        "stages": {"filter": {"type": "shift_filter", "object_rule": "per_class", "object_thresholds": "t.json",
+                              "object_thresholds_data": {
+                                  "clip": {"model": "ViT-H-14", "pretrained": "laion2b_s32b_b79k"}, "percentile": 5.0,
+                                  "percentile_is_default": True, "source": "imagenet:val",
+                                  "classes": {"tench": {"images": 50}, "goldfish": {"images": 48}}}}},
         "build": {"routing": {"generate": {"groups": {
             "base": {"1": {"base": 3}, "2": {"base": 2, "not_released": 1}},
             "in_the_snow": {"1": {"in_the_snow": 1, "rejected": 2}, "2": {"not_released": 3}},
@@ -111,10 +146,16 @@ def test_card_yields_and_threshold_provenance_from_routing():
         "in_the_snow": {"kept": 1, "rejected": 2, "not_released": 3},
     }
     text = interfaces_section(manifest)
-    assert "Object-presence threshold: 0.2" in text
-    assert "| `base` | a photo of a &lt;TOKEN&gt; | – | unknown (keeps every image) |" in text
-    assert "| `in_the_snow` | a photo of a &lt;TOKEN&gt; in the snow | a photo in the snow | 0.16 |" in text
-    assert text.rstrip().count("\n| `") == 2 and "| 1 | 2 | 3 |" in text and "| 5 | 0 | 1 |" in text
+    assert "per class, as in the paper" in text and "5th percentile" in text and "`imagenet:val`" in text
+    assert "the percentile's default (5) is lance-cf's choice" in text and "48 to 50 (2 classes)" in text
+    assert "| `base` | A photo of a &lt;TOKEN&gt; | – | none (no shift criterion) | paper, Table 1 |" in text
+    assert "| `in_the_snow` | A photo of a &lt;TOKEN&gt; in the snow | a photo in the snow | 0.16 |" in text
+    assert text.rstrip().count("\n| `") == 2 and "| 1 | 2 | 3 | 73.2% |" in text and "| 5 | 0 | 1 | 92.6% |" in text
+    # an explicit global threshold or no object filter is stated as not the paper's rule
+    manifest["stages"]["filter"] = {"type": "shift_filter", "object_rule": "global", "object_threshold": 0.2}
+    assert "one threshold for every class, 0.2" in interfaces_section(manifest)
+    manifest["stages"]["filter"] = {"type": "shift_filter", "object_rule": "off"}
+    assert "**not filtered**" in interfaces_section(manifest)
     assert interfaces_section({"source": {"kind": "imagefolder"}}) == ""
 
 
@@ -314,8 +355,10 @@ def test_card_of_a_demo_star_build_lists_shifts_thresholds_and_yields(releases, 
         released = manifest["counts"][name]["total"]
         row = next(line for line in section.splitlines() if line.startswith(f"| `{name}` |"))
         cells = [c.strip() for c in row.strip("|").split("|")]
-        assert cells[3] == f"{shift['threshold']:g}"
-        assert cells[5:] == [str(released), "0", "0"]
+        threshold = shift["threshold"]
+        assert cells[3] == ("none (no shift criterion)" if threshold is None else f"{threshold:g}")
+        assert cells[5:] == [str(released), "0", "0", "–"]  # the demo's opened shifts are not the paper's rows
+    assert "one threshold for every class, -1 (set by this build's config)" in section
 
 
 # ---------------------------------------------------------------------------------------------------- push tokens

@@ -84,7 +84,9 @@ def test_corrected_wordings_are_separately_named_variants_never_the_default():
 def test_typed_table_equals_the_paper_text_and_the_reference_note():
     shared = _shared()
     if shared is None:
-        pytest.skip("no shared/ folder beside the checkout: the paper's text is not here to compare the typed copy with")
+        pytest.skip(
+            "no shared/ folder beside the checkout: the paper's text is not here to compare the typed copy with"
+        )
     paper = (shared / "papers" / "dataset-interfaces-vendrow-2023.md").read_text(encoding="utf-8")
     lines = paper[paper.index("Shift Name | Prompt | CLIP Threshold | % Yield") :].splitlines()[1:25]
     from_paper = []

@@ -86,7 +86,9 @@ def test_calibrate_writes_each_class_percentile_of_its_real_images(clip_dir, cal
         assert entry["style"] == pytest.approx(hand_percentile(style_scores, 40), abs=1e-5)
 
 
-def test_calibrate_default_percentile_is_flagged_as_ours_and_existing_output_kept(clip_dir, calibrated, tmp_path, capsys):
+def test_calibrate_default_percentile_is_flagged_as_ours_and_existing_output_kept(
+    clip_dir, calibrated, tmp_path, capsys
+):
     photos, out = calibrated
     again = tmp_path / "t.json"
     base = ["interfaces", "calibrate", "--source", f"imagefolder:{photos}", "--classes", "n01440764",

@@ -173,8 +173,10 @@ def _madrylab_reference(tiny_sd_dir, image, class_name, token, steps, lr, weight
         noise = torch.randn(latents.shape, generator=generator)
         timesteps = torch.randint(0, scheduler.config.num_train_timesteps, (1,), generator=generator)
         predicted = unet(scheduler.add_noise(latents, noise, timesteps), timesteps, text_encoder(ids)[0]).sample
-        target_value = noise if scheduler.config.prediction_type == "epsilon" else scheduler.get_velocity(
-            latents, noise, timesteps
+        target_value = (
+            noise
+            if scheduler.config.prediction_type == "epsilon"
+            else scheduler.get_velocity(latents, noise, timesteps)
         )
         loss = F.mse_loss(predicted, target_value)
         optimizer.zero_grad()

@@ -143,7 +143,9 @@ class ObjectThresholds:
                 value = entry.get(key)
                 if isinstance(value, bool) or not isinstance(value, int) or value < (1 if key == "images" else 0):
                     raise ValueError(f"{where}: class {name[:60]!r}: {key} {value!r} is not a count")
-            classes[name] = ClassThreshold(entry["label"], entry["images"], float(entry["photo"]), float(entry["style"]))
+            classes[name] = ClassThreshold(
+                entry["label"], entry["images"], float(entry["photo"]), float(entry["style"])
+            )
         return cls(
             clip={k: clip.get(k) for k in ("model", "pretrained", "revision")},
             percentile=percentile,
