@@ -138,3 +138,38 @@ def test_shift_names_are_checked_before_any_work():
         Shift("Snow", f"a photo of a {TOKEN_PLACEHOLDER}", None)
     with pytest.raises(ValueError, match="did you mean in_the_snow"):
         shifts_by_name(["in_the_snwo"])
+
+
+def _star_manifest(rule="per_class", percentile_is_default=True, provenance="paper, Table 1", plain=False):
+    return {
+        "config": {"stages": [{"name": "generate", "type": "shift_generation"}, {"name": "filter",
+                                                                                  "type": "shift_filter"}]},
+        "source": {"kind": "generate", "shifts": [
+            {"name": "base", "threshold": None, "provenance": provenance},
+            {"name": "in_the_snow", "threshold": 0.16, "provenance": provenance},
+        ]},
+        "stages": {
+            "generate": {"type": "shift_generation", "plain_prompt": plain},
+            "filter": {"type": "shift_filter", "object_rule": rule,
+                       "object_thresholds_data": {"percentile": 5.0, "percentile_is_default": percentile_is_default}},
+        },
+    }  # fmt: skip
+
+
+def test_the_deviations_of_an_interfaces_release_are_decided_from_its_manifest():
+    from lance_pipeline import deviations as dv
+
+    def topics(manifest):
+        return {t for m, t in ((d.mode, d.topic) for d in dv.deviations_for(manifest)) if m == "interfaces"}
+
+    assert dv.modes_of(_star_manifest()) == ["interfaces"]
+    faithful = topics(_star_manifest())
+    assert faithful == {"object-threshold percentile", "art-style object thresholds", "shift thresholds reused",
+                        "seeds", "token training precision"}  # fmt: skip
+    assert "object-threshold percentile" not in topics(_star_manifest(percentile_is_default=False))
+    demo_like = topics(_star_manifest(rule="global", provenance="yours"))
+    assert {"object filter not per class", "shifts not the paper's"} <= demo_like
+    assert not demo_like & {"object-threshold percentile", "art-style object thresholds", "shift thresholds reused"}
+    assert "token training precision" not in topics(_star_manifest(plain=True))
+    # the docs table has the mode's rows
+    assert "### Dataset interfaces (ImageNet*)" in (REPO / "docs" / "method.md").read_text(encoding="utf-8")
