@@ -54,7 +54,10 @@ def peak_mib(checkout: Path, photos: Path, out: Path, sd: Path, count: int) -> f
                "--output", str(out), "--model", str(sd), "--steps", "2", "--resolution", "32", "--images-per-class",
                str(count), "--no-progress", "--device", "cpu"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(checkout), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-c", PEAK, *command], env=env, capture_output=True, text=True, check=True)
+    # cwd is the checkout: `python -m` puts the working directory first on the import path
+    proc = subprocess.run(
+        [sys.executable, "-c", PEAK, *command], env=env, cwd=checkout, capture_output=True, text=True, check=True
+    )
     return int(proc.stdout.strip().splitlines()[-1]) / 1024  # ru_maxrss is in KiB on Linux
 
 
