@@ -139,7 +139,7 @@ def _star_config(tmp_path, clip_dir, **filter_options):
         "configs": ["base", "in_the_snow"],
         "stages": [
             {"name": "generate", "type": "shift_generation", "configs": ["base", "in_the_snow"],
-             "options": {"model": "unused", "plain_prompt": True}},
+             "options": {"model": "demo:tiny-stable-diffusion", "plain_prompt": True}},
             {"name": "filter", "type": "shift_filter", "configs": ["base", "in_the_snow"],
              "options": {"clip_model": str(clip_dir), "clip_pretrained": None, **filter_options}},
         ],
