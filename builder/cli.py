@@ -436,6 +436,9 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # that part of the tool is not there
             raise
         module.register(subparsers)
+    # A subcommand that parses another command's arguments (``models list COMMAND ...``) reads the whole parser
+    # from here instead of importing this module back (the subcommand modules import nothing of the CLI's root).
+    parser.set_defaults(root_parser=parser)
     return parser
 
 

@@ -68,10 +68,8 @@ def _target_needs(args: argparse.Namespace) -> tuple[list[Any], str, Any]:
     """(needs, what they are for, the config or None) of the target."""
     rest = list(args.rest)
     if args.target in COMMANDS:
-        from builder.cli import build_parser
-
         try:
-            command = build_parser().parse_args([args.target, *rest])
+            command = args.root_parser.parse_args([args.target, *rest])
         except SystemExit as err:  # argparse already said what is wrong with the command's arguments
             raise ValueError(f"the arguments after {args.target!r} are not a valid {args.target} command") from err
         declare = getattr(command, "models", None)

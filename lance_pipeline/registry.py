@@ -62,9 +62,56 @@ class Registry:
         """The registered object; a ``package.module:attr`` name is imported directly (custom stages, sources)."""
         target = name if ":" in name else self.target(name)
         module_name, attr = target.split(":", 1)
-        module = importlib.import_module(module_name)
-        return getattr(module, attr)
+        try:
+            return getattr(importlib.import_module(module_name), attr)
+        except (ModuleNotFoundError, AttributeError) as err:
+            moved = MOVED_MODULES.get(module_name)
+            if moved is None or (isinstance(err, ModuleNotFoundError) and err.name != module_name):
+                raise
+            raise ValueError(f"{target!r}: module {module_name} moved to {moved}; write {moved}:{attr}") from None
 
+
+# Modules that moved when each system got a folder of its own: a ``module:attr`` target naming the old place
+# gets a one-line error naming the new one (configs that name stages by registered type never notice).
+MOVED_MODULES = {
+    "builder.cli_discover": "builder.discovery.cli",
+    "builder.cli_interfaces": "builder.interfaces.cli",
+    "builder.cli_perturber": "builder.perturber.cli",
+    "builder.discover": "builder.discovery.run",
+    "builder.discovery_report": "builder.discovery.report",
+    "builder.discovery_source": "builder.discovery.source",
+    "builder.generated_source": "builder.interfaces.source",
+    "evaluation.interfaces": "evaluation.interfaces.shift_results",
+    "evaluation.shift_metrics": "evaluation.interfaces.shift_metrics",
+    "lance_pipeline.attention_control": "lance_pipeline.editing.attention_control",
+    "lance_pipeline.candidate_selection": "lance_pipeline.editing.candidate_selection",
+    "lance_pipeline.captioning": "lance_pipeline.text.captioning",
+    "lance_pipeline.clip_gates": "lance_pipeline.clip.gates",
+    "lance_pipeline.clip_loader": "lance_pipeline.clip.loader",
+    "lance_pipeline.controlnet_editing": "lance_pipeline.dillema.controlnet_editing",
+    "lance_pipeline.dillema_text": "lance_pipeline.dillema.text_stages",
+    "lance_pipeline.discovery": "lance_pipeline.discovery.method",
+    "lance_pipeline.edit_spans": "lance_pipeline.text.edit_spans",
+    "lance_pipeline.editing_cost": "lance_pipeline.editing.cost",
+    "lance_pipeline.editing_options": "lance_pipeline.editing.options",
+    "lance_pipeline.generation": "lance_pipeline.interfaces.generation",
+    "lance_pipeline.image_editing": "lance_pipeline.editing.stages",
+    "lance_pipeline.inversion": "lance_pipeline.editing.inversion",
+    "lance_pipeline.label_checks": "lance_pipeline.text.label_checks",
+    "lance_pipeline.perturbation": "lance_pipeline.text.perturbation",
+    "lance_pipeline.perturber_collect": "lance_pipeline.perturber.collect",
+    "lance_pipeline.perturber_training": "lance_pipeline.perturber.training",
+    "lance_pipeline.prompt_to_prompt": "lance_pipeline.editing.prompt_to_prompt",
+    "lance_pipeline.random_edits": "lance_pipeline.text.random_edits",
+    "lance_pipeline.sd_components": "lance_pipeline.editing.sd_components",
+    "lance_pipeline.shifts": "lance_pipeline.interfaces.shifts",
+    "lance_pipeline.textual_inversion": "lance_pipeline.interfaces.textual_inversion",
+    "lance_pipeline.tiny_clip_components": "lance_pipeline.tiny.clip_components",
+    "lance_pipeline.tiny_controlnet_components": "lance_pipeline.tiny.controlnet_components",
+    "lance_pipeline.tiny_discovery_components": "lance_pipeline.tiny.discovery_components",
+    "lance_pipeline.tiny_image_components": "lance_pipeline.tiny.image_components",
+    "lance_pipeline.tiny_text_components": "lance_pipeline.tiny.text_components",
+}
 
 # Image editors: what renders candidate counterfactuals of one source image (interface in
 # lance_pipeline/editing/candidate_selection.py: ``Editor``). Chosen by an edit stage's ``editor_name``.

@@ -64,3 +64,23 @@ def test_the_check_sees_lazy_imports_inside_functions(tmp_path):
     assert first_party_imports(module) == ["builder.registry", "evaluation.metrics"]
     assert layer_of("builder.registry") == "builder" and "builder" not in ALLOWED["lance_pipeline"]
     assert layer_of("builder.release_format.shards") == "builder.release_format"
+
+
+def test_a_code_stage_type_in_a_moved_module_names_its_new_place(tmp_path, capsys):
+    """Configs written before each system got its folder: a ``module:attr`` type at the old place is one line."""
+    import yaml
+
+    from builder.cli import main
+
+    config = tmp_path / "old.yaml"
+    stage = {"name": "caption", "type": "lance_pipeline.captioning:CaptionStage", "configs": ["counterfactual"]}
+    config.write_text(
+        yaml.safe_dump({"name": "old", "source": "demo", "configs": ["counterfactual"], "stages": [stage]})
+    )
+    assert main(["validate", str(config), "--allow-code"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert (
+        "module lance_pipeline.captioning moved to lance_pipeline.text.captioning; "
+        "write lance_pipeline.text.captioning:CaptionStage" in err
+    )

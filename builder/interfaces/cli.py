@@ -261,8 +261,8 @@ def _check_count(name: str, value: int | None) -> None:
 def run_calibrate(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
-    from builder.cli import resolve_device
     from lance_pipeline.clip.gates import ClipScorer
+    from lance_pipeline.devices import resolve_device
     from lance_pipeline.interfaces.object_thresholds import (
         DEFAULT_PERCENTILE,
         ClassThreshold,
@@ -415,7 +415,7 @@ def run_learn_tokens(args: argparse.Namespace) -> int:
 def _learn_locked(args, options, source, by_label: dict[int, list[Any]], output: Path) -> int:
     from tqdm.auto import tqdm
 
-    from builder.cli import resolve_device
+    from lance_pipeline.devices import resolve_device
     from lance_pipeline.interfaces.textual_inversion import TextualInversionTrainer, save_token, token_for_class
 
     settings = {"options": options.to_dict(), "images_per_class": args.images_per_class}

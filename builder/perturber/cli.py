@@ -209,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
     revision = (
         args.revision if args.revision is not None else (DEFAULT_PERTURBER_REVISION if args.model is None else None)
     )
-    from builder.cli import resolve_device
+    from lance_pipeline.devices import resolve_device
 
     device = resolve_device(args.device)
     perturber = PromptPerturber(
@@ -493,7 +493,7 @@ def _register_collect(actions) -> None:
 
 def run_collect(args: argparse.Namespace) -> int:
     """``perturber collect``: write the instruction dataset; returns the exit code."""
-    from builder.cli import resolve_device
+    from lance_pipeline.devices import resolve_device
     from lance_pipeline.perturber.collect import (
         OpenAIChatTeacher,
         TransformersTeacher,
@@ -681,7 +681,7 @@ def _register_eval(actions) -> None:
 
 def run_eval(args: argparse.Namespace) -> int:
     """``perturber eval``: print a Markdown table (and write JSON); returns the exit code."""
-    from builder.cli import resolve_device
+    from lance_pipeline.devices import resolve_device
     from lance_pipeline.edit_types import validate_edit_types
     from lance_pipeline.perturber.training import evaluate_perturber, package_versions, render_eval_table
     from lance_pipeline.text.perturbation import PromptPerturber
