@@ -34,6 +34,7 @@ def _demo_with(tmp_path, stage_name: str, **changes) -> str:
     return str(path)
 
 
+@pytest.mark.e2e  # runs lance-cf as a process
 def test_validate_lists_the_stage_graph_of_both_presets():
     proc = cli("validate", "demo")
     assert proc.stdout.startswith("valid: lance-demo")

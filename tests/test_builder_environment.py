@@ -43,6 +43,7 @@ def _one_line(capsys) -> str:
 
 
 # -- the output-directory lock --------------------------------------------------------------------------------------
+@pytest.mark.e2e  # runs lance-cf as a process
 def test_a_second_build_verify_of_a_directory_in_use_is_refused_naming_the_pid(tmp_path, folder):
     config = _config(tmp_path, folder, delay=1.0)  # 4 batches x 1 s: long enough to be caught in the act
     out = tmp_path / "out"
@@ -71,6 +72,7 @@ def test_a_second_build_verify_of_a_directory_in_use_is_refused_naming_the_pid(t
     cli("verify", str(out))  # free again
 
 
+@pytest.mark.e2e  # runs lance-cf as a process
 def test_concurrent_builds_of_one_directory_one_wins_the_other_is_refused(tmp_path, folder):
     """Two builds started together (same or different config): exactly one builds, the other exits 2 with the
     lock message, and the release verifies and equals a lone build."""

@@ -177,6 +177,7 @@ def test_imagefolder_with_synsets_maps_to_imagenet_indices(tmp_path):
     assert {r["json"]["label_name"] for r in ds} == {"tench", "dog sled"}
 
 
+@pytest.mark.e2e  # runs lance-cf as a process
 def test_imagenet_source_class_subset_by_synset_index_and_name(tmp_path):
     make_imagefolder(tmp_path / "val", ["n01440764", "n01443537", "n03218198"], per_class=3)
     cfg = write_config(tmp_path / "cfg.yaml", f"imagenet:{tmp_path / 'val'}")
@@ -204,6 +205,7 @@ def test_hf_dataset_source_from_disk(tmp_path):
     assert verify_release(tmp_path / "out") == []
 
 
+@pytest.mark.e2e  # runs lance-cf as a process
 def test_demo_preset_original_offline(tmp_path):
     out = tmp_path / "demo"
     cli("build", "demo", "--output", str(out), "--configs", "original", "--no-progress")
@@ -240,6 +242,7 @@ def test_verify_catches_any_flipped_byte(small_release):
     assert verify_release(small_release) == []
 
 
+@pytest.mark.e2e  # runs lance-cf as a process
 def test_verify_cli_names_the_first_mismatch(small_release):
     shard = next((small_release / "data" / "original").glob("*.tar"))
     _flip(shard, 700)
@@ -278,6 +281,7 @@ def test_verify_catches_bad_metadata_even_with_fixed_up_hashes(small_release):
 
 
 # -- CLI ----------------------------------------------------------------------------------------------------------------
+@pytest.mark.e2e  # runs lance-cf as a process
 @pytest.mark.parametrize("command", [[], ["build"], ["verify"], ["presets"]])
 def test_help_explains_itself(command):
     proc = cli(*command, "--help")
@@ -298,6 +302,7 @@ def test_help_explains_itself(command):
         (["verify", "/nonexistent/release"], "is not a directory"),
     ],
 )
+@pytest.mark.e2e  # runs lance-cf as a process
 def test_wrong_values_get_one_line_errors(args, expected, tmp_path):
     proc = cli(*args, check=False)
     assert proc.returncode == 2

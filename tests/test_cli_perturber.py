@@ -381,6 +381,7 @@ print("RESULT" + json.dumps({"rows": len(rows), "raw": raw, "style": perturber.d
 """
 
 
+@pytest.mark.e2e  # real HTTP against the local Hub double, and a process loading from it
 def test_push_data_and_adapter_then_load_the_adapter_by_hub_id(chat_double, tiny_lm, tmp_path, monkeypatch) -> None:
     import os
     import subprocess

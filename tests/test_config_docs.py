@@ -43,6 +43,7 @@ def test_every_stage_option_is_documented(stage_type):
     assert _documented_in_config_md(stage_type)
 
 
+@pytest.mark.e2e  # runs lance-cf as a process
 @pytest.mark.parametrize("preset", list_presets())
 def test_presets_show_prints_every_key_commented_and_round_trips(preset):
     shown = cli("presets", "--show", preset).stdout
@@ -60,6 +61,7 @@ def test_commented_yaml_of_a_file_is_what_the_build_uses(tmp_path):
     assert load_config(str(copy)) == load_config(str(EXAMPLE))
 
 
+@pytest.mark.e2e  # runs lance-cf as a process
 def test_presets_listing_names_files_and_the_show_command():
     out = cli("presets").stdout
     assert "lance:" in out and "lance.yaml" in out and "--show" in out
@@ -75,6 +77,7 @@ def test_annotated_example_config_loads_validates_and_constructs_its_stages(tmp_
         STAGES.resolve(stage.type)(**stage.options)  # options accepted; no weights are loaded
 
 
+@pytest.mark.e2e  # runs lance-cf as a process
 def test_lance_preset_uses_the_paper_models_and_takes_any_source(tmp_path):
     lance = load_config("lance")
     assert lance.source is None and lance.source_options == {}
@@ -98,12 +101,14 @@ def test_lance_preset_uses_the_paper_models_and_takes_any_source(tmp_path):
     assert "lance-demo" not in card and "offline demo" not in card
 
 
+@pytest.mark.e2e  # runs lance-cf as a process
 def test_lance_preset_without_source_says_what_it_takes():
     proc = cli("build", "lance", "--output", "unused", check=False)
     assert proc.returncode == 2
     assert "imagefolder:PATH" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.e2e  # runs lance-cf as a process
 def test_a_build_whose_configs_end_empty_exits_non_zero_unless_allowed(tmp_path):
     folder = tmp_path / "broken" / "cat"
     folder.mkdir(parents=True)
@@ -118,6 +123,7 @@ def test_a_build_whose_configs_end_empty_exits_non_zero_unless_allowed(tmp_path)
     assert cli(*args, "--output", str(tmp_path / "ok"), "--allow-empty", check=False).returncode == 0
 
 
+@pytest.mark.e2e  # runs lance-cf as a process
 def test_a_model_that_cannot_be_fetched_offline_is_named_with_the_command_that_fetches_it():
     """`perturber try` with its default Hub model and no network: the model, and what to do; no traceback. (The label
     check's model ships installed, so it is not missing.)"""

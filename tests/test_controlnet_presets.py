@@ -26,6 +26,7 @@ def _construct(config, tmp_path):
     return instances
 
 
+@pytest.mark.e2e  # runs lance-cf as a process
 @pytest.mark.parametrize("preset", ["demo-controlnet", "hardimagenet-controlnet", "hardimagenet-dillema"])
 def test_controlnet_presets_construct_without_weights(preset, tmp_path):
     assert preset in list_presets()

@@ -27,6 +27,7 @@ def _folder(path):
     return {p.name: p.read_bytes() for p in sorted(path.iterdir()) if p.is_file() and not p.name.startswith(".")}
 
 
+@pytest.mark.e2e  # runs lance-cf as a process
 def test_kill_between_token_file_and_index_resumes_to_the_uninterrupted_folder(tiny_sd_dir, tmp_path):
     photos = make_imagefolder(tmp_path / "photos", ["n01440764", "n01443537", "n01484850"], 2)
     clean = tmp_path / "clean"

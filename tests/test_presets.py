@@ -50,11 +50,13 @@ def test_hardimagenet_classes_are_the_fifteen_with_their_indices():
     assert synsets()[537] == "n03218198" and config.source_options["per_class"] == 50
 
 
+@pytest.mark.e2e  # runs lance-cf as a process
 def test_hardimagenet_without_source_says_what_it_needs():
     proc = cli("build", "hardimagenet", "--output", "unused", check=False)
     assert proc.returncode == 2 and "imagenet:/path/to/imagenet/val" in proc.stderr
 
 
+@pytest.mark.e2e  # runs lance-cf as a process
 def test_presets_listed():
     assert {"demo", "hardimagenet"} <= set(list_presets())
     assert "hardimagenet" in cli("presets").stdout
