@@ -44,7 +44,7 @@ class Mode:
         title: The section heading in docs/method.md.
         paper: The paper (and code) the rows' "paper" column quotes.
         detects: Whether a release manifest was built by this mode; ``None`` for a mode that makes no release
-            (perturber training: its rows reach the docs and the adapter card, never a dataset card).
+            (perturber training: its rows reach the docs and the adapter's model card, never a dataset card).
     """
 
     name: str

@@ -220,6 +220,8 @@ def test_training_lowers_the_loss_and_writes_a_carded_safetensors_adapter(traine
     card = (adapter / "README.md").read_text()
     assert "base_model: tiny-causal-lm" in card and "library_name: peft" in card
     assert "| `rank` | `8` | 8 (paper) |" in card and "test_loss_adapter" in card
+    assert "## Deviations from the paper" in card and "| LoRA placement |" in card  # lance_pipeline.deviations
+    assert "| `steps` | `16` | 37500 (paper: an update every 32, so 1171 updates) |" in card
     for path in adapter.glob("*.*"):
         assert str(tiny_lm.parent) not in path.read_text(errors="ignore"), path.name
 

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lance_pipeline.deviations import render_table, rows_of
 from lance_pipeline.edit_types import edit_type as edit_type_row
 from lance_pipeline.edit_types import validate_edit_types
 from lance_pipeline.perturber.data import count_instruction_rows, iter_instruction_rows
@@ -551,6 +552,7 @@ def render_adapter_card(record: dict[str, Any]) -> str:
         "...}` on the `perturb` stage.\n\n"
         "## Hyperparameters\n\n| name | value | source |\n|---|---|---|\n" + rows + "\n"
         "## Metrics\n\n| metric | value |\n|---|---|\n" + metrics + "\n"
+        "## Deviations from the paper\n\n" + render_table(rows_of("perturber"), with_applies=False) + "\n"
         f"Software: {versions}.\n"
     )
 
