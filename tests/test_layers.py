@@ -1,34 +1,104 @@
-"""The layers of docs/architecture.md ("Layers and what each may import"), checked on every import statement of every
-module, including the lazy ones inside functions (a lazy import is still a dependency)."""
+"""The rooms of docs/architecture.md ("Rooms and what each may import"), checked on every import statement of every
+module, including the lazy ones inside functions (a lazy import is still a dependency): each room imports only the
+rooms its row allows, the rooms' import graph has no cycle, and ``import builder`` / ``lance-cf --help`` load no
+model library."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 FIRST_PARTY = ("builder", "lance_pipeline", "evaluation", "dataset_cards")
 
-# Layer -> the first-party layers it may import (itself always). The graph is acyclic: each layer imports only
-# layers listed before it.
-ALLOWED = {
+# Room -> the other rooms it may import. A room is a top-level package's own modules ("builder": builder/*.py, its
+# core) or one of its sub-packages ("builder.interfaces"). Rows are listed so that each imports only rows above it.
+ALLOWED: dict[str, set[str]] = {
     "builder.release_format": set(),
-    "lance_pipeline": set(),
-    "evaluation": {"builder.release_format", "lance_pipeline"},
-    "dataset_cards": {"builder.release_format", "lance_pipeline", "evaluation"},
+    "lance_pipeline": set(),  # the stage contract, registry, devices, option types, edit types, deviations
+    "lance_pipeline.text": {"lance_pipeline"},
+    "lance_pipeline.clip": {"lance_pipeline"},
+    "lance_pipeline.editing": {"lance_pipeline", "lance_pipeline.clip"},
+    "lance_pipeline.interfaces": {"lance_pipeline", "lance_pipeline.clip", "lance_pipeline.editing"},
+    "lance_pipeline.dillema": {
+        "lance_pipeline",
+        "lance_pipeline.text",
+        "lance_pipeline.clip",
+        "lance_pipeline.editing",
+    },
+    "lance_pipeline.discovery": {"lance_pipeline", "lance_pipeline.clip", "lance_pipeline.text"},
+    "lance_pipeline.perturber": {"lance_pipeline", "lance_pipeline.text"},
+    "lance_pipeline.tiny": {  # tiny random-weight components of every method room (tests and offline demos)
+        "lance_pipeline",
+        "lance_pipeline.text",
+        "lance_pipeline.clip",
+        "lance_pipeline.editing",
+        "lance_pipeline.interfaces",
+        "lance_pipeline.dillema",
+        "lance_pipeline.discovery",
+        "lance_pipeline.perturber",
+    },
+    "evaluation": {"builder.release_format", "lance_pipeline", "lance_pipeline.clip"},
+    "evaluation.interfaces": {"builder.release_format", "lance_pipeline", "evaluation"},
+    "dataset_cards": {"builder.release_format", "lance_pipeline", "evaluation", "evaluation.interfaces"},
     "builder": {"builder.release_format", "lance_pipeline", "evaluation", "dataset_cards"},
+    "builder.interfaces": {
+        "builder",
+        "builder.release_format",
+        "lance_pipeline",
+        "lance_pipeline.clip",
+        "lance_pipeline.interfaces",
+        "lance_pipeline.tiny",
+        "evaluation",
+        "evaluation.interfaces",
+        "dataset_cards",
+    },
+    "builder.discovery": {
+        "builder",
+        "builder.release_format",
+        "lance_pipeline",
+        "lance_pipeline.clip",
+        "lance_pipeline.text",
+        "lance_pipeline.interfaces",
+        "lance_pipeline.discovery",
+        "lance_pipeline.tiny",
+        "evaluation",
+        "dataset_cards",
+    },
+    "builder.perturber": {
+        "builder",
+        "builder.release_format",
+        "lance_pipeline",
+        "lance_pipeline.text",
+        "lance_pipeline.perturber",
+        "lance_pipeline.tiny",
+    },
 }
+# Imports the table forbids that a change under way removes (evaluation asking the release kinds instead of
+# importing its interfaces room): listed so that the test below fails once they are gone and this entry must go.
+PENDING: set[tuple[str, str]] = {("evaluation", "evaluation.interfaces")}
+# What `import builder` and `lance-cf --help` must not load.
+MODEL_LIBRARIES = ("torch", "torchvision", "diffusers", "transformers", "open_clip", "timm", "datasets", "peft",
+                   "accelerate", "sentence_transformers", "ray")  # fmt: skip
 
 
-def layer_of(module: str) -> str | None:
-    if module == "builder.release_format" or module.startswith("builder.release_format."):
-        return "builder.release_format"
-    top = module.split(".")[0]
-    return top if top in FIRST_PARTY else None
+def room_of(module: str) -> str | None:
+    """The room of a dotted module name (``builder.interfaces.cli`` -> ``builder.interfaces``), None if third-party."""
+    parts = module.split(".")
+    if parts[0] not in FIRST_PARTY:
+        return None
+    if len(parts) > 1 and (REPO / parts[0] / parts[1] / "__init__.py").is_file():
+        return f"{parts[0]}.{parts[1]}"
+    return parts[0]
 
 
 def first_party_imports(path: Path) -> list[str]:
-    """Every first-party module a file imports (``from builder import x`` counts as ``builder.x``)."""
+    """Every first-party module a file imports, at the top or inside functions (``from builder import x`` counts as
+    ``builder.x``)."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
@@ -38,32 +108,74 @@ def first_party_imports(path: Path) -> list[str]:
                 found += [f"{node.module}.{alias.name}" for alias in node.names]
             else:
                 found.append(node.module)
-    return [m for m in found if layer_of(m) is not None]
+    return [m for m in found if room_of(m) is not None]
 
 
-def test_every_module_imports_only_the_layers_below_it():
-    violations = []
-    checked = 0
-    for layer, allowed in ALLOWED.items():
-        folder = REPO / layer.replace(".", "/")
-        for path in sorted(folder.rglob("*.py")):
-            if layer_of(".".join(path.relative_to(REPO).with_suffix("").parts)) != layer:
-                continue  # a nested layer (builder.release_format inside builder) is checked as its own
-            checked += 1
-            for module in first_party_imports(path):
-                target = layer_of(module)
-                if target != layer and target not in allowed:
-                    violations.append(f"{path.relative_to(REPO)} imports {module} ({layer} may import {allowed})")
-    assert checked > 80  # every package was found
+def _modules() -> list[tuple[Path, str]]:
+    return [
+        (path, room_of(".".join(path.relative_to(REPO).with_suffix("").parts)))
+        for top in FIRST_PARTY
+        for path in sorted((REPO / top).rglob("*.py"))
+    ]
+
+
+def _edges() -> dict[tuple[str, str], list[str]]:
+    """(room, room it imports) -> where (file: module), for every import between two rooms."""
+    edges: dict[tuple[str, str], list[str]] = {}
+    for path, room in _modules():
+        for module in first_party_imports(path):
+            target = room_of(module)
+            if target != room:
+                edges.setdefault((room, target), []).append(f"{path.relative_to(REPO)}: {module}")
+    return edges
+
+
+def test_every_room_is_in_the_table():
+    rooms = {room for _, room in _modules()}
+    assert len(rooms) >= 17
+    assert rooms == set(ALLOWED), f"rooms without a row: {sorted(rooms - set(ALLOWED))}"
+
+
+def test_every_module_imports_only_the_rooms_its_row_allows():
+    violations = [
+        f"{where} ({room} may import {sorted(ALLOWED[room]) or 'no other room'})"
+        for (room, target), places in _edges().items()
+        if target not in ALLOWED[room] and (room, target) not in PENDING
+        for where in places
+    ]
     assert not violations, "\n".join(violations)
+
+
+@pytest.mark.xfail(strict=True, reason="evaluation still imports its interfaces room (release kinds under way)")
+def test_pending_imports_are_gone():
+    assert not [pair for pair in PENDING if pair in _edges()]
+
+
+def test_the_table_and_so_the_import_graph_has_no_cycle():
+    """Every row names only rows above it: the allowed graph is acyclic, so the actual one (a subgraph) is too."""
+    seen: set[str] = set()
+    for room, allowed in ALLOWED.items():
+        assert allowed <= seen, f"{room} may import {sorted(allowed - seen)}, listed below it"
+        seen.add(room)
 
 
 def test_the_check_sees_lazy_imports_inside_functions(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from builder.registry import EDITORS\n    import evaluation.metrics\n")
     assert first_party_imports(module) == ["builder.registry", "evaluation.metrics"]
-    assert layer_of("builder.registry") == "builder" and "builder" not in ALLOWED["lance_pipeline"]
-    assert layer_of("builder.release_format.shards") == "builder.release_format"
+    assert room_of("builder.registry") == "builder" and "builder" not in ALLOWED["lance_pipeline"]
+    assert room_of("builder.release_format.shards") == "builder.release_format"
+    assert room_of("lance_pipeline.editing.stages") == "lance_pipeline.editing"
+
+
+def test_import_builder_and_the_cli_parser_load_no_model_library():
+    """What ``lance-cf --help`` runs: import the CLI and build every subcommand's parser, in a fresh interpreter."""
+    code = (
+        "import sys, builder, builder.cli; builder.cli.build_parser(); "
+        f"print(sorted(m for m in {MODEL_LIBRARIES!r} if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
 def test_a_code_stage_type_in_a_moved_module_names_its_new_place(tmp_path, capsys):
