@@ -373,11 +373,15 @@ from lance_pipeline.text.perturbation import PromptPerturber
 from lance_pipeline.perturber.collect import load_dataset_split
 base, adapter, data = sys.argv[1:4]
 rows = datasets.load_dataset(data, split="train")
+# perturber train/eval read a Hub id through the streaming reader: only the split's files are fetched.
+from lance_pipeline.perturber.data import iter_instruction_rows
+streamed = list(iter_instruction_rows(data, "train", accepted_only=False))
 perturber = PromptPerturber(model=base, revision=None, adapter=adapter, adapter_revision="main",
                             edit_types=["domain"], max_new_tokens=12)
 perturber.load("cpu")
 raw = perturber.perturb_detailed(["a photo of a girl in the park"], None, ["girl"])[0]["raw"]
-print("RESULT" + json.dumps({"rows": len(rows), "raw": raw, "style": perturber.describe()["prompt_style"]}))
+print("RESULT" + json.dumps({"rows": len(rows), "raw": raw, "style": perturber.describe()["prompt_style"],
+                             "streamed": [r["caption"] for r in streamed] == list(rows["caption"])}))
 """
 
 
@@ -435,7 +439,7 @@ def test_push_data_and_adapter_then_load_the_adapter_by_hub_id(chat_double, tiny
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-3000:]
         result = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))[len("RESULT") :])
-        assert result == {"rows": 2, "raw": expected, "style": "alpaca"}
+        assert result == {"rows": 2, "raw": expected, "style": "alpaca", "streamed": True}
     finally:
         hub.stop()
 
