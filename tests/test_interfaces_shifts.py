@@ -173,3 +173,13 @@ def test_the_deviations_of_an_interfaces_release_are_decided_from_its_manifest()
     assert "token training precision" not in topics(_star_manifest(plain=True))
     # the docs table has the mode's rows
     assert "### Dataset interfaces (ImageNet*)" in (REPO / "docs" / "method.md").read_text(encoding="utf-8")
+
+
+def test_presets_show_comments_a_star_preset_with_its_own_configs(capsys):
+    for preset in ("imagenet-star", "demo-star"):
+        code, out, _ = _run(capsys, "presets", "--show", preset)
+        assert code == 0
+        line = next(line for line in out.splitlines() if line.startswith("configs:"))
+        assert "base and the shifts" in line and "original" not in line and "counterfactual" not in line
+    code, out, _ = _run(capsys, "presets", "--show", "demo")  # a LANCE preset keeps LANCE's comment
+    assert "original, reconstructed, counterfactual" in next(ln for ln in out.splitlines() if ln.startswith("configs:"))

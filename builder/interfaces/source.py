@@ -116,7 +116,10 @@ class GenerationSource(Source):
             "when the filter keeps rejected images",
             "Vendrow et al. 2023, Table 1",
         ),
-        "image_size": ("released image side; the generate stage's image_size decides it", "MadryLab code: 512"),
+        "image_size": (
+            "not used by a generation build: the generate stage's image_size is the released images' side",
+            "tool",
+        ),
     }
 
 
