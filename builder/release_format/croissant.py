@@ -166,6 +166,7 @@ def index_bytes(rows: list[dict[str, Any]], spec: ReleaseSpec, config: str | Non
 def write_indexes(root: Path, manifest: Manifest) -> dict[str, tuple[str, int]]:
     """Write every config's index from its shards (read back, metadata members only) and remove index files of
     configs the release no longer has; return per config the (sha256, bytes) of its index."""
+    # lazy: builder.release_format.shards leads back to this module at import time
     from builder.release_format.shards import iter_shard
 
     root = Path(root)
@@ -446,6 +447,7 @@ def croissant_document(
 def check_croissant(document: Any, manifest: Manifest, indexes: dict[str, tuple[str, int]]) -> list[str]:
     """Problems of a ``croissant.json`` against the manifest: its structure must equal what the manifest implies,
     and every required prose field must be present (``verify`` calls this)."""
+    # lazy: builder.release_format.verify leads back to this module at import time
     from builder.release_format.verify import _first_difference
 
     if not isinstance(document, dict):

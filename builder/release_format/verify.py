@@ -262,6 +262,7 @@ def _check_croissant(root: Path, manifest: Manifest, rows: dict[str, list[dict[s
     the declaration; nothing else sits under ``index/``; ``croissant.json`` equals what the manifest implies."""
     if manifest.format_version < 2:
         return []
+    # lazy: builder.release_format.croissant leads back to this module at import time
     from builder.release_format.croissant import (
         CROISSANT_NAME,
         INDEX_DIR,
