@@ -30,7 +30,7 @@ import os
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-from lance_pipeline.clip.loader import DEFAULT_MODEL, DEFAULT_PRETRAINED
+from lance_pipeline.clip.loader import DEFAULT_MODEL, DEFAULT_PRETRAINED, ClipModelRef
 
 if TYPE_CHECKING:
     import torch
@@ -276,8 +276,6 @@ class ClipScorer:
         batch_size: int = 32,
         cache_dir: str | None = None,
     ) -> None:
-        from lance_pipeline.clip.loader import ClipModelRef
-
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         self.ref = ClipModelRef(model, pretrained, revision, cache_dir)

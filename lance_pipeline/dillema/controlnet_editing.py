@@ -46,6 +46,7 @@ from typing import Any
 
 from lance_pipeline.editing.candidate_selection import Candidate, CandidateSelector, EditRequest, SweepResult
 from lance_pipeline.editing.options import EditorOptions, check_model_reference
+from lance_pipeline.editing.sd_components import load_stable_diffusion_components
 from lance_pipeline.editing.stages import CounterfactualEditStage
 from lance_pipeline.model_needs import DIFFUSERS_MODEL_FILES, SD_COMPONENT_FILES, ModelOption, clip_option
 from lance_pipeline.option_types import DiffusionSteps
@@ -409,8 +410,6 @@ class ControlNetEditor:
     @classmethod
     def load(cls, options: ControlNetEditorOptions, device: str) -> ControlNetEditor:
         """Load (or share) the SD components, load the ControlNet and the scheduler config, build the editor."""
-        from lance_pipeline.editing.sd_components import load_stable_diffusion_components
-
         o = options
         components = load_stable_diffusion_components(o.model, o.revision, o.dtype, device, o.cache_dir)
         controlnet = load_controlnet(o.controlnet, o.controlnet_revision, o.dtype, device, o.cache_dir)

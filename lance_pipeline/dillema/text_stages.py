@@ -51,7 +51,12 @@ from typing import Any
 from lance_pipeline.edit_types import MULTI_EDIT_TYPE, edit_type_names
 from lance_pipeline.stage import Record, SampleFailure
 from lance_pipeline.text.edit_spans import STRIP_CHARS, diff_captions, tokenize_caption
-from lance_pipeline.text.perturbation import DEFAULT_PERTURBER, DEFAULT_PERTURBER_REVISION, PromptPerturber
+from lance_pipeline.text.perturbation import (
+    DEFAULT_PERTURBER,
+    DEFAULT_PERTURBER_REVISION,
+    PromptPerturber,
+    parse_perturber_output,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -764,8 +769,6 @@ class DillemaCounterfactualStage(_DillemaStage):
 
     def check_rewrite(self, text: str, truncated: bool, caption: str, label_name: str, applied: dict[str, str]):
         """The rewritten caption of one answer, or ``(None, reason)``."""
-        from lance_pipeline.text.perturbation import parse_perturber_output
-
         parsed = parse_perturber_output(
             _REWRITE_LABEL_RE.sub("", text) if isinstance(text, str) else text,
             caption,

@@ -20,6 +20,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from lance_pipeline.clip.gates import gate_failures
 from lance_pipeline.stage import SCORE_NAMES, Record
 
 logger = logging.getLogger(__name__)
@@ -214,8 +215,6 @@ def select_candidates(
     Returns:
         ``(chosen samples with their image, every candidate's record without image)``.
     """
-    from lance_pipeline.clip.gates import gate_failures
-
     if selection not in SELECTIONS:
         raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
     records = []

@@ -69,7 +69,10 @@ def reference_sweep(editor, inversion: dict[str, Any], requests) -> dict[tuple[i
     Returns:
         ``(request index, sweep value) -> final latents [2, C, h, w]`` (the run's source, then the target).
     """
+    # lazy: imports torch
     from lance_pipeline.editing.attention_control import PromptToPromptController
+
+    # lazy: imports torch
     from lance_pipeline.editing.inversion import ddim_sample
 
     o = editor.options

@@ -27,6 +27,7 @@ import torch
 from PIL import Image
 
 from lance_pipeline.editing.attention_control import PromptToPromptController, attention_control
+from lance_pipeline.registry import INVERSIONS
 
 logger = logging.getLogger(__name__)
 
@@ -556,6 +557,4 @@ class DirectInversionMethod(_DDIMPivotMethod):
 
 def make_inversion_method(name: str, components, options) -> InversionMethod:
     """The registered inversion method ``name`` (``lance_pipeline.registry.INVERSIONS``) for these components."""
-    from lance_pipeline.registry import INVERSIONS
-
     return INVERSIONS.resolve(name)(components, options)

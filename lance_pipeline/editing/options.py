@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from lance_pipeline.clip.gates import ClipGateThresholds
 from lance_pipeline.editing.sd_components import COMPILE_MODES, DEFAULT_MODEL, DEFAULT_REVISION, DTYPES
 from lance_pipeline.option_types import DiffusionSteps, ImageSide
+from lance_pipeline.registry import INVERSIONS
 
 # LANCE's paper sweep (section 3.2); the authors' code sweeps only up to 0.8.
 DEFAULT_SELF_REPLACE_SWEEP = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -67,8 +69,6 @@ class ClipGateOptions:
     require_edited_closer: bool = True
 
     def gate_thresholds(self):
-        from lance_pipeline.clip.gates import ClipGateThresholds
-
         return ClipGateThresholds(
             directional=self.clip_directional_threshold,
             image=self.clip_image_threshold,
@@ -222,7 +222,6 @@ class ImageEditorOptions(EditorOptions):
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.guidance_scale < 1.0:
             raise ValueError(f"guidance_scale must be >= 1, got {self.guidance_scale!r}")
-        from lance_pipeline.registry import INVERSIONS
 
         if ":" not in self.inversion:  # "package.module:attr" names a custom method directly
             INVERSIONS.target(self.inversion)  # an unknown name fails here, with "did you mean"

@@ -84,6 +84,7 @@ class PromptToPromptEditor:
     # ------------------------------------------------------------------------------------------ inversion
 
     def inversion_method(self):
+        # lazy: imports torch
         from lance_pipeline.editing.inversion import make_inversion_method
 
         return make_inversion_method(self.options.inversion, self.components, self.options)
@@ -117,6 +118,7 @@ class PromptToPromptEditor:
     # ------------------------------------------------------------------------------------------ sampling
 
     def _embed(self, prompts: list[str]):
+        # lazy: imports torch
         from lance_pipeline.editing.inversion import encode_prompts
 
         return encode_prompts(self.components.tokenizer, self.components.text_encoder, prompts).to(self.dtype)
@@ -126,6 +128,7 @@ class PromptToPromptEditor:
 
         When the inversion method already ran the source branch (``reconstruction_latent``), it is only decoded.
         """
+        # lazy: imports torch
         from lance_pipeline.editing.inversion import decode_latents
 
         final = inversion.get("reconstruction_latent")
@@ -135,6 +138,7 @@ class PromptToPromptEditor:
 
     def render_reconstruction(self, inversion: dict[str, Any]):
         """The reconstruction by a separate guided sampling pass (PIL image)."""
+        # lazy: imports torch
         from lance_pipeline.editing.inversion import ddim_sample, decode_latents
 
         trajectory = inversion.get("source_trajectory")
@@ -158,7 +162,10 @@ class PromptToPromptEditor:
 
     def build_target(self, caption: str, request: EditRequest, self_replace: float):
         """The prompt-to-prompt schedule of one (edit, sweep value) target."""
+        # lazy: imports torch
         from lance_pipeline.editing.attention_control import EditTarget, align_tokens, find_span_tokens, make_equalizer
+
+        # lazy: imports torch
         from lance_pipeline.editing.inversion import prompt_token_ids
 
         tokenizer = self.components.tokenizer
@@ -237,6 +244,7 @@ class PromptToPromptEditor:
         """
         import torch
 
+        # lazy: imports torch
         from lance_pipeline.editing.inversion import decode_latents
 
         o = self.options
@@ -395,7 +403,10 @@ def sample_sweep(
 
     import torch
 
+    # lazy: imports torch
     from lance_pipeline.editing.attention_control import PromptToPromptController, attention_control
+
+    # lazy: imports torch
     from lance_pipeline.editing.inversion import make_schedulers, progress
 
     num_steps = null_embeddings.shape[0]

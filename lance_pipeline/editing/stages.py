@@ -29,6 +29,7 @@ import dataclasses
 import logging
 from typing import Any
 
+from lance_pipeline.clip.gates import ClipScorer
 from lance_pipeline.editing.candidate_selection import (  # noqa: F401  (re-exported: the names image_editing always had)
     Candidate,
     CandidateSelector,
@@ -48,6 +49,7 @@ from lance_pipeline.editing.sd_components import (  # noqa: F401
     load_stable_diffusion_components,
 )
 from lance_pipeline.model_needs import SD_COMPONENT_FILES, ModelOption, clip_option
+from lance_pipeline.registry import EDITORS
 from lance_pipeline.stage import SCORE_NAMES, MetadataField, Record, ReleaseOutput, SampleFailure
 
 # Which editor rendered a sample (``lance_pipeline.registry.EDITORS``): one field, so releases of two editors compare.
@@ -84,13 +86,9 @@ class _ImageStage:
         self.editor = None
 
     def load(self, device: str) -> None:
-        from lance_pipeline.registry import EDITORS
-
         self.editor = EDITORS.resolve(self.editor_name).load(self.options, device)
         if self.uses_clip:
             if self.scorer is None:
-                from lance_pipeline.clip.gates import ClipScorer
-
                 self.scorer = ClipScorer(
                     model=self.options.clip_model,
                     pretrained=self.options.clip_pretrained,

@@ -18,9 +18,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lance_pipeline.clip.gates import ClipScorer
+from lance_pipeline.clip.loader import ClipModelRef
+from lance_pipeline.interfaces.object_thresholds import ObjectThresholds
+from lance_pipeline.interfaces.shifts import TOKEN_PLACEHOLDER, object_caption
+from lance_pipeline.interfaces.textual_inversion import check_tokens_for_encoder, read_token_dir
 from lance_pipeline.model_needs import SD_PIPELINE_FILES, ModelOption, clip_option
 from lance_pipeline.option_types import DiffusionSteps, ImageSide
-from lance_pipeline.stage import MetadataField, ReleaseOutput
+from lance_pipeline.stage import MetadataField, ReleaseOutput, SampleFailure
 
 logger = logging.getLogger(__name__)
 
@@ -105,8 +110,6 @@ class ShiftGenerator:
     def _load_tokens(self, directory: Path) -> dict[int, str]:
         """Load every ``{label}.safetensors`` / ``{label}.bin`` token into the pipeline's text encoder, each checked
         first (``textual_inversion.read_token_dir`` and ``check_tokens_for_encoder``: errors name the file)."""
-        from lance_pipeline.interfaces.textual_inversion import check_tokens_for_encoder, read_token_dir
-
         files = read_token_dir(directory)
         check_tokens_for_encoder(files, self.pipe.tokenizer, self.pipe.text_encoder.get_input_embeddings().weight)
         tokens: dict[int, str] = {}
@@ -240,9 +243,6 @@ class ShiftGenerationStage:
         self.generator.load()
 
     def process(self, records: list[dict[str, Any]]) -> list[Any]:
-        from lance_pipeline.interfaces.shifts import TOKEN_PLACEHOLDER
-        from lance_pipeline.stage import SampleFailure
-
         assert self.generator is not None, "load() first"
         results: list[Any] = [None] * len(records)
         todo: list[tuple[int, str, str | None]] = []
@@ -265,8 +265,6 @@ class ShiftGenerationStage:
     def check_classes(self, classes: dict[int, str]) -> None:
         """Before any model runs: the token folder is readable and sound, and has a token for every class the build
         generates (a missing class would otherwise fail image by image, after hours of generation)."""
-        from lance_pipeline.interfaces.textual_inversion import read_token_dir
-
         tokens = self.options.tokens
         if self.options.plain_prompt or tokens is None or tokens.startswith(("demo:", "pkg:")):
             return
@@ -361,8 +359,6 @@ class ShiftFilterStage:
         self.scorer = None
         self.thresholds = None
         if self.options.object_thresholds is not None:
-            from lance_pipeline.interfaces.object_thresholds import ObjectThresholds
-
             self.thresholds = ObjectThresholds.read(self.options.object_thresholds)
 
     def check_classes(self, classes: dict[int, str]) -> None:
@@ -381,8 +377,6 @@ class ShiftFilterStage:
 
     def _check_clip_names(self) -> None:
         """The file's CLIP model must be this filter's (names here; weights hashes once loaded)."""
-        from lance_pipeline.clip.loader import ClipModelRef
-
         o = self.options
         if o.clip_model.startswith(("demo:", "pkg:")):
             return  # resolved by the builder; compared by weights hash at load
@@ -396,8 +390,6 @@ class ShiftFilterStage:
             )
 
     def load(self, device: str) -> None:
-        from lance_pipeline.clip.gates import ClipScorer
-
         o = self.options
         self.scorer = ClipScorer(model=o.clip_model, pretrained=o.clip_pretrained, revision=o.clip_revision)
         self.scorer.load(device)
@@ -411,8 +403,6 @@ class ShiftFilterStage:
                 )
 
     def _object_threshold(self, record: dict[str, Any]) -> float | None:
-        from lance_pipeline.interfaces.shifts import object_caption
-
         if self.options.object_rule == "off":
             return None
         if self.options.object_rule == "global":

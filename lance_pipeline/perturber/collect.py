@@ -39,6 +39,7 @@ from typing import Any
 from lance_pipeline.edit_types import CHECKS, validate_edit_types
 from lance_pipeline.edit_types import edit_type as edit_type_row
 from lance_pipeline.text.edit_spans import SpanDiff, diff_captions
+from lance_pipeline.text.label_checks import label_names_of
 from lance_pipeline.text.perturbation import (
     DEFAULT_PERTURBER,
     PromptPerturber,
@@ -114,8 +115,6 @@ def judge_variation(
     if diff.n_regions == 0:
         return diff, "identical"
     if label_name:
-        from lance_pipeline.text.label_checks import label_names_of
-
         present = [name for name in label_names_of(label_name) if _contains_phrase(caption, name)]
         if present and not any(_contains_phrase(edited, name) for name in present):
             return diff, "class_removed"

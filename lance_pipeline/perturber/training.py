@@ -32,6 +32,7 @@ from typing import Any
 from lance_pipeline.deviations import render_table, rows_of
 from lance_pipeline.edit_types import edit_type as edit_type_row
 from lance_pipeline.edit_types import validate_edit_types
+from lance_pipeline.perturber.collect import judge_variation
 from lance_pipeline.perturber.data import count_instruction_rows, iter_instruction_rows
 from lance_pipeline.text.perturbation import alpaca_prompt
 
@@ -586,8 +587,6 @@ def evaluate_perturber(
         edited spans per caption) and ``rejected_by_reason``.
     """
     from collections import Counter
-
-    from lance_pipeline.perturber.collect import judge_variation
 
     texts = [c for c, _ in captions]
     labels = [label for _, label in captions]

@@ -38,6 +38,7 @@ from typing import Any
 
 from lance_pipeline.model_needs import ModelOption
 from lance_pipeline.stage import Record, SampleFailure
+from lance_pipeline.text.perturbation import SeededGumbelSampler
 
 logger = logging.getLogger(__name__)
 
@@ -254,8 +255,6 @@ class LabelConditionedCaptioner:
         if self.do_sample:
             # One row per (image, caption), each drawing its own noise: the caption depends on its seed only.
             from transformers import LogitsProcessorList
-
-            from lance_pipeline.text.perturbation import SeededGumbelSampler
 
             images = [im for im in images for _ in range(n)]
             prompts_in = [p for p in prompts for _ in range(n)]

@@ -19,6 +19,8 @@ import logging
 import tempfile
 from pathlib import Path
 
+from lance_pipeline.tiny.image_components import create_tiny_stable_diffusion
+
 logger = logging.getLogger(__name__)
 
 # The tiny VAE downsamples 4x (three blocks), so the condition encoder must too: three stages, two stride-2 convs.
@@ -38,8 +40,6 @@ def create_tiny_controlnet(path: str | Path) -> Path:
     """
     import torch
     from diffusers import ControlNetModel, UNet2DConditionModel
-
-    from lance_pipeline.tiny.image_components import create_tiny_stable_diffusion
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)

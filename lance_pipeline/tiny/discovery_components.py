@@ -30,6 +30,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
+from lance_pipeline.discovery.search import DiscoveryComponents
+
 PALETTE: dict[str, tuple[int, int, int]] = {
     "red": (220, 30, 30),
     "green": (30, 180, 40),
@@ -295,8 +297,6 @@ def create_demo_components(scenario: DemoScenario, class_names: list[str], label
     The stand-in classifier works on indices (0..n-1: the run's classes, then other labels up to
     ``DEMO_NUM_LABELS``); its predictions are mapped back to ``labels`` and to the smallest labels not among them.
     """
-    from lance_pipeline.discovery.search import DiscoveryComponents
-
     labels = list(range(len(class_names))) if labels is None else list(labels)
     if len(labels) != len(class_names) or len(set(labels)) != len(labels):
         raise ValueError("the demo needs one distinct label per class")
