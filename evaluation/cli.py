@@ -10,8 +10,22 @@ import logging
 import sys
 from pathlib import Path
 
+from evaluation.fidelity import (
+    add_side_by_side_arguments,
+    check_masks,
+    load_side_by_side_clip,
+    release_labels,
+    shared_sources,
+    side_by_side,
+    table_markdown,
+)
+from evaluation.leaderboard import summary_lines, write_leaderboard
 from evaluation.metric_registry import METRICS, parse_metric_names
+from evaluation.models import ModelSpec, expand_model_names
+from evaluation.release_reader import open_release
 from evaluation.results import AMP_DTYPES, MODEL_DTYPES
+from lance_pipeline.devices import resolve_device as shared_rule
+from lance_pipeline.model_needs import clip_need, timm_need
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +146,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-report", action="store_true", help="skip the HTML report")
     p.add_argument("--gallery-size", type=int, default=12, help="counterfactuals shown in the report gallery")
     p.add_argument("--force", action="store_true", help="re-run models whose results already exist")
-    from evaluation.fidelity import add_side_by_side_arguments  # light: argparse and stdlib at import
 
     add_side_by_side_arguments(p)
     p.set_defaults(func=run_eval, models=declared_models)
@@ -169,8 +182,6 @@ def _device_list(value: str) -> list[str]:
 
 def resolve_device(device: str | None) -> str:
     """The device rule every command shares (``lance_pipeline.devices``): auto picks cuda when available."""
-    from lance_pipeline.devices import resolve_device as shared_rule
-
     return shared_rule(device)
 
 
@@ -183,12 +194,8 @@ def declared_models(args: argparse.Namespace) -> list:
     """The models ``eval`` will load (checked before it starts: ``lance-cf models list eval ...``): each classifier's
     pretrained weights, the insights' CLIP (optional: without it the insights are skipped) and, for several
     releases, the side by side's CLIP."""
-    from lance_pipeline.model_needs import clip_need, timm_need
-
     needs = []
     if not args.no_pretrained and args.checkpoint is None:
-        from evaluation.models import expand_model_names
-
         needs += [timm_need(n, used_by="eval", key="--model") for n in expand_model_names(args.model)]
     if not args.no_insights:
         needs.append(clip_need(args.clip_model, args.clip_pretrained, used_by="eval insights", key="--clip-model",
@@ -217,10 +224,8 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.output.exists() and not args.output.is_dir():
         raise ValueError(f"--output {str(args.output)!r} is a file; give a directory")
 
-    from evaluation.fidelity import check_masks
+    # lazy: imports torch
     from evaluation.harness import EvalOptions, run_evaluation
-    from evaluation.models import ModelSpec, expand_model_names
-    from evaluation.release_reader import open_release
 
     release_specs = args.release if isinstance(args.release, list) else [args.release]
     check_masks(args.masks)
@@ -302,8 +307,6 @@ def run_eval(args: argparse.Namespace) -> int:
 def _prepare_side_by_side(releases: list, args: argparse.Namespace, device: str) -> dict:
     """Before any model runs: release labels (output folders), the shared-source check and the CLIP scorer, so that a
     problem is one line with nothing written."""
-    from evaluation.fidelity import load_side_by_side_clip, release_labels, shared_sources
-
     labels = release_labels(releases)
     common = shared_sources(releases, labels)
     clip = None
@@ -314,8 +317,6 @@ def _prepare_side_by_side(releases: list, args: argparse.Namespace, device: str)
 
 def _write_side_by_side(releases: list, summaries: dict, args: argparse.Namespace, prepared: dict) -> None:
     """The side-by-side table and plot (``evaluation.fidelity.side_by_side``) from this run's results."""
-    from evaluation.fidelity import side_by_side, table_markdown
-
     results = {
         label: [s["results"] for s in group if s["status"] in ("ok", "skipped") and s.get("results")]
         for label, group in summaries.items()
@@ -355,8 +356,6 @@ def _check_device(name: str) -> None:
 
 def _print_summary(summary: dict) -> None:
     """One line per model and config as it finishes, as timm's validate.py prints its ``* Acc@1 ...`` line."""
-    from evaluation.leaderboard import summary_lines
-
     if summary["status"] == "error":
         sys.stdout.write(f"{summary['model']}: FAILED: {summary.get('error')}\n")
     else:
@@ -367,8 +366,6 @@ def _print_summary(summary: dict) -> None:
 
 
 def run_leaderboard(args: argparse.Namespace) -> int:
-    from evaluation.leaderboard import write_leaderboard
-
     _check_positive("--bootstrap", args.bootstrap, 0)
     written = write_leaderboard(
         args.results, args.output, n_boot=args.bootstrap, seed=args.seed, split_releases=args.split_releases

@@ -36,6 +36,12 @@ import math
 from pathlib import Path
 from typing import Any
 
+from evaluation.plots import _figure, _plain, _pyplot
+from evaluation.release_reader import open_release, read_samples
+from evaluation.results import model_label
+from lance_pipeline.clip.gates import ClipScorer
+from lance_pipeline.model_needs import clip_need
+
 logger = logging.getLogger(__name__)
 
 EDITOR_OF_STAGE_TYPE = {
@@ -231,8 +237,6 @@ def release_fidelity(
 def _decode(release, config: str, ext: str, keys: set[str] | None = None) -> dict[str, tuple[dict, Any]]:
     from PIL import Image
 
-    from evaluation.release_reader import read_samples
-
     out = {}
     for key, members in read_samples(release, config, keys).items():
         if ext not in members or "json" not in members:
@@ -330,8 +334,6 @@ def fidelity_table(
             ``sensitivity.by_edit_type`` (``overall`` for the ``all`` row). A release without results gets one row
             per edit type with the accuracy columns empty.
     """
-    from evaluation.results import model_label
-
     by_group: dict[tuple[str, str, str], list[dict]] = {}
     for row in rows:
         by_group.setdefault((row["editor"], row["release"], row["edit_type"]), []).append(row)
@@ -385,8 +387,6 @@ def plot_fidelity(table: list[dict[str, Any]], path: Path) -> Path:
 
     With several models the accuracy bar is their mean. A missing value (no eval results, no CLIP) is no bar.
     """
-    from evaluation.plots import _figure, _plain, _pyplot
-
     panels = [
         ("paired_delta_acc1", "paired Δ acc@1 (points; mean over models)"),
         ("clip_image", "CLIP image similarity"),
@@ -528,16 +528,12 @@ def _write_html(path: Path, note: str, table: list[dict[str, Any]]) -> None:
 
 def _declared_models(args: argparse.Namespace) -> list:
     """compare-editors loads one CLIP model (checked before it starts)."""
-    from lance_pipeline.model_needs import clip_need
-
     need = clip_need(args.clip_model, args.clip_pretrained, used_by="compare-editors", key="--clip-model")
     return [need] if need is not None else []
 
 
 def load_side_by_side_clip(model: str, pretrained: str | None, device: str):
     """The CLIP scorer of the CLIP image similarity, loaded; a model that cannot be loaded is one line (ValueError)."""
-    from lance_pipeline.clip.gates import ClipScorer
-
     pretrained = None if pretrained is None or str(pretrained).lower() == "none" else pretrained
     try:
         clip = ClipScorer(model=model, pretrained=pretrained)
@@ -565,8 +561,6 @@ def compare_editors(
     Returns:
         The table rows (see :func:`fidelity_table`).
     """
-    from evaluation.release_reader import open_release
-
     if len(release_specs) < 2:
         raise ValueError("compare-editors needs at least two --release (the same source images, two editors)")
     releases = [open_release(spec) for spec in release_specs]

@@ -24,8 +24,13 @@ from typing import Any
 import torch
 
 from builder import release_format as rf
+from evaluation.insights import cluster_release_edits
+from evaluation.interfaces.shift_results import is_interfaces_configs
+from evaluation.metric_registry import METRICS, default_metric_names, metric_versions, select_metrics
+from evaluation.metrics import compute_metrics
 from evaluation.models import ModelSpec, create_eval_model, describe_weights, resolve_label_indices
-from evaluation.release_reader import Release, iter_shard_samples
+from evaluation.release_reader import Release, ReleaseIntegrityError, iter_shard_samples
+from evaluation.report import write_model_report
 from evaluation.results import AMP_DTYPES, MODEL_DTYPES, RESULTS_SCHEMA, RESULTS_SCHEMA_VERSION  # noqa: F401 - re-exported
 
 logger = logging.getLogger(__name__)
@@ -76,8 +81,6 @@ class EvalOptions:
 
     def __post_init__(self) -> None:
         if self.metrics is not None:
-            from evaluation.metric_registry import default_metric_names, select_metrics
-
             # run order, required ones added; the default selection is None so that its run key stays the same
             selected = select_metrics(list(self.metrics))
             self.metrics = None if selected == default_metric_names() else selected
@@ -146,8 +149,6 @@ class ShardSampleDataset(torch.utils.data.IterableDataset):
 
     def __iter__(self):
         from PIL import Image
-
-        from evaluation.release_reader import ReleaseIntegrityError
 
         info = torch.utils.data.get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
@@ -345,8 +346,6 @@ def predict_release(
     from timm.data import create_transform
     from tqdm.auto import tqdm
 
-    from evaluation.release_reader import ReleaseIntegrityError
-
     device = torch.device(options.device)
     backend = configure_backends(device, options)
     # As timm's loader with its prefetcher: workers resize/crop to uint8 tensors (4x less to move between processes
@@ -523,8 +522,6 @@ def evaluate_model(
     import timm
     from timm.data import resolve_data_config
 
-    from evaluation.metrics import compute_metrics
-
     model = create_eval_model(spec)
     label_indices = resolve_label_indices(spec, model.num_classes, release.num_classes)
     data_config = resolve_data_config({}, model=model, use_test_size=True)
@@ -614,7 +611,6 @@ def is_done(path: Path, release: Release, spec: ModelSpec, options: EvalOptions)
     if previous.get("status") != "ok" or (previous.get("run") or {}).get("key") != run_key(release, spec, options):
         return False
     # a metric whose version changed since (its numbers would differ) is computed again
-    from evaluation.metric_registry import METRICS, metric_versions
 
     computed = previous.get("computed_metrics") or {}  # absent before results schema 3
     current = metric_versions([name for name in computed if name in METRICS])
@@ -654,8 +650,6 @@ def _quiet_root_logger():
 def prepare_insights(release: Release, options: EvalOptions) -> dict[str, Any]:
     """The release's edit clusters, computed before any model runs. A CLIP model that cannot be loaded is a one-line
     ``ValueError`` saying what to do, raised before anything is written."""
-    from evaluation.insights import cluster_release_edits
-
     try:
         with _quiet_root_logger():  # open_clip logs download failures on the root logger; our one line says it all
             return cluster_release_edits(release, options)
@@ -676,8 +670,6 @@ def _evaluate_and_write(
     """Evaluate one model and write its files; a model that fails gets an error results file. Returns its summary."""
     import pandas as pd
 
-    from evaluation.release_reader import ReleaseIntegrityError
-
     path = results_path(output_dir, spec)
     try:
         results, rows = evaluate_model(release, spec, options, edit_clusters)
@@ -691,8 +683,6 @@ def _evaluate_and_write(
     pd.DataFrame(rows).to_parquet(path.parent / "predictions.parquet", index=False)
     write_json(path, results)
     if options.report:
-        from evaluation.report import write_model_report
-
         try:
             write_model_report(results, rows, release, path.parent, gallery_size=options.gallery_size)
         except Exception as error:  # a report problem must not lose the computed results
@@ -703,8 +693,6 @@ def _evaluate_and_write(
 def _device_worker(device: str, threads: int, tasks: Any, done: Any, release, output_dir, options, clusters) -> None:
     """One ``--devices`` worker process: evaluates the models it takes from ``tasks`` on its device."""
     import dataclasses
-
-    from evaluation.release_reader import ReleaseIntegrityError
 
     torch.set_num_threads(threads)
     options = dataclasses.replace(options, device=device, devices=None)
@@ -727,8 +715,6 @@ def _run_parallel(release, specs, output_dir, options, clusters, on_result) -> l
     """Evaluate ``specs`` on several devices at once: one spawned worker process per device, models shared out
     first come first served. Each model's numbers are those of a single-device run (same code, same thread count)."""
     import multiprocessing
-
-    from evaluation.release_reader import ReleaseIntegrityError
 
     context = multiprocessing.get_context("spawn")
     tasks, done = context.Queue(), context.Queue()
@@ -807,10 +793,8 @@ def run_evaluation(
             todo.append(spec)
     if not todo:
         return summaries
-    from evaluation.interfaces.shift_results import is_interfaces_configs
 
     # insights cluster the edits of a LANCE release; an interfaces release has generated images and no edits
-    from evaluation.metric_registry import select_metrics
 
     insights = (
         options.insights

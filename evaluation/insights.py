@@ -20,6 +20,7 @@ from typing import Any
 from builder import release_format as rf
 from evaluation.metric_registry import Metric, MetricContext
 from evaluation.release_reader import Release, iter_shard_samples
+from lance_pipeline.clip.loader import load_clip
 
 logger = logging.getLogger(__name__)
 
@@ -36,8 +37,6 @@ def load_clip_text_encoder(model: str, pretrained: str | None, device: str = "cp
 
     Through the project's one CLIP loader (``lance_pipeline.clip.loader``), which applies the QuickGELU rule.
     """
-    from lance_pipeline.clip.loader import load_clip
-
     name = resolve_clip_name(model)
     has_schema = name.startswith(("hf-hub:", "local-dir:"))
     loaded = load_clip(name, None if has_schema else pretrained, device)

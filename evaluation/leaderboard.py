@@ -23,6 +23,13 @@ import numbers
 from pathlib import Path
 from typing import Any
 
+from evaluation.plots import (
+    plot_acc_scatter,
+    plot_class_delta_acc,
+    plot_edit_type_sensitivity,
+    plot_effective_robustness,
+    plot_shift_correlation,
+)
 from evaluation.results import (
     display_name,
     is_complete,
@@ -31,6 +38,8 @@ from evaluation.results import (
     model_label,
     validate_results,
 )
+from evaluation.robustness import effective_robustness, shift_correlations, timm_model_name
+from evaluation.timm_results import SHIFTS, load_shift_table
 
 logger = logging.getLogger(__name__)
 
@@ -231,8 +240,6 @@ def build_leaderboard(results: list[dict[str, Any]]) -> Any:
     """
     import pandas as pd
 
-    from evaluation.robustness import effective_robustness
-
     check_one_release(results)
     rows = [leaderboard_row(r) for r in results]
     fit = effective_robustness(results)
@@ -390,6 +397,7 @@ def leaderboard_markdown(results: list[dict[str, Any]]) -> str:
 
     The dataset card embeds this table; ``lance-cf leaderboard`` writes it at the top of ``leaderboard.md``.
     """
+    # lazy: evaluation.interfaces.shift_results leads back to this module at import time
     from evaluation.interfaces.shift_results import is_interfaces_release, shift_markdown
 
     results = [r for r in results if is_results(r)]
@@ -531,9 +539,6 @@ def leaderboard_records(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _published_drops(results: dict[str, Any] | None) -> dict[str, Any]:
     """The timm-published top-1 drop (shift minus ImageNet) of the model's weights on each real shift, so that the
     published table carries what the shift correlation is computed from (null for other weights or configs)."""
-    from evaluation.robustness import timm_model_name
-    from evaluation.timm_results import SHIFTS, load_shift_table
-
     name = timm_model_name(results) if results is not None else None
     published = load_shift_table().get(name) if name else None
     drops = {f"{shift}_drop": (published[shift] - published["imagenet"]) if published else None for shift in SHIFTS}
@@ -542,8 +547,6 @@ def _published_drops(results: dict[str, Any] | None) -> dict[str, Any]:
 
 def robustness_markdown(results: list[dict[str, Any]], n_boot: int = 1000, seed: int = 0) -> str:
     """The effective-robustness fit and the agreement with real shifts as Markdown sections (for the card too)."""
-    from evaluation.robustness import effective_robustness, shift_correlations
-
     results = [r for r in results if is_results(r)]
     check_one_release(results)
     fit = effective_robustness(results)
@@ -637,6 +640,7 @@ def write_leaderboard(
     ``OUTPUT/<name>-v<version>-<hash>/`` (the returned paths are then those of the first release's leaderboard, and
     ``OUTPUT/index.md`` lists them all).
     """
+    # lazy: evaluation.interfaces.shift_results leads back to this module at import time
     from evaluation.interfaces.shift_results import is_interfaces_release, write_interfaces_leaderboard
 
     results = find_results(paths)
@@ -658,15 +662,6 @@ def write_leaderboard(
 
 
 def _write_one(results: list[dict[str, Any]], output_dir: Path, n_boot: int, seed: int) -> dict[str, Path]:
-    from evaluation.plots import (
-        plot_acc_scatter,
-        plot_class_delta_acc,
-        plot_edit_type_sensitivity,
-        plot_effective_robustness,
-        plot_shift_correlation,
-    )
-    from evaluation.robustness import effective_robustness, shift_correlations
-
     df = build_leaderboard(results)  # refuses mixed releases before anything is written
     fit = effective_robustness(results)
     correlations = shift_correlations(results, n_boot=n_boot, seed=seed)

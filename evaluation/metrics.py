@@ -22,7 +22,14 @@ from typing import Any
 
 import numpy as np
 
-from evaluation.metric_registry import Metric, MetricContext
+from evaluation.metric_registry import (
+    Metric,
+    MetricContext,
+    create_metric,
+    default_metric_names,
+    run_metrics,
+    select_metrics,
+)
 
 NONE_EDIT_TYPE = "none"
 
@@ -451,8 +458,6 @@ def compute_metrics(
         left out default metrics that apply, ``metrics_left_out``; the layout is documented in docs/evaluation.md.
     """
     import pandas as pd
-
-    from evaluation.metric_registry import create_metric, default_metric_names, run_metrics, select_metrics
 
     df = pd.DataFrame(rows)
     if df.empty:

@@ -11,7 +11,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from evaluation.results import model_label
+from builder.release_format import EDIT_TYPES
+from evaluation.results import is_complete, model_label
+from evaluation.robustness import paired_accuracies, probit
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +55,6 @@ def _label(result: dict[str, Any]) -> str:
 def plot_edit_type_sensitivity(results: list[dict[str, Any]], path: Path) -> Path:
     """Grouped bars: mean Delta p(y_GT) (points) per edit type, one bar per model."""
     import numpy as np
-
-    from builder.release_format import EDIT_TYPES
 
     results = [r for r in _ok(results) if (r.get("sensitivity") or {}).get("by_edit_type")]
     present = sorted({t for r in results for t in r["sensitivity"]["by_edit_type"]}, key=_edit_type_order(EDIT_TYPES))
@@ -145,8 +145,6 @@ def plot_class_delta_acc(
 
 def plot_acc_scatter(results: list[dict[str, Any]], path: Path) -> Path:
     """Scatter of paired acc@1 on originals (x) against their counterfactuals (y), one point per model, y = x dashed."""
-    from evaluation.robustness import paired_accuracies
-
     points = [(r, paired_accuracies(r)) for r in _ok(results)]
     points = [(r, acc) for r, acc in points if acc is not None]
     fig, ax = _figure(figsize=(5, 5), dpi=100)
@@ -168,9 +166,6 @@ def plot_effective_robustness(results: list[dict[str, Any]], fit: dict[str, Any]
     """Probit-scaled scatter of counterfactual against original accuracy, the linear fit and y = x (Taori et al.)."""
     import numpy as np
     from scipy.stats import norm
-
-    from evaluation.results import is_complete
-    from evaluation.robustness import paired_accuracies, probit
 
     points = [(r, paired_accuracies(r)) for r in _ok(results) if is_complete(r)]
     points = [(r, acc) for r, acc in points if acc is not None]

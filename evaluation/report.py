@@ -13,7 +13,9 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
+from evaluation.interfaces.shift_results import scored_shifts
 from evaluation.leaderboard import fmt_number
+from evaluation.plots import plot_acc_scatter, plot_class_delta_acc, plot_edit_type_sensitivity
 from evaluation.release_reader import Release, read_samples
 from evaluation.results import model_label
 
@@ -116,7 +118,6 @@ def _shift_table(results: dict[str, Any]) -> str:
         "<th>drop [95% CI]</th><th>classes used</th><th class='text'>classes excluded</th></tr>"
     )
     body = []
-    from evaluation.interfaces.shift_results import scored_shifts
 
     for shift, entry in scored_shifts(section).items():
         excluded = ", ".join(str(c) for c in entry["classes_excluded"]) or "–"
@@ -221,8 +222,6 @@ def write_model_report(
     results: dict[str, Any], rows: list[dict[str, Any]], release: Release, out_dir: Path, gallery_size: int = 12
 ) -> Path:
     """Write ``out_dir/report.html`` and its ``assets/`` for one model's results and prediction rows."""
-    from evaluation.plots import plot_acc_scatter, plot_class_delta_acc, plot_edit_type_sensitivity
-
     out_dir = Path(out_dir)
     assets = out_dir / "assets"
     plots = []

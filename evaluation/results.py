@@ -86,6 +86,7 @@ def validate_results(obj: Any) -> None:
     if (
         "interfaces" in obj
     ):  # an interfaces (ImageNet*-style) release: the per-shift section (evaluation.interfaces.shift_results)
+        # lazy: evaluation.interfaces.shift_results leads back to this module at import time
         from evaluation.interfaces.shift_results import validate_interfaces
 
         validate_interfaces(obj["interfaces"])

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from evaluation.results import is_complete
+from evaluation.timm_results import SHIFTS, SOURCE_NOTE, load_shift_table
 
 logger = logging.getLogger(__name__)
 
@@ -122,8 +123,6 @@ def shift_correlations(
         ``{"source", "models": [{"model", "delta_here", "drops": {shift: drop}}], "by_shift": {shift: {"name",
         "spearman", "ci", "n_models"}}, "reason"}``.
     """
-    from evaluation.timm_results import SHIFTS, SOURCE_NOTE, load_shift_table
-
     table = load_shift_table() if table is None else table
     models = []
     for r in results:

@@ -15,7 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from evaluation.interfaces.shift_metrics import MIN_PER_CLASS, per_class_accuracy, shift_accuracy_drop
+from evaluation.leaderboard import check_one_release
 from evaluation.metric_registry import Metric, MetricContext
+from evaluation.results import is_complete, model_label
 
 BASE_CONFIG = "base"
 LANCE_ORIGINAL = "original"
@@ -158,8 +160,6 @@ def _with_ci(value: Any, ci: Any) -> str:
 def shift_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per (successful interfaces model, shift): model label, shift, accuracy, base accuracy, drop and its
     interval, classes used and excluded, images scored, complete."""
-    from evaluation.results import is_complete, model_label
-
     rows = []
     for r in results:
         if r.get("status") != "ok" or not is_interfaces_results(r):
@@ -226,8 +226,6 @@ def lance_edit_type_drops(results: dict[str, Any]) -> dict[str, float | None]:
 def combined_rows(results: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
     """One row per model over LANCE and interfaces results: columns ``edit: <type>`` (LANCE, drop per edit type) and
     ``shift: <name>`` (interfaces, drop per shift), all in accuracy points lost. Returns (columns, rows)."""
-    from evaluation.results import model_label
-
     columns: list[str] = []
     by_model: dict[str, dict[str, Any]] = {}
     for r in results:
@@ -327,8 +325,6 @@ def write_interfaces_leaderboard(results: list[dict[str, Any]], output_dir: Any,
     from pathlib import Path
 
     import pandas as pd
-
-    from evaluation.leaderboard import check_one_release
 
     interfaces = [r for r in results if is_interfaces_release(r)]
     lance = [r for r in results if not is_interfaces_release(r)]
