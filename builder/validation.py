@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,8 @@ from lance_pipeline.stage import (
 )
 
 ALLOW_CODE_ENV = "LANCE_CF_ALLOW_CODE"
+
+logger = logging.getLogger(__name__)
 
 
 def allow_code_from_env() -> bool:
@@ -126,6 +129,14 @@ def validate_build(config: BuildConfig, *, allow_code: bool | None = None) -> Va
     _check_config_names(config, known)
 
     selected = set(config.configs)
+    for output in (o for s in stages for o in s.contract.outputs if o.config in selected):
+        missing = [c for c in output.requires if c not in selected]
+        if missing:
+            raise ValueError(
+                f"config {output.config!r} links its samples to config(s) {missing}, which this build does not "
+                f"write; add {', '.join(map(repr, missing))} to configs"
+            )
+    stages = [_switch_outputs(s, selected) for s in stages]
     active = [s for s in stages if set(s.config.configs) & selected]
     _check_field_graph(active, stages, available)
     produced = set(available) | {f for s in active for f in s.contract.produces}
@@ -154,6 +165,37 @@ def validate_build(config: BuildConfig, *, allow_code: bool | None = None) -> Va
         outputs.append(output)
     spec = _release_spec(config, outputs, writers)
     return ValidatedBuild(config, tuple(stages), tuple(active), tuple(outputs), tuple(known), spec)
+
+
+def _switch_outputs(stage: ValidatedStage, selected: set[str]) -> ValidatedStage:
+    """Reconcile the stage's optional outputs (``ReleaseOutput.enabled_by``) with the configs this build writes.
+
+    A selected config whose output is switched off cannot be built: refused, naming the option. An output switched on
+    whose config is not built (``--configs`` left it out) is switched off for this build, so that its samples are
+    neither computed nor stored; the stage then records the option as off in the manifest.
+    """
+    off = {}
+    for output in stage.contract.outputs:
+        if output.enabled_by is None:
+            continue
+        typed = check_options(stage.cls, stage.config.options, f"stage {stage.config.name!r} ({stage.config.type})")
+        enabled = getattr(typed, output.enabled_by)
+        if output.config in selected and not enabled:
+            raise ValueError(
+                f"config {output.config!r} is written by stage {stage.config.name!r} only with its option "
+                f"{output.enabled_by}: true; set it, or leave {output.config!r} out of configs"
+            )
+        if enabled and output.config not in selected:
+            logger.info(
+                "stage %r: %s is on, but config %r is not built; switched off for this build",
+                stage.config.name,
+                output.enabled_by,
+                output.config,
+            )
+            off[output.enabled_by] = False
+    if not off:
+        return stage
+    return dataclasses.replace(stage, config=dataclasses.replace(stage.config, options={**stage.config.options, **off}))
 
 
 def _release_spec(config: BuildConfig, outputs: list[ReleaseOutput], writers: dict) -> Any:

@@ -118,6 +118,10 @@ class ReleaseOutput:
             output then writes every config listed in its stage's ``configs`` (e.g. one per shift), ``config`` is
             only a label, and a record whose field is null (or names a config not built) is not released. The
             engine counts where every routed record went, per class, in the manifest's ``build.routing``.
+        enabled_by: A boolean option of the stage that switches this output on (off: the stage writes nothing to it).
+            The builder refuses to build the config while the option is off, and switches the option off for a build
+            that does not build the config, so that nothing is computed and stored for it.
+        requires: Configs whose samples this config's samples link to (by key): building it without them is refused.
     """
 
     config: str
@@ -127,6 +131,8 @@ class ReleaseOutput:
     description: str = ""
     fields: tuple[MetadataField, ...] = ()
     config_field: str | None = None
+    enabled_by: str | None = None
+    requires: tuple[str, ...] = ()
 
     def sample_key(self, source_key: str, index: int = 0) -> str:
         if self.key_suffix is None:

@@ -79,3 +79,40 @@ def test_demo_croissant_reads_as_datasets_does(demo, tmp_path):
 
     counts = json.loads((demo / "manifest.json").read_text())["counts"]
     assert assert_croissant_matches_datasets(demo, tmp_path) == sum(c["total"] for c in counts.values())
+
+
+def test_demo_strength_config_is_every_candidate_linked_to_its_counterfactual_and_original(demo, tmp_path):
+    """The demo keeps every candidate of the sweep (keep_candidates): with its gates opened, each kept edit appears
+    once per self-attention fraction, strength = 1 - self_replace, and the selected one is its counterfactual."""
+    import datasets
+
+    from lance_pipeline.editing.options import DEFAULT_SELF_REPLACE_SWEEP
+
+    manifest = json.loads((demo / "manifest.json").read_text())
+    assert manifest["stages"]["edit"]["prompt_to_prompt"]["keep_candidates"] is True
+    load = {c: datasets.load_dataset(str(demo), c, split="test", cache_dir=str(tmp_path / "hf")) for c in CONFIG_NAMES}
+    strength = datasets.load_dataset(str(demo), "strength", split="test", cache_dir=str(tmp_path / "hf"))
+    assert strength.features["json"]["strength"].dtype == "float64"
+    assert strength.features["json"]["selected"].dtype == "bool"
+    counterfactuals = {r["__key__"]: r for r in load["counterfactual"]}
+    originals = {r["__key__"] for r in load["original"]}
+    by_edit: dict[str, list] = {}
+    for row in strength:
+        meta = row["json"]
+        assert meta["source_key"] in originals
+        assert meta["counterfactual_key"] in counterfactuals
+        assert meta["strength"] == round(1 - meta["self_replace"], 10)
+        assert meta["editor"] == "prompt_to_prompt" and meta["edit_type"] in EDIT_TYPES
+        cf = counterfactuals[meta["counterfactual_key"]]["json"]
+        assert (meta["source_key"], meta["edited_caption"], meta["edit_type"]) == (
+            cf["source_key"],
+            cf["edited_caption"],
+            cf["edit_type"],
+        )
+        by_edit.setdefault(meta["counterfactual_key"], []).append(row)
+    assert set(by_edit) == set(counterfactuals)
+    for key, rows in by_edit.items():
+        assert sorted(r["json"]["self_replace"] for r in rows) == sorted(DEFAULT_SELF_REPLACE_SWEEP)
+        (selected,) = [r for r in rows if r["json"]["selected"]]
+        assert selected["png"].tobytes() == counterfactuals[key]["png"].tobytes()
+        assert selected["json"]["scores"] == counterfactuals[key]["json"]["scores"]

@@ -198,6 +198,12 @@ class ControlNetEditorOptions(EditorOptions):
 
     dtypes = DTYPES
     positive_ints = ("num_inference_steps", "images_per_edit", "keep_per_edit", "batch_size")
+    # Why the conditioning scale is not mapped onto LANCE's strength axis (lance_pipeline.editing.strength).
+    not_a_strength_series = (
+        "the ControlNet editor's candidates are separate regenerations from noise (one per seed and conditioning "
+        "scale): the conditioning scale sets how closely the source's edges are followed, not how much of the source "
+        "image is kept, no scale gives the source back, and seeds vary the image as much as the scale does"
+    )
 
     def __post_init__(self) -> None:
         self.model = check_model_reference("model", self.model)
@@ -657,6 +663,7 @@ class ControlNetEditStage(CounterfactualEditStage):
     consumes = {"key": "str", "image": "image", "caption": "str", "seed": "int", "edits": "list"}
     produces = {"counterfactuals": "list", "edit_candidates": "list"}
     outputs = (ReleaseOutput("counterfactual", "counterfactuals", "cf", many=True, fields=METADATA_FIELDS),)
+    strength_field = None  # its candidates are no strength series (ControlNetEditorOptions.not_a_strength_series)
 
     def _selector(self) -> ControlNetSelector:
         o = self.options

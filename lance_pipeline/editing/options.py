@@ -90,6 +90,9 @@ class EditorOptions(ClipGateOptions):
         dtype: Weights and compute dtype, one of ``dtypes``.
         image_size: Square size in pixels of the images the editor renders.
         cache_dir: Hugging Face cache directory (default: the hub's own).
+        keep_candidates: Release every gate-passing candidate of each edit as a sample of the ``strength`` config
+            (``lance_pipeline.editing.strength``), not only the selected one; off by default. Only an editor whose
+            candidates are one edit rendered at graded strengths accepts it (``candidates_are_strength_series``).
     """
 
     model: str = ""
@@ -97,17 +100,29 @@ class EditorOptions(ClipGateOptions):
     dtype: str = "float32"
     image_size: ImageSide = 512
     cache_dir: str | None = None
+    keep_candidates: bool = False
 
     # Class attributes, not options (unannotated or ClassVar): the dtypes an editor accepts, and its own options that
     # must be positive ints (image_size and clip_batch_size are checked for every editor).
     dtypes: ClassVar[tuple[str, ...]] = ("float32", "float16", "bfloat16")
     positive_ints: ClassVar[tuple[str, ...]] = ()
+    # Whether the editor's candidates of one edit are that edit at graded strengths, each with a ``self_replace``
+    # fraction (strength = 1 - self_replace); if not, why not (the refusal of ``keep_candidates: true`` says it).
+    candidates_are_strength_series: ClassVar[bool] = False
+    not_a_strength_series: ClassVar[str] = "this editor's candidates are not one edit at graded strengths"
 
     def __post_init__(self) -> None:
         self.model = check_model_reference("model", self.model)
         if self.dtype not in self.dtypes:
             raise ValueError(f"dtype must be one of {self.dtypes}, got {self.dtype!r}")
         check_positive_ints(self, ("image_size", *self.positive_ints, "clip_batch_size"))
+        if not isinstance(self.keep_candidates, bool):
+            raise ValueError(f"keep_candidates must be true or false, got {self.keep_candidates!r}")
+        if self.keep_candidates and not self.candidates_are_strength_series:
+            raise ValueError(
+                f"keep_candidates: {self.not_a_strength_series}, so they have no place on the strength axis; "
+                "set keep_candidates: false"
+            )
 
     @property
     def is_local(self) -> bool:
@@ -159,6 +174,8 @@ class ImageEditorOptions(EditorOptions):
         selection: Which gate-passing candidate of an edit is kept: ``"best_directional"`` (highest CLIP
             directional similarity) or ``"largest_passing"`` (largest self_replace, the authors' code in effect).
         lance_r_word_check: Apply the LANCE-R word check in ``lance_r_edit`` (off only for noise-image demos).
+        keep_candidates: In ``edit``, also release every gate-passing candidate of the sweep as the ``strength``
+            config, strength = 1 - self_replace (``lance_pipeline.editing.strength``).
         clip_*, require_edited_closer, cache_dir: shared by every editor (``EditorOptions``, ``ClipGateOptions``).
     """
 
@@ -185,6 +202,7 @@ class ImageEditorOptions(EditorOptions):
 
     dtypes = DTYPES
     positive_ints = ("num_inference_steps", "self_replace_max_tokens")
+    candidates_are_strength_series = True  # one edit rendered at every self_replace fraction of the sweep
 
     def __post_init__(self) -> None:
         self.self_replace_sweep = tuple(float(f) for f in self.self_replace_sweep)

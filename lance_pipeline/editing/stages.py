@@ -19,7 +19,8 @@ Stages (``lance_pipeline.stage.Stage``):
 * ``ReconstructionStage`` (``reconstruct``): ``{"reconstruction": PIL image}``, the inversion regenerated with its
   own caption: decoded from the inversion's ``reconstruction_latent`` when the method computed the source branch
   anyway (null-text does), sampled otherwise.
-* ``CounterfactualEditStage`` (``edit``): ``{"counterfactuals": [...], "edit_candidates": [...]}``.
+* ``CounterfactualEditStage`` (``edit``): ``{"counterfactuals": [...], "edit_candidates": [...]}``, and with
+  ``keep_candidates`` ``"strength_samples"``: every gate-passing candidate (config ``strength``, see ``strength``).
 * ``LanceREditStage`` (``lance_r_edit``): ``{"lance_r": [...], "lance_r_candidates": [...]}``.
 """
 
@@ -48,6 +49,7 @@ from lance_pipeline.editing.sd_components import (  # noqa: F401
     StableDiffusionComponents,
     load_stable_diffusion_components,
 )
+from lance_pipeline.editing.strength import STRENGTH_DEFINITION, STRENGTH_FIELD, STRENGTH_OUTPUT, strength_samples
 from lance_pipeline.model_needs import SD_COMPONENT_FILES, ModelOption, clip_option
 from lance_pipeline.registry import EDITORS
 from lance_pipeline.stage import SCORE_NAMES, MetadataField, Record, ReleaseOutput, SampleFailure
@@ -171,19 +173,33 @@ class CounterfactualEditStage(_ImageStage):
     """``edit``: counterfactuals for the kept caption edits, rendered by the editor and gated by CLIP.
 
     Returns ``{"counterfactuals": [...], "edit_candidates": [...]}``. A record whose edits all fail the gates gets
-    empty lists (not a failure): the rejected candidates with their reasons are the record's data.
+    empty lists (not a failure): the rejected candidates with their reasons are the record's data. With the option
+    ``keep_candidates`` it also returns ``{"strength_samples": [...]}``, every gate-passing candidate (``strength``).
     """
 
     name = "edit"
     uses_clip = True
     model_options = (*_ImageStage.model_options, clip_option())
     consumes = {"key": "str", "caption": "str", "inversion": "dict", "edits": "list"}
-    produces = {"counterfactuals": "list", "edit_candidates": "list"}
-    outputs = (ReleaseOutput("counterfactual", "counterfactuals", "cf", many=True, fields=(EDITOR_FIELD,)),)
+    produces = {"counterfactuals": "list", "edit_candidates": "list", STRENGTH_FIELD: "list"}
+    outputs = (
+        ReleaseOutput("counterfactual", "counterfactuals", "cf", many=True, fields=(EDITOR_FIELD,)),
+        STRENGTH_OUTPUT,
+    )
     edits_field = "edits"
     output_field = "counterfactuals"
     candidates_field = "edit_candidates"
+    # The record field of the strength series (None: this stage keeps no strength config).
+    strength_field: str | None = STRENGTH_FIELD
     word_check = False
+
+    def __init__(self, scorer=None, **options: Any) -> None:
+        super().__init__(scorer, **options)
+        if self.options.keep_candidates and self.strength_field is None:
+            raise ValueError(
+                f"{type(self).__name__}: keep_candidates: this stage declares no strength config (only the edit "
+                "stage's candidates are kept, as config strength); set keep_candidates: false"
+            )
 
     # The key of the manifest's stage description that holds the editor's own record, selection and gates.
     editing_section = "prompt_to_prompt"
@@ -200,6 +216,11 @@ class CounterfactualEditStage(_ImageStage):
             "selection_rule": self._selector().describe(),
             "gates": dataclasses.asdict(o.gate_thresholds()),
             "clip": self.scorer.describe() if self.scorer is not None and hasattr(self.scorer, "describe") else None,
+            **(
+                {"keep_candidates": o.keep_candidates, "strength": STRENGTH_DEFINITION}
+                if self.strength_field is not None
+                else {}
+            ),
         }
 
     @property
@@ -263,8 +284,9 @@ class CounterfactualEditStage(_ImageStage):
             # An edit the text encoder cannot read in full would be rendered for nothing: its change lies past the
             # encoder's context (77 tokens for CLIP), so it is refused up front, with that reason.
             positions, too_long = self._split_by_length(edits)
+            keep = self.options.keep_candidates
             if not positions:
-                out.append({self.output_field: [], self.candidates_field: too_long})
+                out.append({self.output_field: [], self.candidates_field: too_long, **self._strength(keep, [])})
                 continue
             edits_in_context = [edits[i] for i in positions]
             requests = [EditRequest(e["edited_caption"], span_of(e, "edited_span")) for e in edits_in_context]
@@ -272,12 +294,27 @@ class CounterfactualEditStage(_ImageStage):
             chosen, candidates = selector.select(caption, edits_in_context, sweep)
             for sample in chosen:
                 sample.setdefault("editor", self.editor_name)
+            # Before edit_index is remapped below: the records are still aligned with the rendered candidates.
+            series = self._strength_series(record, sweep, candidates, positions) if keep else []
             for candidate in candidates:  # index into the record's edits, not the in-context subset
                 candidate["edit_index"] = positions[candidate["edit_index"]]
             candidates = sorted(candidates + too_long, key=lambda c: c["edit_index"])
             logger.debug("%s %s: %d of %d edits kept", self.name, record.get("key"), len(chosen), len(edits))
-            out.append({self.output_field: chosen, self.candidates_field: candidates})
+            out.append({self.output_field: chosen, self.candidates_field: candidates, **self._strength(keep, series)})
         return out
+
+    def _strength(self, keep: bool, series: list[dict]) -> dict[str, list]:
+        """The strength field of an update: present only when the option keeps candidates (otherwise the stored
+        outputs are exactly those of a build without the option)."""
+        return {self.strength_field: series} if keep else {}
+
+    def _strength_series(self, record: Record, sweep, records: list[dict], positions: list[int]) -> list[dict]:
+        """Every gate-passing candidate of the record's edits as ``strength`` samples (``strength.strength_samples``),
+        each linked to its edit's selected sample in the ``counterfactual`` config."""
+        selected = next(o for o in self.outputs if o.field == self.output_field)
+        return strength_samples(
+            sweep.candidates, records, positions, lambda j: selected.sample_key(record["key"], j), self.editor_name
+        )
 
 
 class LanceREditStage(CounterfactualEditStage):
@@ -295,6 +332,7 @@ class LanceREditStage(CounterfactualEditStage):
     edits_field = "random_edits"
     output_field = "lance_r"
     candidates_field = "lance_r_candidates"
+    strength_field = None  # the baseline's candidates are not kept: the strength config holds LANCE's edits
 
     @property
     def word_check(self) -> bool:  # type: ignore[override]
