@@ -299,9 +299,23 @@ def run_eval(args: argparse.Namespace) -> int:
         f"results in {args.output}; next: lance-cf leaderboard {args.output} --output LEADERBOARD_DIR"
         f"{' --split-releases' if side_by_side else ''}\n"
     )
+    for label, group in all_summaries.items():
+        _write_strength_plot(group, args.output if label is None else args.output / label)
     if side_by_side:
         _write_side_by_side(releases, all_summaries, args, side_by_side)
     return 1 if failed else 0
+
+
+def _write_strength_plot(summaries: list[dict], output: Path) -> None:
+    """One plot of every model of the run against edit strength, when the release has a strength config."""
+    results = [s["results"] for s in summaries if s["status"] in ("ok", "skipped") and (s.get("results") or {})]
+    if not any(r.get("strength") for r in results):
+        return
+    from evaluation.plots import plot_strength_models
+
+    path = plot_strength_models(results, output / "strength.png")
+    sys.stdout.write(f"accuracy against edit strength, every model: {path} (each model's: <model>/strength.png)\n")
+    sys.stdout.flush()
 
 
 def _prepare_side_by_side(releases: list, args: argparse.Namespace, device: str) -> dict:

@@ -451,6 +451,8 @@ def predict_release(
                         "correct5": label in top,
                         "top5": top,
                         "top5_prob": [float(p) for p in top_prob[i]],
+                        "strength": meta.get("strength"),
+                        "counterfactual_key": meta.get("counterfactual_key"),
                     }
                 )
     if device.type == "cuda":
@@ -682,6 +684,13 @@ def _evaluate_and_write(
     path.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_parquet(path.parent / "predictions.parquet", index=False)
     write_json(path, results)
+    if results.get("strength"):
+        from evaluation.plots import plot_strength_model
+
+        try:
+            plot_strength_model(results, path.parent / "strength.png")
+        except Exception as error:  # a plot problem must not lose the computed results
+            logger.error("%s: strength plot failed: %s", spec.name, error)
     if options.report:
         try:
             write_model_report(results, rows, release, path.parent, gallery_size=options.gallery_size)

@@ -74,6 +74,10 @@ COLUMNS = [
     "lance_r_top1",
     "lance_r_paired_top1_diff",
     "lance_r_delta_p_gt_mean",
+    "strength_auc",
+    "strength_auc_ci_low",
+    "strength_auc_ci_high",
+    "strength_never_fail_share",
     "num_classes",
     "complete",
     "limit",
@@ -226,6 +230,16 @@ def leaderboard_row(results: dict[str, Any]) -> dict[str, Any]:
         lance_r_delta_p_gt_mean=lance_r.get("delta_p_gt_mean"),
         failed_samples=len(results.get("failures") or []),
     )
+    # edit strength (evaluation.strength): the area under acc@1 against strength, and the share never failing
+    strength = (results.get("strength") or {}).get("overall") or {}
+    if strength:
+        st_lo, st_hi = _ci(strength, "auc_acc1")
+        row.update(
+            strength_auc=strength.get("auc_acc1"),
+            strength_auc_ci_low=st_lo,
+            strength_auc_ci_high=st_hi,
+            strength_never_fail_share=(strength.get("failure") or {}).get("never_share"),
+        )
     if row["num_classes"] is not None and row["num_classes"] < MIN_CLASSES_FOR_TOP5:
         for column in TOP5_COLUMNS:
             row[column] = None
@@ -337,13 +351,23 @@ COMPACT_NOTE = (
 )
 
 
+STRENGTH_HEADER = "strength area acc@1 [95% CI]"
+STRENGTH_NOTE = (
+    "Strength area: the mean acc@1 over the edit strengths of the release's strength config (area under acc@1 against "
+    "strength = 1 − self_replace, divided by the strengths' span; higher = more robust; docs/evaluation.md)."
+)
+
+
 def compact_markdown(df: Any) -> str:
-    """The compact ranked table of a leaderboard DataFrame (ranked rows, then unranked incomplete ones)."""
+    """The compact ranked table of a leaderboard DataFrame (ranked rows, then unranked incomplete ones); with a column
+    for the strength area when some result has one (a release with a strength config)."""
     ok = df[df["status"] == "ok"]
     if ok.empty:
         return ""
-    align = ["---:", ":---", *["---:"] * (len(COMPACT_HEADER) - 2)]
-    lines = ["| " + " | ".join(COMPACT_HEADER) + " |", "|" + "|".join(align) + "|"]
+    with_strength = bool(ok["strength_auc"].notna().any())
+    header = [*COMPACT_HEADER, STRENGTH_HEADER] if with_strength else COMPACT_HEADER
+    align = ["---:", ":---", *["---:"] * (len(header) - 2)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
     unranked = 0
     for row in ok.astype(object).to_dict("records"):
         rank = fmt_number(row["rank"]) if not _missing(row["rank"]) else "—"
@@ -364,8 +388,10 @@ def compact_markdown(df: Any) -> str:
             _with_ci(row["delta_p_gt_mean"], row["delta_p_gt_mean_ci_low"], row["delta_p_gt_mean_ci_high"]),
             _with_ci(row["flip_rate"], row["flip_rate_ci_low"], row["flip_rate_ci_high"]),
         ]
+        if with_strength:
+            cells.append(_with_ci(row["strength_auc"], row["strength_auc_ci_low"], row["strength_auc_ci_high"]))
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", COMPACT_NOTE]
+    lines += ["", COMPACT_NOTE + (" " + STRENGTH_NOTE if with_strength else "")]
     if unranked:
         lines.append(
             "Incomplete runs (a `--limit` run, samples that failed to decode, or a `--metrics` selection that left out "
@@ -446,6 +472,16 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
                 f" ({stats.get('n')} pairs)"
             )
         lines.append(line)
+    strength = (results.get("strength") or {}).get("overall")
+    if strength:
+        lo, hi = _ci(strength, "auc_acc1")
+        failure = strength.get("failure") or {}
+        lines.append(
+            f"{name} strength: acc@1 area {_with_ci(strength.get('auc_acc1'), lo, hi)} over strengths "
+            f"{fmt_number(min(strength['levels']))}-{fmt_number(max(strength['levels']))}; "
+            f"{failure.get('n_never')} of {failure.get('n_images')} images never fail "
+            f"({strength.get('n')} samples, {strength.get('n_series')} edits)"
+        )
     for shift, entry in ((results.get("interfaces") or {}).get("shifts") or {}).items():
         lo, hi = (entry.get("drop_ci") or [None, None])[:2]
         lines.append(
@@ -699,6 +735,10 @@ def _write_one(results: list[dict[str, Any]], output_dir: Path, n_boot: int, see
         results, fit, output_dir / "effective_robustness.png"
     )
     written["shift_correlation_plot"] = plot_shift_correlation(correlations, output_dir / "shift_correlation.png")
+    if any(r.get("status") == "ok" and r.get("strength") for r in results):
+        from evaluation.plots import plot_strength_models
+
+        written["strength_plot"] = plot_strength_models(results, output_dir / "strength.png")
     written["html"].write_text(_html_page(release, df, fit, correlations, written), encoding="utf-8")
     logger.debug("leaderboard of %d rows written to %s", len(df), output_dir)
     return written
@@ -746,7 +786,9 @@ def _html_page(release: dict[str, Any], df: Any, fit: dict[str, Any], correlatio
             "acc_scatter",
             "edit_type_sensitivity",
             "class_delta_acc",
+            "strength_plot",
         )
+        if k in written
     )
     name = esc(f"{release.get('name')} {release.get('version')}")
     return (

@@ -47,6 +47,8 @@ PREDICTION_COLUMNS = {
     "correct5": "true class is among the top-5 predictions",
     "top5": "top-5 predicted class indices",
     "top5_prob": "their probabilities",
+    "strength": "edit strength of a strength-config sample, 1 - self_replace (null elsewhere)",
+    "counterfactual_key": "key of the selected counterfactual of a strength-config sample's edit (null elsewhere)",
 }
 
 # Every results key the built-in metrics write, and the one a metric registered by a user writes, come from here.
@@ -58,6 +60,7 @@ METRICS = Registry(
         "paired_accuracy_drop": "evaluation.metrics:PairedAccuracyDrop",
         "true_class_confidence_drop": "evaluation.metrics:TrueClassConfidenceDrop",
         "flip_rate": "evaluation.metrics:FlipRate",
+        "strength_curve": "evaluation.strength:StrengthCurve",
         "shift_accuracy_drop": "evaluation.interfaces.shift_results:ShiftAccuracyDrop",
         "insights": "evaluation.insights:EditClusterInsights",
     },
@@ -259,7 +262,8 @@ def run_metrics(context: MetricContext, names: list[str]) -> tuple[dict[str, Any
         The merged results fragment and ``{name: version}`` of the metrics that applied (recorded in results.json as
         ``computed_metrics``).
     """
-    metrics = [create_metric(name) for name in names]
+    # Only a metric that applies needs its columns (a strength metric on a release without a strength config).
+    metrics = [metric for metric in map(create_metric, names) if metric.applies(context)]
     columns = set(getattr(context.predictions, "columns", ()))
     for metric in metrics:
         missing = [c for c in metric.needs if c not in columns]
@@ -268,8 +272,6 @@ def run_metrics(context: MetricContext, names: list[str]) -> tuple[dict[str, Any
     results: dict[str, Any] = {}
     computed: dict[str, str] = {}
     for metric in metrics:
-        if not metric.applies(context):
-            continue
         fragment = metric.compute(context)
         stray = undeclared_keys(fragment, metric.produces)
         if stray:

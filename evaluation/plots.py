@@ -224,3 +224,139 @@ def _save(fig: Any, path: Path) -> Path:
     plt.close(fig)
     logger.debug("wrote %s", path)
     return path
+
+
+# -- edit strength (evaluation.strength) -------------------------------------------------------------------------------
+PANEL_WIDTH_IN = 3.6
+
+
+def _fit_legend(fig: Any, panels: int, height: float) -> None:
+    """Widen a constrained-layout figure so that its outside legend and every label fit beside ``panels`` panels of
+    ``PANEL_WIDTH_IN`` inches: the width grows with the longest legend entry, so no label is cut off."""
+    fig.set_size_inches(panels * PANEL_WIDTH_IN + 1.0, height)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legend_width = max((legend.get_window_extent(renderer).width / fig.dpi for legend in fig.legends), default=0.0)
+    fig.set_size_inches(panels * PANEL_WIDTH_IN + legend_width + 1.0, height)
+    fig.canvas.draw()
+
+
+def _curve_xy(group: dict[str, Any], key: str) -> tuple[list[float], list[float]]:
+    points = [p for p in group.get("curve") or [] if p.get(key) is not None]
+    return [p["strength"] for p in points], [p[key] for p in points]
+
+
+def _band(ax: Any, group: dict[str, Any], key: str, colour: Any, scale: float = 1.0) -> None:
+    points = [p for p in group.get("curve") or [] if p.get(f"{key}_ci")]
+    if len(points) > 1:
+        ax.fill_between(
+            [p["strength"] for p in points],
+            [p[f"{key}_ci"][0] * scale for p in points],
+            [p[f"{key}_ci"][1] * scale for p in points],
+            color=colour,
+            alpha=0.15,
+            linewidth=0,
+        )
+
+
+def strength_model_figure(result: dict[str, Any]):
+    """One model: acc@1 and Delta p(y_GT) against edit strength (overall with its 95% band, and per edit type), and
+    where images first fail (share of the images whose original is right, per strength, and never)."""
+    from builder.release_format import EDIT_TYPES
+
+    section = result["strength"]
+    fig, axes = _figure(ncols=3, figsize=(3 * PANEL_WIDTH_IN + 1.0, 3.6), dpi=100, layout="constrained")
+    overall = section["overall"]
+    types = sorted(section.get("by_edit_type") or {}, key=_edit_type_order(EDIT_TYPES))
+    groups = [("all edits", overall, 2.2)] + [(_plain(t), section["by_edit_type"][t], 1.0) for t in types]
+    for name, group, width in groups:
+        x, y = _curve_xy(group, "acc1")
+        (line,) = axes[0].plot(x, y, marker="o", markersize=3, linewidth=width, label=name)
+        x, y = _curve_xy(group, "delta_p_gt_mean")
+        axes[1].plot(x, y, marker="o", markersize=3, linewidth=width, color=line.get_color())
+        if group is overall:
+            _band(axes[0], group, "acc1", line.get_color())
+            _band(axes[1], group, "delta_p_gt_mean", line.get_color())
+    x, y = _curve_xy(overall, "orig_acc1")
+    axes[0].plot(x, y, "k--", linewidth=0.8, label="their originals")
+    axes[0].set_ylim(-2, 102)
+    axes[0].set_ylabel("acc@1 (%)")
+    axes[0].set_title(f"acc@1 (area {fmt_auc(overall.get('auc_acc1'))})", fontsize=9)
+    axes[1].axhline(0, color="black", linewidth=0.8, linestyle="--")
+    axes[1].set_ylabel("mean Δ p(y_GT) (points, + = hurt)")
+    axes[1].set_title("true-class confidence drop", fontsize=9)
+    failure = overall["failure"]
+    levels = [b["strength"] for b in failure["by_strength"]]
+    if failure["n_images"]:
+        shares = [b["n"] / failure["n_images"] * 100.0 for b in failure["by_strength"]]
+        labels = [f"{s:g}" for s in levels] + ["never"]
+        axes[2].bar(range(len(labels)), shares + [failure["never_share"]], color="tab:red", alpha=0.7)
+        axes[2].set_xticks(range(len(labels)), labels, fontsize=7)
+    else:
+        axes[2].text(0.5, 0.5, "no original is top-1 correct", ha="center", va="center", transform=axes[2].transAxes)
+    axes[2].set_ylabel("% of images (original correct)")
+    axes[2].set_title(f"first failure (n = {failure['n_images']} images)", fontsize=9)
+    for ax in axes[:2]:
+        ax.set_xlabel("edit strength (1 − self_replace)")
+    axes[2].set_xlabel("edit strength of the first wrong top-1")
+    fig.suptitle(_plain(f"{_label(result)}: accuracy against edit strength"), fontsize=10)
+    fig.legend(loc="outside right upper", fontsize=7)
+    _fit_legend(fig, 3, 3.6)
+    return fig
+
+
+def fmt_auc(value: Any) -> str:
+    return "—" if value is None else f"{value:.1f}"
+
+
+def strength_models_figure(results: list[dict[str, Any]]):
+    """Every model: overall acc@1 and Delta p(y_GT) against edit strength, with 95% bands; the legend names each
+    model with its area under the acc@1 curve."""
+    results = [r for r in _ok(results) if r.get("strength")]
+    fig, axes = _figure(ncols=2, figsize=(2 * PANEL_WIDTH_IN + 1.0, 3.6), dpi=100, layout="constrained")
+    for r in results:
+        overall = r["strength"]["overall"]
+        x, y = _curve_xy(overall, "acc1")
+        (line,) = axes[0].plot(
+            x, y, marker="o", markersize=3, label=f"{_label(r)} (area {fmt_auc(overall.get('auc_acc1'))})"
+        )
+        _band(axes[0], overall, "acc1", line.get_color())
+        x, y = _curve_xy(overall, "delta_p_gt_mean")
+        axes[1].plot(x, y, marker="o", markersize=3, color=line.get_color())
+        _band(axes[1], overall, "delta_p_gt_mean", line.get_color())
+    if not results:
+        axes[0].text(
+            0.5, 0.5, "no results with a strength config", ha="center", va="center", transform=axes[0].transAxes
+        )
+    axes[0].set_ylim(-2, 102)
+    axes[0].set_ylabel("acc@1 (%)")
+    axes[0].set_title("acc@1 against edit strength", fontsize=9)
+    axes[1].axhline(0, color="black", linewidth=0.8, linestyle="--")
+    axes[1].set_ylabel("mean Δ p(y_GT) (points, + = hurt)")
+    axes[1].set_title("true-class confidence drop", fontsize=9)
+    for ax in axes:
+        ax.set_xlabel("edit strength (1 − self_replace)")
+    if results:
+        fig.legend(loc="outside right upper", fontsize=7)
+    _fit_legend(fig, 2, 3.6)
+    return fig
+
+
+def plot_strength_model(result: dict[str, Any], path: Path) -> Path:
+    """Save :func:`strength_model_figure` as a PNG (at the figure's own size: nothing cropped or added)."""
+    return _save_as_is(strength_model_figure(result), path)
+
+
+def plot_strength_models(results: list[dict[str, Any]], path: Path) -> Path:
+    """Save :func:`strength_models_figure` as a PNG (at the figure's own size)."""
+    return _save_as_is(strength_models_figure(results), path)
+
+
+def _save_as_is(fig: Any, path: Path) -> Path:
+    plt = _pyplot()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
+    plt.close(fig)
+    logger.debug("wrote %s", path)
+    return path

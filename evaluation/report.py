@@ -231,6 +231,8 @@ def write_model_report(
         plots.append(plot_class_delta_acc([results], assets / "class_delta_acc.png"))
         plots.append(plot_acc_scatter([results], assets / "acc_original_vs_counterfactual.png"))
     plot_html = "\n".join(f"<img src='assets/{p.name}' alt='{p.stem}'>" for p in plots)
+    if (out_dir / "strength.png").is_file():  # accuracy against edit strength (evaluation.harness writes it)
+        plot_html += "\n<img src='strength.png' alt='strength'>"
     page = Template(TEMPLATE_PATH.read_text(encoding="utf-8")).substitute(
         title=html.escape(f"{model_label(results)} on {release.name} {release.version}"),
         release_name=html.escape(release.name),

@@ -116,3 +116,48 @@ def test_demo_strength_config_is_every_candidate_linked_to_its_counterfactual_an
         (selected,) = [r for r in rows if r["json"]["selected"]]
         assert selected["png"].tobytes() == counterfactuals[key]["png"].tobytes()
         assert selected["json"]["scores"] == counterfactuals[key]["json"]["scores"]
+
+
+def test_demo_eval_reports_accuracy_against_strength_as_its_predictions_imply(demo, tmp_path):
+    """lance-cf eval on the demo: the strength section, each image's failure point, both plots and the leaderboard
+    column, checked against the per-sample predictions it wrote. A class map makes the random model right on the
+    originals (its own top-1 on each original becomes that image's label), so failure points are defined."""
+    import pandas as pd
+
+    args = ["--model", "resnet18", "--no-pretrained", "--device", "cpu", "--workers", "0", "--no-insights"]
+    args += ["--no-report", "--bootstrap", "50"]
+    cli("eval", "--release", str(demo), "--output", str(tmp_path / "first"), *args)
+    first = pd.read_parquet(tmp_path / "first" / "resnet18__random" / "predictions.parquet")
+    indices = list(range(1000))  # a permutation: label L is scored by the model output its original got
+    for label, top in first[first["config"] == "original"][["label", "top5"]].itertuples(index=False):
+        target, current = int(top[0]), indices.index(int(top[0]))
+        if current not in set(first["label"]):  # keep the labels already placed
+            indices[label], indices[current] = target, indices[label]
+    (tmp_path / "map.txt").write_text("\n".join(map(str, indices)) + "\n")
+    out = tmp_path / "eval"
+    printed = cli("eval", "--release", str(demo), "--output", str(out), "--class-map", str(tmp_path / "map.txt"), *args)
+    results = json.loads((out / "resnet18__random" / "results.json").read_text())
+    rows = pd.read_parquet(out / "resnet18__random" / "predictions.parquet")
+    section = results["strength"]
+    originals = rows[rows["config"] == "original"].set_index("source_key")
+    assert originals["correct1"].any()  # the class map put at least one original right
+    strength = rows[rows["config"] == "strength"]
+    assert (
+        section["n"] == len(strength) == json.loads((demo / "manifest.json").read_text())["counts"]["strength"]["total"]
+    )
+    for point in section["overall"]["curve"]:
+        at = strength[(strength["strength"] - point["strength"]).abs() < 1e-9]
+        assert point["n"] == len(at) and point["acc1"] == pytest.approx(100 * at["correct1"].mean())
+        orig_p = originals.loc[at["source_key"], "p_gt"].to_numpy()
+        assert point["delta_p_gt_mean"] == pytest.approx(100 * (orig_p - at["p_gt"].to_numpy()).mean())
+    for source_key, entry in section["images"].items():
+        assert entry["original_correct"] == bool(originals.loc[source_key, "correct1"])
+        wrong = strength[(strength["source_key"] == source_key) & ~strength["correct1"]]["strength"]
+        expected = wrong.min() if entry["original_correct"] and len(wrong) else None
+        assert entry["failure_point"] == (None if expected is None else pytest.approx(expected))
+    assert (out / "resnet18__random" / "strength.png").is_file() and (out / "strength.png").is_file()
+    assert "resnet18 (random weights) strength: acc@1 area" in printed.stdout
+    cli("leaderboard", str(out), "--output", str(tmp_path / "board"))
+    table = pd.read_csv(tmp_path / "board" / "leaderboard.csv")
+    assert table.loc[0, "strength_auc"] == pytest.approx(section["overall"]["auc_acc1"])
+    assert (tmp_path / "board" / "strength.png").is_file()

@@ -194,8 +194,12 @@ def test_selection_order_defaults_and_numbers_independent_of_what_else_is_select
     originals = {r["source_key"]: r["p_gt"] for r in rows if r["config"] == "original"}
     deltas = [(originals[r["source_key"]] - r["p_gt"]) * 100 for r in rows if r["config"] == "counterfactual"]
     assert full["sensitivity"]["overall"]["delta_p_gt_mean"] == pytest.approx(np.mean(deltas))
-    # not an interfaces release, and no edit clusters (insights) were given
-    assert set(full["computed_metrics"]) == set(default_metric_names()) - {"shift_accuracy_drop", "insights"}
+    # not an interfaces release, no strength config, and no edit clusters (insights) were given
+    assert set(full["computed_metrics"]) == set(default_metric_names()) - {
+        "shift_accuracy_drop",
+        "strength_curve",
+        "insights",
+    }
 
 
 def test_undeclared_results_key_or_a_conflicting_value_is_a_contract_error(registered):

@@ -1,0 +1,268 @@
+"""Accuracy against edit strength (evaluation.strength) on hand-built predictions: the curve, its area, the intervals
+and every image's failure point equal an independent computation written here; plots keep every label inside; the
+leaderboard carries the area."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from evaluation.metrics import compute_metrics
+from evaluation.strength import validate_strength
+
+LABELS = ["cat", "dog", "fox"]
+# (source key, label, original correct, [(edit key, edit type, [(strength, correct), ...]), ...])
+IMAGES = [
+    # non-monotone: wrong at 0.3, right again at 0.4; its weather edit never fails
+    ("a", 0, True, [("a_cf000", "subject", [(0.1, 1), (0.2, 1), (0.3, 0), (0.4, 1), (0.5, 0)]),
+                    ("a_cf001", "weather", [(0.2, 1), (0.4, 1)])]),
+    # one edit with a single surviving candidate (wrong), another that never fails
+    ("b", 1, True, [("b_cf000", "subject", [(0.6, 0)]), ("b_cf001", "subject", [(0.1, 1), (0.6, 1)])]),
+    ("c", 2, True, [("c_cf000", "weather", [(0.1, 0), (0.5, 0)])]),
+    # its original is wrong: no failure point (it cannot leave a class it is not in)
+    ("d", 0, False, [("d_cf000", "subject", [(0.1, 1), (0.2, 0)])]),
+    # a single surviving candidate, right: never fails
+    ("e", 1, True, [("e_cf000", "weather", [(0.3, 1)])]),
+]  # fmt: skip
+UNPAIRED = ("f", 2, [("f_cf000", "subject", [(0.2, 1)])])  # its original was not scored
+
+
+def hand_rows(seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    rows = []
+
+    def row(config, key, source, label, correct, edit_type=None, strength=None, cf_key=None):
+        rows.append(
+            {
+                "config": config, "key": key, "source_key": source, "label": label, "edit_type": edit_type,
+                "edited_caption": None if edit_type is None else f"{source} {edit_type}",
+                "p_gt": float(rng.random()), "correct1": bool(correct), "correct5": True,
+                "top5": [label], "top5_prob": [0.5], "strength": strength, "counterfactual_key": cf_key,
+            }
+        )  # fmt: skip
+
+    for source, label, original_correct, edits in IMAGES:
+        row("original", source, source, label, original_correct)
+        for cf_key, edit_type, series in edits:
+            row("counterfactual", cf_key, source, label, series[0][1], edit_type)
+            for i, (strength, correct) in enumerate(series):
+                row("strength", f"{cf_key}_st{i}", source, label, correct, edit_type, strength, cf_key)
+    source, label, edits = UNPAIRED
+    for cf_key, edit_type, series in edits:
+        for i, (strength, correct) in enumerate(series):
+            row("strength", f"{cf_key}_st{i}", source, label, correct, edit_type, strength, cf_key)
+    return rows
+
+
+# -- the independent computation ---------------------------------------------------------------------------------------
+def expected_pairs(rows):
+    originals = {r["source_key"]: r for r in rows if r["config"] == "original"}
+    return [(r, originals[r["source_key"]]) for r in rows if r["config"] == "strength" and r["source_key"] in originals]
+
+
+def trapezoid_mean(xs, ys):
+    if len(xs) == 1:
+        return ys[0]
+    area = 0.0
+    for i in range(len(xs) - 1):
+        area += (xs[i + 1] - xs[i]) * (ys[i] + ys[i + 1]) / 2
+    return area / (xs[-1] - xs[0])
+
+
+def expected_group(pairs, edit_type=None):
+    chosen = [(r, o) for r, o in pairs if edit_type is None or r["edit_type"] == edit_type]
+    levels = sorted({r["strength"] for r, _ in chosen})
+    curve = []
+    for level in levels:
+        at = [(r, o) for r, o in chosen if r["strength"] == level]
+        acc = 100 * sum(r["correct1"] for r, _ in at) / len(at)
+        orig = 100 * sum(o["correct1"] for _, o in at) / len(at)
+        dp = sum((o["p_gt"] - r["p_gt"]) * 100 for r, o in at) / len(at)
+        curve.append({"strength": level, "n": len(at), "acc1": acc, "orig_acc1": orig, "delta_p_gt_mean": dp})
+    # failure points, walking each image's series by increasing strength
+    images = sorted({r["source_key"] for r, _ in chosen})
+    first = {}
+    for image in images:
+        mine = [(r, o) for r, o in chosen if r["source_key"] == image]
+        if not mine[0][1]["correct1"]:
+            continue
+        point = None
+        for series in sorted({r["counterfactual_key"] for r, _ in mine}):
+            for r, _ in sorted(
+                (p for p in mine if p[0]["counterfactual_key"] == series), key=lambda p: p[0]["strength"]
+            ):
+                if not r["correct1"]:
+                    point = r["strength"] if point is None else min(point, r["strength"])
+                    break
+        first[image] = point
+    never = [k for k, v in first.items() if v is None]
+    return {
+        "levels": levels,
+        "curve": curve,
+        "auc": trapezoid_mean(levels, [c["acc1"] for c in curve]),
+        "first": first,
+        "n_original_wrong": len(images) - len(first),
+        "never_share": 100 * len(never) / len(first) if first else None,
+        "by_strength": [sum(v == level for v in first.values()) for level in levels],
+    }
+
+
+@pytest.fixture(scope="module")
+def results():
+    return compute_metrics(hand_rows(), LABELS, n_boot=300, seed=7)
+
+
+def test_curve_area_and_failure_points_equal_an_independent_computation(results):
+    section = results["strength"]
+    validate_strength(section)
+    assert results["computed_metrics"]["strength_curve"] == "1"
+    pairs = expected_pairs(hand_rows())
+    assert section["n"] == len(pairs) and section["n_unpaired"] == 1  # image f has no scored original
+    for edit_type in (None, "subject", "weather"):
+        want = expected_group(pairs, edit_type)
+        got = section["overall"] if edit_type is None else section["by_edit_type"][edit_type]
+        assert got["levels"] == pytest.approx(want["levels"])
+        assert len(got["curve"]) == len(want["curve"])
+        for g, w in zip(got["curve"], want["curve"], strict=True):
+            for key in ("strength", "n", "acc1", "orig_acc1", "delta_p_gt_mean"):
+                assert g[key] == pytest.approx(w[key]), (edit_type, key)
+            assert g["paired_delta_acc1"] == pytest.approx(w["acc1"] - w["orig_acc1"])
+        assert got["auc_acc1"] == pytest.approx(want["auc"])
+        failure = got["failure"]
+        assert failure["n_images"] == len(want["first"])
+        assert failure["n_original_wrong"] == want["n_original_wrong"]
+        assert failure["never_share"] == pytest.approx(want["never_share"])
+        assert [b["n"] for b in failure["by_strength"]] == want["by_strength"]
+        where = section["images"]
+        for image, point in want["first"].items():
+            have = where[image]["failure_point"] if edit_type is None else where[image]["by_edit_type"][edit_type]
+            assert have == (None if point is None else pytest.approx(point)), (image, edit_type)
+    # the cases, spelled out: non-monotone a fails at 0.3; b's single wrong candidate at 0.6; e never fails; d's
+    # original is wrong, so it has no failure point at all
+    images = section["images"]
+    assert images["a"]["failure_point"] == pytest.approx(0.3) and images["a"]["by_edit_type"]["weather"] is None
+    assert images["b"]["failure_point"] == pytest.approx(0.6)
+    assert images["e"]["failure_point"] is None and images["e"]["original_correct"] is True
+    assert images["d"] == {
+        "label": 0,
+        "original_correct": False,
+        "failure_point": None,
+        "by_edit_type": {"subject": None},
+    }
+    assert section["overall"]["failure"]["never_share"] == pytest.approx(100 / 4)  # e, of a, b, c, e
+    assert section["by_edit_type"]["weather"]["levels"] == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5])
+
+
+def test_bootstrap_intervals_resample_source_images_as_written_here(results):
+    """The acc@1 interval at one strength and the area's interval, recomputed replicate by replicate in loops."""
+    rows = hand_rows()
+    pairs = expected_pairs(rows)
+    clusters = sorted({r["source_key"] for r in rows})
+    draws = np.random.default_rng(7).integers(0, len(clusters), size=(300, len(clusters)))
+    levels = expected_group(pairs)["levels"]
+
+    def accuracy(draw, level):
+        correct = n = 0
+        for c in draw:
+            for r, _ in pairs:
+                if r["source_key"] == clusters[c] and r["strength"] == level:
+                    correct += r["correct1"]
+                    n += 1
+        return 100 * correct / n if n else math.nan
+
+    per_level = np.array([[accuracy(draw, level) for level in levels] for draw in draws])
+    curve = results["strength"]["overall"]["curve"]
+    k = levels.index(0.2)
+    finite = per_level[:, k][np.isfinite(per_level[:, k])]
+    assert curve[k]["acc1_ci"] == pytest.approx(list(np.percentile(finite, [2.5, 97.5])))
+    areas = np.array([trapezoid_mean(levels, list(row)) for row in per_level])
+    finite = areas[np.isfinite(areas)]
+    assert 0 < len(finite) < len(areas)  # some replicates draw no image at some strength: they are left out
+    assert results["strength"]["overall"]["auc_acc1_ci"] == pytest.approx(list(np.percentile(finite, [2.5, 97.5])))
+
+
+def test_no_strength_config_no_section_and_rows_without_its_columns_still_score():
+    rows = [
+        {k: v for k, v in r.items() if k not in ("strength", "counterfactual_key")}
+        for r in hand_rows()
+        if r["config"] != "strength"
+    ]
+    out = compute_metrics(rows, LABELS, n_boot=0)
+    assert "strength" not in out and "strength_curve" not in out["computed_metrics"]
+    with pytest.raises(ValueError, match=r"strength.overall.curve"):
+        validate_strength({"overall": {"curve": []}, "by_edit_type": {}, "images": {}})
+
+
+def _outside(fig) -> list[str]:
+    """What a drawn figure puts outside itself: its tight box (every drawn text, legend, label and title, as
+    matplotlib lays them out; ticks beyond the axes' limits are not drawn) must lie within the figure."""
+    fig.canvas.draw()
+    tight = fig.get_tightbbox(fig.canvas.get_renderer())  # inches
+    width, height = fig.get_size_inches()
+    slack = 0.5 / fig.dpi
+    inside = tight.x0 >= -slack and tight.y0 >= -slack and tight.x1 <= width + slack and tight.y1 <= height + slack
+    return [] if inside else [f"drawn box {tight} exceeds the figure's {width:.2f} x {height:.2f} in"]
+
+
+def _as_results(strength: dict, name: str) -> dict:
+    return {"status": "ok", "model": {"name": name, "weights": {"id": "pretrained"}}, "strength": strength}
+
+
+@pytest.mark.parametrize("name", ["r", "vit_large_patch14_clip_336.openai_ft_in12k_in1k" * 2])
+def test_no_strength_plot_label_is_clipped_however_long_the_names(results, name, tmp_path):
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    from evaluation.plots import (
+        PANEL_WIDTH_IN,
+        plot_strength_models,
+        strength_model_figure,
+        strength_models_figure,
+    )
+
+    section = results["strength"]
+    long_types = dict(section, by_edit_type={f"{t} {'x' * 40}": g for t, g in section["by_edit_type"].items()})
+    models = [_as_results(section, name), _as_results(long_types, name + " second"), _as_results(section, "r2")]
+    for fig in (strength_model_figure(models[1]), strength_models_figure(models)):
+        try:
+            assert _outside(fig) == []
+            assert fig.legends and all(t.get_text() for t in fig.legends[0].get_texts())
+            # ... and the legend did not get its room by squeezing the panels (constrained layout would)
+            widths = [ax.get_position().width * fig.get_size_inches()[0] for ax in fig.axes]
+            assert min(widths) > 0.75 * PANEL_WIDTH_IN, widths
+        finally:
+            plt.close(fig)
+    path = plot_strength_models(models, tmp_path / "strength.png")
+    fig = strength_models_figure(models)
+    try:  # saved at the figure's own size: the picture is the figure that was checked
+        expected = fig.get_size_inches() * fig.dpi
+        assert all(abs(a - b) <= 1 for a, b in zip(Image.open(path).size, expected, strict=True))
+    finally:
+        plt.close(fig)
+
+
+def test_the_leaderboard_carries_the_strength_area(results):
+    from evaluation.leaderboard import STRENGTH_HEADER, compact_markdown, leaderboard_row
+
+    full = {
+        "status": "ok", "model": {"name": "m", "weights": {"id": "pretrained"}},
+        "release": {"name": "r", "version": "1", "manifest_sha256": "x"}, "limit": None, **results,
+    }  # fmt: skip
+    row = leaderboard_row(full)
+    overall = results["strength"]["overall"]
+    assert row["strength_auc"] == overall["auc_acc1"]
+    assert [row["strength_auc_ci_low"], row["strength_auc_ci_high"]] == overall["auc_acc1_ci"]
+    assert row["strength_never_fail_share"] == overall["failure"]["never_share"]
+    without = {k: v for k, v in full.items() if k != "strength"}
+    assert leaderboard_row(without)["strength_auc"] is None
+
+    import pandas as pd
+
+    from evaluation.leaderboard import COLUMNS
+
+    table = pd.DataFrame([dict(leaderboard_row(full), rank=1)], columns=COLUMNS)
+    assert STRENGTH_HEADER in compact_markdown(table)
+    table = pd.DataFrame([dict(leaderboard_row(without), rank=1)], columns=COLUMNS)
+    assert STRENGTH_HEADER not in compact_markdown(table)
