@@ -88,7 +88,10 @@ def edit_stage_cost(repeats: int, work: Path) -> dict:
         "unet_forwards_backwards": {"off": counts[False], "on": counts[True]},
         "samples_counterfactual_strength": {"off": kept[False], "on": kept[True]},
         "process_seconds_median": {"off": round(off, 4), "on": round(on, 4)},
-        "process_seconds_all": {"off": [round(s, 4) for s in seconds[False]], "on": [round(s, 4) for s in seconds[True]]},
+        "process_seconds_all": {
+            "off": [round(s, 4) for s in seconds[False]],
+            "on": [round(s, 4) for s in seconds[True]],
+        },
         "ratio_on_off": round(on / off, 4),
     }
 
