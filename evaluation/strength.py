@@ -2,7 +2,7 @@
 
 A release built with ``keep_candidates`` (docs/method.md, "Edit strength") holds, besides each edit's selected
 counterfactual, every gate-passing candidate of its self-attention sweep as a sample of the ``strength`` config, with
-``strength = 1 - self_replace`` (``lance_pipeline.editing.strength``; larger is a stronger edit). Robustness measured
+``strength = 1 - self_replace`` (``lance_pipeline.edit_strength``; larger is a stronger edit). Robustness measured
 along such a continuous shift, with the point where each image first fails, separates models that a single drop
 figure ranks the same (CNS-Bench, ICCV 2025). Definitions, per model and per edit type (and overall):
 
@@ -33,7 +33,7 @@ import numpy as np
 
 from evaluation.metric_registry import Metric, MetricContext
 from evaluation.metrics import ClusterBootstrap, _bootstrap, pair_with_originals
-from lance_pipeline.editing.strength import STRENGTH_CONFIG, STRENGTH_DEFINITION
+from lance_pipeline.edit_strength import STRENGTH_CONFIG, STRENGTH_DEFINITION
 
 LEVEL_DECIMALS = 6  # strengths are stored rounded to 10 decimals; levels compare at 6
 

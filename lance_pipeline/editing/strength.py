@@ -7,8 +7,9 @@ keeps ("larger changes, say editing the background or weather, require a small v
 candidate and one is kept per edit; the others are the same edit at other strengths. With the image stages' option
 ``keep_candidates`` they are released too, one sample each, in the ``strength`` config.
 
-**Strength** is defined once, here: ``strength = 1 - self_replace`` (rounded to 10 decimals, so that ``1 - 0.7`` is
-stored as ``0.3``), the fraction of the steps in which the edited branch's self-attention runs free of the source's.
+**Strength** is defined once, in ``lance_pipeline.edit_strength`` (shared with evaluation): ``strength = 1 -
+self_replace`` (rounded to 10 decimals, so that ``1 - 0.7`` is stored as ``0.3``), the fraction of the steps in which
+the edited branch's self-attention runs free of the source's.
 Larger is a stronger edit; the paper's sweep 0.4-0.9 gives strengths 0.1-0.6. Two fractions that cover the same number
 of steps (``options.steps_of``) render the same image: with 50 steps no two of the paper's sweep do.
 
@@ -30,19 +31,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from lance_pipeline.edit_strength import STRENGTH_CONFIG, STRENGTH_DEFINITION, strength_of  # noqa: F401 (re-exported)
 from lance_pipeline.stage import SCORE_NAMES, MetadataField, ReleaseOutput
 
-STRENGTH_CONFIG = "strength"
 STRENGTH_FIELD = "strength_samples"  # the edit stage's record field the config is written from
 STRENGTH_OPTION = "keep_candidates"
-STRENGTH_DEFINITION = "strength = 1 - self_replace (fraction of the steps without the source's self-attention)"
-
-
-def strength_of(self_replace: float) -> float:
-    """The strength of a candidate rendered with self-attention injection fraction ``self_replace``."""
-    if isinstance(self_replace, bool) or not isinstance(self_replace, int | float) or not 0.0 <= self_replace <= 1.0:
-        raise ValueError(f"self_replace must be a fraction in [0, 1], got {self_replace!r}")
-    return round(1.0 - float(self_replace), 10)
 
 
 STRENGTH_FIELDS = (
