@@ -22,6 +22,7 @@ from evaluation.fidelity import (
 from evaluation.leaderboard import summary_lines, write_leaderboard
 from evaluation.metric_registry import METRICS, parse_metric_names
 from evaluation.models import ModelSpec, expand_model_names
+from evaluation.plots import plot_strength_models
 from evaluation.release_reader import open_release
 from evaluation.results import AMP_DTYPES, MODEL_DTYPES
 from lance_pipeline.devices import resolve_device as shared_rule
@@ -311,8 +312,6 @@ def _write_strength_plot(summaries: list[dict], output: Path) -> None:
     results = [s["results"] for s in summaries if s["status"] in ("ok", "skipped") and (s.get("results") or {})]
     if not any(r.get("strength") for r in results):
         return
-    from evaluation.plots import plot_strength_models
-
     path = plot_strength_models(results, output / "strength.png")
     sys.stdout.write(f"accuracy against edit strength, every model: {path} (each model's: <model>/strength.png)\n")
     sys.stdout.flush()

@@ -29,6 +29,7 @@ from evaluation.interfaces.shift_results import is_interfaces_configs
 from evaluation.metric_registry import METRICS, default_metric_names, metric_versions, select_metrics
 from evaluation.metrics import compute_metrics
 from evaluation.models import ModelSpec, create_eval_model, describe_weights, resolve_label_indices
+from evaluation.plots import plot_strength_model
 from evaluation.release_reader import Release, ReleaseIntegrityError, iter_shard_samples
 from evaluation.report import write_model_report
 from evaluation.results import AMP_DTYPES, MODEL_DTYPES, RESULTS_SCHEMA, RESULTS_SCHEMA_VERSION  # noqa: F401 - re-exported
@@ -685,8 +686,6 @@ def _evaluate_and_write(
     pd.DataFrame(rows).to_parquet(path.parent / "predictions.parquet", index=False)
     write_json(path, results)
     if results.get("strength"):
-        from evaluation.plots import plot_strength_model
-
         try:
             plot_strength_model(results, path.parent / "strength.png")
         except Exception as error:  # a plot problem must not lose the computed results

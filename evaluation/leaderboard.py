@@ -29,6 +29,7 @@ from evaluation.plots import (
     plot_edit_type_sensitivity,
     plot_effective_robustness,
     plot_shift_correlation,
+    plot_strength_models,
 )
 from evaluation.results import (
     display_name,
@@ -736,8 +737,6 @@ def _write_one(results: list[dict[str, Any]], output_dir: Path, n_boot: int, see
     )
     written["shift_correlation_plot"] = plot_shift_correlation(correlations, output_dir / "shift_correlation.png")
     if any(r.get("status") == "ok" and r.get("strength") for r in results):
-        from evaluation.plots import plot_strength_models
-
         written["strength_plot"] = plot_strength_models(results, output_dir / "strength.png")
     written["html"].write_text(_html_page(release, df, fit, correlations, written), encoding="utf-8")
     logger.debug("leaderboard of %d rows written to %s", len(df), output_dir)

@@ -262,8 +262,6 @@ def _band(ax: Any, group: dict[str, Any], key: str, colour: Any, scale: float = 
 def strength_model_figure(result: dict[str, Any]):
     """One model: acc@1 and Delta p(y_GT) against edit strength (overall with its 95% band, and per edit type), and
     where images first fail (share of the images whose original is right, per strength, and never)."""
-    from builder.release_format import EDIT_TYPES
-
     section = result["strength"]
     fig, axes = _figure(ncols=3, figsize=(3 * PANEL_WIDTH_IN + 1.0, 3.6), dpi=100, layout="constrained")
     overall = section["overall"]
