@@ -6,14 +6,14 @@ leaderboard); the card only places it under its heading, or replaces it in an al
 
 from __future__ import annotations
 
+from evaluation.leaderboard import leaderboard_markdown as evaluation_leaderboard
+
 LEADERBOARD_HEADING = "## Leaderboard\n"
 LEADERBOARD_ANCHOR = "## How it was built\n"
 
 
 def leaderboard_markdown(results: list[dict]) -> str:
     """Evaluation's ranked table for results JSONs of one release ("" when none succeeded)."""
-    from evaluation.leaderboard import leaderboard_markdown as evaluation_leaderboard
-
     return evaluation_leaderboard(results) if results else ""
 
 
