@@ -13,7 +13,17 @@ import shlex
 import sys
 from pathlib import Path
 
+from builder.config import apply_overrides, list_presets, load_config, preset_path
+from builder.config_docs import commented_yaml
+from builder.dispatch import parse_stage_settings
+from builder.engine import StageNotWorking, build
+from builder.lock import output_lock
+from builder.model_check import ModelsMissing, models_ready, resolve_models
+from builder.multi_device import parse_devices
 from builder.registry import ENGINES
+from builder.release_format.verify import verify_release
+from builder.sources import create_source
+from builder.validation import allow_code_from_env, check_stages_against_source, describe_validation, validate_build
 from lance_pipeline.devices import resolve_device as _resolve_device
 
 ENGINE_NAMES = tuple(ENGINES.names())
@@ -230,16 +240,10 @@ def _add_allow_code(parser: argparse.ArgumentParser) -> None:
 
 
 def _allow_code(args: argparse.Namespace) -> bool:
-    from builder.validation import allow_code_from_env
-
     return bool(args.allow_code) or allow_code_from_env()
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    from builder.config import apply_overrides, load_config
-    from builder.sources import create_source
-    from builder.validation import check_stages_against_source, describe_validation, validate_build
-
     config = load_config(args.config)
     config = apply_overrides(config, source=args.source, configs=args.configs)
     if config.source is None:  # validate the stages anyway; the source is checked when one is given
@@ -262,10 +266,6 @@ def run_validate(args: argparse.Namespace) -> int:
 
 
 def run_build(args: argparse.Namespace) -> int:
-    from builder.config import apply_overrides, load_config
-    from builder.engine import build
-    from builder.model_check import ModelsMissing
-
     config = load_config(args.config)
     source_options = dict(config.source_options)
     if args.classes:
@@ -316,7 +316,6 @@ def _engine_choice(args: argparse.Namespace) -> tuple[str, str | None, dict]:
     if args.devices:
         if engine not in ("local", "devices"):
             raise ValueError(f"--devices runs the devices engine, not {engine}; with Ray use --workers")
-        from builder.multi_device import parse_devices
 
         engine, options["devices"] = "devices", parse_devices(args.devices)
         device = device or options["devices"][0]  # the driver records the determinism of the workers' device kind
@@ -327,8 +326,6 @@ def _engine_choice(args: argparse.Namespace) -> tuple[str, str | None, dict]:
                 raise ValueError(f"--{flag.replace('_', '-')} is for --engine ray")
             options[key] = value
     if args.stage_workers is not None or args.stage_gpus is not None:
-        from builder.dispatch import parse_stage_settings
-
         if args.stage_workers is not None:
             if engine not in ("ray", "devices"):
                 raise ValueError("--stage-workers is for --engine ray or --devices (worker pools)")
@@ -383,9 +380,6 @@ resolve_device = _resolve_device
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from builder.lock import output_lock
-    from builder.release_format.verify import verify_release
-
     if not args.release.is_dir():
         raise ValueError(f"{args.release} is not a directory")
     with output_lock(args.release, "verify", shared=True):  # never beside a build or a publish of it
@@ -402,11 +396,7 @@ def run_verify(args: argparse.Namespace) -> int:
 
 
 def run_presets(args: argparse.Namespace) -> int:
-    from builder.config import list_presets, load_config, preset_path
-
     if args.show:
-        from builder.config_docs import commented_yaml
-
         config = load_config(args.show)
         origin = f"preset {args.show}" if args.show in list_presets() else args.show
         sys.stdout.write(commented_yaml(config.to_dict(), origin=origin))
@@ -468,8 +458,6 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"lance-cf {args.command}: error: {err}\n")
         return 2
     except RuntimeError as err:
-        from builder.engine import StageNotWorking
-
         if not isinstance(err, StageNotWorking):
             raise
         sys.stderr.write(
@@ -498,7 +486,6 @@ def _run_with_models(args: argparse.Namespace, argv: list[str]) -> int:
     declare = getattr(args, "models", None)
     if declare is None or args.command == "models":
         return int(args.func(args) or 0)
-    from builder.model_check import models_ready, resolve_models
 
     states = resolve_models(declare(args), command=f"lance-cf models download {shlex.join(argv)}")
     with models_ready(states, progress=not getattr(args, "no_progress", False)):

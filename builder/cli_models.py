@@ -19,6 +19,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from builder.config import apply_overrides, load_config
+from builder.model_check import ModelsMissing, build_needs, keys_of, missing_line
+from builder.validation import validate_build
+from lance_pipeline.hub_cache import fetch_models, format_size, inspect_models, local_copy_dir
+
 logger = logging.getLogger(__name__)
 
 # Commands that declare the models they load (their parser's ``models`` default), usable as a TARGET.
@@ -85,9 +90,6 @@ def _target_needs(args: argparse.Namespace) -> tuple[list[Any], str, Any]:
         for name, value in vars(parsed).items():
             if value not in (None, False):
                 setattr(args, name, value)
-    from builder.config import apply_overrides, load_config
-    from builder.model_check import build_needs
-    from builder.validation import validate_build
 
     config = load_config(args.target)
     configs = [c.strip() for c in args.configs.split(",") if c.strip()] if args.configs else None
@@ -98,8 +100,6 @@ def _target_needs(args: argparse.Namespace) -> tuple[list[Any], str, Any]:
 
 
 def run_models(args: argparse.Namespace) -> int:
-    from lance_pipeline.hub_cache import inspect_models
-
     needs, what, validated = _target_needs(args)
     if args.models_action == "list":
         states = inspect_models(needs, probe="all", deadline=5.0)
@@ -109,9 +109,6 @@ def run_models(args: argparse.Namespace) -> int:
 
 
 def _print_list(states: list[Any], what: str, args: argparse.Namespace) -> None:
-    from builder.model_check import keys_of
-    from lance_pipeline.hub_cache import format_size
-
     write = sys.stdout.write
     if not states:
         write(f"{what}: no model to load (demo components are built locally; nothing to download)\n")
@@ -167,9 +164,6 @@ def _print_list(states: list[Any], what: str, args: argparse.Namespace) -> None:
 
 
 def _download(args: argparse.Namespace, needs: list[Any], what: str, config: Any) -> int:
-    from builder.model_check import ModelsMissing, missing_line
-    from lance_pipeline.hub_cache import fetch_models, format_size, inspect_models
-
     local_dir = getattr(args, "local_dir", None)
     if local_dir is not None and config is None:
         raise ValueError("--local-dir writes a config whose model keys point at the copies: give a preset or config")
@@ -205,8 +199,6 @@ def write_local_config(config: Any, states: list[Any], local_dir: Path, target: 
     import re
 
     import yaml
-
-    from lance_pipeline.hub_cache import local_copy_dir
 
     copies = {}
     for state in states:

@@ -10,6 +10,8 @@ import contextlib
 import logging
 import sys
 
+from builder.publish import PublishError, create_api, publish_release, publish_results, redact_url
+
 
 def register(subparsers) -> None:
     """Add the ``publish`` and ``publish-results`` subcommands."""
@@ -72,8 +74,6 @@ def hub_error_message(exc: BaseException) -> str | None:
     """
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
-    from builder.publish import create_api, redact_url
-
     endpoint = redact_url(create_api().endpoint)
     if isinstance(exc, OfflineModeIsEnabled):
         return (
@@ -101,8 +101,6 @@ class _RedactingFilter(logging.Filter):
     """Strips URL credentials from every log record, ours and huggingface_hub's, before a handler writes it."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from builder.publish import redact_url
-
         message = record.getMessage()
         redacted = redact_url(message)
         if redacted != message:
@@ -128,8 +126,6 @@ def _talk_to_hub(command: str, action):
 
     Credentials in a URL (``HF_ENDPOINT=https://user:pass@host``) are redacted from every line printed or logged.
     """
-    from builder.publish import PublishError, redact_url
-
     try:
         with _redacted_logging():
             return action()
@@ -147,8 +143,6 @@ def _talk_to_hub(command: str, action):
 
 
 def run_publish(args: argparse.Namespace) -> int:
-    from builder.publish import publish_release
-
     outcome = _talk_to_hub(
         "publish",
         lambda: publish_release(
@@ -175,8 +169,6 @@ def run_publish(args: argparse.Namespace) -> int:
 
 
 def run_publish_results(args: argparse.Namespace) -> int:
-    from builder.publish import publish_results
-
     outcome = _talk_to_hub(
         "publish-results",
         lambda: publish_results(args.results_dir, args.repo_id, revision=args.revision, dry_run=args.dry_run),

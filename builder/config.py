@@ -17,9 +17,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
 
+from builder.registry import STAGES
 from builder.release_format import CONFIG_NAMES, IMAGE_FORMATS, is_release_version
 from builder.release_format.yaml_text import check_expansion, load_yaml
+from builder.sources import _path_name, public_spec
 from lance_pipeline.option_types import ImageSide, Interval, check_value, describe_type
+from lance_pipeline.stage import options_type
 
 AtLeast0 = Annotated[int, Interval(ge=0)]
 AtLeast1 = Annotated[int, Interval(ge=1)]
@@ -130,8 +133,6 @@ class BuildConfig:
         """The config as a release records it: the source spec without machine paths (``imagefolder:/home/me/x`` is
         ``imagefolder:x``), so that the same photos at two locations give the same manifest and nothing local is
         published."""
-        from builder.sources import public_spec
-
         data = self.to_dict()
         if self.source is not None:
             data["source"] = public_spec(self.source)
@@ -156,8 +157,6 @@ def public_stage_dict(stage: StageConfig) -> dict[str, Any]:
     for name in paths:
         value = data["options"].get(name)
         if isinstance(value, str) and value and not value.startswith(("demo:", "pkg:")):
-            from builder.sources import _path_name
-
             data["options"][name] = _path_name(value)
             local_inputs[name] = _content_digest(Path(value))
     if local_inputs:
@@ -167,9 +166,6 @@ def public_stage_dict(stage: StageConfig) -> dict[str, Any]:
 
 def _local_path_options(stage_type: str) -> list[str]:
     """The options a registered stage type declares as local paths (none for code stage types and unknown names)."""
-    from builder.registry import STAGES
-    from lance_pipeline.stage import options_type
-
     if not isinstance(stage_type, str) or stage_type not in STAGES.names():
         return []
     try:

@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from builder.registry import SOURCES
 from builder.release_format.yaml_text import load_yaml
 
 # key -> (what it does, where the value comes from). Shown as the comment beside each key.
@@ -59,8 +60,6 @@ def undocumented_keys(config_cls: type) -> list[str]:
 def _source_key_docs(spec: Any) -> dict[str, tuple[str, str]]:
     """What a source class says beside some keys instead (``key_docs``): a generation source's configs are shifts,
     not LANCE's configs."""
-    from builder.registry import SOURCES
-
     scheme = spec.partition(":")[0] if isinstance(spec, str) else ""
     if scheme not in SOURCES.names():
         return {}

@@ -17,6 +17,8 @@ from typing import Any
 
 from builder import release_format as rf
 from builder.release_format.hub import GENERATED_SOURCES
+from dataset_cards.card import build_constants, stage_models
+from lance_pipeline.deviations import MODES, deviations_for
 
 # What each kind of release is, in one sentence of how its images were made.
 _MAKING = {
@@ -55,8 +57,6 @@ _TYPE = {
 def paper_deviations(manifest: rf.Manifest) -> list[str]:
     """The deviations from the papers that apply to this release (``lance_pipeline.deviations``, the table the card
     and docs/method.md read), one sentence each."""
-    from lance_pipeline.deviations import MODES, deviations_for
-
     return [
         f"Deviation from {MODES[d.mode].paper} ({d.topic}): the paper: {d.paper}; this release: {d.ours} ({d.why})"
         for d in deviations_for(manifest.to_dict())
@@ -69,8 +69,6 @@ def croissant_about(manifest: rf.Manifest, *, publication: dict[str, str] | None
     Args:
         publication: ``url`` and ``datePublished`` of the published release (publish adds them).
     """
-    from dataset_cards.card import build_constants, stage_models
-
     # As manifest.json stores it (keys sorted), so a manifest still in memory at build time and the one publish reads
     # back give the same text.
     manifest = rf.Manifest.from_dict(json.loads(rf.canonical_json(manifest.to_dict())))

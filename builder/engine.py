@@ -40,10 +40,20 @@ from builder.config import BuildConfig
 from builder.ledger import Ledger
 from builder.lock import output_lock
 from builder.model_check import build_needs, check_cpu, models_ready, resolve_models
+from builder.model_refs import resolve_model_references, restore_model_references
 from builder.output_paths import output_problem
+from builder.registry import ENGINES
+from builder.release import write_release
 from builder.release_format import WORK_DIR, empty_metadata, encode_metadata, is_valid_key
-from builder.runtime import DEFAULT_TORCH_THREADS, environment, environment_changes
+from builder.runtime import (
+    DEFAULT_TORCH_THREADS,
+    environment,
+    environment_changes,
+    quiet_third_party_progress,
+    torch_settings,
+)
 from builder.sources import Source, SourceSample, create_source
+from builder.stage_memory import format_bytes, measure_peak, merge, unmeasured_reason
 from builder.validation import ValidatedBuild, ValidatedStage, check_stages_against_source, validate_build
 from lance_pipeline.devices import resolve_device
 from lance_pipeline.stage import (
@@ -144,8 +154,6 @@ class _StageRunner:
     @property
     def stage(self):
         if self._stage is None:
-            from builder.model_refs import resolve_model_references
-
             options, self._references = resolve_model_references(self.config.options)
             try:
                 self._stage = self.validated.cls(**options)
@@ -155,8 +163,6 @@ class _StageRunner:
 
     def ensure_loaded(self) -> None:
         if not self._loaded:
-            from builder.runtime import quiet_third_party_progress
-
             quiet_third_party_progress()
             logger.info("loading stage %s (%s) on %s", self.name, self.config.type, self.device)
             self.stage.load(self.device)
@@ -174,8 +180,6 @@ class _StageRunner:
         return self._description()
 
     def _description(self) -> dict[str, Any]:
-        from builder.model_refs import restore_model_references
-
         described = restore_model_references(self.stage.describe(), self._references)
         return {"type": self.config.type, "version": self.validated.contract.version, **described}
 
@@ -189,8 +193,6 @@ class _StageRunner:
         recorded, so the engine can defer the batch until the stage has worked on another one (then
         ``record_errors=True`` records them), and stop with the error, recording nothing, if it never does.
         """
-        from builder.stage_memory import format_bytes, measure_peak
-
         self.ensure_loaded()
         name = self.name
         views = [DeclaredRecord(r, name, self._readable) for r in records]
@@ -573,8 +575,6 @@ def build(config: BuildConfig, output: Path, options: BuildOptions | None = None
 
 def _engine(validated: ValidatedBuild, options: BuildOptions) -> Any:
     """The engine function, its options bound, after checking them (and the schedule and thread count)."""
-    from builder.registry import ENGINES
-
     run_engine = ENGINES.resolve(options.engine)
     if options.schedule not in SCHEDULES:
         raise ValueError(f"schedule {options.schedule!r}: expected one of {', '.join(SCHEDULES)}")
@@ -618,8 +618,6 @@ def _build_locked(
     run_engine: Any,
 ) -> dict[str, Any]:
     """Steps 1 to 3 of the module docstring, holding the output's lock: claim the ledger, run the engine, write."""
-    from builder.release import write_release
-
     config = validated.config
     config_hash = config.config_hash()
     _check_output_dir(output, config_hash)  # again, now that no other process can change it
@@ -656,7 +654,6 @@ def _run_engine(run: BuildRun, run_engine: Any) -> dict[str, Any]:
     if not run.runners:  # a build of `original` alone never imports torch
         run_engine(run)
         return {"device": str(run.options.device or "cpu").split(":")[0]}
-    from builder.runtime import torch_settings
 
     with torch_settings(run.options.torch_threads, run.options.device) as determinism:
         run_engine(run)
@@ -684,8 +681,6 @@ def _build_record(
 
 def _stage_memory(ledger: Ledger, runners: list[_StageRunner], device: str | None) -> dict[str, Any]:
     """Each stage's peak memory per device over the build (``builder.stage_memory``), or why it has none."""
-    from builder.stage_memory import unmeasured_reason
-
     out: dict[str, Any] = {}
     for runner in runners:
         stored = ledger.get_meta(f"memory:{runner.name}")
@@ -983,7 +978,6 @@ def run_stage(runner: _StageRunner, live: list[dict[str, Any]], record_errors: b
     size = runner.config.batch_size
     if not size or size >= len(live):
         return runner.run(live, record_errors)
-    from builder.stage_memory import merge
 
     parts = [runner.run(live[i : i + size], record_errors) for i in range(0, len(live), size)]
     result = StageResult(runner.name, {}, {}, {}, parts[-1].description)
@@ -1002,8 +996,6 @@ def commit_stage(ledger: Ledger, batch_index: int, runner: _StageRunner, result:
         if result.description is not None:  # from the process that ran the stage (a Ray actor, say), models loaded
             ledger.set_meta(f"describe:{runner.name}", json.dumps(result.description))
         if result.peak_memory:  # the stage's maximum per device over every batch, resume and worker
-            from builder.stage_memory import merge
-
             stored = ledger.get_meta(f"memory:{runner.name}")
             merged = merge(json.loads(stored) if stored else None, result.peak_memory)
             ledger.set_meta(f"memory:{runner.name}", json.dumps(merged, sort_keys=True))

@@ -15,6 +15,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from builder.registry import DEMO_COMPONENTS
+
 logger = logging.getLogger(__name__)
 
 DEMO_PREFIX = "demo:"
@@ -29,8 +31,6 @@ def cache_dir() -> Path:
 
 def materialize_demo_component(name: str) -> Path:
     """Build the tiny component ``name`` into the cache (atomically: a killed build never leaves half a model)."""
-    from builder.registry import DEMO_COMPONENTS
-
     create = DEMO_COMPONENTS.resolve(name)
     target = cache_dir() / "demo-components" / name
     if (target / ".complete").exists():

@@ -21,7 +21,10 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from builder.dispatch import WorkerLost, check_pool_options
+from builder.dispatch import WorkerLost, check_pool_options, plan_pools, run_pools
+from builder.engine import _drive
+from builder.ray_engine import StageWorker
+from lance_pipeline.devices import resolve_device
 
 logger = logging.getLogger(__name__)
 
@@ -30,8 +33,6 @@ _WORKER = None  # the StageWorker of this worker process (set by _init_worker)
 
 def parse_devices(text: str) -> list[str]:
     """``"cuda:0,cuda:1"`` -> ``["cuda:0", "cuda:1"]``, each checked against this machine (one-line errors)."""
-    from lance_pipeline.devices import resolve_device
-
     names = [part.strip() for part in str(text).split(",")]
     if not names or any(not name for name in names):
         raise ValueError(f"--devices {text!r}: expected a comma-separated list such as cuda:0,cuda:1 or cpu,cpu")
@@ -46,7 +47,6 @@ def parse_devices(text: str) -> list[str]:
 
 def _init_worker(device: str, torch_threads: int) -> None:
     global _WORKER
-    from builder.ray_engine import StageWorker
 
     _WORKER = StageWorker(device, torch_threads)
 
@@ -157,8 +157,6 @@ def run_devices(run: Any, devices: list[str] | None = None, stage_workers: dict[
     """The ``devices`` engine (``builder.registry.ENGINES``): ``devices`` lists one device per worker process
     (default: ``run.options.workers`` processes on the build's device); ``stage_workers`` gives stages pools of their
     own (``builder.dispatch.plan_pools``; the other stages share one pool of ``len(devices)`` workers)."""
-    from builder.engine import _drive
-
     if not devices:
         devices = [run.runners[0].device if run.runners else "cpu"] * max(1, run.options.workers)
     _drive(run, functools.partial(_devices_loop, devices=list(devices), stage_workers=stage_workers))
@@ -168,8 +166,6 @@ run_devices.check_options = check_pool_options  # build() checks the options aga
 
 
 def _devices_loop(run: Any, *, devices: list[str], stage_workers: dict[str, int] | None) -> None:
-    from builder.dispatch import plan_pools, run_pools
-
     runners = run.runners
     pools = plan_pools([r.name for r in runners], stage_workers, None, len(devices), None)
     backend = DeviceBackend(devices, {r.name: r.validated for r in runners}, run.options.torch_threads)

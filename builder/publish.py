@@ -35,7 +35,14 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 
+import dataset_cards
 from builder import release_format as rf
+from builder.croissant import croissant_about
+from builder.lock import output_lock
+from builder.release_format.yaml_text import load_yaml
+from dataset_cards.card import replace_leaderboard_section
+from evaluation.leaderboard import build_leaderboard_by_config, leaderboard_markdown
+from evaluation.results import is_complete, is_results, missing_default_metrics, validate_results
 
 logger = logging.getLogger(__name__)
 
@@ -344,8 +351,6 @@ def refuse_token(contents: dict[str, bytes]) -> None:
 
 def card_gating(card_text: str) -> bool:
     """Whether the card's YAML asks users to accept terms (``extra_gated_*`` or ``gated``)."""
-    from builder.release_format.yaml_text import load_yaml
-
     match = re.match(r"^---\s*\n(.*?)\n---\s*(\n|$)", card_text, re.DOTALL)
     meta = load_yaml(match.group(1), "the card's YAML front matter") if match else None
     if not isinstance(meta, dict):
@@ -367,15 +372,14 @@ def stage_release(
     the repo users load from) and the changelog compares against the version published before this one. Rendering is
     deterministic, so a resumed publish uploads the same bytes.
     """
-    from dataset_cards import render_release_card
-
     release_dir = Path(release_dir).resolve()
     listed = listed_files(release_dir, manifest)
     for rel in listed:
         target = staging / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         os.symlink(release_dir / rel, target)
-    render_release_card(staging, manifest, previous_manifest=previous_manifest, repo_id=repo_id)
+    # Through the package, so that a test (or a caller) replacing dataset_cards.render_release_card is heard.
+    dataset_cards.render_release_card(staging, manifest, previous_manifest=previous_manifest, repo_id=repo_id)
     if int(manifest.get("format_version", 1)) >= 2:
         stage_croissant(staging, manifest, repo_id)
     card_files = sorted(
@@ -402,8 +406,6 @@ def stage_croissant(staging: Path, manifest: dict[str, Any], repo_id: str) -> di
         PublishError: mlcroissant finds an error or a warning in the document.
     """
     import datetime
-
-    from builder.croissant import croissant_about
 
     typed = rf.Manifest.from_dict(manifest)
     indexes = {c: rf.file_sha256(staging / rf.index_path(c)) for c in typed.configs}
@@ -557,8 +559,6 @@ def release_lock(release_dir: Path) -> Iterator[None]:
     Raises:
         ValueError: ``release_dir`` is not a directory, or ``builder.lock.OutputLocked`` naming the holder.
     """
-    from builder.lock import output_lock
-
     if not Path(release_dir).is_dir():
         raise ValueError(f"{release_dir}: no such directory (expected a release directory made by `lance-cf build`)")
     with output_lock(release_dir, "publish", shared=True):
@@ -875,8 +875,6 @@ def load_results(results_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
     Other JSON files in the directory are ignored; a file that claims to be results (or is named ``results.json``) and
     does not validate is an error naming the file and the field.
     """
-    from evaluation.results import is_results, validate_results
-
     results_dir = Path(results_dir)
     if not results_dir.exists():
         raise ValueError(f"{results_dir}: no such file or directory (expected the output of `lance-cf eval`)")
@@ -911,8 +909,6 @@ def publishable_results(loaded: list[tuple[Path, dict[str, Any]]]) -> list[tuple
     Raises:
         PublishError: a result is not complete, or no result is left.
     """
-    from evaluation.results import is_complete, missing_default_metrics
-
     kept = []
     for path, result in loaded:
         if result.get("status") != "ok":
@@ -979,8 +975,6 @@ def leaderboard_table(results: list[dict[str, Any]]) -> Any:
     """
     import pandas as pd
 
-    from evaluation.leaderboard import build_leaderboard_by_config
-
     frames = [build_leaderboard_by_config(group) for _, group in by_release(results)]
     frames = [f for f in frames if len(f)]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
@@ -988,8 +982,6 @@ def leaderboard_table(results: list[dict[str, Any]]) -> Any:
 
 def leaderboard_document(results: list[dict[str, Any]]) -> str:
     """``results/leaderboard.md``: evaluation's ranked table, one section per release, newest first."""
-    from evaluation.leaderboard import leaderboard_markdown
-
     sections = ["# Leaderboard", ""]
     for release, group in reversed(by_release(results)):
         sections += [
@@ -1121,8 +1113,6 @@ def publish_results(
     Existing version tags are never moved: this is a new commit on ``revision`` only.
     """
     from huggingface_hub import CommitOperationAdd
-
-    from dataset_cards.card import replace_leaderboard_section
 
     check_repo_id(repo_id)
     new = publishable_results(load_results(Path(results_dir)))

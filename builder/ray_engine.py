@@ -19,7 +19,9 @@ import functools
 import logging
 from typing import Any
 
-from builder.dispatch import check_pool_options
+from builder.dispatch import WorkerLost, check_pool_options, plan_pools, run_pools
+from builder.engine import StageNotWorking, _drive, _free_accelerator_memory, _StageRunner, run_stages
+from builder.runtime import torch_settings
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +42,6 @@ class StageWorker:
     drops its stages and their models first, so a process is started once per build, not once per stage."""
 
     def __init__(self, device: str, torch_threads: int):
-        from builder.runtime import torch_settings
-
         self.device = device
         # Entered for the worker's life (it runs nothing else); the driver records the same settings.
         self._settings = torch_settings(torch_threads, device)
@@ -50,8 +50,6 @@ class StageWorker:
 
     def assign(self, stages: list[Any], worked: list[bool]) -> None:
         """Serve a pool holding ``stages`` (models load on first use); ``worked``: each has worked in this build."""
-        from builder.engine import _StageRunner
-
         self.release()
         self.runners = {s.config.name: _StageRunner(s, self.device, ledger=None) for s in stages}
         for runner, has_worked in zip(self.runners.values(), worked, strict=True):
@@ -59,8 +57,6 @@ class StageWorker:
 
     def release(self) -> None:
         """Drop the stages and their models (and the CUDA cache): the worker waits for its next pool."""
-        from builder.engine import _free_accelerator_memory
-
         for runner in self.runners.values():
             runner.release()
         self.runners = {}
@@ -70,8 +66,6 @@ class StageWorker:
         """Stages ``names`` (consecutive in the build, all of this worker's pool) over a batch's ``work``
         (``builder.engine.StageWork``); ``assignment`` (stages, worked) comes with the first unit a worker gets from a
         pool."""
-        from builder.engine import run_stages
-
         if assignment is not None:
             self.assign(*assignment)
         runners = [self.runners[name] for name in names]
@@ -92,8 +86,6 @@ def run_ray(
     (``builder.dispatch.plan_pools``; ``{"edit": 4}``, ``{"invert+edit": 4}``), the other stages sharing one pool of
     ``run.options.workers`` actors.
     """
-    from builder.engine import _drive
-
     loop = functools.partial(
         _ray_loop,
         address=address,
@@ -128,9 +120,6 @@ class RayActorPool:
 
     def result(self, handle: Any) -> Any:
         from ray.exceptions import RayActorError, RayTaskError, WorkerCrashedError
-
-        from builder.dispatch import WorkerLost
-        from builder.engine import StageNotWorking
 
         try:
             return self._ray.get(handle)
@@ -230,8 +219,6 @@ def _ray_loop(
     stage_workers: dict[str, int] | None,
     stage_gpus: dict[str, float] | None,
 ) -> None:
-    from builder.dispatch import plan_pools, run_pools
-
     ray = _import_ray()
     if not ray.is_initialized():
         ray.init(address=address, ignore_reinit_error=True, include_dashboard=False, log_to_driver=False)

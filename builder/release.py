@@ -13,9 +13,13 @@ from typing import Any
 
 from builder import release_format as rf
 from builder.config import BuildConfig
+from builder.croissant import write_release_croissant
 from builder.ledger import Ledger
 from builder.release_format import ShardSample, Tally, group_into_shards, write_shard
 from builder.sources import Source
+from dataset_cards import render_release_card, write_gallery
+from lance_pipeline.edit_types import release_edit_types
+from lance_pipeline.stage import SCORE_NAMES
 
 logger = logging.getLogger(__name__)
 
@@ -98,11 +102,6 @@ def write_release(
     Returns:
         The manifest (as JSON data).
     """
-    from builder.croissant import write_release_croissant
-    from dataset_cards import render_release_card, write_gallery
-    from lance_pipeline.edit_types import release_edit_types
-    from lance_pipeline.stage import SCORE_NAMES
-
     if release_spec is None:
         # The LANCE configs are described by the format; a config a stage declared without a ConfigSpec gets a
         # plain description and no extra metadata fields.

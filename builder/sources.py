@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from builder import imagenet
+from builder.registry import SOURCES
 from builder.release_format import sanitize_key
 from lance_pipeline.option_types import check_value, describe_type
 
@@ -921,8 +922,6 @@ class WebDatasetSource(Source):
 # -- creating a source -------------------------------------------------------------------------------------------------
 def create_source(spec: str, options: dict[str, Any] | None = None) -> Source:
     """Build a source from ``SCHEME:ARG`` and its options; a bad spec or option is a one-line ``ValueError``."""
-    from builder.registry import SOURCES
-
     if not isinstance(spec, str):
         raise ValueError(f"source {spec!r}: expected a string SCHEME:ARG (e.g. imagefolder:/data/images)")
     if options is not None and not isinstance(options, dict):

@@ -21,8 +21,12 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from builder import release_format as rf
 from builder.config import BuildConfig, StageConfig
+from builder.registry import SOURCES, STAGES
+from lance_pipeline.edit_types import release_edit_types
 from lance_pipeline.stage import (
+    SCORE_NAMES,
     SOURCE_FIELDS,
     SOURCE_OUTPUTS,
     ReleaseOutput,
@@ -66,8 +70,6 @@ class ValidatedBuild:
 
 def resolve_stage_class(stage: StageConfig, allow_code: bool) -> tuple[type, bool]:
     """The stage class a config names; a ``module:attr`` type is code and needs ``allow_code``."""
-    from builder.registry import STAGES
-
     where = f"stage {stage.name!r}"
     if not isinstance(stage.type, str) or not stage.type:
         raise ValueError(f"{where}: type must be a registered stage name ({', '.join(STAGES.names())})")
@@ -201,10 +203,6 @@ def _switch_outputs(stage: ValidatedStage, selected: set[str]) -> ValidatedStage
 def _release_spec(config: BuildConfig, outputs: list[ReleaseOutput], writers: dict) -> Any:
     """The release's declaration (``builder.release_format``): LANCE's configs as v1 describes them, any other
     config and any extra metadata field as its stage declares them."""
-    from builder import release_format as rf
-    from lance_pipeline.edit_types import release_edit_types
-    from lance_pipeline.stage import SCORE_NAMES
-
     v1 = {c.name: c for c in rf.V1_CONFIGS}
     extra = []
     for output in outputs:
@@ -253,8 +251,6 @@ def source_declaration(spec: str | None) -> tuple[bool, dict[str, str], tuple[Re
     fields it declares (name -> contract kind) instead of ``image``. Any source may declare record fields and its
     own release outputs (default: ``original``).
     """
-    from builder.registry import SOURCES
-
     scheme = (spec or "").partition(":")[0]
     if scheme not in SOURCES.names():
         return False, {}, ()

@@ -11,8 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from builder import imagenet
+from builder.config import BuildConfig
 from builder.discovery.report import write_discovery_report
 from builder.discovery.run import LEDGER, Discovery, describe_release_failures
+from builder.discovery.source import DiscoverySource
+from builder.engine import build
 from builder.model_refs import resolve_model_references, restore_model_references
 from builder.output_paths import output_problem
 from builder.registry import DISCOVERY_DEMOS
@@ -23,7 +26,9 @@ from lance_pipeline.discovery.clustering import ClusteringSettings
 from lance_pipeline.discovery.descriptions import LLMCaptionMerger
 from lance_pipeline.discovery.search import ClassTarget, DiscoveryComponents, DiscoverySettings, discovered
 from lance_pipeline.interfaces.generation import GenerationOptions, ShiftGenerator
-from lance_pipeline.text.captioning import LabelConditionedCaptioner
+from lance_pipeline.model_needs import SD_PIPELINE_FILES, TRANSFORMERS_FILES, clip_need, reference_need, timm_need
+from lance_pipeline.text.captioning import DEFAULT_CAPTIONER, DEFAULT_CAPTIONER_REVISION, LabelConditionedCaptioner
+from lance_pipeline.text.perturbation import PromptPerturber
 
 DEMO_CLASSES = ["tench", "goldfish"]
 
@@ -128,16 +133,6 @@ class _Described:
 def _declared_models(args: argparse.Namespace) -> list:
     """What ``discover`` will load (checked before it starts; ``--demo`` builds its stand-ins locally): the
     generator, captioner, CLIP, the merging LLM if any, and each classifier's pretrained weights."""
-    from lance_pipeline.interfaces.generation import GenerationOptions
-    from lance_pipeline.model_needs import (
-        SD_PIPELINE_FILES,
-        TRANSFORMERS_FILES,
-        clip_need,
-        reference_need,
-        timm_need,
-    )
-    from lance_pipeline.text.captioning import DEFAULT_CAPTIONER, DEFAULT_CAPTIONER_REVISION
-
     # A bad option or output path is reported before the models are looked for (it is cheaper to fix first).
     if args.release is not None:
         check_release_arguments(args)
@@ -220,8 +215,6 @@ class TimmClassifier:
 
 def _llm_merger(model: str, revision: str | None, device: str) -> tuple[Any, Any]:
     """(merger, its loader): the LLM merge is constructed here and loaded with the other models."""
-    from lance_pipeline.text.perturbation import PromptPerturber  # 0.2 s of imports, only with --merge-llm
-
     resolved, _ = resolve_model_references({"model": model})  # demo:/pkg: references, as in build configs
     perturber = PromptPerturber(model=resolved["model"], revision=revision, max_new_tokens=24)
     return LLMCaptionMerger(perturber), lambda: perturber.load(device)
@@ -230,9 +223,6 @@ def _llm_merger(model: str, revision: str | None, device: str) -> tuple[Any, Any
 def build_discovery_release(output: Path, document: dict[str, Any]) -> Path:
     """Build ``OUTPUT/release``: one config per discovered failure, through the normal builder (``discovery:``)."""
     # The builder's engine and config (about 1 s of imports) only when there is a release to build.
-    from builder.config import BuildConfig
-    from builder.discovery.source import DiscoverySource
-    from builder.engine import build
 
     spec = f"discovery:{output}"
     configs = DiscoverySource(spec, str(output)).config_names

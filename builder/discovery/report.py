@@ -14,6 +14,7 @@ from typing import Any
 import jinja2
 
 from lance_pipeline.discovery.search import TARGET_LABEL_TEST, TOTAL_TEST
+from lance_pipeline.discovery.statistics import clopper_pearson
 
 GALLERY_IMAGES = 6
 PANELS = ((TARGET_LABEL_TEST, "rate of the target label"), (TOTAL_TEST, "total failure rate"))
@@ -43,8 +44,6 @@ def rates_figure(rows: list[dict[str, Any]]):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from lance_pipeline.discovery.statistics import clopper_pearson
 
     with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}):
         fig, axes = plt.subplots(1, len(PANELS), sharey=True, figsize=(9, 0.45 * max(len(rows), 2) + 1.4))

@@ -18,7 +18,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from builder import release_format as rf
+from builder.ledger import decode_payload, encode_payload
 from lance_pipeline.discovery.clustering import ClusteringSettings
+from lance_pipeline.discovery.descriptions import KeywordCaptionMerger
 from lance_pipeline.discovery.search import (
     ClassTarget,
     DiscoveryComponents,
@@ -87,8 +90,6 @@ class DiscoveryLedger:
         return found
 
     def add_images(self, rows: list[tuple[str, str, int, int, Any]]) -> None:
-        from builder.ledger import encode_payload
-
         self.db.execute("BEGIN")
         self.db.executemany(
             "INSERT OR REPLACE INTO images VALUES (?, ?, ?, ?, ?)",
@@ -97,8 +98,6 @@ class DiscoveryLedger:
         self.db.execute("COMMIT")
 
     def images(self, keys: list[str]) -> list[Any]:
-        from builder.ledger import decode_payload
-
         out = []
         for key in keys:
             row = self.db.execute("SELECT payload FROM images WHERE key=?", (key,)).fetchone()
@@ -206,9 +205,6 @@ def describe_release_failures(
     import io
 
     from PIL import Image
-
-    from builder import release_format as rf
-    from lance_pipeline.discovery.descriptions import KeywordCaptionMerger
 
     manifest = rf.load_manifest(release_dir)
     if config not in manifest.configs:

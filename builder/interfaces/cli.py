@@ -22,6 +22,32 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from builder import imagenet, images
+from builder.cli_publish import _talk_to_hub
+from builder.lock import output_lock
+from builder.model_refs import materialize_demo_component
+from builder.publish import check_repo_id, create_api, refuse_token
+from builder.sources import DemoSource, create_source
+from lance_pipeline.clip.gates import ClipScorer
+from lance_pipeline.devices import resolve_device
+from lance_pipeline.interfaces.object_thresholds import (
+    DEFAULT_PERCENTILE,
+    ClassThreshold,
+    ObjectThresholds,
+    check_percentile,
+    class_similarities,
+    percentile_threshold,
+)
+from lance_pipeline.interfaces.shifts import CORRECTED_VARIANTS, IMAGENET_STAR_SHIFTS, object_caption
+from lance_pipeline.interfaces.textual_inversion import (
+    TextualInversionOptions,
+    TextualInversionTrainer,
+    save_token,
+    token_for_class,
+    token_metadata,
+)
+from lance_pipeline.model_needs import SD_COMPONENT_FILES, clip_need, reference_need
+
 logger = logging.getLogger(__name__)
 
 TOKENS_INDEX = "tokens.json"
@@ -104,8 +130,6 @@ def register(subparsers) -> None:
 
 def _declared_models(args: argparse.Namespace) -> list:
     """learn-tokens loads one Stable Diffusion checkpoint (checked before it starts)."""
-    from lance_pipeline.model_needs import SD_COMPONENT_FILES, reference_need
-
     options = _options(args)
     need = reference_need(options.model, files=SD_COMPONENT_FILES, revision=options.revision, used_by="learn-tokens",
                           key="--model", revision_key="--revision", role="Stable Diffusion")  # fmt: skip
@@ -114,8 +138,6 @@ def _declared_models(args: argparse.Namespace) -> list:
 
 def _calibrate_models(args: argparse.Namespace) -> list:
     """calibrate loads one CLIP model (checked before it starts)."""
-    from lance_pipeline.model_needs import clip_need
-
     need = clip_need(args.clip_model, args.clip_pretrained, used_by="interfaces calibrate", key="--clip-model",
                      revision=args.clip_revision, role="CLIP of the object thresholds")  # fmt: skip
     return [need] if need is not None else []
@@ -123,8 +145,6 @@ def _calibrate_models(args: argparse.Namespace) -> list:
 
 # -- shifts -----------------------------------------------------------------------------------------------------------
 def shift_rows() -> list[dict[str, Any]]:
-    from lance_pipeline.interfaces.shifts import CORRECTED_VARIANTS, IMAGENET_STAR_SHIFTS, object_caption
-
     rows = []
     for default, shifts in ((True, IMAGENET_STAR_SHIFTS), (False, CORRECTED_VARIANTS)):
         for shift in shifts:
@@ -176,9 +196,6 @@ def run_shifts(args: argparse.Namespace) -> int:
 def _source(spec: str, classes: str | None):
     """The source, and the labels ``classes`` selects (None: all). An ``imagenet:`` source lists only those; any
     other is listed whole and the classes are picked from its label space (synset, index or name)."""
-    from builder import imagenet
-    from builder.sources import create_source
-
     wanted = [c.strip() for c in classes.split(",") if c.strip()] if classes else []
     if spec.partition(":")[0] == "imagenet" and wanted:
         return create_source(spec, {"classes": wanted}), None
@@ -216,15 +233,11 @@ def _samples_by_label(source, labels: set[int] | None = None) -> dict[int, list[
 
 
 def _decode(source, sample) -> Any:
-    from builder import images
-
     return images.decode_image(source.read(sample), image_size=None, min_side=16)
 
 
 def _readable(source, samples: list[Any], limit: int | None) -> list[Any]:
     """The first ``limit`` samples (all without one) that decode, in key order; each is decoded once and dropped."""
-    from builder import images
-
     kept = []
     for sample in samples:
         if limit is not None and len(kept) >= limit:
@@ -260,17 +273,6 @@ def _check_count(name: str, value: int | None) -> None:
 # -- calibrate --------------------------------------------------------------------------------------------------------
 def run_calibrate(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
-
-    from lance_pipeline.clip.gates import ClipScorer
-    from lance_pipeline.devices import resolve_device
-    from lance_pipeline.interfaces.object_thresholds import (
-        DEFAULT_PERCENTILE,
-        ClassThreshold,
-        ObjectThresholds,
-        check_percentile,
-        class_similarities,
-        percentile_threshold,
-    )
 
     percentile = check_percentile(DEFAULT_PERCENTILE if args.percentile is None else args.percentile)
     _check_count("--images-per-class", args.images_per_class)
@@ -318,8 +320,6 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
 # -- learn-tokens -----------------------------------------------------------------------------------------------------
 def _options(args: argparse.Namespace):
-    from lance_pipeline.interfaces.textual_inversion import TextualInversionOptions
-
     given: dict[str, Any] = {
         "steps": args.steps,
         "learning_rate": args.learning_rate,
@@ -348,8 +348,6 @@ def rebuild_index(output: Path, settings: dict[str, Any]) -> dict[str, Any]:
     the settings it was learned with in its metadata. A file learned with other settings, or one without that
     metadata, is refused in one line naming it."""
     from safetensors import SafetensorError
-
-    from lance_pipeline.interfaces.textual_inversion import token_metadata
 
     digest = _settings_digest(settings)
     classes: dict[str, Any] = {}
@@ -389,12 +387,8 @@ def _write_index(output: Path, index: dict[str, Any]) -> None:
 
 
 def run_learn_tokens(args: argparse.Namespace) -> int:
-    from builder.lock import output_lock
-
     options = _options(args)  # bad settings fail here, before any image is read or model loaded
     if args.push_to_hub:
-        from builder.publish import check_repo_id
-
         try:  # a bad repo id must not wait for hours of training
             check_repo_id(args.push_to_hub)
         except ValueError:
@@ -414,9 +408,6 @@ def run_learn_tokens(args: argparse.Namespace) -> int:
 
 def _learn_locked(args, options, source, by_label: dict[int, list[Any]], output: Path) -> int:
     from tqdm.auto import tqdm
-
-    from lance_pipeline.devices import resolve_device
-    from lance_pipeline.interfaces.textual_inversion import TextualInversionTrainer, save_token, token_for_class
 
     settings = {"options": options.to_dict(), "images_per_class": args.images_per_class}
     index = rebuild_index(output, settings)  # the files are the truth; the index is derived from them
@@ -470,9 +461,6 @@ def push_tokens(directory: Path, repo_id: str, index: dict[str, Any]) -> int:
     import os
 
     from huggingface_hub import CommitOperationAdd, ModelCard
-
-    from builder.cli_publish import _talk_to_hub
-    from builder.publish import check_repo_id, create_api, refuse_token
 
     on_disk = sorted(int(m.group(1)) for p in directory.iterdir() if (m := _TOKEN_FILE.fullmatch(p.name)))
     indexed = sorted(int(label) for label in index["classes"])
@@ -530,16 +518,6 @@ def create_demo_star_tokens(path: Path) -> Path:
     level models in 4 steps, the tokens mean nothing; they exist so that the demo runs the whole dataset-interfaces
     path (learn tokens, generate with them, filter, release) offline.
     """
-    from builder import images
-    from builder.model_refs import materialize_demo_component
-    from builder.sources import DemoSource
-    from lance_pipeline.interfaces.textual_inversion import (
-        TextualInversionOptions,
-        TextualInversionTrainer,
-        save_token,
-        token_for_class,
-    )
-
     sd = materialize_demo_component("tiny-stable-diffusion")
     source = DemoSource()
     per_class: dict[int, list[Any]] = {}

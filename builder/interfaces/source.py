@@ -17,6 +17,7 @@ from typing import Any
 from builder import imagenet
 from builder.release_format import sanitize_key
 from builder.sources import LabelSpace, Source, SourceSample, imagenet_label_space
+from lance_pipeline.interfaces.shifts import shifts_by_name
 
 # The fields every generated record carries in place of an image (name -> contract kind).
 GENERATED_FIELDS = {
@@ -43,8 +44,6 @@ class GenerationSource(Source):
         custom_shifts: list[dict] | None = None,
         per_class: int = 50,
     ):
-        from lance_pipeline.interfaces.shifts import shifts_by_name
-
         super().__init__(spec=spec, kind="generate")
         if not isinstance(per_class, int) or isinstance(per_class, bool) or per_class < 1:
             raise ValueError(f"source {spec!r}: per_class {per_class!r}: expected a positive integer")

@@ -22,6 +22,44 @@ import logging
 import sys
 from pathlib import Path
 
+from builder.cli_publish import _talk_to_hub
+from builder.model_refs import resolve_model_references, restore_model_references
+from builder.publish import PublishError, check_repo_id, create_api, refuse_token
+from builder.sources import create_source
+from lance_pipeline.devices import resolve_device
+from lance_pipeline.edit_types import edit_type_names, validate_edit_types
+from lance_pipeline.model_needs import needs_of
+from lance_pipeline.perturber.collect import (
+    CaptionItem,
+    OpenAIChatTeacher,
+    TransformersTeacher,
+    collect_edits,
+    load_dataset_split,
+    write_instruction_dataset,
+)
+from lance_pipeline.perturber.training import (
+    CHECKPOINTS,
+    PAPER_STEPS,
+    LoraTrainingConfig,
+    evaluate_perturber,
+    load_instruction_rows,
+    package_versions,
+    render_eval_table,
+    train_perturber_lora,
+)
+from lance_pipeline.text.captioning import DEFAULT_CAPTIONER, DEFAULT_CAPTIONER_REVISION, LabelConditionedCaptioner
+from lance_pipeline.text.label_checks import (
+    DEFAULT_SENTENCE_MODEL,
+    DEFAULT_SENTENCE_MODEL_REVISION,
+    LabelPreservationCheck,
+)
+from lance_pipeline.text.perturbation import (
+    DEFAULT_PERTURBER,
+    DEFAULT_PERTURBER_REVISION,
+    DROP_REASONS,
+    PromptPerturber,
+)
+
 logger = logging.getLogger(__name__)
 
 ACTIONS = ("try", "collect", "train", "eval")
@@ -41,8 +79,6 @@ _TRY_DESCRIPTION = (
 
 def _edit_types_help() -> str:
     """The ``--edit-types`` help, from the table of edit types (a type registered before the parser is built shows)."""
-    from lance_pipeline.edit_types import edit_type_names
-
     return f"comma-separated edit types (default: all: {','.join(edit_type_names())})"
 
 
@@ -116,14 +152,6 @@ def _register_try(actions) -> None:
 
 def _declared_try_models(args: argparse.Namespace) -> list:
     """What ``perturber try`` will load (checked before it starts): the LM, its adapter, the label check's model."""
-    from lance_pipeline.model_needs import needs_of
-    from lance_pipeline.text.label_checks import (
-        DEFAULT_SENTENCE_MODEL,
-        DEFAULT_SENTENCE_MODEL_REVISION,
-        LabelPreservationCheck,
-    )
-    from lance_pipeline.text.perturbation import DEFAULT_PERTURBER, DEFAULT_PERTURBER_REVISION, PromptPerturber
-
     revision = args.revision if args.revision is not None or args.model else DEFAULT_PERTURBER_REVISION
     options = {"model": args.model or DEFAULT_PERTURBER, "revision": revision, "adapter": args.adapter,
                "adapter_revision": args.adapter_revision}  # fmt: skip
@@ -151,7 +179,6 @@ def resolve_model(reference: str | None) -> str | None:
     given (a Hub id or a directory)."""
     if reference is None:
         return None
-    from builder.model_refs import resolve_model_references
 
     resolved, references = resolve_model_references({"model": reference})
     _REFERENCES.update(references)
@@ -164,8 +191,6 @@ _REFERENCES: dict[str, str] = {}
 
 
 def _as_published(value):
-    from builder.model_refs import restore_model_references
-
     return restore_model_references(value, _REFERENCES)
 
 
@@ -191,13 +216,6 @@ def run(args: argparse.Namespace) -> int:
     Exit code 1, with one line on stderr saying why, when no edit survives (the model's answers parsed to nothing, or
     the label check rejected every edit): an empty answer is not a success.
     """
-    from lance_pipeline.text.perturbation import (
-        DEFAULT_PERTURBER,
-        DEFAULT_PERTURBER_REVISION,
-        DROP_REASONS,
-        PromptPerturber,
-    )
-
     captions = [" ".join(c.split()) for c in args.captions]
     if not all(captions):
         raise ValueError("captions must be non-empty text")
@@ -209,7 +227,6 @@ def run(args: argparse.Namespace) -> int:
     revision = (
         args.revision if args.revision is not None else (DEFAULT_PERTURBER_REVISION if args.model is None else None)
     )
-    from lance_pipeline.devices import resolve_device
 
     device = resolve_device(args.device)
     perturber = PromptPerturber(
@@ -225,8 +242,6 @@ def run(args: argparse.Namespace) -> int:
     )
     checker = None
     if not args.no_label_check:
-        from lance_pipeline.text.label_checks import LabelPreservationCheck
-
         options = _label_model_options(args.label_model)
         if args.label_threshold is not None:
             options["label_threshold"] = args.label_threshold
@@ -311,8 +326,6 @@ def _caption_input(args: argparse.Namespace) -> str:
 
 def _read_captions(args: argparse.Namespace, device: str | None = None):
     """``(items, description)``: the captions of whichever input was given, and a public note on their origin."""
-    from lance_pipeline.perturber.collect import CaptionItem
-
     which = _caption_input(args)
     if which == "captions_file":
         path = args.captions_file
@@ -330,8 +343,6 @@ def _read_captions(args: argparse.Namespace, device: str | None = None):
         items = _captions_from_dataset(name, split, args.caption_column, args.label_column)
         description = f"the dataset `{_public(name)}`" + (f" (split {split})" if split != "train" else "")
     elif which == "data":
-        from lance_pipeline.perturber.training import load_instruction_rows
-
         rows = load_instruction_rows(args.data, "test", args.data_revision, accepted_only=False)
         seen, items = set(), []
         for row in rows:
@@ -363,8 +374,6 @@ def _dataset_spec(spec: str) -> tuple[str, str]:
 
 
 def _captions_from_dataset(name: str, split: str, caption_column: str, label_column: str | None):
-    from lance_pipeline.perturber.collect import CaptionItem, load_dataset_split
-
     spec = f"{_public(name)}:{split}"
     dataset = load_dataset_split(name, split)
     for column in (caption_column, label_column):
@@ -386,10 +395,6 @@ def _captions_from_source(args: argparse.Namespace, device: str):
     import io
 
     from PIL import Image
-
-    from builder.sources import create_source
-    from lance_pipeline.perturber.collect import CaptionItem
-    from lance_pipeline.text.captioning import DEFAULT_CAPTIONER, DEFAULT_CAPTIONER_REVISION, LabelConditionedCaptioner
 
     source = create_source(args.source)
     samples = source.samples[: args.limit] if args.limit else source.samples
@@ -417,9 +422,6 @@ def _push_folder(command: str, folder: Path, repo_id: str, repo_type: str, priva
     """Upload ``folder`` to a Hub repo (created if missing); errors become one line. Returns the exit code."""
     import fnmatch
     import os
-
-    from builder.cli_publish import _talk_to_hub
-    from builder.publish import PublishError, check_repo_id, create_api, refuse_token
 
     check_repo_id(repo_id)
     # The text a stray secret could reach (cards, JSON records): never upload the Hub token or the teacher's key.
@@ -493,15 +495,6 @@ def _register_collect(actions) -> None:
 
 def run_collect(args: argparse.Namespace) -> int:
     """``perturber collect``: write the instruction dataset; returns the exit code."""
-    from lance_pipeline.devices import resolve_device
-    from lance_pipeline.perturber.collect import (
-        OpenAIChatTeacher,
-        TransformersTeacher,
-        collect_edits,
-        write_instruction_dataset,
-    )
-    from lance_pipeline.perturber.training import package_versions
-
     if args.n < 1:
         raise ValueError(f"--n must be >= 1, got {args.n}")
     _caption_input(args)
@@ -604,8 +597,6 @@ def _register_train(actions) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     """``perturber train``: finetune and write the adapter; returns the exit code."""
-    from lance_pipeline.perturber.training import CHECKPOINTS, PAPER_STEPS, LoraTrainingConfig, train_perturber_lora
-
     if args.device not in ("auto", "cpu", "cuda"):
         raise ValueError(
             f"--device {args.device}: training takes auto, cpu or cuda; pick GPUs with CUDA_VISIBLE_DEVICES "
@@ -681,11 +672,6 @@ def _register_eval(actions) -> None:
 
 def run_eval(args: argparse.Namespace) -> int:
     """``perturber eval``: print a Markdown table (and write JSON); returns the exit code."""
-    from lance_pipeline.devices import resolve_device
-    from lance_pipeline.edit_types import validate_edit_types
-    from lance_pipeline.perturber.training import evaluate_perturber, package_versions, render_eval_table
-    from lance_pipeline.text.perturbation import PromptPerturber
-
     types = validate_edit_types(args.edit_types)
     if args.n < 1:
         raise ValueError(f"--n must be >= 1, got {args.n}")
@@ -698,8 +684,6 @@ def run_eval(args: argparse.Namespace) -> int:
     captions = [(item.caption, item.label_name) for item in items]
     checker = None
     if not args.no_label_check:
-        from lance_pipeline.text.label_checks import LabelPreservationCheck
-
         checker = LabelPreservationCheck(**_label_model_options(args.label_model))
         checker.load(device)
     results = {}
