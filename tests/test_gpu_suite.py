@@ -89,6 +89,7 @@ def test_a_section_that_outlives_its_slot_is_stopped_and_the_report_is_still_wri
     assert (tmp_path / "out" / "suite.md").is_file()
 
 
+@pytest.mark.slow  # waits out a 15 s slot by design
 def test_a_stopped_section_keeps_what_it_had_written(tmp_path):
     """A section's JSON is read back after its process group is killed at the end of its slot."""
     sys.path.insert(0, str(REPO / "benchmarks"))
