@@ -47,12 +47,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal
 
 from builder import imagenet
 from builder.registry import SOURCES
 from builder.release_format import sanitize_key
-from lance_pipeline.option_types import check_value, describe_type
+from lance_pipeline.option_types import PositiveInt, check_value, describe_type
 
 logger = logging.getLogger(__name__)
 
@@ -373,11 +373,6 @@ def _read_bounded(path: Path, limit: int, where: str) -> bytes:
     return data
 
 
-def _check_positive(spec: str, name: str, value: int | None) -> None:
-    if value is not None and value < 1:
-        raise ValueError(f"source {spec!r}: option {name} = {value!r} must be an integer >= 1")
-
-
 class _FileSource(Source):
     paths: dict[str, Path]
     relative: dict[str, str]
@@ -403,9 +398,8 @@ class _FileSource(Source):
 
 
 class ImageFolderSource(_FileSource):
-    def __init__(self, spec: str, path: str, max_image_bytes: int = MAX_IMAGE_BYTES):
+    def __init__(self, spec: str, path: str, max_image_bytes: PositiveInt = MAX_IMAGE_BYTES):
         super().__init__(spec=spec, kind="imagefolder")
-        _check_positive(spec, "max_image_bytes", max_image_bytes)
         self.max_image_bytes = max_image_bytes
         root = Path(path).expanduser()
         folders = _list_class_folders(root, spec)
@@ -447,12 +441,10 @@ class ImageNetSource(_FileSource):
         spec: str,
         path: str,
         classes: list[str | int] | None = None,
-        per_class: int | None = None,
-        max_image_bytes: int = MAX_IMAGE_BYTES,
+        per_class: PositiveInt | None = None,
+        max_image_bytes: PositiveInt = MAX_IMAGE_BYTES,
     ):
         super().__init__(spec=spec, kind="imagenet", imagenet_derived=True, license=IMAGENET_LICENSE)
-        _check_positive(spec, "per_class", per_class)
-        _check_positive(spec, "max_image_bytes", max_image_bytes)
         self.max_image_bytes = max_image_bytes
         root = Path(path).expanduser()
         folders = _list_class_folders(root, spec)
@@ -513,10 +505,10 @@ class HFDatasetSource(Source):
         image_column: str | None = None,
         label_column: str | None = None,
         key_column: str | None = None,
-        label_space: str | None = None,
+        label_space: Literal["imagenet-1k", "custom"] | None = None,
         class_names: list[str] | None = None,
-        num_classes: int | None = None,
-        max_classes: int = MAX_CLASSES,
+        num_classes: PositiveInt | None = None,
+        max_classes: PositiveInt = MAX_CLASSES,
         revision: str | None = None,
     ):
         super().__init__(spec=spec, kind="hf")
@@ -526,10 +518,6 @@ class HFDatasetSource(Source):
         if not name:
             raise ValueError(f"source {spec!r}: expected hf:NAME_OR_PATH[:SPLIT] (e.g. hf:user/dataset:test)")
         split = split or "test"
-        _check_positive(spec, "max_classes", max_classes)
-        _check_positive(spec, "num_classes", num_classes)
-        if label_space not in (None, "imagenet-1k", "custom"):
-            raise ValueError(f"source {spec!r}: option label_space = {label_space!r}: expected imagenet-1k or custom")
         local = Path(name).expanduser()
         if (local / "dataset_info.json").exists() or (local / "state.json").exists():
             try:
@@ -736,14 +724,13 @@ class WebDatasetSource(Source):
         self,
         spec: str,
         path: str,
-        label_space: str | None = None,
+        label_space: Literal["imagenet-1k", "custom"] | None = None,
         class_names: list[str] | None = None,
-        max_image_bytes: int = MAX_IMAGE_BYTES,
+        max_image_bytes: PositiveInt = MAX_IMAGE_BYTES,
     ):
         super().__init__(spec=spec, kind="wds")
         import braceexpand
 
-        _check_positive(spec, "max_image_bytes", max_image_bytes)
         self.max_image_bytes = max_image_bytes
         try:
             shards = [Path(p).expanduser() for p in braceexpand.braceexpand(path)]
@@ -761,8 +748,6 @@ class WebDatasetSource(Source):
                 f"source {spec!r}: {len(missing)} of {len(shards)} shard(s) not found ({missing[:3]}); check the path "
                 "and the brace pattern"
             )
-        if label_space not in (None, "imagenet-1k", "custom"):
-            raise ValueError(f"source {spec!r}: option label_space = {label_space!r}: expected imagenet-1k or custom")
         if class_names is not None and label_space != "imagenet-1k":
             self.label_space = LabelSpace("custom", [_nfc(n) for n in class_names])
         elif label_space == "custom":

@@ -21,12 +21,13 @@ from typing import Any
 
 from annotated_types import Ge, Gt, Interval, Le, Lt
 
-__all__ = ["DiffusionSteps", "ImageSide", "Interval", "MAX_IMAGE_SIDE", "check_value", "describe_type"]
+__all__ = ["DiffusionSteps", "ImageSide", "Interval", "MAX_IMAGE_SIDE", "PositiveInt", "check_value", "describe_type"]
 
 # The largest square side an option may ask for: a 16384-pixel square is 0.8 GB as RGB, more than any stage takes;
 # beyond it, a typo (``image_size: 1000000000``) would only fail later, out of memory, after models loaded.
 MAX_IMAGE_SIDE = 16384
 ImageSide = typing.Annotated[int, Interval(ge=8, le=MAX_IMAGE_SIDE)]
+PositiveInt = typing.Annotated[int, Interval(ge=1)]
 # Diffusion schedulers are trained on 1000 timesteps; more sampling steps than that is a typo, not a setting.
 DiffusionSteps = typing.Annotated[int, Interval(ge=1, le=1000)]
 
