@@ -309,3 +309,47 @@ def test_a_killed_download_resumes_where_it_stopped(hub, tmp_path):
     assert ("model.safetensors", f"bytes={kept}-") in hub.downloads  # resumed, not started again
     snapshot = tmp_path / "hf-home" / "hub" / "models--org--big-lm" / "snapshots" / commit
     assert hashlib.sha256((snapshot / "model.safetensors").read_bytes()).digest() == hashlib.sha256(big).digest()
+
+
+@pytest.mark.slow  # two tiny builds
+def test_the_declared_files_are_all_the_real_loaders_read(hub, tmp_path, monkeypatch):
+    """The demo's tiny models, put on the Hub double as repos, fetched by `models download` and loaded by the real
+    loaders (transformers, diffusers, open_clip) with the Hub switched off: the declared files are enough, and the
+    release's shards are byte-identical to those built from the local copies."""
+    import yaml
+    from huggingface_hub import constants
+
+    from builder.config import apply_overrides, load_config
+    from builder.engine import build
+    from builder.model_refs import materialize_demo_component
+
+    preset = yaml.safe_load((REPO / "builder" / "presets" / "demo.yaml").read_text())
+    commits = {}
+    for name in ("tiny-blip2", "tiny-causal-lm", "tiny-masked-lm", "tiny-stable-diffusion", "tiny-open-clip"):
+        folder = materialize_demo_component(name)
+        files = {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+        commits[name] = push(hub, tmp_path, f"org/{name}", files)
+    for stage in preset["stages"]:
+        options = stage["options"]
+        for key, revision_key in (("model", "revision"), ("clip_model", "clip_revision")):
+            value = options.get(key)
+            if isinstance(value, str) and value.startswith("demo:"):
+                name = value.removeprefix("demo:")
+                options[key] = f"hf-hub:org/{name}" if key == "clip_model" else f"org/{name}"
+                options[revision_key] = commits[name]
+    hub_yaml = tmp_path / "demo-hub.yaml"
+    hub_yaml.write_text(yaml.safe_dump(preset, sort_keys=False))
+
+    assert main(["models", "download", str(hub_yaml), "--no-progress"]) == 0
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # the loaders may read only what was declared
+    requests = len(hub.log)
+    local, from_hub = tmp_path / "local", tmp_path / "hub-release"
+    build(apply_overrides(load_config("demo"), limit=2), local, device="cpu", progress=False)
+    build(apply_overrides(load_config(str(hub_yaml)), limit=2), from_hub, device="cpu", progress=False)
+    assert len(hub.log) == requests
+    shards = sorted(p.relative_to(local).as_posix() for p in (local / "data").rglob("*.tar"))
+    assert shards and shards == sorted(p.relative_to(from_hub).as_posix() for p in (from_hub / "data").rglob("*.tar"))
+    for shard in shards:
+        assert (local / shard).read_bytes() == (from_hub / shard).read_bytes(), shard
+    manifest = json.loads((from_hub / "manifest.json").read_text())
+    assert "org/tiny-blip2" in json.dumps(manifest["stages"])  # the release names the Hub models it was built with
