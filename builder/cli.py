@@ -11,6 +11,8 @@ import importlib
 import logging
 import shlex
 import sys
+import textwrap
+from importlib import resources
 from pathlib import Path
 
 from builder.config import apply_overrides, list_presets, load_config, preset_path
@@ -21,6 +23,7 @@ from builder.lock import output_lock
 from builder.model_check import ModelsMissing, models_ready, resolve_models
 from builder.multi_device import parse_devices
 from builder.registry import ENGINES
+from builder.release_format import WORK_DIR
 from builder.release_format.verify import verify_release
 from builder.sources import create_source
 from builder.validation import allow_code_from_env, check_stages_against_source, describe_validation, validate_build
@@ -32,6 +35,7 @@ ENGINE_NAMES = tuple(ENGINES.names())
 SUBCOMMAND_MODULES = (
     "builder.cli",  # build, validate, verify, presets
     "builder.cli_models",  # models list, models download
+    "builder.cli_class_map",  # class-map
     "builder.perturber.cli",  # perturber
     "builder.interfaces.cli",  # interfaces learn-tokens
     "evaluation.cli",  # eval, leaderboard
@@ -69,14 +73,19 @@ def register(subparsers) -> None:
     build = subparsers.add_parser(
         "build",
         help="build (or resume) a release from a source dataset",
-        description=(
+        description=textwrap.fill(
             "Build a versioned counterfactual release into --output. Re-running the same command resumes an "
             "interrupted build without redoing finished samples; the result is byte-identical to an uninterrupted "
-            "build. Presets: demo (offline, bundled photos, tiny models), hardimagenet (needs --source "
-            "imagenet:/path/to/imagenet/val)."
-        ),
+            "build. Every model it needs is checked first (lance-cf models list|download PRESET_OR_CONFIG).",
+            100,
+        )
+        + "\n\npresets (lance-cf presets --show NAME prints one):"
+        + _preset_lines(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    build.add_argument("config", metavar="PRESET_OR_CONFIG", help="a preset name (demo, hardimagenet) or a YAML file")
+    build.add_argument(
+        "config", metavar="PRESET_OR_CONFIG", help=f"a preset ({', '.join(_preset_names())}) or a YAML file"
+    )
     build.add_argument("--output", "-o", required=True, type=Path, help="release directory (created if missing)")
     build.add_argument(
         "--source",
@@ -227,6 +236,25 @@ def register(subparsers) -> None:
     )
     presets.add_argument("--show", metavar="NAME", help="print this preset (or YAML file) resolved, with comments")
     presets.set_defaults(func=run_presets)
+
+
+def _preset_names() -> list[str]:
+    return list_presets()
+
+
+def _preset_lines() -> str:
+    """One line per preset: its name and the first sentence of its file's own opening comment."""
+    lines = []
+    for name in _preset_names():
+        header = []
+        for line in (resources.files("builder") / "presets" / f"{name}.yaml").read_text().splitlines():
+            if not line.startswith("#"):
+                break
+            header.append(line.lstrip("# ").strip())
+        about = " ".join(header).split(". ")[0].rstrip(".")
+        about = about if len(about) <= 90 else about[:89].rstrip() + "…"
+        lines.append(f"\n  {name:<24} {about}")
+    return "".join(lines)
 
 
 def _add_allow_code(parser: argparse.ArgumentParser) -> None:
@@ -382,6 +410,12 @@ resolve_device = _resolve_device
 def run_verify(args: argparse.Namespace) -> int:
     if not args.release.is_dir():
         raise ValueError(f"{args.release} is not a directory")
+    if not (args.release / "manifest.json").exists() and (args.release / WORK_DIR).is_dir():
+        sys.stderr.write(
+            f"verify: FAILED: {args.release}: this build has not finished (it has no manifest.json yet): re-run the "
+            "lance-cf build command that started it; it resumes where it stopped\n"
+        )
+        return 1
     with output_lock(args.release, "verify", shared=True):  # never beside a build or a publish of it
         problems = verify_release(args.release, check_images=not args.skip_images)
     if problems:

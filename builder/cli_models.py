@@ -102,7 +102,7 @@ def _target_needs(args: argparse.Namespace) -> tuple[list[Any], str, Any]:
 def run_models(args: argparse.Namespace) -> int:
     needs, what, validated = _target_needs(args)
     if args.models_action == "list":
-        states = inspect_models(needs, probe="all", deadline=5.0)
+        states = inspect_models(needs, probe="all")
         _print_list(states, what, args)
         return 0
     return _download(args, needs, what, validated)

@@ -8,6 +8,7 @@ what is built.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
 import re
@@ -206,9 +207,12 @@ def _from_dict(data: dict[str, Any], origin: str) -> BuildConfig:
     if not isinstance(data, dict):
         raise ValueError(f"{origin}: expected a mapping at the top level")
     known = {f.name for f in dataclasses.fields(BuildConfig)}
-    unknown = sorted(set(data) - known)
+    unknown = sorted(set(data) - known, key=str)
     if unknown:
-        raise ValueError(f"{origin}: unknown field(s) {unknown}; known fields: {sorted(known)}")
+        close = difflib.get_close_matches(str(unknown[0]), sorted(known), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else f"; known fields: {', '.join(sorted(known))}"
+        raise ValueError(f"{origin}: unknown field {unknown[0]!r}{hint}" + (
+            f" (and {len(unknown) - 1} more unknown)" if len(unknown) > 1 else ""))  # fmt: skip
     stages = []
     raw_stages = data.get("stages") or []
     if not isinstance(raw_stages, list):
@@ -216,9 +220,12 @@ def _from_dict(data: dict[str, Any], origin: str) -> BuildConfig:
     for i, raw in enumerate(raw_stages):
         if not isinstance(raw, dict) or not {"name", "type", "configs"} <= set(raw):
             raise ValueError(f"{origin}: stages[{i}] needs name, type and configs")
-        extra = sorted(set(raw) - {"name", "type", "configs", "options", "batch_size"})
+        allowed = ("name", "type", "configs", "options", "batch_size")
+        extra = sorted(set(raw) - set(allowed), key=str)
         if extra:
-            raise ValueError(f"{origin}: stages[{i}] has unknown field(s) {extra}")
+            close = difflib.get_close_matches(str(extra[0]), allowed, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; a stage has {', '.join(allowed)}"
+            raise ValueError(f"{origin}: stages[{i}] has unknown field {extra[0]!r}{hint}")
         where = f"{origin}: stage {raw['name']!r}"
         if not isinstance(raw["name"], str) or not re.match(r"^[A-Za-z0-9_-]+$", raw["name"]):
             raise ValueError(f"{origin}: stages[{i}] name {raw['name']!r}: use letters, digits, '_' or '-'")
@@ -266,3 +273,55 @@ def apply_overrides(config: BuildConfig, **overrides: Any) -> BuildConfig:
     """CLI overrides; ``None`` means "not given"."""
     values = {k: v for k, v in overrides.items() if v is not None}
     return dataclasses.replace(config, **values)
+
+
+def config_changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """What differs between two configs as dicts (``to_dict``/``public_dict``): ``key: old -> new``, stages by name
+    (``stages[perturb].options.n_per_type: 3 -> 2``), for a refused resume to say what changed."""
+
+    def flat(value: Any, prefix: str, out: dict[str, Any]) -> dict[str, Any]:
+        if isinstance(value, dict) and value:
+            for key, item in value.items():
+                flat(item, f"{prefix}.{key}" if prefix else str(key), out)
+        elif isinstance(value, list) and value and all(isinstance(s, dict) and "name" in s for s in value):
+            for stage in value:
+                flat({k: v for k, v in stage.items() if k != "name"}, f"{prefix}[{stage['name']}]", out)
+        else:
+            out[prefix] = value
+        return out
+
+    old, new = flat(before, "", {}), flat(after, "", {})
+    missing = object()
+    changes = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key, missing), new.get(key, missing)
+        if a != b:
+            changes.append(f"{key}: {'(none)' if a is missing else repr(a)} -> {'(none)' if b is missing else repr(b)}")
+    return changes
+
+
+def hashed_view(config: BuildConfig) -> dict[str, Any]:
+    """What the config hash covers: the public config with the active stages only."""
+    data = config.public_dict()
+    data["stages"] = [s.to_dict() for s in config.active_stages()]
+    return data
+
+
+def explain_config_change(stored: dict[str, Any], config: BuildConfig) -> str:
+    """Why a build directory refuses ``config``: what changed since the config it was started with (``stored``, a
+    ``to_dict``/``public_dict`` as the ledger or manifest keeps it), and what to do, in one sentence."""
+    try:
+        before = hashed_view(_from_dict(stored, "the stored config"))
+    except (TypeError, ValueError):
+        before = stored
+    changes = config_changes(before, hashed_view(config))
+    if not changes:
+        return "it was started with another config; resume with that config, or use a new --output directory"
+    if [c.split(":")[0] for c in changes] == ["version"]:
+        return (
+            f"only the release version differs ({changes[0].split(': ', 1)[1]}), and a build keeps the version it "
+            "was started with (it is written into the release's manifest and card): resume with the original "
+            "--version, then build the new version into a new --output directory"
+        )
+    shown = "; ".join(changes[:6]) + (f"; and {len(changes) - 6} more" if len(changes) > 6 else "")
+    return f"the config changed since it was started ({shown}): resume with the original config, or use a new --output"

@@ -30,13 +30,14 @@ import os
 import re
 import shutil
 import sqlite3
+import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from builder import images
-from builder.config import BuildConfig
+from builder.config import BuildConfig, explain_config_change
 from builder.ledger import Ledger
 from builder.lock import output_lock
 from builder.model_check import build_needs, check_cpu, models_ready, resolve_models
@@ -304,9 +305,9 @@ def _claim_ledger(
             ledger.write_plan(plan)
             return []
         if existing != config_hash:
+            stored = json.loads(ledger.get_meta("config") or "{}")
             raise BuildRefused(
-                f"{ledger.path.parent.parent} holds a build of a different config ({existing[:19]}…, this one is "
-                f"{config_hash[:19]}…); use a new --output directory, or the original config to resume"
+                f"{ledger.path.parent.parent} holds a build of a different config: {explain_config_change(stored, config)}"
             )
         if ledger.plan() != sorted(plan, key=lambda r: (r[1], r[0])):
             raise BuildRefused(
@@ -772,53 +773,79 @@ def _reopen_for_retry(ledger: Ledger, runners: list[_StageRunner], retry_failure
 
 
 class _Progress:
-    """The build's bar: images done, the stage running and its count, failures and errors; it moves per stage.
+    """The build's progress: on a terminal, one bar for the images and one per stage, each counting whole images
+    (so its percentage and its count agree); elsewhere (a log file, a pipe), one plain log line per finished batch.
 
-    Each stage of a batch advances the bar by its share of the batch, so a batch of slow stages shows progress
-    before it ends. Log records are routed through the bar (``logging_redirect_tqdm``) so they never share its line.
+    A stage's bar advances by a batch's images when the stage is done with the batch (a sample that failed earlier
+    counts as passed through). Log records go through the bars (``logging_redirect_tqdm``), never onto their lines.
     """
 
     def __init__(self, total: int, done: int, stages: list[str], desc: str, enabled: bool, ledger: Ledger):
-        from tqdm.auto import tqdm
-
         self.ledger = ledger
         self.stages = stages
-        self.stage_counts = dict.fromkeys(stages, 0)
-        self._batch_advance: dict[int, float] = {}
-        self.bar = tqdm(
-            total=total,
-            initial=done,
-            unit="img",
-            desc=desc,
-            disable=not enabled,
-            bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total_fmt} [{elapsed}<{remaining}]{postfix}",
-        )
-        self._current: str | None = None
+        self.total, self.done, self.desc = total, done, desc
+        self.terminal = enabled and sys.stderr.isatty()
+        self.plain = enabled and not self.terminal
+        self.stage_counts = dict.fromkeys(stages, done)
+        self._advanced: dict[int, set[str]] = {}
+        self.bars: dict[str, Any] = {}
+        if self.terminal:
+            from tqdm.auto import tqdm
+
+            width = max([len(s) for s in stages] + [len("images")])
+            form = "{desc}: {percentage:3.0f}%|{bar}| {n}/{total} [{elapsed}<{remaining}]{postfix}"
+            for position, name in enumerate(["images", *stages]):
+                self.bars[name] = tqdm(
+                    total=total, initial=done, unit="img", position=position, leave=True, bar_format=form,
+                    desc=f"{desc} {name:<{width}}" if name == "images" else f"{' ' * len(desc)} {name:<{width}}",
+                )  # fmt: skip
         self._refresh()
 
-    def _refresh(self) -> None:
+    def _counts(self) -> tuple[int, int]:
         failed = self.ledger.db.execute("SELECT COUNT(DISTINCT source_key) FROM failures").fetchone()[0]
         errors = self.ledger.db.execute("SELECT COUNT(DISTINCT source_key) FROM errors").fetchone()[0]
-        stage = f"{self._current} {self.stage_counts[self._current]}" if self._current else "-"
-        self.bar.set_postfix_str(f"stage {stage}, failed {failed}, errors {errors}")
+        return failed, errors
+
+    def _refresh(self) -> None:
+        if self.terminal:
+            failed, errors = self._counts()
+            self.bars["images"].set_postfix_str(f"failed {failed}, errors {errors}")
 
     def stage_started(self, stage: str) -> None:
-        self._current = stage
-        self._refresh()
+        if self.terminal:
+            self.bars[stage].set_postfix_str("running")
 
     def stage_done(self, batch: _Batch, stage: str, samples: int) -> None:
-        self.stage_counts[stage] += samples
-        share = len(batch.samples) / max(1, len(self.stages))
-        self._batch_advance[batch.index] = self._batch_advance.get(batch.index, 0.0) + share
-        self.bar.update(share)
-        self._refresh()
+        self._advance(batch, stage)
+
+    def _advance(self, batch: _Batch, stage: str) -> None:
+        advanced = self._advanced.setdefault(batch.index, set())
+        if stage in advanced:
+            return
+        advanced.add(stage)
+        self.stage_counts[stage] += len(batch.samples)
+        if self.terminal:
+            self.bars[stage].set_postfix_str("")
+            self.bars[stage].update(len(batch.samples))
 
     def batch_done(self, batch: _Batch) -> None:
-        self.bar.update(len(batch.samples) - self._batch_advance.pop(batch.index, 0.0))
-        self._refresh()
+        for stage in self.stages:  # a stage that had no sample left in this batch is done with it too
+            self._advance(batch, stage)
+        self._advanced.pop(batch.index, None)
+        self.done += len(batch.samples)
+        if self.terminal:
+            self.bars["images"].update(len(batch.samples))
+            self._refresh()
+        elif self.plain:
+            failed, errors = self._counts()
+            logger.info(
+                "%s: %d/%d images done (%d%%), batch %d finished; failed %d, errors %d",
+                self.desc, self.done, self.total, 100 * self.done // max(1, self.total), batch.index, failed, errors,
+            )  # fmt: skip
 
     def close(self) -> None:
-        self.bar.close()
+        for bar in self.bars.values():
+            bar.close()
 
 
 def run_local(run: BuildRun) -> None:
@@ -834,11 +861,14 @@ def _drive(run: BuildRun, loop: Any) -> None:
     run.todo = [b for b in sorted(run.batches) if b not in done]
     finished = sum(len(run.batches[b]) for b in done if b in run.batches)
     names = [r.name for r in run.runners]
-    progress = run.options.progress
-    run.bar = _Progress(len(run.plan), finished, names, f"build {run.config.name}", progress, run.ledger)
+    if finished:
+        logger.info(
+            "resuming: %d of %d samples already done, %d batch(es) to go", finished, len(run.plan), len(run.todo)
+        )
+    run.bar = _Progress(len(run.plan), finished, names, f"build {run.config.name}", run.options.progress, run.ledger)
     try:
-        # Log records through the bar (root logger: ours propagate to it), never onto the bar's line.
-        with logging_redirect_tqdm() if progress else contextlib.nullcontext():
+        # Log records through the bars (root logger: ours propagate to it), never onto a bar's line.
+        with logging_redirect_tqdm() if run.bar.terminal else contextlib.nullcontext():
             loop(run)
     finally:
         run.bar.close()

@@ -32,8 +32,8 @@ from lance_pipeline.model_needs import ModelNeed, is_commit, matches, merge_need
 
 logger = logging.getLogger(__name__)
 
-REQUEST_TIMEOUT = 5.0  # seconds for one metadata request (connect and read)
-DEADLINE = 8.0  # seconds for all of them together
+REQUEST_TIMEOUT = 4.0  # seconds for one metadata request (connect, then read)
+DEADLINE = 5.0  # seconds for all of them together (they run at once)
 
 
 def lance_cache_dir() -> Path:
@@ -179,14 +179,33 @@ def _check_cache(state: ModelState) -> None:
 
 
 # -- the Hub ------------------------------------------------------------------------------------------------------------
+GATED = "gated: accept its conditions on the Hub, then log in (hf auth login, or HF_TOKEN)"
+
+
 def _describe_error(err: BaseException, where: str, timeout: float) -> str:
     """One short reason for a failed Hub request (never the token)."""
+    import socket
+    import urllib.error
+
+    if isinstance(err, _HubAnswer):
+        if err.code == "GatedRepo" or (err.status in (401, 403) and err.code is None):
+            return GATED
+        if err.code == "RevisionNotFound":
+            return "this revision does not exist on the Hub"
+        if err.code == "RepoNotFound" or err.status in (401, 404):
+            return f"not found on {where} (a typo, or a private repo: log in)"
+        return str(err)
+    if isinstance(err, TimeoutError | socket.timeout) or "timed out" in str(err):
+        return f"no answer from {where} within {timeout:.0f} s"
+    if isinstance(err, urllib.error.URLError):
+        reason = err.reason
+        return f"cannot connect to {where} ({reason.strerror if isinstance(reason, OSError) and reason.strerror else reason})"
     from huggingface_hub import errors
 
     if isinstance(err, errors.OfflineModeIsEnabled):
         return "the Hub is switched off (HF_HUB_OFFLINE is set)"
     if isinstance(err, errors.GatedRepoError):
-        return "gated: accept its conditions on the Hub, then log in (hf auth login, or HF_TOKEN)"
+        return GATED
     if isinstance(err, errors.RevisionNotFoundError):
         return "this revision does not exist on the Hub"
     if isinstance(err, errors.RepositoryNotFoundError):
@@ -207,44 +226,89 @@ def _describe_error(err: BaseException, where: str, timeout: float) -> str:
     return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}".strip()
 
 
+def _token(token: str | bool | None) -> str | None:
+    """The token a request carries: the one given, else huggingface_hub's (``HF_TOKEN``, then the file ``hf auth
+    login`` writes), read without importing its HTTP stack; ``False``: none."""
+    if token is False:
+        return None
+    if isinstance(token, str):
+        return token
+    if os.environ.get("HF_TOKEN"):
+        return os.environ["HF_TOKEN"].strip()
+    from huggingface_hub import constants
+
+    try:
+        return Path(constants.HF_TOKEN_PATH).read_text().strip() or None
+    except OSError:
+        return None
+
+
+class _HubAnswer(Exception):
+    """The Hub answered with an error status: ``status`` and its ``X-Error-Code``."""
+
+    def __init__(self, status: int, code: str | None, where: str) -> None:
+        super().__init__(f"{where} answered HTTP {status}" + (f" ({code})" if code else ""))
+        self.status, self.code = status, code
+
+
+def _request(url: str, token: str | None, timeout: float, method: str = "GET") -> bytes:
+    """One request with the standard library (``import httpx`` alone costs a second on a busy machine, and this is
+    the path every command takes before it starts); proxies from the environment as huggingface_hub's."""
+    import urllib.error
+    import urllib.request
+
+    headers = {"User-Agent": "lance-cf"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(url, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - the Hub endpoint
+            return response.read()
+    except urllib.error.HTTPError as err:
+        raise _HubAnswer(err.code, err.headers.get("X-Error-Code"), endpoint()) from None
+
+
 def _probe(need: ModelNeed, token: str | bool | None, timeout: float) -> dict[str, Any]:
-    """Ask the Hub for the repository's files at the revision (one request; a HEAD more for a gated one).
+    """Ask the Hub for the repository's files at the revision (the request ``HfApi.model_info(files_metadata=True)``
+    makes; a HEAD more for a gated one, with the token).
 
     Returns what it learnt: ``listing`` (files, licence, gating, commit) and ``problem`` (None when the files can
     be fetched).
     """
-    from huggingface_hub import HfApi, get_hf_file_metadata, get_token, hf_hub_url
+    from urllib.parse import quote
 
     where = endpoint()
     found: dict[str, Any] = {"listing": None, "problem": None}
+    secret = _token(token)
     try:
-        info = HfApi(endpoint=where, token=token).model_info(
-            need.repo_id, revision=need.revision, files_metadata=True, timeout=timeout
-        )
-        siblings = info.siblings or []
-        sizes = {s.rfilename: (s.lfs.size if s.lfs is not None else s.size) for s in siblings}
-        card = info.card_data.to_dict() if info.card_data is not None else {}
-        license_tag = next((t[len("license:") :] for t in info.tags or [] if t.startswith("license:")), None)
+        revision = quote(need.revision or "main", safe="")
+        url = f"{where}/api/models/{need.repo_id}/revision/{revision}?blobs=true"
+        info = json.loads(_request(url, secret, timeout))
+        siblings = info.get("siblings") or []
+        sizes = {s["rfilename"]: (s.get("lfs") or {}).get("size", s.get("size")) for s in siblings}
+        card = info.get("cardData") or {}
+        license_tag = next((t[len("license:") :] for t in info.get("tags") or [] if t.startswith("license:")), None)
         listing = {
             "files": sizes,
-            "sha256": {s.rfilename: s.lfs.sha256 for s in siblings if s.lfs is not None},  # large files: the LFS oid
+            # large files: their LFS oid, the sha256 of their content
+            "sha256": {s["rfilename"]: s["lfs"]["sha256"] for s in siblings if s.get("lfs")},
             "license": card.get("license") or license_tag,
-            "gated": info.gated,
-            "commit": info.sha,
+            "gated": info.get("gated", False),
+            "commit": info.get("sha"),
         }
         found["listing"] = listing
-        if is_commit(info.sha):
-            write_listing(need.repo_id, info.sha, listing)
+        if is_commit(listing["commit"]):
+            write_listing(need.repo_id, listing["commit"], listing)
         files = select_files(sizes, need.files)
         unmatched = [p for p in need.required if not any(matches(f, p) for f in files)]
         if unmatched:
             found["problem"] = f"the repo has no {', '.join(unmatched)} at this revision (not a model of this kind?)"
-        elif info.gated:
-            if token is False or (token is None and get_token() is None):
-                found["problem"] = "gated: accept its conditions on the Hub, then log in (hf auth login, or HF_TOKEN)"
-            elif files:  # a token without access to it gets GatedRepoError here
-                get_hf_file_metadata(
-                    hf_hub_url(need.repo_id, files[0], revision=info.sha, endpoint=where), token=token, timeout=timeout
+        elif listing["gated"]:
+            if secret is None:
+                found["problem"] = GATED
+            elif files:  # a token without access to the repo gets 401/403 here
+                _request(
+                    f"{where}/{need.repo_id}/resolve/{listing['commit']}/{quote(files[0])}", secret, timeout, "HEAD"
                 )
     except Exception as err:  # every failure is this model's reason, reported with the others
         found["problem"] = _describe_error(err, where, timeout)
@@ -328,19 +392,19 @@ def _importable(module: str) -> bool:
 
 
 def hub_answers(timeout: float | None = None) -> bool:
-    """Whether the Hub endpoint answers at all (one small request, no retry)."""
+    """Whether the Hub endpoint answers at all (one small request, no retry; any HTTP status counts)."""
     timeout = min(3.0, REQUEST_TIMEOUT) if timeout is None else timeout
     if is_offline():
         return False
-    from huggingface_hub.utils import get_session
-
     result: list[bool] = []
 
     def ask() -> None:
         try:
-            get_session().head(endpoint() + "/api/whoami-v2", timeout=timeout)
+            _request(endpoint() + "/api/whoami-v2", None, timeout, "HEAD")
             result.append(True)
-        except Exception:  # any failure means: do not rely on it
+        except _HubAnswer:
+            result.append(True)
+        except Exception:  # no answer: do not rely on it
             result.append(False)
 
     thread = threading.Thread(target=ask, daemon=True)

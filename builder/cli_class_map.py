@@ -1,0 +1,88 @@
+"""``lance-cf class-map``: a class map from a release's own label space to ImageNet-1k, for ``eval --class-map``.
+
+A release built from class folders named by ImageNet synsets (``n02123045``) has ImageNet-1k labels and needs no map.
+One built from folders named ``cat`` and ``dog`` has a label space of its own (label 0 is ``cat``), and an ImageNet
+classifier can only be scored against it through a map: for each release label, the ImageNet-1k output that scores
+it. This command writes that map in the text format ``eval`` reads (line ``i``: the ImageNet index of release label
+``i``; ``#`` lines are comments): a class whose name is exactly one ImageNet class name (or synonym, "tabby cat")
+gets its index; any other gets a line ``CHOOSE`` with the closest ImageNet classes in the comment above it, to be
+replaced by hand (``eval`` refuses a map that still says ``CHOOSE``, naming the line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "class-map",
+        help="write the map from a release's own classes to ImageNet-1k that eval --class-map needs",
+        description="Write a class map (release label -> ImageNet-1k index) for `lance-cf eval --class-map`: exact "
+        "name matches filled in, the others marked CHOOSE with the closest ImageNet classes as comments.",
+    )
+    parser.add_argument("release", type=Path, metavar="RELEASE", help="release directory (its manifest.json)")
+    parser.add_argument("--output", "-o", type=Path, help="file to write (default: RELEASE-name.classmap.txt here)")
+    parser.set_defaults(func=run_class_map)
+
+
+def _normalise(name: str) -> str:
+    return " ".join(name.replace("_", " ").replace("-", " ").lower().split())
+
+
+def imagenet_candidates(name: str, limit: int = 5) -> tuple[int | None, list[int]]:
+    """(the index whose name or synonym is exactly ``name``, or None; the closest indices otherwise)."""
+    from builder.imagenet import class_names
+
+    names = class_names()
+    wanted = _normalise(name)
+    synonyms = {i: [_normalise(s) for s in n.split(",")] for i, n in enumerate(names)}
+    exact = [i for i, options in synonyms.items() if wanted in options]
+    if len(exact) == 1:
+        return exact[0], []
+    words = set(wanted.split())
+    containing = [i for i, options in synonyms.items() if any(words & set(o.split()) for o in options)]
+    flat = {o: i for i, options in synonyms.items() for o in options}
+    close = [flat[o] for o in difflib.get_close_matches(wanted, list(flat), n=limit, cutoff=0.6)]
+    return None, list(dict.fromkeys(exact + containing + close))[:limit]
+
+
+def run_class_map(args: argparse.Namespace) -> int:
+    from builder.imagenet import class_names
+    from builder.release_format.manifest import load_manifest
+
+    if not (args.release / "manifest.json").is_file():
+        raise ValueError(f"{args.release} is not a release directory (no manifest.json); build it first")
+    manifest = load_manifest(args.release)
+    space = manifest.label_space.get("name")
+    if space == "imagenet-1k":
+        sys.stdout.write(f"{args.release}: its labels are ImageNet-1k indices already; eval needs no --class-map\n")
+        return 0
+    names = class_names()
+    output = args.output or Path(f"{manifest.name}.classmap.txt")
+    lines = [
+        f"# Class map for `lance-cf eval --release {args.release} --class-map {output}`.",
+        "# Line i (comments aside) is the ImageNet-1k index that scores release label i. Replace every CHOOSE by the",
+        "# index of the ImageNet class that best stands for that label (candidates in the comment above it).",
+    ]
+    to_choose = []
+    for label, name in enumerate(manifest.label_names):
+        index, candidates = imagenet_candidates(name)
+        if index is not None:
+            lines += [f"# {label} {name!r} = ImageNet {index} {names[index]!r}", str(index)]
+            continue
+        to_choose.append(name)
+        listed = "; ".join(f"{i} {names[i]!r}" for i in candidates) or "none close by name"
+        lines += [f"# {label} {name!r}: no ImageNet class of this name; closest: {listed}", "CHOOSE"]
+    output.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    total = len(manifest.label_names)
+    write = sys.stdout.write
+    write(f"wrote {output}: {total - len(to_choose)} of {total} classes matched an ImageNet-1k class by name\n")
+    if to_choose:
+        write(f"edit the {len(to_choose)} line(s) marked CHOOSE ({', '.join(to_choose[:5])}): the candidates are in "
+              "the comment above each; eval refuses the map until then\n")  # fmt: skip
+    write(f"next: lance-cf eval --release {args.release} --model resnet50.a1_in1k --class-map {output} --output ev\n")
+    return 0
