@@ -10,12 +10,19 @@ setup: $(VENV)/.installed
 
 # torch/torchvision are pinned with '===' so pip takes the registry's regular build even where a local CPU-only torch
 # wheel is offered (its torchvision counterpart does not exist, and a mismatched pair fails at import).
+# Each step says what it does; pip shows what it downloads (a progress bar on a terminal), so the minutes of torch's
+# download are visible.
 $(VENV)/.installed: pyproject.toml
+	@echo "make setup [1/4]: creating the virtual environment $(VENV)"
 	$(PYTHON) -m venv $(VENV)
+	@echo "make setup [2/4]: upgrading pip"
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet "torch===2.13.0" "torchvision===0.28.0"
-	$(BIN)/pip install --quiet -e ".[dev]"
+	@echo "make setup [3/4]: torch and torchvision with their CUDA libraries (most of the download)"
+	$(BIN)/pip install --progress-bar on "torch===2.13.0" "torchvision===0.28.0"
+	@echo "make setup [4/4]: lance-counterfactuals and its other dependencies"
+	$(BIN)/pip install --progress-bar on -e ".[dev]"
 	touch $@
+	@echo "make setup: done; next: make demo (or: source $(VENV)/bin/activate)"
 
 demo: setup
 	HF_HUB_OFFLINE=1 $(BIN)/lance-cf build demo --output $(DEMO_OUT)
