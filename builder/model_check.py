@@ -118,10 +118,7 @@ def resolve_models(needs: list[ModelNeed], command: str | None = None) -> list[M
     error = ModelsMissing(states, command)
     if error.missing:
         raise error
-    for state in states:
-        if state.problem and state.need.optional and not state.stand_in:
-            users = ", ".join(dict.fromkeys(u.used_by for u in state.users))
-            logger.warning("%s is skipped: %s (%s) %s", users, state.need.label, state.need.role, state.problem)
+    # An optional model that is missing is the command's to report (it says what it skips without it).
     return states
 
 
