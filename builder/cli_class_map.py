@@ -16,6 +16,9 @@ import difflib
 import sys
 from pathlib import Path
 
+from builder.imagenet import class_names
+from builder.release_format.manifest import load_manifest
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -35,8 +38,6 @@ def _normalise(name: str) -> str:
 
 def imagenet_candidates(name: str, limit: int = 5) -> tuple[int | None, list[int]]:
     """(the index whose name or synonym is exactly ``name``, or None; the closest indices otherwise)."""
-    from builder.imagenet import class_names
-
     names = class_names()
     wanted = _normalise(name)
     synonyms = {i: [_normalise(s) for s in n.split(",")] for i, n in enumerate(names)}
@@ -51,9 +52,6 @@ def imagenet_candidates(name: str, limit: int = 5) -> tuple[int | None, list[int
 
 
 def run_class_map(args: argparse.Namespace) -> int:
-    from builder.imagenet import class_names
-    from builder.release_format.manifest import load_manifest
-
     if not (args.release / "manifest.json").is_file():
         raise ValueError(f"{args.release} is not a release directory (no manifest.json); build it first")
     manifest = load_manifest(args.release)

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from builder.registry import SOURCES
+from builder.registry import SOURCES, STAGES
 from builder.release_format.yaml_text import load_yaml
 
 # key -> (what it does, where the value comes from). Shown as the comment beside each key.
@@ -202,8 +202,6 @@ def short(text: str, limit: int = 110) -> str:
 def stage_option_comments(stage_type: str) -> dict[str, str]:
     """Option name -> one-line description, for a registered (or ``module:attr``) stage type; {} if it cannot be
     imported."""
-    from builder.registry import STAGES
-
     try:
         cls = STAGES.resolve(stage_type)
     except (ImportError, AttributeError, ValueError):
@@ -213,8 +211,6 @@ def stage_option_comments(stage_type: str) -> dict[str, str]:
 
 def stage_summary(stage_type: str) -> str | None:
     """The first sentence of a stage class's docstring (what the stage does), or None."""
-    from builder.registry import STAGES
-
     try:
         cls = STAGES.resolve(stage_type)
     except (ImportError, AttributeError, ValueError):
