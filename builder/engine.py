@@ -634,8 +634,17 @@ def _build_locked(
         # Stage descriptions without loading models (a resumed build may have loaded none).
         stage_info = {r.name: r.describe() for r in run.runners}
         build_record = _build_record(run, env, accepted_changes, determinism)
+        screens = {s.config.name: (s.cls, s.contract.screens) for s in validated.active if s.contract.screens}
         return write_release(
-            output, config, config_hash, source, ledger, stage_info, build_record, release_spec=validated.release_spec
+            output,
+            config,
+            config_hash,
+            source,
+            ledger,
+            stage_info,
+            build_record,
+            release_spec=validated.release_spec,
+            screens=screens,
         )
     finally:
         ledger.close()

@@ -191,6 +191,19 @@ class Ledger:
                 (stage, batch),
             )
 
+    def iter_stage_structures(self, stage: str) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Every stored output of ``stage`` in key order, as its JSON structure: images and tensors are left as
+        ``{"__png__": i}`` / ``{"__tensor__": i}`` references, not decoded (for counting what a stage decided)."""
+        for key, payload, checksum in self.db.execute(
+            "SELECT source_key, payload, sha256 FROM stage_outputs WHERE stage=? ORDER BY source_key", (stage,)
+        ):
+            if checksum is not None and _sha256(payload) != checksum:
+                raise LedgerError(
+                    f"{self.path}: the stored output of stage {stage} for {key} does not match its checksum "
+                    "(the ledger was modified or damaged); use a new --output directory"
+                )
+            yield key, payload_structure(payload)
+
     def has_worked(self, stage: str) -> bool:
         """Whether ``stage`` has stored an output for any sample of this build."""
         return self.db.execute("SELECT 1 FROM stage_outputs WHERE stage=? LIMIT 1", (stage,)).fetchone() is not None
@@ -283,6 +296,13 @@ def encode_payload(update: dict[str, Any]) -> bytes:
     parts = [structure, *blobs]
     header = json.dumps([len(p) for p in parts]).encode()
     return len(header).to_bytes(4, "big") + header + b"".join(parts)
+
+
+def payload_structure(payload: bytes) -> dict[str, Any]:
+    """The JSON part of a payload, blobs left as references (cheap: nothing is decoded)."""
+    n = int.from_bytes(payload[:4], "big")
+    sizes = json.loads(payload[4 : 4 + n])
+    return json.loads(payload[4 + n : 4 + n + sizes[0]])
 
 
 def decode_payload(payload: bytes) -> dict[str, Any]:

@@ -32,6 +32,12 @@ STAGES = Registry(
         "controlnet_edit": "lance_pipeline.dillema.controlnet_editing:ControlNetEditStage",
         "shift_generation": "lance_pipeline.interfaces.generation:ShiftGenerationStage",
         "shift_filter": "lance_pipeline.interfaces.generation:ShiftFilterStage",
+        "sensitive_edit_screen": "lance_pipeline.screening.sensitive_edits:SensitiveEditScreen",
+        "sensitive_edit_screen_lance_r": "lance_pipeline.screening.sensitive_edits:LanceRSensitiveEditScreen",
+        "safety_check": "lance_pipeline.screening.safety_checker:SafetyCheckStage",
+        "safety_check_lance_r": "lance_pipeline.screening.safety_checker:LanceRSafetyCheckStage",
+        "safety_check_reconstruction": "lance_pipeline.screening.safety_checker:ReconstructionSafetyCheckStage",
+        "safety_check_generated": "lance_pipeline.screening.safety_checker:GeneratedSafetyCheckStage",
     },
 )
 
@@ -47,6 +53,7 @@ DEMO_COMPONENTS = Registry(
         "tiny-open-clip": "lance_pipeline.tiny.clip_components:create_tiny_open_clip",
         "tiny-controlnet": "lance_pipeline.tiny.controlnet_components:create_tiny_controlnet",
         "tiny-star-tokens": "builder.interfaces.cli:create_demo_star_tokens",
+        "tiny-safety-checker": "lance_pipeline.tiny.safety_components:create_tiny_safety_checker",
     },
 )
 

@@ -89,6 +89,7 @@ def write_release(
     build_record: dict[str, Any] | None = None,
     *,
     release_spec: rf.ReleaseSpec | None = None,
+    screens: dict[str, tuple[type, tuple[Any, ...]]] | None = None,
 ) -> dict[str, Any]:
     """Write shards, gallery, ``_info.json``, ``manifest.json``, the card and ``croissant.json`` (with its metadata
     indexes) from a finished ledger.
@@ -98,6 +99,8 @@ def write_release(
             stored under the manifest's ``build`` key.
         release_spec: what the release declares (configs, extra metadata fields, vocabulary); by default the LANCE
             configs of ``config.configs`` with the method's edit types and score names.
+        screens: the screening stages of the build (stage name -> (stage class, its ``OutputScreen``s)): the samples
+            each removed become failures with their reasons, and what each decided goes under ``screening``.
 
     Returns:
         The manifest (as JSON data).
@@ -137,13 +140,14 @@ def write_release(
             "config %s has no samples: it is left out of the release (see manifest empty_configs)", config_name
         )
     shard_dicts = [s.to_dict() for s in shards]
-    gallery = write_gallery(output, present, shard_dicts)
-    assets = []
-    for entry in gallery:
-        digest, size = rf.file_sha256(output / entry["path"])
-        assets.append({"path": entry["path"], "sha256": digest, "bytes": size})
-
     failures = [{"source_key": k, "stage": stage, "reason": reason} for k, stage, reason in ledger.failures()]
+    screening: dict[str, Any] = {}
+    for stage_name, (cls, stage_screens) in (screens or {}).items():
+        removed, summary = _screen_outcomes(ledger, stage_name, cls, stage_screens)
+        failures += removed
+        screening[stage_name] = summary
+    # Stable: the ledger's failures keep their order; a screen's removals follow its other failures of a sample.
+    failures.sort(key=lambda f: (f["source_key"], f["stage"]))
     manifest: dict[str, Any] = {
         "format_version": rf.FORMAT_VERSION,
         "name": config.name,
@@ -164,16 +168,12 @@ def write_release(
         "counts": {c: counts[c] for c in present},
         "failures": failures,
         "shards": shard_dicts,
-        "assets": assets,
     }
+    if screening:
+        manifest["screening"] = screening
     if build_record is not None:
         manifest["build"] = build_record
-    rf.seal_manifest(manifest)
-    typed = rf.Manifest.from_dict(manifest)  # the writer checks its own output against the format
-    _atomic_write(output / rf.TIMM_INFO_NAME, rf.canonical_json(rf.timm_info(typed)))
-    _atomic_write(output / rf.MANIFEST_NAME, rf.canonical_json(manifest))
-    render_release_card(output, manifest)
-    write_release_croissant(output, typed)
+    seal_release(output, manifest)
     logger.info(
         "release %s %s: %s; %d failure(s)",
         config.name,
@@ -182,6 +182,49 @@ def write_release(
         len(failures),
     )
     return manifest
+
+
+def seal_release(output: Path, manifest: dict[str, Any], previous_manifest: dict[str, Any] | None = None) -> None:
+    """Finish a release whose shards are written: the card's gallery (hashed into ``assets``), the sealed manifest,
+    ``_info.json`` and the card. ``manifest`` holds every other field; it is completed in place.
+
+    Args:
+        previous_manifest: the release this one follows (``lance-cf review apply``), for the card's changelog.
+    """
+    gallery = write_gallery(output, manifest["configs"], manifest["shards"])
+    manifest["assets"] = []
+    for entry in gallery:
+        digest, size = rf.file_sha256(output / entry["path"])
+        manifest["assets"].append({"path": entry["path"], "sha256": digest, "bytes": size})
+    manifest.pop("manifest_sha256", None)
+    rf.seal_manifest(manifest)
+    typed = rf.Manifest.from_dict(manifest)  # the writer checks its own output against the format
+    _atomic_write(output / rf.TIMM_INFO_NAME, rf.canonical_json(rf.timm_info(typed)))
+    _atomic_write(output / rf.MANIFEST_NAME, rf.canonical_json(manifest))
+    render_release_card(output, manifest, previous_manifest=previous_manifest)
+    write_release_croissant(output, typed)
+
+
+def _screen_outcomes(
+    ledger: Ledger, stage: str, cls: type, screens: tuple[Any, ...]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(failures, summary) of a screening stage from its stored outputs: one failure per sample it removed, with its
+    reason, and the stage's own count of what it decided (``cls.summarize``) plus the removals per field."""
+    failures: list[dict[str, Any]] = []
+    removed_counts: dict[str, int] = {}
+    updates = []
+    for key, update in ledger.iter_stage_structures(stage):
+        updates.append(update)
+        for screen in screens:
+            if screen.removed is None:
+                continue
+            entries = update.get(screen.removed) or []
+            removed_counts[screen.field] = removed_counts.get(screen.field, 0) + len(entries)
+            failures += [{"source_key": key, "stage": stage, "reason": str(e["reason"])} for e in entries]
+    summary: dict[str, Any] = {"fields": [s.field for s in screens], "removed": removed_counts}
+    if hasattr(cls, "summarize"):
+        summary.update(cls.summarize(updates))
+    return failures, summary
 
 
 def clean_stale_shards(output: Path, keep: set[str]) -> None:

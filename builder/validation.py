@@ -165,6 +165,7 @@ def validate_build(config: BuildConfig, *, allow_code: bool | None = None) -> Va
                 f"{stage.config.configs} do not include it; add {name!r} to them"
             )
         outputs.append(output)
+    outputs = _with_screen_fields(outputs, active)
     spec = _release_spec(config, outputs, writers)
     return ValidatedBuild(config, tuple(stages), tuple(active), tuple(outputs), tuple(known), spec)
 
@@ -198,6 +199,26 @@ def _switch_outputs(stage: ValidatedStage, selected: set[str]) -> ValidatedStage
     if not off:
         return stage
     return dataclasses.replace(stage, config=dataclasses.replace(stage.config, options={**stage.config.options, **off}))
+
+
+def _with_screen_fields(outputs: list[ReleaseOutput], active: list[ValidatedStage]) -> list[ReleaseOutput]:
+    """The outputs with the metadata fields that active screening stages (``OutputScreen``) add to their samples."""
+    out = []
+    for output in outputs:
+        fields = list(output.fields)
+        for stage in active:
+            for screen in stage.contract.screens:
+                if screen.field != output.field:
+                    continue
+                for field in screen.fields:
+                    if any(f.name == field.name for f in fields):
+                        raise ValueError(
+                            f"stage {stage.config.name!r} adds metadata field {field.name!r} to config "
+                            f"{output.config!r}, which already has it (two screens of one kind?)"
+                        )
+                    fields.append(field)
+        out.append(dataclasses.replace(output, fields=tuple(fields)) if len(fields) > len(output.fields) else output)
+    return out
 
 
 def _release_spec(config: BuildConfig, outputs: list[ReleaseOutput], writers: dict) -> Any:

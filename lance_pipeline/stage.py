@@ -12,6 +12,9 @@ Declarations (class attributes, checked by ``lance-cf validate`` and before ever
   stage sees a ``DeclaredRecord`` (reading an undeclared field raises ``StageContractError``) and its updates are
   checked against ``produces``: a wrong key is a programming error that stops the build, never per-sample data.
 - ``outputs``: the ``ReleaseOutput``s (record field -> release config) the engine writes from this stage's fields.
+- ``screens`` (optional): the ``OutputScreen``s of a stage that checks another stage's release samples (a safety
+  checker, the sensitive-edit screen): it produces the screened field again, may add metadata fields to its samples
+  and lists the samples it removed, with their reasons (the builder records each as a failure).
 - ``options_class`` (optional): a dataclass of the stage's options; without it the options type is derived from the
   constructor's annotated signature (``options_type``). Options are weight-free: constructing a stage loads nothing.
 
@@ -140,6 +143,22 @@ class ReleaseOutput:
         return f"{source_key}_{self.key_suffix}{index:03d}" if self.many else f"{source_key}_{self.key_suffix}"
 
 
+@dataclass(frozen=True)
+class OutputScreen:
+    """A stage's check of the samples another stage's ``ReleaseOutput`` writes from record field ``field``.
+
+    The screening stage produces ``field`` again: the same samples, each carrying ``fields`` (on every item of a list
+    field; on the record for a single image), minus the ones it removed (a list item left out; a single image set to
+    ``None``). When ``removed`` names a produced list field, each entry ``{"reason": ...}`` of it becomes a failure of
+    the stage in the manifest, so a sample never leaves a release silently. ``fields`` join the declared metadata of
+    every selected config written from ``field``.
+    """
+
+    field: str
+    fields: tuple[MetadataField, ...] = ()
+    removed: str | None = None
+
+
 # What the builder releases straight from the source, before any stage.
 SOURCE_OUTPUTS = (ReleaseOutput("original", "image", None),)
 
@@ -173,6 +192,7 @@ class StageContract:
     consumes: dict[str, str]
     produces: dict[str, str]
     outputs: tuple[ReleaseOutput, ...]
+    screens: tuple[OutputScreen, ...] = ()
 
 
 def contract_of(cls: type) -> StageContract:
@@ -203,7 +223,16 @@ def contract_of(cls: type) -> StageContract:
             )
         if output.key_suffix is None:
             raise StageContractError(f"{where}: output {output.config!r} needs a key_suffix")
-    return StageContract(version, consumes, produces, outputs)
+    screens = tuple(getattr(cls, "screens", ()))
+    for screen in screens:
+        if not isinstance(screen, OutputScreen):
+            raise StageContractError(f"{where}: screens must hold OutputScreen, got {screen!r}")
+        for name in (screen.field, screen.removed):
+            if name is not None and name not in produces:
+                raise StageContractError(f"{where}: screen of {screen.field!r} names field {name!r}, not produced")
+        if screen.removed is not None and produces[screen.removed] != "list":
+            raise StageContractError(f"{where}: screen field {screen.removed!r} must be produced as 'list'")
+    return StageContract(version, consumes, produces, outputs, screens)
 
 
 # -- options -----------------------------------------------------------------------------------------------------------

@@ -67,6 +67,8 @@ FAKE_STAGES = [
 ALL_CONFIGS = ["original", "reconstructed", "counterfactual", "lance_r"]
 # The LANCE stages every full preset runs (demo and hardimagenet).
 METHOD_STAGES = {"caption", "perturb", "label_check", "random_edit", "invert", "reconstruct", "edit", "lance_r_edit"}
+# The release screens (lance_pipeline/screening) the LANCE presets run after the image stages.
+SCREEN_STAGES = {"screen", "screen_lance_r", "safety_reconstruction", "safety", "safety_lance_r"}
 
 
 def env() -> dict[str, str]:

@@ -1,0 +1,287 @@
+"""Stable Diffusion's safety checker on every image a build generates; flagged images are never released.
+
+Rombach et al., CVPR 2022 (Stable Diffusion) ship a safety checker with their v1 models
+(``CompVis/stable-diffusion-safety-checker``, loaded through diffusers' ``StableDiffusionSafetyChecker``, as the
+Stable Diffusion pipelines load it): CLIP ViT-L/14 image embeddings compared with 17 concept embeddings (and 3
+"special care" ones that tighten the others by 0.01), each with its threshold. The editors and generators of this
+project run Stable Diffusion without its pipeline's checker (prompt-to-prompt and ControlNet editing need the
+latents, dataset interfaces used SD 2, which has none), so these stages run it on what they produced.
+
+Each screened image gets ``safety_nsfw`` (False on every released image) and ``safety_score``: the largest of
+``cosine(image, concept) - threshold + special-care adjustment`` over the concepts, the quantity the checker compares
+with 0 (``StableDiffusionSafetyChecker.forward``); above 0 the image is flagged, removed, and recorded as a failure
+of the stage with its score in the manifest. One stage per kind of generated image (the stage contract declares its
+fields per class): ``safety_check`` (counterfactuals), ``safety_check_lance_r``, ``safety_check_reconstruction`` and
+``safety_check_generated`` (dataset-interfaces images).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from lance_pipeline.stage import MetadataField, OutputScreen, Record, SampleFailure
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SAFETY_CHECKER = "CompVis/stable-diffusion-safety-checker"
+# The commit of CompVis/stable-diffusion-safety-checker that public projects pin (e.g. sdkit's safety checker loader,
+# and Hub cache snapshot paths models--CompVis--stable-diffusion-safety-checker/snapshots/cb41f3a...); not re-checked
+# against the Hub from this offline environment.
+DEFAULT_SAFETY_CHECKER_REVISION = "cb41f3a270d63d454d385fc2e4f571c487c253c5"
+
+SAFETY_FIELDS = (
+    MetadataField("safety_nsfw", "bool", description="flagged by Stable Diffusion's safety checker (never released)"),
+    MetadataField("safety_score", "float64", description="the checker's largest concept score (flagged above 0)"),
+)
+
+
+@dataclass
+class SafetyCheckOptions:
+    """Options of the safety-checker stages.
+
+    Attributes:
+        model, revision: the checker (Hub id at a pinned revision, or a local directory with the checker's
+            ``config.json`` and weights and its ``preprocessor_config.json``).
+        batch_size: images per forward pass.
+        cache_dir: Hugging Face cache directory (default: the library's).
+    """
+
+    model: str = DEFAULT_SAFETY_CHECKER
+    revision: str | None = DEFAULT_SAFETY_CHECKER_REVISION
+    batch_size: int = 16
+    cache_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+
+    @property
+    def is_local(self) -> bool:
+        return os.path.isdir(self.model)
+
+
+class SafetyChecker:
+    """The loaded checker and its image processor; ``score(images)`` gives ``(flagged, score)`` per image."""
+
+    def __init__(self, model: Any, processor: Any, device: str, weights_file: str | None) -> None:
+        self.model, self.processor, self.device, self.weights_file = model, processor, device, weights_file
+
+    def embed_scores(self, clip_input: Any) -> Any:
+        """The per-image largest concept score, computed as ``StableDiffusionSafetyChecker.forward_onnx`` does."""
+        import torch
+        from torch.nn.functional import normalize
+
+        model = self.model
+        with torch.no_grad():
+            embeds = model.visual_projection(model.vision_model(clip_input)[1])
+            embeds = normalize(embeds.float())
+            special = embeds @ normalize(model.special_care_embeds.float()).T - model.special_care_embeds_weights
+            concept = embeds @ normalize(model.concept_embeds.float()).T - model.concept_embeds_weights
+            adjustment = (special > 0).any(dim=1, keepdim=True).float() * 0.01
+            return (concept + adjustment).max(dim=1).values.cpu()
+
+    def score(self, images: list[Any], batch_size: int) -> list[tuple[bool, float]]:
+        out: list[tuple[bool, float]] = []
+        for start in range(0, len(images), batch_size):
+            chunk = [image.convert("RGB") for image in images[start : start + batch_size]]
+            pixels = self.processor(images=chunk, return_tensors="pt").pixel_values
+            pixels = pixels.to(self.device, dtype=self.model.dtype)
+            for value in self.embed_scores(pixels).tolist():
+                out.append((value > 0, round(float(value), 6)))
+        return out
+
+
+_CACHE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_CACHE_LOCK = threading.Lock()
+
+
+def load_safety_checker(options: SafetyCheckOptions, device: str) -> SafetyChecker:
+    """Load the checker through diffusers (shared by the safety stages of one process, as SD components are)."""
+    revision = None if options.is_local else options.revision
+    key = (os.path.abspath(options.model) if options.is_local else options.model, revision, str(device))
+    with _CACHE_LOCK:
+        cached = _CACHE.get(key)
+        if cached is not None:
+            return cached
+        from diffusers.pipelines.stable_diffusion.safety_checker import StableDiffusionSafetyChecker
+        from transformers import CLIPImageProcessor
+
+        common = {"revision": revision, "cache_dir": options.cache_dir}
+        # safetensors where the revision has them; the checker's pinned revision ships a PyTorch .bin, which
+        # transformers reads with torch.load(weights_only=True): tensors only, no code (recorded in describe()).
+        model = StableDiffusionSafetyChecker.from_pretrained(options.model, **common).to(device).eval()
+        processor = CLIPImageProcessor.from_pretrained(options.model, **common)
+        weights_file = _weights_file(options)
+        checker = SafetyChecker(model, processor, str(device), weights_file)
+        _CACHE[key] = checker
+        logger.info("loaded the safety checker %s@%s on %s (%s)", options.model, revision, device, weights_file)
+        return checker
+
+
+def _weights_file(options: SafetyCheckOptions) -> str | None:
+    if options.is_local:
+        for name in ("model.safetensors", "pytorch_model.bin"):
+            if os.path.isfile(os.path.join(options.model, name)):
+                return name
+    return None  # a Hub revision: transformers chose (safetensors first)
+
+
+class SafetyCheckStage:
+    """``safety_check``: the checker on every counterfactual; flagged ones removed, each recorded with its score."""
+
+    name = "safety"
+    version = "1"
+    field = "counterfactuals"
+    what = "counterfactual"
+    many = True
+    consumes = {"counterfactuals": "list"}
+    produces = {"counterfactuals": "list", "counterfactuals_safety_removed": "list"}
+    screens = (OutputScreen("counterfactuals", SAFETY_FIELDS, removed="counterfactuals_safety_removed"),)
+    options_class = SafetyCheckOptions
+
+    def __init__(self, **options: Any) -> None:
+        self.options = SafetyCheckOptions(**options)
+        self.checker: SafetyChecker | None = None
+
+    @property
+    def removed_field(self) -> str:
+        return f"{self.field}_safety_removed"
+
+    def load(self, device: str) -> None:
+        self.checker = load_safety_checker(self.options, device)
+
+    def describe(self) -> dict[str, Any]:
+        o = self.options
+        return {
+            "model": o.model,
+            "revision": None if o.is_local else o.revision,
+            "weights": self.checker.weights_file if self.checker is not None else None,
+            "rule": "flagged when max over concepts of cos(image, concept) - threshold (+0.01 after a special-care "
+            "concept) > 0 (diffusers StableDiffusionSafetyChecker)",
+        }
+
+    def _images(self, record: Record) -> list[Any]:
+        value = record.get(self.field)
+        if value is None:
+            return []
+        return [item["image"] for item in value] if self.many else [value]
+
+    def process(self, records: list[Record]) -> list[Record | SampleFailure]:
+        if self.checker is None:
+            raise RuntimeError(f"{type(self).__name__}.load(device) must be called before process()")
+        images = [self._images(record) for record in records]
+        scores = iter(self.checker.score([i for batch in images for i in batch], self.options.batch_size))
+        out: list[Record | SampleFailure] = []
+        for record, batch in zip(records, images, strict=True):
+            results = [next(scores) for _ in batch]
+            out.append(self._update(record, results))
+        return out
+
+    def _update(self, record: Record, results: list[tuple[bool, float]]) -> Record:
+        kept, removed = [], []
+        for index, (item, (flagged, score)) in enumerate(zip(record.get(self.field) or [], results, strict=True)):
+            if flagged:
+                removed.append(
+                    {
+                        "index": index,
+                        "score": score,
+                        "reason": f"flagged by the safety checker (score {score:.6f}): {self.what} of "
+                        f"{item.get('edited_caption')!r}",
+                    }
+                )
+            else:
+                kept.append({**item, "safety_nsfw": False, "safety_score": score})
+        return {self.field: kept, self.removed_field: removed}
+
+    @classmethod
+    def summarize(cls, updates: list[dict[str, Any]]) -> dict[str, Any]:
+        removed_field = f"{cls.field}_safety_removed"
+        checked = flagged = 0
+        for update in updates:
+            removed = update.get(removed_field) or []
+            flagged += len(removed)
+            if cls.many:
+                checked += len(update.get(cls.field) or []) + len(removed)
+            else:
+                checked += 1 if (update.get(cls.field) is not None or removed) else 0
+        return {"kind": "safety_checker", "checked": checked, "flagged": flagged}
+
+
+class LanceRSafetyCheckStage(SafetyCheckStage):
+    """``safety_check_lance_r``: the checker on the LANCE-R baseline's images."""
+
+    name = "safety_lance_r"
+    field = "lance_r"
+    what = "LANCE-R sample"
+    consumes = {"lance_r": "list"}
+    produces = {"lance_r": "list", "lance_r_safety_removed": "list"}
+    screens = (OutputScreen("lance_r", SAFETY_FIELDS, removed="lance_r_safety_removed"),)
+
+
+class _SingleImageSafetyCheck(SafetyCheckStage):
+    """A stage whose screened field is one image per record: fields on the record, a flagged image set to None."""
+
+    many = False
+
+    def _what(self, record: Record) -> str:
+        return self.what
+
+    def _update(self, record: Record, results: list[tuple[bool, float]]) -> Record:
+        if not results:  # nothing generated for this record (an earlier stage left the field empty)
+            return {self.field: None, self.removed_field: [], "safety_nsfw": None, "safety_score": None}
+        flagged, score = results[0]
+        if not flagged:
+            return {self.field: record[self.field], self.removed_field: [], "safety_nsfw": False, "safety_score": score}
+        reason = f"flagged by the safety checker (score {score:.6f}): {self._what(record)}"
+        return {
+            self.field: None,
+            self.removed_field: [{"index": 0, "score": score, "reason": reason}],
+            "safety_nsfw": True,
+            "safety_score": score,
+        }
+
+
+class ReconstructionSafetyCheckStage(_SingleImageSafetyCheck):
+    """``safety_check_reconstruction``: the checker on each reconstruction (the control image)."""
+
+    name = "safety_reconstruction"
+    field = "reconstruction"
+    what = "reconstruction"
+    consumes = {"reconstruction": "image"}
+    produces = {
+        "reconstruction": "image",
+        "reconstruction_safety_removed": "list",
+        "safety_nsfw": "bool",
+        "safety_score": "float",
+    }
+    screens = (OutputScreen("reconstruction", SAFETY_FIELDS, removed="reconstruction_safety_removed"),)
+
+
+class GeneratedSafetyCheckStage(_SingleImageSafetyCheck):
+    """``safety_check_generated``: the checker on each dataset-interfaces image; a flagged one is routed to no
+    config (``build.routing`` counts it under ``not_released``) and recorded as a failure."""
+
+    name = "safety"
+    field = "generated"
+    consumes = {"generated": "image", "release_config": "any", "prompt": "str"}
+    produces = {
+        "generated": "image",
+        "release_config": "any",
+        "generated_safety_removed": "list",
+        "safety_nsfw": "bool",
+        "safety_score": "float",
+    }
+    screens = (OutputScreen("generated", SAFETY_FIELDS, removed="generated_safety_removed"),)
+
+    def _what(self, record: Record) -> str:
+        return f"generated image of {record.get('prompt')!r}"
+
+    def _update(self, record: Record, results: list[tuple[bool, float]]) -> Record:
+        update = super()._update(record, results)
+        update["release_config"] = record.get("release_config") if update[self.field] is not None else None
+        return update

@@ -1,0 +1,409 @@
+"""The sensitive-edit screen: marks each edit that adds, removes or changes a perceived protected attribute of a person.
+
+Prabhu et al., NeurIPS 2023, "Ethical Issues": in LANCE's human study most objectionable images came from edits that
+also changed the perceived gender, race, age, religion or body of a person (woman -> lifeguard made the person male
+and muscular; people -> athletes changed their perceived race), and the authors inspected all 781 images by hand and
+excluded 8 more. This stage does the first pass of that inspection on every counterfactual a build releases.
+
+An edit is marked for an attribute (``protected_terms.ATTRIBUTES``) when
+
+1. **the word list** (``protected_terms``: HolisticBias terms, source stated there) finds a different set of that
+   attribute's groups attached to the people of the caption and of the edited caption: a person noun that carries the
+   attribute (``woman`` is female; ``girl`` female and a child), a descriptor followed within a few words by a person
+   noun (``an elderly man``, not ``an old car``), or a marker worn or used in a caption with a person (``hijab``,
+   ``wheelchair``). Groups, not words, are compared: ``woman -> lady`` changes nothing, ``woman -> man`` changes
+   gender, ``girl -> woman`` age, ``woman -> lifeguard`` removes the gender;
+2. or **the sentence-embedding model** of the label check (all-MiniLM-L6-v2) finds a changed span as close as
+   ``similarity_threshold`` to one of the attribute's anchor phrases (``protected_terms.ANCHORS``), in a caption
+   that mentions a person, for spans without a word of the list: words the list lacks (``a man -> a bodybuilder``).
+
+Each counterfactual sample gets ``sensitive_edit`` (bool), ``sensitive_attributes`` (comma-separated) and
+``sensitive_triggers`` (what fired: ``gender: woman -> man``, ``body: bodybuilder~0.60``). ``screen: flag`` (default)
+keeps the sample, marked; ``screen: drop`` removes it and records the removal, with its reason, as a failure of this
+stage in the manifest. The screen runs on the samples the editor produced (after the label check and the edit), so
+it marks exactly what is released; with ``drop`` the dropped edits were rendered for nothing, which is the price of
+screening the edit that was actually rendered (the editor may render one caption edit several times).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from lance_pipeline.screening import protected_terms as terms
+from lance_pipeline.stage import MetadataField, OutputScreen, Record, SampleFailure
+from lance_pipeline.text.label_checks import (
+    DEFAULT_SENTENCE_MODEL,
+    DEFAULT_SENTENCE_MODEL_REVISION,
+    resolve_sentence_model,
+)
+
+logger = logging.getLogger(__name__)
+
+# Ours, set on hand-written spans with all-MiniLM-L6-v2 (docs/method.md, "Sensitive-edit screen"): spans that name a
+# person's attribute the list lacks reach it ("bodybuilder" 0.60 to body, "church" 0.66 to religion), those of
+# ordinary edits stay below ("horse" 0.37, "painting" 0.36, "athlete" 0.53, colours up to 0.45).
+SIMILARITY_THRESHOLD = 0.55
+
+SENSITIVE_FIELDS = (
+    MetadataField("sensitive_edit", "bool", description="the edit changes a perceived protected attribute of a person"),
+    MetadataField("sensitive_attributes", "string", description="which: comma-separated (gender, age, ...)"),
+    MetadataField("sensitive_triggers", "string", description="the words (or span~similarity) that marked it"),
+)
+
+_WORD = re.compile(r"[a-z0-9]+")
+_AGE_NUMBER = re.compile(r"^(\d+)$")
+_NUMBER_WORDS = {
+    "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10,
+    "twelve": 12, "fifteen": 15, "twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70,
+    "eighty": 80, "ninety": 90,
+}  # fmt: skip
+
+
+def words_of(text: str) -> list[str]:
+    """Lower-case word tokens; hyphens and apostrophes split (``middle-aged`` -> ``middle aged``)."""
+    return _WORD.findall(str(text or "").lower())
+
+
+@dataclass(frozen=True)
+class Mention:
+    """One attribute word attached to a person in a caption."""
+
+    attribute: str
+    group: str
+    words: str
+
+
+class _Lexicon:
+    """The word list compiled for matching: term token tuples, longest first."""
+
+    def __init__(self) -> None:
+        self.nouns = terms.person_nouns()
+        self.descriptors = self._compile(terms.DESCRIPTORS)
+        self.markers = self._compile(terms.MARKERS)
+
+    @staticmethod
+    def _compile(table: dict[str, dict[str, tuple[str, ...]]]) -> list[tuple[tuple[str, ...], str, str]]:
+        out = []
+        for attribute, groups in table.items():
+            for group, words in groups.items():
+                out += [(tuple(words_of(w)), attribute, group) for w in words]
+        return sorted(out, key=lambda t: (-len(t[0]), t))
+
+    def mentions(self, text: str) -> list[Mention]:
+        """Every attribute mention of ``text``: person nouns, descriptors attached to a person, markers."""
+        tokens = words_of(text)
+        has_person = any(t in self.nouns for t in tokens)
+        found: list[Mention] = []
+        for token in tokens:
+            for attribute, group in sorted(self.nouns.get(token, {}).items()):
+                found.append(Mention(attribute, group, token))
+        i = 0
+        while i < len(tokens):
+            match = self._match(tokens, i, self.descriptors)
+            age = self._age(tokens, i)
+            if age is not None:
+                end, group = age
+                if self._person_within(tokens, end):
+                    found.append(Mention("age", group, " ".join(tokens[i:end])))
+                i = end
+                continue
+            if match is not None:
+                end, hits = match
+                if self._person_within(tokens, end):
+                    found += [Mention(a, g, " ".join(tokens[i:end])) for a, g in hits]
+                i = end
+                continue
+            marker = self._match(tokens, i, self.markers)
+            if marker is not None:
+                end, hits = marker
+                if has_person:
+                    found += [Mention(a, g, " ".join(tokens[i:end])) for a, g in hits]
+                i = end
+                continue
+            i += 1
+        return found
+
+    @staticmethod
+    def _match(tokens: list[str], i: int, table) -> tuple[int, list[tuple[str, str]]] | None:
+        """The longest term of ``table`` starting at token ``i``: (end, [(attribute, group)...]) or None."""
+        best_len, hits = 0, []
+        for words, attribute, group in table:
+            n = len(words)
+            if n < best_len:
+                break
+            if tuple(tokens[i : i + n]) == words:
+                best_len = n
+                if (attribute, group) not in hits:
+                    hits.append((attribute, group))
+        return (i + best_len, hits) if best_len else None
+
+    @staticmethod
+    def _age(tokens: list[str], i: int) -> tuple[int, str] | None:
+        """``N year old`` / ``N years old`` at token ``i``: (end, age group)."""
+        if i + 2 >= len(tokens) or tokens[i + 1] not in ("year", "years") or tokens[i + 2] != "old":
+            return None
+        word = tokens[i]
+        number = int(word) if _AGE_NUMBER.match(word) else _NUMBER_WORDS.get(word)
+        if number is None:
+            return None
+        group = "child" if number < 13 else "teen" if number < 20 else "young" if number < 45 else "middle_aged"
+        return i + 3, (group if number < 65 else "old")
+
+    def _person_within(self, tokens: list[str], end: int) -> bool:
+        return any(t in self.nouns for t in tokens[end : end + terms.DESCRIPTOR_WINDOW])
+
+    def has_person(self, text: str) -> bool:
+        return any(t in self.nouns for t in words_of(text))
+
+    def covers(self, text: str) -> bool:
+        """Whether ``text`` holds a word of the list: such a span is the list's to judge, with its attachment rule
+        (``black`` of a dog is no person's race), not the embedding's."""
+        tokens = words_of(text)
+        return any(
+            t in self.nouns or self._match(tokens, i, self.descriptors) or self._match(tokens, i, self.markers)
+            for i, t in enumerate(tokens)
+        )
+
+
+_LEXICON: _Lexicon | None = None
+
+
+def lexicon() -> _Lexicon:
+    global _LEXICON
+    if _LEXICON is None:
+        _LEXICON = _Lexicon()
+    return _LEXICON
+
+
+def list_changes(caption: str, edited_caption: str) -> dict[str, str]:
+    """The attributes whose groups differ between the people of two captions, with the words that differ
+    (``{"gender": "woman -> man"}``); the word-list part of the screen."""
+    before, after = lexicon().mentions(caption), lexicon().mentions(edited_caption)
+    changes: dict[str, str] = {}
+    for attribute in terms.ATTRIBUTES:
+        old = Counter(m.group for m in before if m.attribute == attribute)
+        new = Counter(m.group for m in after if m.attribute == attribute)
+        if old == new:
+            continue
+        removed = sorted({m.words for m in before if m.attribute == attribute and (old - new)[m.group] > 0})
+        added = sorted({m.words for m in after if m.attribute == attribute and (new - old)[m.group] > 0})
+        changes[attribute] = f"{', '.join(removed) or '(none)'} -> {', '.join(added) or '(none)'}"
+    return changes
+
+
+@dataclass
+class SensitiveScreenOptions:
+    """Options of the sensitive-edit screen.
+
+    Attributes:
+        model, revision: the sentence-transformers model (the label check's all-MiniLM-L6-v2 by default).
+        similarity_threshold: a changed span this close (cosine) to an attribute's anchor phrases marks the edit, in
+            a caption with a person; None: the word list alone.
+        screen: ``flag`` keeps marked samples (default); ``drop`` removes them, each recorded as a failure.
+        batch_size: phrases per encoder pass.
+    """
+
+    model: str = DEFAULT_SENTENCE_MODEL
+    revision: str | None = DEFAULT_SENTENCE_MODEL_REVISION
+    similarity_threshold: float | None = SIMILARITY_THRESHOLD
+    screen: Literal["flag", "drop"] = "flag"
+    batch_size: int = 64
+
+    def __post_init__(self) -> None:
+        if self.screen not in ("flag", "drop"):
+            raise ValueError(f"screen must be 'flag' or 'drop', got {self.screen!r}")
+        if self.similarity_threshold is not None and not -1.0 <= self.similarity_threshold <= 1.0:
+            raise ValueError(f"similarity_threshold is a cosine in [-1, 1] (or None), got {self.similarity_threshold}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+
+
+class SensitiveEditScreen:
+    """``sensitive_edit_screen``: marks (or drops) the counterfactuals whose edit changes a protected attribute.
+
+    The screened field is a list of samples (``ReleaseOutput(many=True)``) with ``edited_caption``,
+    ``original_span`` and ``edited_span``; the record's ``caption`` is the source caption.
+    """
+
+    name = "screen"
+    version = "1"
+    field = "counterfactuals"
+    consumes = {"caption": "str", "counterfactuals": "list"}
+    produces = {"counterfactuals": "list", "counterfactuals_sensitive_removed": "list"}
+    screens = (OutputScreen("counterfactuals", SENSITIVE_FIELDS, removed="counterfactuals_sensitive_removed"),)
+    options_class = SensitiveScreenOptions
+
+    def __init__(self, **options: Any) -> None:
+        self.options = SensitiveScreenOptions(**options)
+        self.source: str | None = None
+        self._model = None
+        self._anchor_embeddings = None
+
+    @property
+    def removed_field(self) -> str:
+        return f"{self.field}_sensitive_removed"
+
+    def load(self, device: str) -> None:
+        if self.options.similarity_threshold is None:
+            return
+        from sentence_transformers import SentenceTransformer
+
+        path, revision, self.source = resolve_sentence_model(self.options.model, self.options.revision)
+        logger.info("loading sentence model %s (%s) on %s for the sensitive-edit screen", path, self.source, device)
+        self._model = SentenceTransformer(path, revision=revision, device=str(device), trust_remote_code=False)
+
+    def describe(self) -> dict[str, Any]:
+        o = self.options
+        return {
+            "model": o.model if o.similarity_threshold is not None else None,
+            "revision": o.revision if o.similarity_threshold is not None else None,
+            "source": self.source,
+            "similarity_threshold": o.similarity_threshold,
+            "screen": o.screen,
+            "word_list": terms.SOURCE,
+            "attributes": list(terms.ATTRIBUTES),
+        }
+
+    # -- the screen ------------------------------------------------------------------------------------------------
+    def screen_edits(self, edits: list[tuple[str, str, str, str]]) -> list[dict[str, Any]]:
+        """Screen ``(caption, edited_caption, original_span, edited_span)`` tuples; one result each with
+        ``sensitive_edit``, ``sensitive_attributes`` and ``sensitive_triggers`` (the metadata fields)."""
+        found = [list_changes(caption, edited) for caption, edited, _, _ in edits]
+        similar = self._similar_spans(edits)
+        results = []
+        for changes, near in zip(found, similar, strict=True):
+            triggers = [f"{a}: {w}" for a, w in changes.items()]
+            attributes = set(changes)
+            for attribute, span, score in near:
+                if attribute not in attributes:
+                    attributes.add(attribute)
+                    triggers.append(f"{attribute}: {span}~{score:.2f}")
+            ordered = [a for a in terms.ATTRIBUTES if a in attributes]
+            results.append(
+                {
+                    "sensitive_edit": bool(ordered),
+                    "sensitive_attributes": ",".join(ordered) or None,
+                    "sensitive_triggers": "; ".join(triggers) or None,
+                }
+            )
+        return results
+
+    def _similar_spans(self, edits: list[tuple[str, str, str, str]]) -> list[list[tuple[str, str, float]]]:
+        """Per edit, (attribute, span, similarity) of changed spans close to an attribute's anchors."""
+        threshold = self.options.similarity_threshold
+        out: list[list[tuple[str, str, float]]] = [[] for _ in edits]
+        if threshold is None:
+            return out
+        if self._model is None:
+            raise RuntimeError("SensitiveEditScreen.load(device) must be called before screening")
+        lex = lexicon()
+        spans_of = []
+        for caption, edited, original_span, edited_span in edits:
+            person = lex.has_person(caption) or lex.has_person(edited)
+            spans = [s.strip() for s in (original_span, edited_span) if s and s.strip() and not lex.covers(s)]
+            spans = spans if person else []
+            spans_of.append(spans if (original_span or "") != (edited_span or "") else [])
+        phrases = sorted({s for spans in spans_of for s in spans})
+        if not phrases:
+            return out
+        anchors = [(a, phrase) for a in terms.ATTRIBUTES for phrase in terms.ANCHORS[a]]
+        if self._anchor_embeddings is None:
+            self._anchor_embeddings = self._encode([p for _, p in anchors])
+        sims = self._encode(phrases) @ self._anchor_embeddings.T  # unit vectors: cosine similarities
+        index = {p: i for i, p in enumerate(phrases)}
+        for k, spans in enumerate(spans_of):
+            best: dict[str, tuple[float, str]] = {}
+            for span in spans:
+                row = sims[index[span]]
+                for j, (attribute, _) in enumerate(anchors):
+                    score = round(float(row[j]), 6)
+                    if score >= threshold and score > best.get(attribute, (-2.0, ""))[0]:
+                        best[attribute] = (score, span)
+            out[k] = [(a, best[a][1], best[a][0]) for a in terms.ATTRIBUTES if a in best]
+        return out
+
+    def _encode(self, phrases: list[str]):
+        return self._model.encode(
+            phrases, batch_size=self.options.batch_size, normalize_embeddings=True, convert_to_tensor=True
+        ).cpu()
+
+    def process(self, records: list[Record]) -> list[Record | SampleFailure]:
+        """Mark every sample of the screened field; with ``screen: drop`` remove the marked ones, listing each."""
+        flat = []
+        for r, record in enumerate(records):
+            for i, item in enumerate(record.get(self.field) or []):
+                flat.append(
+                    (
+                        r,
+                        i,
+                        (
+                            record.get("caption") or "",
+                            item.get("edited_caption") or "",
+                            item.get("original_span") or "",
+                            item.get("edited_span") or "",
+                        ),
+                    )
+                )
+        results = self.screen_edits([edit for _, _, edit in flat])
+        by_record: dict[int, dict[int, dict[str, Any]]] = {}
+        for (r, i, _), result in zip(flat, results, strict=True):
+            by_record.setdefault(r, {})[i] = result
+        out: list[Record | SampleFailure] = []
+        for r, record in enumerate(records):
+            kept, removed = [], []
+            for i, item in enumerate(record.get(self.field) or []):
+                result = by_record[r][i]
+                if result["sensitive_edit"] and self.options.screen == "drop":
+                    removed.append(
+                        {
+                            "index": i,
+                            "edit_type": item.get("edit_type"),
+                            "attributes": result["sensitive_attributes"],
+                            "reason": f"sensitive edit dropped ({result['sensitive_triggers']}): "
+                            f"{item.get('edited_caption')!r}",
+                        }
+                    )
+                    continue
+                kept.append({**item, **result})
+            out.append({self.field: kept, self.removed_field: removed})
+        return out
+
+    @classmethod
+    def summarize(cls, updates: list[dict[str, Any]]) -> dict[str, Any]:
+        """Counts for the manifest and the card: samples screened, marked (kept and dropped) and by attribute."""
+        field, removed_field = cls.field, f"{cls.field}_sensitive_removed"
+        checked = marked = dropped = 0
+        by_attribute: dict[str, int] = {}
+        for update in updates:
+            kept = update.get(field) or []
+            removed = update.get(removed_field) or []
+            checked += len(kept) + len(removed)
+            dropped += len(removed)
+            marks = [i.get("sensitive_attributes") for i in kept if i.get("sensitive_edit")]
+            marks += [r.get("attributes") for r in removed]
+            marked += len(marks)
+            for attributes in marks:
+                for attribute in str(attributes or "").split(","):
+                    if attribute:
+                        by_attribute[attribute] = by_attribute.get(attribute, 0) + 1
+        return {
+            "kind": "sensitive_edits",
+            "checked": checked,
+            "marked": marked,
+            "dropped": dropped,
+            "by_attribute": dict(sorted(by_attribute.items())),
+        }
+
+
+class LanceRSensitiveEditScreen(SensitiveEditScreen):
+    """``sensitive_edit_screen_lance_r``: the same screen on the LANCE-R baseline's random word edits."""
+
+    name = "screen_lance_r"
+    field = "lance_r"
+    consumes = {"caption": "str", "lance_r": "list"}
+    produces = {"lance_r": "list", "lance_r_sensitive_removed": "list"}
+    screens = (OutputScreen("lance_r", SENSITIVE_FIELDS, removed="lance_r_sensitive_removed"),)
