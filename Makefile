@@ -37,15 +37,15 @@ test: setup browser
 test-fast: setup
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m "not slow and not e2e"
 
-# The evaluation report test opens the HTML report in headless Chromium. Installed from Debian's packages when
-# missing and this is root with apt (as on CI); otherwise say how.
+# The evaluation report test opens the HTML report in headless Chromium, and the review page's test drives it through
+# chromedriver (selenium). Installed from Debian's packages when missing and this is root with apt (as on CI);
+# otherwise say how.
 browser:
-	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
-	  || command -v google-chrome >/dev/null 2>&1; then :; \
+	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	  echo "make test: installing Debian's chromium for the HTML-report test (apt-get install chromium)"; \
-	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
-	else echo "make test needs Chromium for the report test: sudo apt-get install chromium"; exit 1; fi
+	  echo "make test: installing Debian's chromium and chromium-driver for the browser tests"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; \
+	else echo "make test needs Chromium and its driver: sudo apt-get install chromium chromium-driver"; exit 1; fi
 
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

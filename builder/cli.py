@@ -42,6 +42,7 @@ SUBCOMMAND_MODULES = (
     "evaluation.fidelity",  # compare-editors
     "builder.discovery.cli",  # discover
     "builder.cli_publish",  # publish, publish-results
+    "builder.review.cli",  # review (the review page), review apply / export / agreement
 )
 
 

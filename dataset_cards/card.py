@@ -26,6 +26,7 @@ from dataset_cards.leaderboard import (
     replace_leaderboard_section,
 )
 from dataset_cards.markdown import code_span, md_escape
+from dataset_cards.review_section import review_section
 from dataset_cards.screening_section import screening_section
 from lance_pipeline.deviations import dillema_selection
 from lance_pipeline.edit_types import MULTI_EDIT_TYPE, spoken_list
@@ -209,6 +210,7 @@ def _template_context(
         "dillema_selection": dillema_selection(manifest.to_dict()),
         "edit_axes": edit_axes(manifest),
         "screening_section": screening_section(manifest.to_dict()),
+        "review_section": review_section(manifest.to_dict()),
         "leaderboard_section": leaderboard_section(results or []),
         "stage_rows": stage_rows(manifest),
         "thresholds": thresholds(manifest),

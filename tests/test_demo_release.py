@@ -161,3 +161,62 @@ def test_demo_eval_reports_accuracy_against_strength_as_its_predictions_imply(de
     table = pd.read_csv(tmp_path / "board" / "leaderboard.csv")
     assert table.loc[0, "strength_auc"] == pytest.approx(section["overall"]["auc_acc1"])
     assert (tmp_path / "board" / "strength.png").is_file()
+
+
+def test_review_apply_on_the_demo_release_keeps_every_sample_verifies_and_loads(demo, tmp_path):
+    """Judgements of two reviewers folded into the next version: every sample kept, the review in each sample's
+    metadata, accepted and rejected configs, verify passes, `datasets` loads every config, and applying the same
+    judgements again gives the same bytes."""
+    import shutil
+
+    import datasets
+
+    from builder import release_format as rf
+    from builder.review.store import JudgementStore
+    from builder.review.study import QUESTIONS, Study
+
+    release = tmp_path / "reviewed-from"
+    shutil.copytree(demo, release)
+    before = rf.load_manifest(release)
+    store = JudgementStore(release, before.manifest_sha256)
+    study = Study(name="demo", questions=(QUESTIONS["still_class"],))
+    store.save_study("demo", study.to_dict())
+    keys = [("counterfactual", k) for k in _keys_of(release, "counterfactual")]
+    plan = {"alice": ["accept", "reject", "accept", "flag"], "bob": ["accept", "reject", "reject", "accept"]}
+    for reviewer, verdicts in plan.items():
+        for (config, key), verdict in zip(keys, verdicts, strict=False):
+            reason = "the edit is not visible" if verdict == "reject" else None
+            store.record("demo", reviewer, config, key, {"still_class": "yes", "verdict": verdict}, reason)
+    outputs = []
+    for name in ("v1", "v2"):
+        cli("review", "apply", str(release), "--output", str(tmp_path / name))
+        outputs.append(tmp_path / name)
+    assert release_files(outputs[0]) == release_files(outputs[1])  # byte-deterministic
+    out = outputs[0]
+    assert cli("verify", str(out)).returncode == 0
+    after = json.loads((out / "manifest.json").read_text())
+    assert after["version"] == "1.1.0" and after["configs"] == [*before.configs, "review_accepted", "review_rejected"]
+    for config in before.configs:
+        assert after["counts"][config] == before.counts[config]  # every sample kept
+    assert after["review"]["verdicts"] == {
+        "accepted": 1, "rejected": 1, "flagged": 2, "unreviewed": len(keys) - 4,
+    }  # fmt: skip
+    assert after["review"]["raters"] == 2 and after["review"]["agreement"]["verdict"]["items"] == 4
+    for config in after["configs"]:
+        rows = list(datasets.load_dataset(str(out), config, split="test", cache_dir=str(tmp_path / "hf")))
+        assert len(rows) == after["counts"][config]["total"]
+        if config == "review_rejected":
+            assert [r["json"]["review_reasons"] for r in rows] == ["the edit is not visible"]
+            assert rows[0]["json"]["review_config"] == "counterfactual"
+        if config == "counterfactual":
+            verdicts = sorted(r["json"]["review_verdict"] for r in rows)
+            assert verdicts.count("unreviewed") == len(keys) - 4 and verdicts.count("flagged") == 2
+    card = (out / "README.md").read_text()
+    assert "## Human review" in card and "| rejected | 1 |" in card and "Changes from v1.0.0 to v1.1.0" in card
+
+
+def _keys_of(release, config):
+    from builder import release_format as rf
+
+    manifest = rf.load_manifest(release)
+    return sorted(key for shard in manifest.shards_of(config) for key, _ in rf.iter_shard(release / shard.path))

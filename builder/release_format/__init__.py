@@ -91,11 +91,14 @@ from builder.release_format.metadata import (
 )
 from builder.release_format.papers import KIND_PAPERS, Paper, release_kind_name, release_papers
 from builder.release_format.shards import (
+    IndexedSample,
     ShardIntegrityError,
     ShardSample,
     file_sha256,
     group_into_shards,
+    index_shard,
     iter_shard,
+    read_member,
     read_samples,
     read_shard,
     write_shard,
@@ -154,6 +157,7 @@ __all__ = [
     "VIEWER_MAX_PARQUET_BYTES",
     "WORK_DIR",
     "AssetRecord",
+    "IndexedSample",
     "ConfigSpec",
     "FieldSpec",
     "Manifest",
@@ -183,6 +187,7 @@ __all__ = [
     "group_into_shards",
     "hf_features",
     "index_path",
+    "index_shard",
     "is_release_version",
     "is_valid_config_name",
     "is_valid_key",
@@ -196,6 +201,7 @@ __all__ = [
     "pretty_name",
     "read_card_yaml",
     "read_manifest_dict",
+    "read_member",
     "read_samples",
     "read_shard",
     "release_kind_name",

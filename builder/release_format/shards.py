@@ -206,6 +206,69 @@ def iter_shard(
                 )
 
 
+@dataclass(frozen=True)
+class IndexedSample:
+    """One sample of a shard as ``index_shard`` finds it: the members it read, and where every member's bytes lie."""
+
+    key: str
+    members: dict[str, bytes]  # the extensions asked for, read
+    spans: dict[str, tuple[int, int]]  # every extension: (offset of its data in the shard file, size)
+
+
+def index_shard(path: Path, *, read: set[str], expected_sha256: str | None = None) -> list[IndexedSample]:
+    """Every sample of a shard with the members ``read`` (e.g. metadata and label) and the byte span of each member,
+    so that a reader can later fetch one image by seeking (``read_member``) instead of re-reading the shard.
+
+    The shard is streamed once, strictly as ``iter_shard`` reads it (same errors); with ``expected_sha256`` every byte
+    is hashed as it streams and a mismatch raises ``ShardIntegrityError``.
+    """
+    samples: list[IndexedSample] = []
+    current: IndexedSample | None = None
+    seen: set[str] = set()
+    with open(path, "rb") as raw:
+        hashing = HashingReader(raw)
+        try:
+            with tarfile.open(fileobj=hashing, mode="r|") as tar:
+                for info in tar:
+                    if not info.isfile():
+                        raise ValueError(f"{path}: member {info.name!r} is not a regular file")
+                    key, dot, ext = info.name.partition(".")
+                    if not dot or "/" in info.name:
+                        raise ValueError(f"{path}: member {info.name!r} is not KEY.EXT")
+                    if current is None or key != current.key:
+                        if key in seen:
+                            raise ValueError(f"{path}: sample {key!r} is split across the shard")
+                        seen.add(key)
+                        current = IndexedSample(key, {}, {})
+                        samples.append(current)
+                    if ext in current.spans:
+                        raise ValueError(f"{path}: member {info.name!r} appears twice")
+                    current.spans[ext] = (info.offset_data, info.size)
+                    if ext in read:
+                        handle = tar.extractfile(info)
+                        current.members[ext] = handle.read() if handle else b""
+        except (tarfile.TarError, EOFError) as err:
+            raise ValueError(f"{path}: not a valid tar archive ({err or 'truncated'})") from err
+        digest = hashing.drain()
+    if expected_sha256 is not None and digest != expected_sha256:
+        raise ShardIntegrityError(
+            f"{path}: sha256 {digest[:16]}… is not the manifest's {expected_sha256[:16]}…: the release was modified "
+            "after it was built"
+        )
+    return samples
+
+
+def read_member(path: Path, span: tuple[int, int]) -> bytes:
+    """The bytes of one member at ``span`` (from ``index_shard``)."""
+    offset, size = span
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read(size)
+    if len(data) != size:
+        raise ValueError(f"{path}: member at offset {offset} is truncated ({len(data)} of {size} bytes)")
+    return data
+
+
 def read_shard(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
     """Every sample of a shard with all its members (see ``iter_shard``)."""
     for key, members in iter_shard(path):

@@ -1,0 +1,271 @@
+"""What a review asks and of which samples, in which order per reviewer, and how reviewers agreed.
+
+The questions are those of the field's human studies: LANCE's (Prabhu et al. 2023, Table 4: label consistency, edit
+success, realism; its failure modes, Appendix E, are the reject reasons), ImageNet*'s label and shift checks (Vendrow
+et al. 2023), DILLEMA's raters. A study selects N samples per group (edit type, shift or config) with a seed, may hide
+the originals and everything an automatic filter said (``blind``), and gives each reviewer the same samples in an
+order of their own (``shuffle``), reproducible from the seed and the reviewer's name.
+
+Agreement is Fleiss' kappa (statsmodels) over the items every rater of a question answered, and Cohen's kappa
+(scikit-learn) when exactly two raters did, each with its numbers of items and raters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from builder.review.index import ReleaseIndex, ReviewSample
+from builder.review.store import VERDICT, VERDICTS, Judgement
+
+GROUP_BY = ("edit_type", "shift", "config")
+
+
+@dataclass(frozen=True)
+class Question:
+    """One question with its answers; ``text`` may hold ``{class}`` (the label) and ``{edit}`` (what was changed)."""
+
+    id: str
+    text: str
+    answers: tuple[str, ...] = ("yes", "no", "unsure")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "answers", tuple(self.answers))
+        if not self.id.isidentifier() or self.id == VERDICT:
+            raise ValueError(f"question id {self.id!r}: use letters, digits and '_' (and not {VERDICT!r})")
+        if not 2 <= len(self.answers) <= 9 or len(set(self.answers)) != len(self.answers):
+            raise ValueError(f"question {self.id!r}: give 2 to 9 distinct answers (keys 1-9), got {self.answers}")
+
+
+# The studies' questions (one answer each; LANCE rated realism and edit success 1-5, here yes / no / unsure).
+QUESTIONS = {
+    "still_class": Question("still_class", "Is it still a {class}?"),
+    "shows_edit": Question("shows_edit", "Does the image show the edit ({edit})?"),
+    "realistic": Question("realistic", "Is it realistic?"),
+}
+# Reasons to reject, after LANCE's failure modes (Appendix E) and its ethics section; free text is always possible.
+REJECT_REASONS = (
+    "the class changed",
+    "the edit is not visible",
+    "unrealistic or artefacts",
+    "it changes more than the edit",
+    "meaningless edit",
+    "ethical concern (stereotype, a person's perceived attributes)",
+)
+
+
+@dataclass(frozen=True)
+class Study:
+    """A review's settings (stored with its judgements; a study keeps them for life).
+
+    Attributes:
+        name: the study's name (judgements are kept per study).
+        questions: asked of every sample, in order, one answer each (none: only the verdict).
+        configs: the configs reviewed (empty: the release kind's counterfactual configs, see ``default_configs``).
+        per_group: review N samples per group (None: every sample).
+        group_by: ``edit_type``, ``shift`` or ``config``.
+        seed: the selection's and the orders' seed.
+        blind: hide what the filters said (scores, screens, config and key) and the other reviewers.
+        shuffle: each reviewer sees the samples in an order of their own (from the seed and their name).
+        show_original: show the original beside the counterfactual.
+    """
+
+    name: str = "review"
+    questions: tuple[Question, ...] = ()
+    configs: tuple[str, ...] = ()
+    per_group: int | None = None
+    group_by: str = "edit_type"
+    seed: int = 0
+    blind: bool = False
+    shuffle: bool = False
+    show_original: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "questions", tuple(self.questions))
+        object.__setattr__(self, "configs", tuple(self.configs))
+        if not self.name or not all(c.isalnum() or c in "-_." for c in self.name):
+            raise ValueError(f"study name {self.name!r}: use letters, digits, '-', '_' or '.'")
+        if self.group_by not in GROUP_BY:
+            raise ValueError(f"group_by {self.group_by!r}: expected one of {', '.join(GROUP_BY)}")
+        if self.per_group is not None and self.per_group < 1:
+            raise ValueError(f"per_group must be a positive number of samples, got {self.per_group}")
+        ids = [q.id for q in self.questions]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"a question is asked twice: {ids}")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["questions"] = [asdict(q) | {"answers": list(q.answers)} for q in self.questions]
+        data["configs"] = list(self.configs)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "study") -> Study:
+        if not isinstance(data, dict):
+            raise ValueError(f"{where}: expected a mapping of study settings")
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"{where}: unknown setting(s) {unknown}; settings are {', '.join(sorted(known))}")
+        values = dict(data)
+        values["questions"] = tuple(_question(q, where) for q in data.get("questions") or ())
+        try:
+            return cls(**values)
+        except TypeError as err:
+            raise ValueError(f"{where}: {err}") from err
+
+    @classmethod
+    def from_file(cls, path: Path) -> Study:
+        import yaml
+
+        try:
+            data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as err:
+            raise ValueError(f"{path}: cannot read the study ({err})") from err
+        return cls.from_dict(data or {}, where=str(path))
+
+
+def _question(value: Any, where: str) -> Question:
+    if isinstance(value, str):
+        if value not in QUESTIONS:
+            raise ValueError(f"{where}: unknown question {value!r}; built in: {', '.join(QUESTIONS)}, or give id+text")
+        return QUESTIONS[value]
+    if isinstance(value, dict) and {"id", "text"} <= set(value) and set(value) <= {"id", "text", "answers"}:
+        return Question(str(value["id"]), str(value["text"]), tuple(value.get("answers") or ("yes", "no", "unsure")))
+    raise ValueError(f"{where}: a question is a built-in id or {{id, text, answers}}, got {value!r}")
+
+
+def default_configs(index: ReleaseIndex) -> list[str]:
+    """What a release kind's review looks at by default: LANCE's and ControlNet's counterfactuals; every generated
+    config of interfaces and discovery releases (there every image is generated)."""
+    configs = index.configs()
+    if index.kind in ("lance", "controlnet"):
+        return [c for c in configs if c == "counterfactual"] or [c for c in configs if c != "original"]
+    return [c for c in configs if c not in ("original", "reconstructed")]
+
+
+def group_of(sample: ReviewSample, group_by: str) -> str:
+    if group_by == "config":
+        return sample.config
+    value = sample.meta.get(group_by)
+    return str(value) if value is not None else sample.config
+
+
+def _rng(*parts: Any) -> random.Random:
+    digest = hashlib.sha256(json.dumps([str(p) for p in parts]).encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "big"))
+
+
+def select(study: Study, index: ReleaseIndex) -> list[tuple[str, str]]:
+    """The study's samples, as (config, key) in config then key order: all of the configs, or ``per_group`` per group
+    drawn with the study's seed (the same release and study always give the same samples)."""
+    configs = list(study.configs) or default_configs(index)
+    missing = [c for c in configs if c not in index.configs()]
+    if missing:
+        raise ValueError(f"config(s) {missing} are not in the release (it has {', '.join(index.configs())})")
+    items = [(c, k) for c in configs for k in index.keys(c)]
+    if study.per_group is None:
+        return items
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for item in items:
+        groups.setdefault(group_of(index.get(*item), study.group_by), []).append(item)
+    chosen: set[tuple[str, str]] = set()
+    for group, members in sorted(groups.items()):
+        rng = _rng(study.seed, study.name, "select", group)
+        chosen.update(rng.sample(members, min(study.per_group, len(members))))
+    return [item for item in items if item in chosen]
+
+
+def reviewer_order(study: Study, count: int, reviewer: str) -> list[int]:
+    """The positions of the study's samples in the order ``reviewer`` sees them."""
+    order = list(range(count))
+    if study.shuffle:
+        _rng(study.seed, study.name, "order", reviewer).shuffle(order)
+    return order
+
+
+# -- aggregation ------------------------------------------------------------------------------------------------------
+@dataclass
+class ItemReview:
+    """What the reviewers said about one sample."""
+
+    verdict: str  # accepted | rejected | flagged | unreviewed
+    reasons: list[str] = field(default_factory=list)
+    answers: dict[str, dict[str, int]] = field(default_factory=dict)  # question -> answer -> count (verdict too)
+    raters: int = 0
+    agreement: float | None = None  # share of rater pairs that gave the same verdict (Fleiss' P_i); None below 2
+
+
+def pairwise_agreement(counts: list[int]) -> float | None:
+    """Fleiss' per-item agreement P_i: the share of ordered rater pairs that agree (None with fewer than 2 raters)."""
+    n = sum(counts)
+    if n < 2:
+        return None
+    return round(sum(c * (c - 1) for c in counts) / (n * (n - 1)), 6)
+
+
+def aggregate(latest: dict[tuple[str, str, str, str], Judgement], items: list[tuple[str, str]]) -> dict:
+    """Per sample (config, key): the verdict of its reviewers (a strict majority accepts or rejects; anything else,
+    a tie or a flag majority, is ``flagged`` for another look), their reasons, answer counts and agreement."""
+    by_item: dict[tuple[str, str], list[Judgement]] = {}
+    for (_, config, key, _), judgement in latest.items():
+        by_item.setdefault((config, key), []).append(judgement)
+    out: dict[tuple[str, str], ItemReview] = {}
+    for item in items:
+        rows = by_item.get(item, [])
+        verdicts = {j.reviewer: j for j in rows if j.question == VERDICT}
+        answers: dict[str, dict[str, int]] = {}
+        for j in sorted(rows, key=lambda j: (j.question, j.answer)):
+            counts = answers.setdefault(j.question, {})
+            counts[j.answer] = counts.get(j.answer, 0) + 1
+        if not verdicts:
+            out[item] = ItemReview("unreviewed", answers=answers)
+            continue
+        counts = [sum(j.answer == v for j in verdicts.values()) for v in VERDICTS]
+        n = len(verdicts)
+        verdict = "accepted" if counts[0] * 2 > n else "rejected" if counts[1] * 2 > n else "flagged"
+        reasons = sorted({j.reason for j in verdicts.values() if j.answer == "reject" and j.reason})
+        out[item] = ItemReview(verdict, reasons, answers, n, pairwise_agreement(counts))
+    return out
+
+
+def agreement(
+    latest: dict[tuple[str, str, str, str], Judgement], questions: list[str], items: list[tuple[str, str]]
+) -> dict[str, dict[str, Any]]:
+    """Per question (the verdict included): Fleiss' kappa over the items that every rater of the question answered,
+    Cohen's kappa when there are exactly two raters, the observed agreement, and the numbers of items and raters."""
+    import numpy as np
+    from sklearn.metrics import cohen_kappa_score
+    from statsmodels.stats.inter_rater import aggregate_raters, fleiss_kappa
+
+    wanted = set(items)
+    out: dict[str, dict[str, Any]] = {}
+    for question in [VERDICT, *questions]:
+        answers: dict[tuple[str, str], dict[str, str]] = {}
+        for (reviewer, config, key, q), judgement in latest.items():
+            if q == question and (config, key) in wanted:
+                answers.setdefault((config, key), {})[reviewer] = judgement.answer
+        raters = sorted({r for by in answers.values() for r in by})
+        complete = sorted(item for item, by in answers.items() if len(by) == len(raters))
+        entry: dict[str, Any] = {"raters": len(raters), "items": len(complete)}
+        if len(raters) < 2 or not complete:
+            out[question] = entry | {"fleiss_kappa": None, "cohen_kappa": None, "observed_agreement": None,
+                                     "note": "needs two raters of the same items"}  # fmt: skip
+            continue
+        categories = sorted({a for item in complete for a in answers[item].values()})
+        codes = np.array([[categories.index(answers[item][r]) for r in raters] for item in complete])
+        table, _ = aggregate_raters(codes, n_cat=len(categories))
+        observed = float(np.mean([pairwise_agreement(list(row)) for row in table]))
+        if len(categories) < 2:
+            entry |= {"fleiss_kappa": None, "cohen_kappa": None, "note": "undefined: every answer was the same"}
+        else:
+            entry["fleiss_kappa"] = round(float(fleiss_kappa(table, method="fleiss")), 6)
+            entry["cohen_kappa"] = (
+                round(float(cohen_kappa_score(codes[:, 0], codes[:, 1])), 6) if len(raters) == 2 else None
+            )
+        out[question] = entry | {"observed_agreement": round(observed, 6)}
+    return out
