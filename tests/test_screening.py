@@ -12,7 +12,7 @@ from PIL import Image
 
 from builder.config import load_config
 from builder.engine import build
-from builder.verify import verify_release
+from builder.release_format import verify_release
 from lance_pipeline.screening.safety_checker import SafetyCheckOptions, SafetyCheckStage, load_safety_checker
 from lance_pipeline.screening.sensitive_edits import SensitiveEditScreen
 from lance_pipeline.stage import ReleaseOutput
