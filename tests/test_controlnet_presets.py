@@ -34,8 +34,11 @@ def test_controlnet_presets_construct_without_weights(preset, tmp_path):
     instances = _construct(config, tmp_path)
     validated = cli("validate", preset)  # the declared field graph, without loading a model
     assert "controlnet_edit v1" in validated.stdout and "=> counterfactual" in validated.stdout
-    assert [s.type for s in config.stages][-1] == "controlnet_edit"
-    assert {s.name for s in config.stages} == {"caption", "keywords", "alternatives", "rewrite", "label_check", "edit"}
+    # The editor, then the release screens (lance_pipeline/screening) on what it rendered.
+    assert [s.type for s in config.stages][-3:] == ["controlnet_edit", "sensitive_edit_screen", "safety_check"]
+    assert {s.name for s in config.stages} == {
+        "caption", "keywords", "alternatives", "rewrite", "label_check", "edit", "screen", "safety",
+    }  # fmt: skip
     for name, instance in instances.items():
         assert instance.name == name
     if preset.startswith("hardimagenet"):

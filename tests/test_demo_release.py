@@ -213,6 +213,13 @@ def test_review_apply_on_the_demo_release_keeps_every_sample_verifies_and_loads(
             assert verdicts.count("unreviewed") == len(keys) - 4 and verdicts.count("flagged") == 2
     card = (out / "README.md").read_text()
     assert "## Human review" in card and "| rejected | 1 |" in card and "Changes from v1.0.0 to v1.1.0" in card
+    from croissant_check import assert_croissant_matches_datasets
+
+    assert assert_croissant_matches_datasets(out, tmp_path / "croissant") == sum(
+        c["total"] for c in after["counts"].values()
+    )  # croissant.json follows the declared review fields and configs
+    croissant = json.loads((out / "croissant.json").read_text())
+    assert croissant["rai:dataAnnotationProtocol"][0].startswith("2 people reviewed samples of counterfactual")
 
 
 def _keys_of(release, config):

@@ -51,7 +51,7 @@ def test_demo_star_builds_one_verified_config_per_shift_with_every_score(star, t
     assert "generated** under named distribution shifts" in card and "made with **LANCE**" not in card
     assert 'load_dataset("ORG/lance-demo-star", "base", split="test"' in card  # a config the release has
     routing = manifest["build"]["routing"]["generate"]
-    assert routing["decided_by"] == "filter"
+    assert routing["decided_by"] == "safety"  # the safety checker has the last word on where an image goes
     assert routing["groups"] == {s: {str(c): {s: 2} for c in (281, 652, 967)} for s in SHIFTS}
 
 

@@ -60,9 +60,7 @@ class ReleaseIndex:
 
     @property
     def kind(self) -> str:
-        from dataset_cards.card import release_kind
-
-        return release_kind(self.manifest)
+        return rf.release_kind_name(self.manifest)
 
     def configs(self) -> list[str]:
         return list(self.manifest.configs)

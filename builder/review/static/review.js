@@ -33,6 +33,7 @@ async function start() {
 async function useReviewer(name) {
   state.reviewer = name;
   window.localStorage.setItem("lance-cf-reviewer", name);
+  $("name-input").blur();
   $("ask-name").hidden = true;
   $("reviewer-name").textContent = `reviewer ${name}`;
   const queue = await api(`api/queue?reviewer=${encodeURIComponent(name)}`);
@@ -56,6 +57,7 @@ async function show(target) {
   state.position = Math.max(0, Math.min(target, state.order.length));
   state.reasons = false; state.typing = false; state.view = null;
   delete document.body.dataset.shown;
+  say("");  // here, not once loaded: a message about a key pressed meanwhile must stay
   $("reasons").hidden = true; $("reason-text").hidden = true;
   $("left").textContent = state.left;
   $("position").textContent = `${Math.min(state.position + 1, state.order.length)} / ${state.order.length}`;
@@ -96,7 +98,6 @@ async function show(target) {
   });
   renderQuestions();
   renderStatus(previous);
-  say("");
   $("sample").hidden = false;
   document.body.dataset.shown = String(item);  // rendered: what a test (or an extension) may wait for
 }
