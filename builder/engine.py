@@ -58,6 +58,7 @@ from builder.stage_memory import format_bytes, measure_peak, merge, unmeasured_r
 from builder.validation import ValidatedBuild, ValidatedStage, check_stages_against_source, validate_build
 from lance_pipeline.devices import resolve_device
 from lance_pipeline.stage import (
+    SAMPLE_INDEX,
     SOURCE_FIELDS,
     DeclaredRecord,
     SampleFailure,
@@ -408,7 +409,7 @@ def _emit(
             row(output.config, sample_key, value, {**base, **extras, "key": sample_key})
             continue
         for i, item in enumerate(value):
-            sample_key = output.sample_key(key, i)
+            sample_key = output.sample_key(key, item.get(SAMPLE_INDEX, i))  # kept by a screen that removed others
             meta = {**base, "key": sample_key}
             for name in (*ITEM_METADATA_FIELDS, *(f.name for f in output.fields)):
                 meta[name] = item.get(name)

@@ -159,6 +159,12 @@ class OutputScreen:
     removed: str | None = None
 
 
+# An item of a list output (``ReleaseOutput(many=True)``) may carry its position under this name: its key is then built
+# from it, not from its place in the list, so a screen that removes samples renumbers none of the others (and keys that
+# other samples name, such as the strength config's ``counterfactual_key``, stay true).
+SAMPLE_INDEX = "sample_index"
+
+
 # What the builder releases straight from the source, before any stage.
 SOURCE_OUTPUTS = (ReleaseOutput("original", "image", None),)
 

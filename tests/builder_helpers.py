@@ -69,6 +69,7 @@ ALL_CONFIGS = ["original", "reconstructed", "counterfactual", "lance_r"]
 METHOD_STAGES = {"caption", "perturb", "label_check", "random_edit", "invert", "reconstruct", "edit", "lance_r_edit"}
 # The release screens (lance_pipeline/screening) the LANCE presets run after the image stages.
 SCREEN_STAGES = {"screen", "screen_lance_r", "safety_reconstruction", "safety", "safety_lance_r"}
+STRENGTH_SCREENS = {"screen_strength", "safety_strength"}  # the demo's, which keeps the strength config
 
 
 def env() -> dict[str, str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from builder_helpers import METHOD_STAGES, SCREEN_STAGES, cli, release_files
+from builder_helpers import METHOD_STAGES, SCREEN_STAGES, STRENGTH_SCREENS, cli, release_files
 
 from builder.release_format import CONFIG_NAMES, EDIT_TYPES, SCORE_NAMES
 from builder.release_format.verify import verify_release
@@ -30,7 +30,7 @@ def test_demo_populates_all_configs_with_complete_metadata(demo, tmp_path):
     counts = {c: manifest["counts"][c]["total"] for c in CONFIG_NAMES}
     assert counts["original"] == counts["reconstructed"] == 5
     assert counts["counterfactual"] >= 5 and counts["lance_r"] >= 5
-    assert set(manifest["stages"]) == METHOD_STAGES | SCREEN_STAGES
+    assert set(manifest["stages"]) == METHOD_STAGES | SCREEN_STAGES | STRENGTH_SCREENS
     rows = {
         c: list(datasets.load_dataset(str(demo), c, split="test", cache_dir=str(tmp_path / "hf"))) for c in CONFIG_NAMES
     }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from builder_helpers import METHOD_STAGES, SCREEN_STAGES, cli
+from builder_helpers import METHOD_STAGES, SCREEN_STAGES, STRENGTH_SCREENS, cli
 
 from builder.config import list_presets, load_config
 from builder.imagenet import HARD_IMAGENET_CLASSES, resolve_class, synsets
@@ -15,7 +15,9 @@ from builder.registry import STAGES
 @pytest.mark.parametrize("preset", ["demo", "hardimagenet"])
 def test_preset_stages_construct_without_loading_weights(preset, tmp_path):
     config = load_config(preset)
-    assert {s.name for s in config.stages} == METHOD_STAGES | SCREEN_STAGES
+    assert {s.name for s in config.stages} == METHOD_STAGES | SCREEN_STAGES | (
+        STRENGTH_SCREENS if preset == "demo" else set()
+    )
     served = {c for s in config.stages for c in s.configs}
     # The demo also keeps the sweep's candidates as the strength config; hardimagenet does not (its size).
     assert served == {"reconstructed", "counterfactual", "lance_r"} | ({"strength"} if preset == "demo" else set())

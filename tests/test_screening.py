@@ -202,4 +202,5 @@ def test_a_build_marks_drops_records_and_counts_what_the_screens_decided(tmp_pat
     with tarfile.open(tmp_path / "out" / "data" / "counterfactual" / "test-000000.tar") as tar:
         metas = [json.load(tar.extractfile(m)) for m in tar.getmembers() if m.name.endswith(".json")]
     assert {m["edited_caption"].split(" holding")[0] for m in metas} == {"a woman"}
+    assert {m["key"].rsplit("_", 1)[1] for m in metas} == {"cf001"}  # the survivor keeps its key: no renumbering
     assert all(m["sensitive_edit"] is False and m["safety_nsfw"] is False for m in metas)

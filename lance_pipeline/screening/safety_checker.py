@@ -24,7 +24,8 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from lance_pipeline.stage import MetadataField, OutputScreen, Record, SampleFailure
+from lance_pipeline.editing.strength import STRENGTH_FIELD
+from lance_pipeline.stage import SAMPLE_INDEX, MetadataField, OutputScreen, Record, SampleFailure
 
 logger = logging.getLogger(__name__)
 
@@ -195,7 +196,9 @@ class SafetyCheckStage:
                     }
                 )
             else:
-                kept.append({**item, "safety_nsfw": False, "safety_score": score})
+                kept.append(
+                    {**item, "safety_nsfw": False, "safety_score": score, SAMPLE_INDEX: item.get(SAMPLE_INDEX, index)}
+                )
         return {self.field: kept, self.removed_field: removed}
 
     @classmethod
@@ -221,6 +224,18 @@ class LanceRSafetyCheckStage(SafetyCheckStage):
     consumes = {"lance_r": "list"}
     produces = {"lance_r": "list", "lance_r_safety_removed": "list"}
     screens = (OutputScreen("lance_r", SAFETY_FIELDS, removed="lance_r_safety_removed"),)
+
+
+class StrengthSafetyCheckStage(SafetyCheckStage):
+    """``safety_check_strength``: the checker on the strength config's candidates (the selected one is the
+    counterfactual's image, so a flagged counterfactual is not released through this config either)."""
+
+    name = "safety_strength"
+    field = STRENGTH_FIELD
+    what = "strength candidate"
+    consumes = {STRENGTH_FIELD: "list"}
+    produces = {STRENGTH_FIELD: "list", f"{STRENGTH_FIELD}_safety_removed": "list"}
+    screens = (OutputScreen(STRENGTH_FIELD, SAFETY_FIELDS, removed=f"{STRENGTH_FIELD}_safety_removed"),)
 
 
 class _SingleImageSafetyCheck(SafetyCheckStage):

@@ -33,8 +33,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from lance_pipeline.editing.strength import STRENGTH_FIELD
 from lance_pipeline.screening import protected_terms as terms
-from lance_pipeline.stage import MetadataField, OutputScreen, Record, SampleFailure
+from lance_pipeline.stage import SAMPLE_INDEX, MetadataField, OutputScreen, Record, SampleFailure
 from lance_pipeline.text.label_checks import (
     DEFAULT_SENTENCE_MODEL,
     DEFAULT_SENTENCE_MODEL_REVISION,
@@ -368,7 +369,7 @@ class SensitiveEditScreen:
                         }
                     )
                     continue
-                kept.append({**item, **result})
+                kept.append({**item, **result, SAMPLE_INDEX: item.get(SAMPLE_INDEX, i)})
             out.append({self.field: kept, self.removed_field: removed})
         return out
 
@@ -407,3 +408,14 @@ class LanceRSensitiveEditScreen(SensitiveEditScreen):
     consumes = {"caption": "str", "lance_r": "list"}
     produces = {"lance_r": "list", "lance_r_sensitive_removed": "list"}
     screens = (OutputScreen("lance_r", SENSITIVE_FIELDS, removed="lance_r_sensitive_removed"),)
+
+
+class StrengthSensitiveEditScreen(SensitiveEditScreen):
+    """``sensitive_edit_screen_strength``: the same screen on the strength config's candidates (every candidate of an
+    edit has its edit's caption, so a dropped edit leaves no candidate behind)."""
+
+    name = "screen_strength"
+    field = STRENGTH_FIELD
+    consumes = {"caption": "str", STRENGTH_FIELD: "list"}
+    produces = {STRENGTH_FIELD: "list", f"{STRENGTH_FIELD}_sensitive_removed": "list"}
+    screens = (OutputScreen(STRENGTH_FIELD, SENSITIVE_FIELDS, removed=f"{STRENGTH_FIELD}_sensitive_removed"),)
