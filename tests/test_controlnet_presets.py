@@ -61,7 +61,8 @@ def test_hardimagenet_dillema_differs_from_the_filtered_preset_only_in_dillemas_
     }  # fmt: skip
     for stage in dillema.stages:
         assert stage.options == {**stages[stage.name], **changed.get(stage.name, {})}, stage.name
-    assert dict(dillema.stages[-1].options)["images_per_edit"] == 5  # DILLEMA's 5 images, all kept
+    edit = next(s for s in dillema.stages if s.name == "edit")
+    assert dict(edit.options)["images_per_edit"] == 5  # DILLEMA's 5 images, all kept
 
 
 @pytest.mark.slow

@@ -87,12 +87,15 @@ class _Lexicon:
         self.markers = self._compile(terms.MARKERS)
 
     @staticmethod
-    def _compile(table: dict[str, dict[str, tuple[str, ...]]]) -> list[tuple[tuple[str, ...], str, str]]:
-        out = []
+    def _compile(table: dict[str, dict[str, tuple[str, ...]]]) -> dict[str, list[tuple[tuple[str, ...], str, str]]]:
+        """The terms by their first word, longest first (a caption's words are looked up, not every term tried)."""
+        out: dict[str, list[tuple[tuple[str, ...], str, str]]] = {}
         for attribute, groups in table.items():
             for group, words in groups.items():
-                out += [(tuple(words_of(w)), attribute, group) for w in words]
-        return sorted(out, key=lambda t: (-len(t[0]), t))
+                for w in words:
+                    tokens = tuple(words_of(w))
+                    out.setdefault(tokens[0], []).append((tokens, attribute, group))
+        return {first: sorted(terms, key=lambda t: (-len(t[0]), t)) for first, terms in out.items()}
 
     def mentions(self, text: str) -> list[Mention]:
         """Every attribute mention of ``text``: person nouns, descriptors attached to a person, markers."""
@@ -132,7 +135,7 @@ class _Lexicon:
     def _match(tokens: list[str], i: int, table) -> tuple[int, list[tuple[str, str]]] | None:
         """The longest term of ``table`` starting at token ``i``: (end, [(attribute, group)...]) or None."""
         best_len, hits = 0, []
-        for words, attribute, group in table:
+        for words, attribute, group in table.get(tokens[i], ()):
             n = len(words)
             if n < best_len:
                 break
