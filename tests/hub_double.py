@@ -15,8 +15,9 @@ could read the same repository. Only the stdlib and the ``git`` binary are used.
 
 Faults for resilience tests are injected through :class:`Faults`: answer the next N requests of a kind with an HTTP
 error, hold every LFS upload after the first N until the test releases them (to interrupt a client mid-upload), or
-hold file downloads after N bytes until the test releases them (to kill a client mid-download). A gated repo's files are served only to the
-double's token, as the Hub serves them only to accounts that accepted the conditions.
+hold file downloads after N bytes until the test releases them (to kill a client mid-download). With
+``gate_reads=True`` a gated repo's files are served only to the double's token, as the Hub serves them only to accounts
+that accepted the conditions (off by default: the publishing tests read their gated releases back without one).
 """
 
 from __future__ import annotations
@@ -77,9 +78,10 @@ class Faults:
 class HubDouble:
     """The server: start with :meth:`start`, stop with :meth:`stop`; ``url`` is the endpoint for ``HF_ENDPOINT``."""
 
-    def __init__(self, root: Path, token: str | None = None) -> None:
+    def __init__(self, root: Path, token: str | None = None, gate_reads: bool = False) -> None:
         self.root = Path(root)
         self.token = token
+        self.gate_reads = gate_reads
         self.faults = Faults()
         self.log: list[tuple[str, str, int]] = []
         # Every file download: (path, Range header or None), to see a client resume where it stopped.
@@ -753,7 +755,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def resolve_file(self, org: str, name: str, rev: str, path: str, repo_type: str = "models") -> None:
         repo_id = self._repo(repo_type, org, name)
-        gated = self.hub.settings.get((repo_type, repo_id), {}).get("gated", False)
+        gated = self.hub.gate_reads and self.hub.settings.get((repo_type, repo_id), {}).get("gated", False)
         if gated and (self.hub.token is None or self.headers.get("Authorization") != f"Bearer {self.hub.token}"):
             raise HubError(401, f"Access to model {repo_id} is restricted: you must accept its conditions", "GatedRepo")
         sha = self._commit_of(repo_type, repo_id, rev)

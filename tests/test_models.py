@@ -45,7 +45,7 @@ NEEDED = select_files(list(TINY_LM), TRANSFORMERS_FILES)
 
 @pytest.fixture
 def hub(tmp_path, monkeypatch):
-    double = HubDouble(tmp_path / "hub", token=TOKEN).start()
+    double = HubDouble(tmp_path / "hub", token=TOKEN, gate_reads=True).start()
     _point_at(monkeypatch, tmp_path, double.url)
     yield double
     double.stop()
