@@ -206,6 +206,7 @@ def test_auto_batch_size_in_a_run(setup, fp32):
         assert row["p_gt"] == pytest.approx(base.loc[row["key"], "p_gt"], abs=1e-6)
 
 
+@pytest.mark.e2e  # starts DataLoader worker processes
 def test_two_cpu_workers_give_the_same_results_as_one(setup, tmp_path):
     """--devices cpu,cpu evaluates two models in parallel worker processes; every number equals a one-device run."""
     common = ["--release", str(setup["root"]), "--no-pretrained", "--workers", "0", "--bootstrap", "20"]

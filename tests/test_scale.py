@@ -26,6 +26,7 @@ from builder.engine import build
 from builder.release_format.verify import verify_release
 
 
+@pytest.mark.e2e  # starts worker processes (the devices engine)
 def test_devices_engine_pools_stage_batch_sizes_and_stage_major_give_the_local_bytes(tmp_path):
     """Fake stages whose edit output depends on a record's position in its call: a stage's ``batch_size`` (records
     per call) changes the bytes, so it is config, and every engine, pool layout and schedule honours it identically.
