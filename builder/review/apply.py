@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from builder import release_format as rf
+from builder.release import seal_release
 from builder.review.index import ReleaseIndex
 from builder.review.store import JudgementStore
 from builder.review.study import ItemReview, Study, aggregate, agreement, select
@@ -77,8 +78,6 @@ def apply_review(
     release: Path, output: Path, *, study_name: str | None = None, version: str | None = None
 ) -> dict[str, Any]:
     """Write the reviewed release to ``output`` (new or empty); return its manifest."""
-    from builder.release import seal_release
-
     release, output = Path(release), Path(output)
     if output.resolve() == release.resolve():
         raise ValueError(f"--output {output} is the release itself; give a new directory for the next version")

@@ -13,6 +13,14 @@ import json
 import sys
 from pathlib import Path
 
+from builder import release_format as rf
+from builder.lock import output_lock
+from builder.review.apply import apply_review, choose_study
+from builder.review.index import ReleaseIndex
+from builder.review.server import open_session, serve
+from builder.review.store import JudgementStore, store_path
+from builder.review.study import QUESTIONS, Study, aggregate, agreement, select
+
 ACTIONS = ("apply", "export", "agreement")
 
 
@@ -50,8 +58,6 @@ def register(subparsers) -> None:
 
 
 def _study_from_args(args: argparse.Namespace):
-    from builder.review.study import QUESTIONS, Study
-
     flags = {
         "questions": args.questions,
         "configs": args.configs,
@@ -102,9 +108,6 @@ def run_review(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace, release: Path) -> int:
-    from builder.lock import output_lock
-    from builder.review.server import open_session, serve
-
     study = _study_from_args(args)
     with output_lock(release, "review", shared=True):  # never beside a build of the same directory
         session, _ = open_session(release, study, args.study_name, args.reviewer)
@@ -117,9 +120,6 @@ def _serve(args: argparse.Namespace, release: Path) -> int:
 
 
 def _apply(args: argparse.Namespace, release: Path) -> int:
-    from builder.lock import output_lock
-    from builder.review.apply import apply_review
-
     if args.output is None:
         raise ValueError("lance-cf review apply needs --output NEW (a new directory for the next version)")
     with output_lock(release, "review apply", shared=True):
@@ -135,9 +135,6 @@ def _apply(args: argparse.Namespace, release: Path) -> int:
 
 
 def _export(args: argparse.Namespace, release: Path) -> int:
-    from builder import release_format as rf
-    from builder.review.store import JudgementStore, store_path
-
     if args.output is None:
         raise ValueError("lance-cf review export needs --output FILE.csv or FILE.parquet")
     if not store_path(release).is_file():
@@ -149,11 +146,6 @@ def _export(args: argparse.Namespace, release: Path) -> int:
 
 
 def _agreement(args: argparse.Namespace, release: Path) -> int:
-    from builder.review.apply import choose_study
-    from builder.review.index import ReleaseIndex
-    from builder.review.store import JudgementStore, store_path
-    from builder.review.study import aggregate, agreement, select
-
     if not store_path(release).is_file():
         raise ValueError(f"{release} has no judgements yet (review it first: lance-cf review {release})")
     index = ReleaseIndex(release)
