@@ -367,10 +367,13 @@ def _engine_choice(args: argparse.Namespace) -> tuple[str, str | None, dict]:
 
 
 def _summarize_build(output: Path, manifest: dict, allow_empty: bool = False) -> int:
-    """What was written, what went wrong, what to run next. Exit 1 while errors (retryable) remain, or when a
-    selected config has no sample (it could not be loaded: never report success over an empty release)."""
+    """What was written, what went wrong, and, after a success only, what to run next (the release kind's commands).
+    Exit 1 while errors (retryable) remain, or when a selected config has no sample (it could not be loaded: never
+    report success over an empty release)."""
+    from lance_pipeline.release_kinds import kind_of_manifest
+
     write = sys.stdout.write
-    counts = ", ".join(f"{c}: {manifest['counts'][c]['total']}" for c in manifest["configs"])
+    counts = ", ".join(f"{c}: {manifest['counts'][c]['total']}" for c in manifest["configs"]) or "no samples"
     failures = manifest["failures"]
     errors = manifest.get("build", {}).get("errors", [])
     write(f"built {output} ({counts}; {len(failures)} failure(s), {len(errors)} error(s))\n")
@@ -386,22 +389,25 @@ def _summarize_build(output: Path, manifest: dict, allow_empty: bool = False) ->
     write(f"wrote {shards} shard(s) under {output}/data, manifest.json, _info.json and README.md (the dataset card)\n")
     if errors:
         write("errors are exceptions, not data: fix their cause and re-run the same command to retry them\n")
-    config = manifest["configs"][-1] if manifest["configs"] else "original"
-    write(
-        "next:\n"
-        f"  lance-cf verify {output}\n"
-        f"  python -c \"import datasets; print(datasets.load_dataset('{output}', '{config}', split='test'))\"\n"
-        f"  lance-cf eval --release {output} --model resnet50.a1_in1k --output eval-out\n"
-    )
     empty = list(manifest.get("empty_configs") or [])
     if empty and not allow_empty:
         sys.stderr.write(
-            f"lance-cf build: error: config(s) {', '.join(empty)} ended with no samples (see the failures above and "
-            "manifest.json); such a config cannot be loaded or published: fix the source or the stages and re-run the "
-            "same command, or pass --allow-empty to accept it\n"
+            f"lance-cf build: error: config(s) {', '.join(empty)} ended with no samples (see the failures "
+            "above and manifest.json); such a config cannot be loaded or published: fix the source or the stages and "
+            "re-run the same command, or pass --allow-empty to accept it\n"
         )
         return 1
-    return 1 if errors else 0
+    if errors:
+        return 1
+    lines = kind_of_manifest(manifest).next_lines(str(output), manifest) if manifest["configs"] else []
+    if lines:
+        write("next:\n" + "".join(f"  {line}\n" for line in lines))
+        if any("--class-map CLASS_MAP" in line for line in lines):
+            write(
+                f"  (the labels are not ImageNet-1k's ({manifest['label_space'].get('name')}): CLASS_MAP is a file "
+                "giving the model's output index of each label, one integer a line; docs/evaluation.md)\n"
+            )
+    return 0
 
 
 # One device rule for every subcommand (eval included): lance_pipeline.devices.

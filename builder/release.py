@@ -19,6 +19,7 @@ from builder.release_format import ShardSample, Tally, group_into_shards, write_
 from builder.sources import Source
 from dataset_cards import render_release_card, write_gallery
 from lance_pipeline.edit_types import release_edit_types
+from lance_pipeline.release_kinds import kind_of_manifest
 from lance_pipeline.stage import SCORE_NAMES
 
 logger = logging.getLogger(__name__)
@@ -173,6 +174,8 @@ def write_release(
         manifest["screening"] = screening
     if build_record is not None:
         manifest["build"] = build_record
+    # What the release is, recorded so that cards, eval and the leaderboard never have to guess it
+    manifest["kind"] = kind_of_manifest(manifest).name
     seal_release(output, manifest)
     logger.info(
         "release %s %s: %s; %d failure(s)",

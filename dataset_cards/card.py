@@ -19,7 +19,6 @@ from typing import Any
 from builder import release_format as rf
 from dataset_cards.deviations_section import deviations_section
 from dataset_cards.gallery import read_shard_samples, select_pairs, write_gallery
-from dataset_cards.interfaces_section import interfaces_section
 from dataset_cards.leaderboard import (
     leaderboard_markdown,
     leaderboard_section,
@@ -28,8 +27,7 @@ from dataset_cards.leaderboard import (
 from dataset_cards.markdown import code_span, md_escape
 from dataset_cards.review_section import review_section
 from dataset_cards.screening_section import screening_section
-from lance_pipeline.deviations import dillema_selection
-from lance_pipeline.edit_types import MULTI_EDIT_TYPE, spoken_list
+from lance_pipeline.release_kinds import ReleaseKind, kind_of_manifest, resolve_target
 
 logger = logging.getLogger(__name__)
 
@@ -112,18 +110,17 @@ _pretty_name = rf.pretty_name
 
 
 # --------------------------------------------------------------------------------------------------------------- prose
-def release_kind(manifest: rf.Manifest) -> str:
-    """Which system made the release, for the card's opening paragraph: ``lance`` (prompt-to-prompt edits),
-    ``controlnet`` (DILLEMA-style regeneration), ``interfaces`` (generated under named shifts) or ``discovery``
-    (images of discovered failures)."""
-    stage_types = {str(s.get("type")) for s in manifest.config.get("stages") or [] if isinstance(s, dict)}
-    if str(manifest.source.get("kind")) == "discovery":
-        return "discovery"
-    if str(manifest.source.get("kind")) == "generate" or "shift_generation" in stage_types:
-        return "interfaces"
-    if "controlnet_edit" in stage_types:
-        return "controlnet"
-    return "lance"
+def release_kind(manifest: rf.Manifest) -> ReleaseKind:
+    """The release's kind (``lance_pipeline.release_kinds``): recorded in the manifest, or recognised for a release
+    built before kinds were recorded. Its card paragraph, section and loading example are rendered from it."""
+    return kind_of_manifest(manifest.to_dict())
+
+
+def _kind_text(target: str | None, *args: Any) -> str:
+    """The Markdown a kind's card target (``dataset_cards`` function, ``"module:attr"``) renders ("" for none)."""
+    if target is None:
+        return ""
+    return resolve_target(target)(*args)
 
 
 def empty_classes_note(names: list[str], labels: list[int], num_classes: int) -> str:
@@ -164,11 +161,15 @@ def _template_context(
     description = manifest.config.get("description")
     extra_fields = [(c.name, f) for c in spec.configs if c.name in configs for f in c.fields]
     kind = release_kind(manifest)
+    pretty_name = _pretty_name(manifest.name)
     return {
-        "release_kind": kind,
-        # The config the "How to load" example opens: LANCE's counterfactuals, else the release's first config.
-        "load_config": "counterfactual" if "counterfactual" in configs else (configs[0] if configs else "original"),
-        "pretty_name": _pretty_name(manifest.name),
+        "release_kind": kind.name,
+        "kind_intro": _kind_text(kind.card_intro, manifest, pretty_name),
+        "kind_section": _kind_text(kind.card_section, manifest.to_dict()),
+        "load_example": kind.load_example,
+        # The config the "How to load" example opens: the kind's main config, else the release's first config.
+        "load_config": kind.main_config_of(configs) or "original",
+        "pretty_name": pretty_name,
         "description": md_escape(description) if description else None,
         "name": manifest.name,
         "version": manifest.version,
@@ -205,10 +206,7 @@ def _template_context(
             for label in labels
         ],
         "gallery": gallery,
-        "interfaces_section": interfaces_section(manifest.to_dict()),  # "" unless a generation-mode release
         "deviations_section": deviations_section(manifest.to_dict()),
-        "dillema_selection": dillema_selection(manifest.to_dict()),
-        "edit_axes": edit_axes(manifest),
         "screening_section": screening_section(manifest.to_dict()),
         "review_section": review_section(manifest.to_dict()),
         "leaderboard_section": leaderboard_section(results or []),
@@ -234,15 +232,6 @@ def _template_context(
         "hard_imagenet_note": "hardimagenet" in manifest.name.replace("-", "").replace("_", "").lower(),
         "changelog": changelog(manifest.to_dict(), previous_manifest) if previous_manifest is not None else None,
     }
-
-
-def edit_axes(manifest: rf.Manifest) -> str:
-    """The edit types a release's perturber asked for ("subject, object ... or domain"), from its ``perturb`` stage's
-    description, else the release's edit-type vocabulary."""
-    asked = next((d.get("edit_types") for d in manifest.stages.values() if isinstance(d, dict) and d.get("edit_types")),
-                 None)  # fmt: skip
-    names = [t for t in (asked or manifest.release_spec.edit_types) if t != MULTI_EDIT_TYPE]
-    return md_escape(spoken_list(names)) if names else "one aspect"
 
 
 def _is_model_key(key: str) -> bool:

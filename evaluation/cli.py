@@ -297,11 +297,15 @@ def run_eval(args: argparse.Namespace) -> int:
     skipped = sum(s["status"] == "skipped" for s in summaries)
     sys.stdout.write(
         f"done: {done} evaluated, {skipped} skipped (results exist; --force re-runs), {len(failed)} failed; "
-        f"results in {args.output}; next: lance-cf leaderboard {args.output} --output LEADERBOARD_DIR"
-        f"{' --split-releases' if side_by_side else ''}\n"
+        f"results in {args.output}\n"
     )
     for label, group in all_summaries.items():
         _write_strength_plot(group, args.output if label is None else args.output / label)
+    if not failed and done + skipped:  # a next step only after a success, and only one that has results to read
+        sys.stdout.write(
+            f"next: lance-cf leaderboard {args.output} --output LEADERBOARD_DIR"
+            f"{' --split-releases' if side_by_side else ''}\n"
+        )
     if side_by_side:
         _write_side_by_side(releases, all_summaries, args, side_by_side)
     return 1 if failed else 0

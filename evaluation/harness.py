@@ -25,7 +25,6 @@ import torch
 
 from builder import release_format as rf
 from evaluation.insights import cluster_release_edits
-from evaluation.interfaces.shift_results import is_interfaces_configs
 from evaluation.metric_registry import METRICS, default_metric_names, metric_versions, select_metrics
 from evaluation.metrics import compute_metrics
 from evaluation.models import ModelSpec, create_eval_model, describe_weights, resolve_label_indices
@@ -33,6 +32,7 @@ from evaluation.plots import plot_strength_model
 from evaluation.release_reader import Release, ReleaseIntegrityError, iter_shard_samples
 from evaluation.report import write_model_report
 from evaluation.results import AMP_DTYPES, MODEL_DTYPES, RESULTS_SCHEMA, RESULTS_SCHEMA_VERSION  # noqa: F401 - re-exported
+from lance_pipeline.release_kinds import metric_applies_to
 
 logger = logging.getLogger(__name__)
 
@@ -545,6 +545,7 @@ def evaluate_model(
         edit_clusters=edit_clusters,
         insight_top=options.insight_top,
         manifest=release.manifest,
+        release_kind=release.kind.name,
     )
     results: dict[str, Any] = {
         "schema": RESULTS_SCHEMA,
@@ -802,11 +803,10 @@ def run_evaluation(
     if not todo:
         return summaries
 
-    # insights cluster the edits of a LANCE release; an interfaces release has generated images and no edits
-
+    # insights cluster the edits of a release whose kind lists them (LANCE, ControlNet); generated releases have none
     insights = (
         options.insights
-        and not is_interfaces_configs(release.configs)
+        and metric_applies_to("insights", release.kind.name)
         and "insights" in select_metrics(options.metrics)
     )
     edit_clusters = prepare_insights(release, options) if insights else None

@@ -32,6 +32,7 @@ from evaluation.plots import (
     plot_strength_models,
 )
 from evaluation.results import (
+    check_one_release,
     display_name,
     is_complete,
     is_results,
@@ -41,6 +42,7 @@ from evaluation.results import (
 )
 from evaluation.robustness import effective_robustness, shift_correlations, timm_model_name
 from evaluation.timm_results import SHIFTS, load_shift_table
+from lance_pipeline.release_kinds import kind_of_results, resolve_target
 
 logger = logging.getLogger(__name__)
 
@@ -136,23 +138,6 @@ def find_results(paths: list[str | Path]) -> list[dict[str, Any]]:
     if not found:
         raise ValueError(f"no lance-cf results JSON found under {', '.join(map(str, paths))}")
     return found
-
-
-def check_one_release(results: list[dict[str, Any]]) -> None:
-    """Refuse results of different releases: their numbers are not comparable."""
-    releases: dict[str, str] = {}
-    for r in results:
-        release = r.get("release") or {}
-        releases.setdefault(
-            str(release.get("manifest_sha256")),
-            f"{release.get('name')} {release.get('version')} ({str(release.get('manifest_sha256'))[:12]})",
-        )
-    if len(releases) > 1:
-        raise ValueError(
-            f"the results come from {len(releases)} different releases ({'; '.join(sorted(releases.values()))}); "
-            "a leaderboard compares models on one release: pass each release's results separately, or use "
-            "--split-releases for one leaderboard per release"
-        )
 
 
 def _ci(entry: dict[str, Any], name: str) -> tuple[float | None, float | None]:
@@ -424,14 +409,14 @@ def leaderboard_markdown(results: list[dict[str, Any]]) -> str:
 
     The dataset card embeds this table; ``lance-cf leaderboard`` writes it at the top of ``leaderboard.md``.
     """
-    # lazy: evaluation.interfaces.shift_results leads back to this module at import time
-    from evaluation.interfaces.shift_results import is_interfaces_release, shift_markdown
-
     results = [r for r in results if is_results(r)]
     if not any(r.get("status") == "ok" for r in results):
         return ""
-    if all(is_interfaces_release(r) for r in results):  # generated shifts: the per-shift table, not the paired one
-        return shift_markdown(results) + metric_versions_note(results)
+    kinds = {kind_of_results(r).name: kind_of_results(r) for r in results}
+    if len(kinds) == 1:
+        (kind,) = kinds.values()
+        if kind.leaderboard is not None:  # a kind with a table of its own (interfaces: per shift, not paired)
+            return resolve_target(kind.leaderboard).markdown(results) + metric_versions_note(results)
     return compact_markdown(build_leaderboard(results)) + metric_versions_note(results)
 
 
@@ -677,14 +662,18 @@ def write_leaderboard(
     ``OUTPUT/<name>-v<version>-<hash>/`` (the returned paths are then those of the first release's leaderboard, and
     ``OUTPUT/index.md`` lists them all).
     """
-    # lazy: evaluation.interfaces.shift_results leads back to this module at import time
-    from evaluation.interfaces.shift_results import is_interfaces_release, write_interfaces_leaderboard
-
     results = find_results(paths)
-    if any(is_interfaces_release(r) for r in results):
-        # an interfaces release: its per-shift table, and beside a LANCE release one table keyed by model
-        return write_interfaces_leaderboard(
-            results, output_dir, lambda lance, out: _write_one(lance, out, n_boot, seed)
+    own = {k.name: k for k in map(kind_of_results, results) if k.leaderboard is not None}
+    if len(own) > 1:
+        raise ValueError(
+            f"the results come from releases of kinds {', '.join(sorted(own))}, each with a leaderboard of its own; "
+            "pass each kind's results separately"
+        )
+    if own:
+        # a kind with a table of its own (interfaces: per shift), given the paired writer for the other results
+        (kind,) = own.values()
+        return resolve_target(kind.leaderboard).write(
+            results, output_dir, lambda paired, out: _write_one(paired, out, n_boot, seed)
         )
     groups = release_groups(results)
     if len(groups) > 1 and split_releases:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from lance_pipeline.registry import Registry
+from lance_pipeline.release_kinds import metric_applies_to
 
 # What one prediction row holds (evaluation.harness.predict_release writes them; predictions.parquet keeps them).
 PREDICTION_COLUMNS = {
@@ -93,6 +94,7 @@ class MetricContext:
     edit_clusters: dict[str, Any] | None = None  # the release's edit clusters (insights), None when not computed
     manifest: dict[str, Any] | None = None  # the release's manifest (e.g. which of its configs are shifts)
     insight_top: int = 3
+    release_kind: str | None = None  # lance_pipeline.release_kinds: which metrics apply (None: no restriction)
     _cache: dict[Any, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -255,6 +257,12 @@ def merge_fragment(results: dict[str, Any], fragment: dict[str, Any], metric: st
             )
 
 
+def metric_applies(metric: Metric, context: MetricContext) -> bool:
+    """Whether ``metric`` runs on this context: the release's kind must allow it (a metric some kinds list as theirs
+    applies to those kinds only, ``lance_pipeline.release_kinds``), and then its own ``applies`` decides."""
+    return metric_applies_to(metric.name, context.release_kind) and metric.applies(context)
+
+
 def run_metrics(context: MetricContext, names: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
     """Run the metrics ``names`` in order on ``context``.
 
@@ -263,7 +271,7 @@ def run_metrics(context: MetricContext, names: list[str]) -> tuple[dict[str, Any
         ``computed_metrics``).
     """
     # Only a metric that applies needs its columns (a strength metric on a release without a strength config).
-    metrics = [metric for metric in map(create_metric, names) if metric.applies(context)]
+    metrics = [metric for metric in map(create_metric, names) if metric_applies(metric, context)]
     columns = set(getattr(context.predictions, "columns", ()))
     for metric in metrics:
         missing = [c for c in metric.needs if c not in columns]

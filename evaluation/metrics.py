@@ -27,6 +27,7 @@ from evaluation.metric_registry import (
     MetricContext,
     create_metric,
     default_metric_names,
+    metric_applies,
     run_metrics,
     select_metrics,
 )
@@ -443,6 +444,7 @@ def compute_metrics(
     edit_clusters: dict[str, Any] | None = None,
     insight_top: int = 3,
     manifest: dict[str, Any] | None = None,
+    release_kind: str | None = None,
 ) -> dict[str, Any]:
     """The metrics ``metrics`` (default: every default registered metric) of one model from its prediction rows.
 
@@ -450,7 +452,8 @@ def compute_metrics(
     ``release_configs`` (default: the configs of ``rows``) are all the configs the release declares, scored or not:
     which metrics apply depends on the release, not on which configs a ``--limit`` run happened to reach.
     ``edit_clusters`` (:func:`evaluation.insights.cluster_release_edits`, once per run) enables the ``insights``
-    metric, which reports ``insight_top`` clusters per class.
+    metric, which reports ``insight_top`` clusters per class. ``release_kind`` (``lance_pipeline.release_kinds``)
+    decides which kind-specific metrics apply.
 
     Returns:
         ``{"metrics": {config: ...}, "sensitivity": {...counterfactual...}, "sensitivity_by_config": {config: ...},
@@ -478,11 +481,12 @@ def compute_metrics(
         edit_clusters=edit_clusters,
         insight_top=insight_top,
         manifest=manifest,
+        release_kind=release_kind,
     )
     selected = select_metrics(metrics)
     out, computed = run_metrics(context, selected)
     # default metrics that would have run here but were not selected: such a run is not complete (evaluation.results)
-    left_out = [n for n in default_metric_names() if n not in selected and create_metric(n).applies(context)]
+    left_out = [n for n in default_metric_names() if n not in selected and metric_applies(create_metric(n), context)]
     # the sections the results format always has, even when no selected metric applies to them
     out = {
         "metrics": out.pop("metrics"),

@@ -18,6 +18,7 @@ from typing import Any
 
 from builder import release_format as rf
 from builder.release_format.shards import HashingReader
+from lance_pipeline.release_kinds import ReleaseKind, kind_of_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +68,11 @@ class Release:
             return int(space["num_classes"])
         return len(space["names"]) if space.get("names") else None
 
+    @property
+    def kind(self) -> ReleaseKind:
+        """What the release is (``lance_pipeline.release_kinds``): recorded in its manifest, or recognised."""
+        return kind_of_manifest(self.manifest)
+
     def label_name(self, label: int) -> str:
         names = self.label_names
         return names[label] if 0 <= label < len(names) else str(label)
@@ -85,6 +91,7 @@ class Release:
         return {
             "name": self.name,
             "version": self.version,
+            "kind": self.kind.name,
             "manifest_sha256": self.manifest_sha256,
             "config_hash": self.manifest.get("config_hash"),
             "built_with": {"name": tool.get("name"), "version": tool.get("version")},
@@ -130,6 +137,10 @@ def open_release(spec: str | Path, revision: str | None = None) -> Release:
     # The release format validates the manifest: any readable format version (v1 and v2), a missing field named.
     manifest = rf.read_manifest_dict(manifest_path)
     release = Release(root=root, manifest=manifest, spec=spec_str, revision=revision)
+    try:
+        release.kind  # noqa: B018 - a kind this installation does not know is one line now, not during a model's run
+    except ValueError as error:
+        raise ValueError(f"release {spec_str!r}: {error}") from None
     release.shard_entries = _list_shards(root, manifest, spec_str)
     release.shards = {}
     for path, entry in release.shard_entries.items():

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from lance_pipeline.release_kinds import kind_of_results, list_kinds, resolve_target
+
 RESULTS_SCHEMA = "lance-cf/eval-results"
 RESULTS_SCHEMA_VERSION = 3
 """2: ``tool``, ``options`` (every option that changes results), ``limit``, ``run.key``, ``failures``, release source
@@ -50,8 +52,8 @@ def validate_results(obj: Any) -> None:
 
     Checked: the schema tag and a readable schema version; ``status``; ``model.name``; ``release.name``,
     ``release.version`` and ``release.manifest_sha256``; for ``status == "ok"``: ``metrics`` with, per config, integer
-    ``n`` and numeric (or null) ``acc1``; the optional ``interfaces`` section (per-shift metric of an interfaces
-    release, :func:`evaluation.interfaces.shift_results.validate_interfaces`); from schema version 2 also ``tool.version``,
+    ``n`` and numeric (or null) ``acc1``; the sections of the release's kind (``results_sections`` of
+    ``lance_pipeline.release_kinds``, e.g. the per-shift ``interfaces`` section of an interfaces release); from schema version 2 also ``tool.version``,
     ``options`` and ``limit``; from version 3, in a successful run, ``computed_metrics`` (metric name -> version) and,
     when present, ``metrics_left_out`` (a list of names).
     """
@@ -83,13 +85,7 @@ def validate_results(obj: Any) -> None:
         acc1 = entry.get("acc1")
         if acc1 is not None and (isinstance(acc1, bool) or not isinstance(acc1, (int, float))):
             raise ValueError(f"results JSON field 'metrics.{config}.acc1' must be a number or null, got {acc1!r:.60}")
-    if (
-        "interfaces" in obj
-    ):  # an interfaces (ImageNet*-style) release: the per-shift section (evaluation.interfaces.shift_results)
-        # lazy: evaluation.interfaces.shift_results leads back to this module at import time
-        from evaluation.interfaces.shift_results import validate_interfaces
-
-        validate_interfaces(obj["interfaces"])
+    _validate_kind_sections(obj)
     if version >= 2:
         _require(obj, "tool.version", str)
         _require(obj, "options", dict)
@@ -110,6 +106,40 @@ def validate_results(obj: Any) -> None:
             raise ValueError(
                 f"results JSON field 'metrics_left_out' must be a list of metric names, got {left_out!r:.60}"
             )
+
+
+def _validate_kind_sections(obj: dict[str, Any]) -> None:
+    """The sections that belong to the release's kind (``lance_pipeline.release_kinds``: ``results_sections``), each
+    checked by the validator the kind names; a section of another kind is refused (results of a LANCE release with an
+    ``interfaces`` section were not written by ``lance-cf eval``)."""
+    kind = kind_of_results(obj)
+    for section, validator in kind.results_sections.items():
+        if section in obj:
+            resolve_target(validator)(obj[section])
+    for other in list_kinds():
+        for section in other.results_sections:
+            if other.name != kind.name and section in obj and section not in kind.results_sections:
+                raise ValueError(
+                    f"results JSON of a {kind.name} release has a {section!r} section, which belongs to {other.name} "
+                    "releases (expected the output of `lance-cf eval`)"
+                )
+
+
+def check_one_release(results: list[dict[str, Any]]) -> None:
+    """Refuse results of different releases: their numbers are not comparable."""
+    releases: dict[str, str] = {}
+    for r in results:
+        release = r.get("release") or {}
+        releases.setdefault(
+            str(release.get("manifest_sha256")),
+            f"{release.get('name')} {release.get('version')} ({str(release.get('manifest_sha256'))[:12]})",
+        )
+    if len(releases) > 1:
+        raise ValueError(
+            f"the results come from {len(releases)} different releases ({'; '.join(sorted(releases.values()))}); "
+            "a leaderboard compares models on one release: pass each release's results separately, or use "
+            "--split-releases for one leaderboard per release"
+        )
 
 
 def is_complete(obj: dict[str, Any]) -> bool:

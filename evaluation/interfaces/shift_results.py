@@ -15,20 +15,15 @@ from __future__ import annotations
 from typing import Any
 
 from evaluation.interfaces.shift_metrics import MIN_PER_CLASS, per_class_accuracy, shift_accuracy_drop
-from evaluation.leaderboard import check_one_release
 from evaluation.metric_registry import Metric, MetricContext
-from evaluation.results import is_complete, model_label
+from evaluation.results import check_one_release, is_complete, model_label
+from lance_pipeline.release_kinds import kind_of_results
 
+KIND = "interfaces"  # the release kind whose results this module reads (lance_pipeline/interfaces/release_kind.py)
 BASE_CONFIG = "base"
-LANCE_ORIGINAL = "original"
 # Configs an interfaces release may hold that are not shifts: never scored as one, never in a shift table.
 NON_SHIFT_CONFIGS = ("rejected",)
 SHIFT_FIELDS = ("classes", "classes_excluded", "min_per_class", "accuracy", "base_accuracy", "drop", "drop_ci", "n")
-
-
-def is_interfaces_configs(configs: list[str]) -> bool:
-    """True for the configs of an interfaces release: a ``base`` config and no ``original`` (a LANCE release)."""
-    return BASE_CONFIG in configs and LANCE_ORIGINAL not in configs
 
 
 def is_interfaces_results(results: dict[str, Any]) -> bool:
@@ -112,7 +107,8 @@ class ShiftAccuracyDrop(Metric):
     produces = ("interfaces",)
 
     def applies(self, context: MetricContext) -> bool:
-        return is_interfaces_configs(context.release_configs)
+        # the release kind limits this metric to interfaces releases (their kind lists it); it needs their base config
+        return BASE_CONFIG in (context.release_configs or [])
 
     def compute(self, context: MetricContext) -> dict[str, Any]:
         section = shift_metrics(
@@ -402,7 +398,21 @@ def _write_html(output_dir: Any, written: dict[str, Any], interfaces: list[dict[
 
 
 def is_interfaces_release(results: dict[str, Any]) -> bool:
-    """True for a results JSON (successful or not) of an interfaces release, recognised by the release's configs."""
-    return is_interfaces_results(results) or is_interfaces_configs(
-        list((results.get("release") or {}).get("configs") or [])
-    )
+    """True for a results JSON (successful or not) of an interfaces release, by its release kind."""
+    return kind_of_results(results).name == KIND
+
+
+class ShiftLeaderboard:
+    """The leaderboard of the interfaces kind (its ``leaderboard`` target): the per-shift table, in the card and in
+    ``lance-cf leaderboard``'s files, beside the paired table of LANCE results given with it."""
+
+    @staticmethod
+    def markdown(results: list[dict[str, Any]]) -> str:
+        return shift_markdown(results)
+
+    @staticmethod
+    def write(results: list[dict[str, Any]], output_dir: Any, write_paired: Any) -> dict[str, Any]:
+        return write_interfaces_leaderboard(results, output_dir, write_paired)
+
+
+SHIFT_LEADERBOARD = ShiftLeaderboard()
