@@ -36,13 +36,14 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 def write_imagefolder(release_root: Path, target: Path) -> int:
     """The release's images as ``target/<label>/<key>.png`` (every config), for timm's folder dataset."""
-    from evaluation.release_reader import iter_shard_samples, open_release
+    from builder import release_format as rf
+    from evaluation.release_reader import open_release
 
     release = open_release(release_root)
     count = 0
     for config in release.configs:
         for shard in release.shards[config]:
-            for _, sample in iter_shard_samples(shard, release.image_ext):
+            for _, sample in rf.iter_shard(shard):
                 label = sample["cls"].decode().strip()
                 key = sample["json"].split(b'"key":"', 1)[1].split(b'"', 1)[0].decode()
                 (target / f"{int(label):04d}").mkdir(parents=True, exist_ok=True)
@@ -140,8 +141,9 @@ def main() -> None:
     from release_fixture import write_release
     from timm.data import create_transform, resolve_data_config
 
+    from builder import release_format as rf
     from evaluation.harness import EvalOptions, predict_release
-    from evaluation.release_reader import iter_shard_samples, open_release
+    from evaluation.release_reader import open_release
 
     device = torch.device(args.device)
     with tempfile.TemporaryDirectory() as tmp:
@@ -180,7 +182,7 @@ def main() -> None:
         tensors = []
         for config in release.configs:
             for shard in release.shards[config]:
-                for _, sample in iter_shard_samples(shard, release.image_ext):
+                for _, sample in rf.iter_shard(shard):
                     tensors.append(transform(Image.open(io.BytesIO(sample["png"])).convert("RGB")))
         n = len(tensors)
         assert n == n_folder, (n, n_folder)

@@ -19,11 +19,11 @@ from builder.config import apply_overrides, list_presets, load_config, preset_pa
 from builder.config_docs import commented_yaml
 from builder.dispatch import parse_stage_settings
 from builder.engine import StageNotWorking, build
-from builder.lock import output_lock
 from builder.model_check import ModelsMissing, models_ready, resolve_models
 from builder.multi_device import parse_devices
 from builder.registry import ENGINES
 from builder.release_format import WORK_DIR
+from builder.release_format.lock import output_lock
 from builder.release_format.verify import verify_release
 from builder.sources import create_source
 from builder.validation import allow_code_from_env, check_stages_against_source, describe_validation, validate_build

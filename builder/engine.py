@@ -1,7 +1,7 @@
 """The local build engine: source → plan → stages per batch → ledger → shards → manifest → card.
 
 0. Validate the config against the stage contract (``builder.validation``) before anything is loaded or written,
-   then hold the output directory's lock (``builder.lock``) for the whole build.
+   then hold the output directory's lock (``builder.release_format.lock``) for the whole build.
 1. Plan: list the source (sorted keys, ``limit``), derive each sample's seed from (release seed, key), cut the plan
    into fixed batches. The plan, the config hash and the environment (``builder.runtime``) are stored in the ledger
    in one transaction; a resumed build checks all three.
@@ -39,13 +39,13 @@ from typing import Any
 from builder import images
 from builder.config import BuildConfig, explain_config_change
 from builder.ledger import Ledger
-from builder.lock import output_lock
 from builder.model_check import build_needs, check_cpu, models_ready, resolve_models
 from builder.model_refs import resolve_model_references, restore_model_references
 from builder.output_paths import output_problem
 from builder.registry import ENGINES
 from builder.release import write_release
 from builder.release_format import WORK_DIR, empty_metadata, encode_metadata, is_valid_key
+from builder.release_format.lock import output_lock
 from builder.runtime import (
     DEFAULT_TORCH_THREADS,
     environment,

@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 import dataset_cards
 from builder import release_format as rf
 from builder.croissant import croissant_about
-from builder.lock import output_lock
+from builder.release_format.lock import output_lock
 from builder.release_format.yaml_text import load_yaml
 from dataset_cards.card import replace_leaderboard_section
 from evaluation.leaderboard import build_leaderboard_by_config, leaderboard_markdown
@@ -551,13 +551,13 @@ def plan_release(
 @contextlib.contextmanager
 def release_lock(release_dir: Path) -> Iterator[None]:
     """Hold the release directory for reading while publishing: a build (which holds it exclusively for its whole
-    life) refuses to start, and a publish refuses a directory a build holds, naming its pid (``builder.lock``).
+    life) refuses to start, and a publish refuses a directory a build holds, naming its pid (``builder.release_format.lock``).
 
     Shared, not exclusive: publish only reads the directory (it may be read-only) and writes nothing into it, not
     even the lock's holder file; several verifies or publishes of one finished release may run together.
 
     Raises:
-        ValueError: ``release_dir`` is not a directory, or ``builder.lock.OutputLocked`` naming the holder.
+        ValueError: ``release_dir`` is not a directory, or ``builder.release_format.lock.OutputLocked`` naming the holder.
     """
     if not Path(release_dir).is_dir():
         raise ValueError(f"{release_dir}: no such directory (expected a release directory made by `lance-cf build`)")
@@ -869,7 +869,7 @@ def _version_key(tag: str) -> Any:
 
 # ---------------------------------------------------------------------------------------------------------- results
 def load_results(results_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
-    """The evaluation results JSONs under a directory (``lance-cf eval`` writes ``OUT/<model>/results.json``) or one
+    """The evaluation results JSONs under a directory (``lance-cf eval`` writes ``OUT/<release>/<model>/results.json``) or one
     file, each validated by evaluation's own validator (:func:`evaluation.results.validate_results`).
 
     Other JSON files in the directory are ignored; a file that claims to be results (or is named ``results.json``) and
@@ -966,28 +966,35 @@ def by_release(results: list[dict[str, Any]]) -> list[tuple[dict[str, Any], list
     return [({"name": n, "version": v, "manifest_sha256": h}, group) for (n, v, h), group in ordered]
 
 
-def leaderboard_table(results: list[dict[str, Any]]) -> Any:
+def leaderboard_table(results: list[dict[str, Any]], repo_id: str | None = None) -> Any:
     """The published leaderboard: one row per model and release config, over every release version of the repo.
 
     Rows come from evaluation's :func:`evaluation.leaderboard.build_leaderboard_by_config`, computed per release (ranks
     and effective robustness compare models on the same data only) and concatenated; ``release_version`` tells them
-    apart.
+    apart; with ``repo_id``, ``release_id`` names the release's repository (its provenance: id, version, manifest
+    digest, and the ``metric_versions`` of each row).
     """
     import pandas as pd
 
     frames = [build_leaderboard_by_config(group) for _, group in by_release(results)]
     frames = [f for f in frames if len(f)]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if repo_id is not None and len(table):  # provenance: the release's id beside its version and manifest digest
+        table.insert(table.columns.get_loc("release"), "release_id", repo_id)
+    return table
 
 
-def leaderboard_document(results: list[dict[str, Any]]) -> str:
-    """``results/leaderboard.md``: evaluation's ranked table, one section per release, newest first."""
+def leaderboard_document(results: list[dict[str, Any]], repo_id: str | None = None) -> str:
+    """``results/leaderboard.md``: evaluation's ranked table, one section per release, newest first, each saying
+    which release it is (repository, version, manifest digest); the table's note names the metrics and versions."""
     sections = ["# Leaderboard", ""]
     for release, group in reversed(by_release(results)):
+        where = f"`{repo_id}` " if repo_id else ""
         sections += [
             f"## {release['name']} v{release['version']}",
             "",
-            f"Release manifest sha256 `{release['manifest_sha256']}`; {len(group)} model(s).",
+            f"Release {where}v{release['version']}, manifest sha256 `{release['manifest_sha256']}`; "
+            f"{len(group)} model(s).",
             "",
             leaderboard_markdown(group) or "No model was evaluated successfully.",
             "",
@@ -1142,11 +1149,11 @@ def publish_results(
         )
         branch_release = json.loads(Path(manifest_path).read_text(encoding="utf-8")).get("manifest_sha256")
     ordered = [results[p] for p in sorted(results)]
-    table = leaderboard_table(ordered)
+    table = leaderboard_table(ordered, repo_id)
     # The card on the branch describes one release: its leaderboard lists the results on that release only.
     on_branch = [r for r in ordered if (r.get("release") or {}).get("manifest_sha256") == branch_release]
     card = with_leaderboard_config(replace_leaderboard_section(readme, on_branch), table)
-    markdown = leaderboard_document(ordered)
+    markdown = leaderboard_document(ordered, repo_id)
     operations = [CommitOperationAdd(path, _json_bytes(result)) for path, result in sorted(new_paths.items())]
     operations.append(CommitOperationAdd(f"{RESULTS_DIR}/{LEADERBOARD_NAME}", markdown.encode()))
     operations.append(CommitOperationAdd(f"{RESULTS_DIR}/{LEADERBOARD_PARQUET}", leaderboard_parquet(table)))
@@ -1202,4 +1209,5 @@ def _check_results_match_releases(
 
 
 def _json_bytes(obj: Any) -> bytes:
-    return (json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
+    """Strict JSON: a NaN or an infinity is refused (``allow_nan=False``), never published as a bare ``NaN`` token."""
+    return (json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n").encode()

@@ -10,6 +10,7 @@ import logging
 import sys
 from pathlib import Path
 
+from builder.release_format.lock import output_lock
 from evaluation.fidelity import (
     add_side_by_side_arguments,
     check_masks,
@@ -39,9 +40,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Evaluate one or more timm models on every config of a release (local directory or Hub dataset "
             "ORG/NAME[@REVISION]): acc@1/5, Delta acc, Delta p(y_GT), flip rate, breakdowns by edit type and "
-            "class, bootstrap intervals, class-level insights; writes OUTPUT/<model>/results.json, "
+            "class, bootstrap intervals, class-level insights; writes OUTPUT/<release>/<model>/results.json, "
             "predictions.parquet and report.html. With several --release (the same source images edited by "
-            "different editors), each release is evaluated into OUTPUT/<release>/<model>/ and OUTPUT/side_by_side/ "
+            "different editors), each release is evaluated the same way and OUTPUT/side_by_side/ "
             "gets one table and one plot: per edit type and editor, the accuracy drop and the image fidelity."
         ),
     )
@@ -146,7 +147,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-insights", action="store_true", help="skip the CLIP clustering of edits")
     p.add_argument("--no-report", action="store_true", help="skip the HTML report")
     p.add_argument("--gallery-size", type=int, default=12, help="counterfactuals shown in the report gallery")
-    p.add_argument("--force", action="store_true", help="re-run models whose results already exist")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="re-run models whose results already exist, and replace the results of another release that hold "
+        "OUTPUT/<release>/ (a rebuild of the same name)",
+    )
 
     add_side_by_side_arguments(p)
     p.set_defaults(func=run_eval, models=declared_models)
@@ -279,35 +285,41 @@ def run_eval(args: argparse.Namespace) -> int:
         metrics=metrics,
     )
     where = ", ".join(devices) if devices else device
-    labels = side_by_side["labels"] if side_by_side else [None]
-    all_summaries: dict[str | None, list[dict]] = {}
-    for release, label in zip(releases, labels, strict=True):
-        output = args.output if label is None else args.output / label
+    # Each release's results go to OUTPUT/<release>/ (never over another release's); one eval at a time per --output.
+    labels = side_by_side["labels"] if side_by_side else release_labels(releases)
+    args.output.mkdir(parents=True, exist_ok=True)
+    all_summaries: dict[str, list[dict]] = {}
+    with output_lock(args.output, "eval"):
+        for release, label in zip(releases, labels, strict=True):
+            sys.stdout.write(
+                f"evaluating {len(specs)} model(s) on {release.name} {release.version} ({', '.join(release.configs)}) "
+                f"on {where}{f', first {args.limit} samples per config' if args.limit else ''} into "
+                f"{args.output / label}:\n"
+            )
+            for spec in specs:
+                sys.stdout.write(f"  {spec.name}{'' if spec.weights_id == 'pretrained' else f' [{spec.weights_id}]'}\n")
+            sys.stdout.flush()
+            all_summaries[label] = run_evaluation(
+                release, specs, args.output / label, options, on_result=_print_summary
+            )
+        summaries = [s for group in all_summaries.values() for s in group]
+        failed = [s for s in summaries if s["status"] == "error"]
+        done = sum(s["status"] == "ok" for s in summaries)
+        skipped = sum(s["status"] == "skipped" for s in summaries)
         sys.stdout.write(
-            f"evaluating {len(specs)} model(s) on {release.name} {release.version} ({', '.join(release.configs)}) "
-            f"on {where}{f', first {args.limit} samples per config' if args.limit else ''}:\n"
+            f"done: {done} evaluated, {skipped} skipped (results exist; --force re-runs), {len(failed)} failed; "
+            f"results in {args.output}\n"
         )
-        for spec in specs:
-            sys.stdout.write(f"  {spec.name}{'' if spec.weights_id == 'pretrained' else f' [{spec.weights_id}]'}\n")
-        sys.stdout.flush()
-        all_summaries[label] = run_evaluation(release, specs, output, options, on_result=_print_summary)
-    summaries = [s for group in all_summaries.values() for s in group]
-    failed = [s for s in summaries if s["status"] == "error"]
-    done = sum(s["status"] == "ok" for s in summaries)
-    skipped = sum(s["status"] == "skipped" for s in summaries)
-    sys.stdout.write(
-        f"done: {done} evaluated, {skipped} skipped (results exist; --force re-runs), {len(failed)} failed; "
-        f"results in {args.output}\n"
-    )
-    for label, group in all_summaries.items():
-        _write_strength_plot(group, args.output if label is None else args.output / label)
-    if not failed and done + skipped:  # a next step only after a success, and only one that has results to read
-        sys.stdout.write(
-            f"next: lance-cf leaderboard {args.output} --output LEADERBOARD_DIR"
-            f"{' --split-releases' if side_by_side else ''}\n"
-        )
-    if side_by_side:
-        _write_side_by_side(releases, all_summaries, args, side_by_side)
+        for label, group in all_summaries.items():
+            _write_strength_plot(group, args.output / label)
+        if not failed and done + skipped:  # a next step only after a success, and only one that has results to read
+            target = args.output if side_by_side else args.output / labels[0]
+            sys.stdout.write(
+                f"next: lance-cf leaderboard {target} --output LEADERBOARD_DIR"
+                f"{' --split-releases' if side_by_side else ''}\n"
+            )
+        if side_by_side:
+            _write_side_by_side(releases, all_summaries, args, side_by_side)
     return 1 if failed else 0
 
 

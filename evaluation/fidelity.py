@@ -36,8 +36,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from builder import release_format as rf
 from evaluation.plots import _figure, _plain, _pyplot
-from evaluation.release_reader import open_release, read_samples
+from evaluation.release_reader import open_release
 from evaluation.results import model_label
 from lance_pipeline.clip.gates import ClipScorer
 from lance_pipeline.model_needs import clip_need
@@ -148,24 +149,20 @@ def _load_mask(masks_dir: Path | None, source_key: str, size: tuple[int, int]):
 
 
 def counterfactual_metadata(release) -> dict[str, dict[str, Any]]:
-    """``key -> metadata`` of every counterfactual, from the shards' ``.json`` members only (images are skipped by
-    their tar headers, never read). A member that is not valid JSON is left out (eval records it as a failure)."""
-    import tarfile
-
+    """``key -> metadata`` of every counterfactual, from the shards' ``.json`` members only (read by the release
+    format's reader, which skips the images' bytes). A sample that cannot be read or whose metadata is not valid JSON
+    is left out (eval records it as a failure)."""
     out: dict[str, dict[str, Any]] = {}
     for shard in release.shards.get("counterfactual", []):
-        with tarfile.open(shard, mode="r") as tar:
-            for member in tar:
-                name = member.name.rsplit("/", 1)[-1]
-                if not member.isfile() or not name.endswith(".json"):
-                    continue
-                handle = tar.extractfile(member)
-                try:
-                    meta = json.loads(handle.read()) if handle is not None else None
-                except (UnicodeDecodeError, json.JSONDecodeError):
-                    continue
-                if isinstance(meta, dict) and meta.get("source_key"):
-                    out[name[: -len(".json")]] = meta
+        for key, sample in rf.iter_shard(shard, wanted={rf.METADATA_EXT}, errors="sample"):
+            if not isinstance(sample, dict) or rf.METADATA_EXT not in sample:
+                continue
+            try:
+                meta = json.loads(sample[rf.METADATA_EXT])
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                continue
+            if isinstance(meta, dict) and meta.get("source_key"):
+                out[key] = meta
     return out
 
 
@@ -238,7 +235,7 @@ def _decode(release, config: str, ext: str, keys: set[str] | None = None) -> dic
     from PIL import Image
 
     out = {}
-    for key, members in read_samples(release, config, keys).items():
+    for key, members in rf.read_samples(release.shards.get(config, []), keys).items():
         if ext not in members or "json" not in members:
             logger.warning("%s: %s/%s has no .%s or .json member; left out", release.name, config, key, ext)
             continue
@@ -505,25 +502,18 @@ def side_by_side(
 
 
 def _write_html(path: Path, note: str, table: list[dict[str, Any]]) -> None:
-    import html
+    """``fidelity.html`` from ``templates/fidelity.html.jinja`` (autoescaped)."""
+    from evaluation.pages import render_page
 
     columns = ["edit_type", "editor", "release", "model", "n", *ACCURACY_COLUMNS, *FIDELITY_COLUMNS]
 
     def cell(value: Any) -> str:
         if value is None:
             return "–"
-        return html.escape(f"{value:.3f}" if isinstance(value, float) else str(value))
+        return f"{value:.3f}" if isinstance(value, float) else str(value)
 
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{cell(row.get(c))}</td>" for c in columns) + "</tr>" for row in table)
-    path.write_text(
-        "<!doctype html><html><head><meta charset='utf-8'><title>Editors side by side</title>"
-        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
-        "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}</style></head><body>"
-        f"<h1>Editors side by side</h1><p>{html.escape(note)}</p><table><tr>{head}</tr>{body}</table>"
-        "<p><img src='fidelity.png' alt='accuracy drop and fidelity per edit type and editor'></p></body></html>",
-        encoding="utf-8",
-    )
+    rows = [[cell(row.get(c)) for c in columns] for row in table]
+    path.write_text(render_page("fidelity.html.jinja", note=note, columns=columns, rows=rows), encoding="utf-8")
 
 
 def _declared_models(args: argparse.Namespace) -> list:

@@ -11,6 +11,7 @@ class-level insights among them (:mod:`evaluation.insights`, from edit clusters 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import io
 import json
@@ -29,7 +30,7 @@ from evaluation.metric_registry import METRICS, default_metric_names, metric_ver
 from evaluation.metrics import compute_metrics
 from evaluation.models import ModelSpec, create_eval_model, describe_weights, resolve_label_indices
 from evaluation.plots import plot_strength_model
-from evaluation.release_reader import Release, ReleaseIntegrityError, iter_shard_samples
+from evaluation.release_reader import Release, ReleaseIntegrityError, integrity_error
 from evaluation.report import write_model_report
 from evaluation.results import AMP_DTYPES, MODEL_DTYPES, RESULTS_SCHEMA, RESULTS_SCHEMA_VERSION  # noqa: F401 - re-exported
 from lance_pipeline.release_kinds import metric_applies_to
@@ -120,8 +121,8 @@ class ShardSampleDataset(torch.utils.data.IterableDataset):
 
     Work is split between DataLoader workers by shard when there are many shards (at least 8 per worker, so that the
     workers stay balanced), otherwise by sample: each worker decodes every ``num_workers``-th sample of the running
-    sequence and reads past the others' bytes. Each shard is hashed as it streams (see
-    :func:`evaluation.release_reader.iter_shard_samples`).
+    sequence and reads past the others' bytes. Shards are read by the release format's one reader
+    (``rf.iter_shard``, in its ``errors="sample"`` mode), each hashed as it streams.
 
     Items are ``(uint8 image, label, config, metadata JSON, problem)``; ``problem`` is ``""`` for a good sample. A
     sample that cannot be read or decoded comes with a zero image, label -1 and ``problem`` naming the shard, key and
@@ -155,33 +156,47 @@ class ShardSampleDataset(torch.utils.data.IterableDataset):
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         by_shard = len(self.shards) >= 8 * num_workers
         select = None if by_shard or num_workers == 1 else (lambda i: i % num_workers == worker)
+        wanted = {self.image_ext, rf.LABEL_EXT, rf.METADATA_EXT}
         start = 0  # running sample index over all shards, so that striding stays balanced across shard ends
         for shard_index, shard in enumerate(self.shards):
             if by_shard and shard_index % num_workers != worker:
                 continue
             config, name = shard["config"], shard["name"]
-            samples = iter_shard_samples(
+            # the release format's one reader: a sample it cannot read comes as data, the hash is checked as it streams
+            samples = rf.iter_shard(
                 shard["path"],
-                self.image_ext,
+                wanted=wanted,
                 select=select,
                 start_index=start,
-                max_samples=shard["max_samples"],
                 expected_sha256=shard["sha256"],
-                shard_name=name,
-                expected_samples=shard.get("samples"),
+                limit=shard["max_samples"],
+                errors="sample",
+                name=name,
             )
+            read = 0
             try:
-                for index, sample in samples:
-                    start = index + 1
+                for key, sample in samples:
+                    read += 1
                     if sample is None:
                         continue
-                    if "__error__" in sample:
-                        yield self._failed(config, name, sample["__key__"].decode(), sample["__error__"].decode())
+                    if isinstance(sample, rf.UnreadableSample):
+                        yield self._failed(config, name, key, self._lost(sample.reason, shard, read))
                         continue
                     yield self._decode(sample, config, name, Image)
-            except ReleaseIntegrityError as error:  # crosses the worker boundary as data: one line, no traceback
-                yield self._failed(config, name, "-", str(error), integrity=True)
+            except rf.ShardIntegrityError as error:  # crosses the worker boundary as data: one line, no traceback
+                yield self._failed(config, name, "-", str(integrity_error(name, error)), integrity=True)
                 return
+            start += read
+
+    @staticmethod
+    def _lost(reason: str, shard: dict[str, Any], read: int) -> str:
+        """A broken shard's reason, with how many of its later samples (per the manifest) could not be read."""
+        expected = shard.get("samples")
+        if shard.get("max_samples") is not None and expected is not None:
+            expected = min(expected, shard["max_samples"])
+        if expected is not None and expected > read:
+            reason += f"; the {expected - read} sample(s) after this one could not be read"
+        return reason
 
     def _decode(self, sample: dict[str, bytes], config: str, shard: str, image_module: Any):
         meta_bytes = sample.get(rf.METADATA_EXT)
@@ -599,8 +614,60 @@ def error_results(release: Release, spec: ModelSpec, options: EvalOptions, error
     }
 
 
+RELEASE_MARKER = "release.json"
+RESULTS_NAME = "results.json"
+
+
+def claim_release_folder(output_dir: Path, release: Release, force: bool = False) -> None:
+    """Make ``output_dir`` (``OUTPUT/<release>/``) the results folder of ``release``, before any model runs.
+
+    The folder records which release it holds (``release.json``: name, version, kind, manifest hash). Results of
+    another release there (the same name rebuilt, or another release given the same label) are never replaced
+    silently: without ``force`` that is a one-line ``ValueError``; with it the folder is emptied first, so that the
+    two releases' results never mix. The caller holds the ``--output`` lock.
+    """
+    import shutil
+
+    output_dir = Path(output_dir)
+    marker = output_dir / RELEASE_MARKER
+    mine = {k: v for k, v in release.describe().items() if k in ("name", "version", "kind", "manifest_sha256")}
+    held = _read_json(marker) if marker.is_file() else None
+    if held is None and output_dir.is_dir():  # written before folders recorded their release: ask its results
+        found = [_read_json(p) for p in sorted(output_dir.glob(f"*/{RESULTS_NAME}"))]
+        releases = {str((r.get("release") or {}).get("manifest_sha256")): r.get("release") or {} for r in found}
+        held = next(iter(releases.values())) if len(releases) == 1 else ({"name": "(several)"} if releases else None)
+    if held is not None:
+        if held.get("manifest_sha256") != mine["manifest_sha256"]:
+            if not force:
+                raise ValueError(
+                    f"{output_dir} holds the results of release {held.get('name')} {held.get('version')} "
+                    f"({str(held.get('manifest_sha256'))[:12]}), not of {release.name} {release.version} "
+                    f"({release.manifest_sha256[:12]}); evaluating here would replace them: give another --output, "
+                    "or --force to replace them"
+                )
+            logger.warning(
+                "--force: removing the results of release %s %s in %s",
+                held.get("name"),
+                held.get("version"),
+                output_dir,
+            )
+            shutil.rmtree(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    tmp = marker.with_name(f".{RELEASE_MARKER}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(mine, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(marker)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def results_path(output_dir: Path, spec: ModelSpec) -> Path:
-    return Path(output_dir) / spec.slug / "results.json"
+    return Path(output_dir) / spec.slug / RESULTS_NAME
 
 
 def is_done(path: Path, release: Release, spec: ModelSpec, options: EvalOptions) -> bool:
@@ -651,21 +718,30 @@ def _quiet_root_logger():
             handler.removeFilter(drop_root)
 
 
-def prepare_insights(release: Release, options: EvalOptions) -> dict[str, Any]:
-    """The release's edit clusters, computed before any model runs. A CLIP model that cannot be loaded is a one-line
-    ``ValueError`` saying what to do, raised before anything is written."""
+def prepare_insights(release: Release, options: EvalOptions) -> dict[str, Any] | None:
+    """The release's edit clusters, computed before any model runs, or ``None`` when the CLIP model cannot be loaded.
+
+    Ranking does not need the insights: without their model the run goes on (recorded as a run without insights) and
+    one warning line says what was skipped and how to get them.
+    """
     try:
         with _quiet_root_logger():  # open_clip logs download failures on the root logger; our one line says it all
             return cluster_release_edits(release, options)
     except (OSError, RuntimeError, ValueError) as error:
         offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
-        hint = "unset HF_HUB_OFFLINE to download it, " if offline else "check the network (or set HF_HUB_OFFLINE=1), "
+        hint = "unset HF_HUB_OFFLINE to download it once" if offline else "check the network (or set HF_HUB_OFFLINE=1)"
         first_line = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
-        raise ValueError(
-            f"insights: CLIP model {options.clip_model!r} ({options.clip_pretrained or 'no tag'}) could not be loaded "
-            f"({type(error).__name__}: {first_line}); {hint}pass a local open_clip directory with --clip-model DIR, "
-            "or --no-insights"
-        ) from error
+        logger.warning(
+            "insights skipped: CLIP model %r (%s) could not be loaded (%s: %s); the models are scored and ranked "
+            "without them. To compute them, %s or pass a local open_clip directory with --clip-model DIR; "
+            "--no-insights skips them without this warning",
+            options.clip_model,
+            options.clip_pretrained or "no tag",
+            type(error).__name__,
+            first_line,
+            hint,
+        )
+        return None
 
 
 def _evaluate_and_write(
@@ -701,7 +777,6 @@ def _evaluate_and_write(
 
 def _device_worker(device: str, threads: int, tasks: Any, done: Any, release, output_dir, options, clusters) -> None:
     """One ``--devices`` worker process: evaluates the models it takes from ``tasks`` on its device."""
-    import dataclasses
 
     torch.set_num_threads(threads)
     options = dataclasses.replace(options, device=device, devices=None)
@@ -771,7 +846,8 @@ def run_evaluation(
 ) -> list[dict]:
     """Evaluate every model; a model that fails gets an error row and the others continue.
 
-    Writes ``OUTPUT/<model slug>/results.json``, ``predictions.parquet`` and (unless disabled) ``report.html``.
+    Writes ``output_dir/<model slug>/results.json``, ``predictions.parquet`` and (unless disabled) ``report.html``, and
+    ``output_dir/release.json`` naming the release (:func:`claim_release_folder`).
     Models whose results already exist with the same run key (:func:`run_key`) are skipped (``options.force`` re-runs).
     With ``options.devices`` naming several devices, models run in parallel, one worker process per device.
 
@@ -784,9 +860,12 @@ def run_evaluation(
 
     Raises:
         ReleaseIntegrityError: a shard does not match the manifest (nothing is written for that model).
-        ValueError: the insights' CLIP model cannot be loaded (before anything is written).
+        ValueError: ``output_dir`` holds another release's results (without ``options.force``).
+
+    A CLIP model for the insights that cannot be loaded is one warning; the models are scored without insights.
     """
     output_dir = Path(output_dir)
+    claim_release_folder(output_dir, release, options.force)
     summaries: list[dict[str, Any]] = []
     todo = []
     for spec in specs:
@@ -810,6 +889,8 @@ def run_evaluation(
         and "insights" in select_metrics(options.metrics)
     )
     edit_clusters = prepare_insights(release, options) if insights else None
+    if insights and edit_clusters is None:  # recorded (options, run key) as a run without insights
+        options = dataclasses.replace(options, insights=False)
     if options.devices and len(options.devices) > 1 and len(todo) > 1:
         summaries += _run_parallel(release, todo, output_dir, options, edit_clusters, on_result)
     else:

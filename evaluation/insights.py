@@ -19,7 +19,7 @@ from typing import Any
 
 from builder import release_format as rf
 from evaluation.metric_registry import Metric, MetricContext
-from evaluation.release_reader import Release, iter_shard_samples
+from evaluation.release_reader import Release
 from lance_pipeline.clip.loader import load_clip
 
 logger = logging.getLogger(__name__)
@@ -52,8 +52,8 @@ def read_edits(release: Release, config: str = "counterfactual") -> list[dict[st
     the model runs record them as failures, naming shard and key."""
     edits = []
     for shard in release.shards.get(config, []):
-        for _, sample in iter_shard_samples(shard, release.image_ext):
-            if sample is None or rf.METADATA_EXT not in sample:
+        for _, sample in rf.iter_shard(shard, wanted={rf.METADATA_EXT}, errors="sample"):
+            if not isinstance(sample, dict) or rf.METADATA_EXT not in sample:
                 continue
             try:
                 edits.append(json.loads(sample[rf.METADATA_EXT]))

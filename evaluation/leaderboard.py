@@ -15,7 +15,6 @@ Hub (:func:`build_leaderboard_by_config`).
 
 from __future__ import annotations
 
-import html
 import json
 import logging
 import math
@@ -23,6 +22,8 @@ import numbers
 from pathlib import Path
 from typing import Any
 
+from evaluation.metric_registry import MetricContractError, metric_columns
+from evaluation.pages import render_page
 from evaluation.plots import (
     plot_acc_scatter,
     plot_class_delta_acc,
@@ -113,7 +114,7 @@ def find_results(paths: list[str | Path]) -> list[dict[str, Any]]:
     """Every results JSON in the given files or directories (recursively), each checked by
     :func:`evaluation.results.validate_results`; other JSON files are skipped, a malformed results file is an error."""
     found = []
-    seen: set[Path] = set()  # overlapping arguments (OUT and OUT/<model>) must not list a model twice
+    seen: set[Path] = set()  # overlapping arguments (OUT and OUT/<release>/<model>) must not list a model twice
     for path in paths:
         path = Path(path)
         if not path.exists():
@@ -229,7 +230,26 @@ def leaderboard_row(results: dict[str, Any]) -> dict[str, Any]:
     if row["num_classes"] is not None and row["num_classes"] < MIN_CLASSES_FOR_TOP5:
         for column in TOP5_COLUMNS:
             row[column] = None
+    row.update(_metric_columns(results))
     return row
+
+
+def _metric_columns(results: dict[str, Any], config: str | None = None) -> dict[str, Any]:
+    """The columns registered metrics declare (``Metric.leaderboard``), read from ``results``; a column that would
+    replace a built-in one is a bug in the metric."""
+    columns = {}
+    for entry in metric_columns(results, config):
+        if entry["column"] in COLUMNS or entry["column"] in RECORD_COLUMNS:
+            raise MetricContractError(
+                f"metric {entry['metric']!r} declares leaderboard column {entry['column']!r}, a built-in column"
+            )
+        columns[entry["column"]] = entry["value"]
+    return columns
+
+
+def extra_columns(df: Any) -> list[str]:
+    """The columns of a leaderboard DataFrame that registered metrics added."""
+    return [c for c in df.columns if c not in COLUMNS]
 
 
 def build_leaderboard(results: list[dict[str, Any]]) -> Any:
@@ -245,7 +265,8 @@ def build_leaderboard(results: list[dict[str, Any]]) -> Any:
     fit = effective_robustness(results)
     for index, values in fit["by_model"].items():
         rows[index].update(values)
-    df = pd.DataFrame(rows, columns=COLUMNS)
+    extra = list(dict.fromkeys(c for row in rows for c in row if c not in COLUMNS))
+    df = pd.DataFrame(rows, columns=[*COLUMNS, *extra])
     ranked = (df["status"] == "ok") & df["complete"].astype(bool)
     df["_group"] = 0
     df.loc[~ranked, "_group"] = 1
@@ -263,7 +284,7 @@ def build_leaderboard(results: list[dict[str, Any]]) -> Any:
     df = df.drop(columns="_group")
     for column in INTEGER_COLUMNS:
         df[column] = pd.array([None if _missing(v) else int(v) for v in df[column]], dtype="Int64")
-    for column in COLUMNS:
+    for column in [*COLUMNS, *extra]:
         if column not in INTEGER_COLUMNS and df[column].dtype == object:
             values = [v for v in df[column] if not _missing(v)]
             if values and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
@@ -351,9 +372,10 @@ def compact_markdown(df: Any) -> str:
     if ok.empty:
         return ""
     with_strength = bool(ok["strength_auc"].notna().any())
-    header = [*COMPACT_HEADER, STRENGTH_HEADER] if with_strength else COMPACT_HEADER
+    extra = extra_columns(df)  # what registered metrics add, after the built-in columns
+    header = [*COMPACT_HEADER, *([STRENGTH_HEADER] if with_strength else []), *extra]
     align = ["---:", ":---", *["---:"] * (len(header) - 2)]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    lines = ["| " + " | ".join(_md_escape(h) for h in header) + " |", "|" + "|".join(align) + "|"]
     unranked = 0
     for row in ok.astype(object).to_dict("records"):
         rank = fmt_number(row["rank"]) if not _missing(row["rank"]) else "—"
@@ -376,6 +398,7 @@ def compact_markdown(df: Any) -> str:
         ]
         if with_strength:
             cells.append(_with_ci(row["strength_auc"], row["strength_auc_ci_low"], row["strength_auc_ci_high"]))
+        cells += [_md_escape(v) if isinstance(v := row[c], str) else fmt_number(v) for c in extra]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", COMPACT_NOTE + (" " + STRENGTH_NOTE if with_strength else "")]
     if unranked:
@@ -486,6 +509,14 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
 
 
 PUBLISHED_CONFIGS = ("counterfactual", "lance_r", "reconstructed")
+# The columns of a published row (leaderboard_records), which a registered metric's column may not replace.
+RECORD_COLUMNS = frozenset(
+    {"model", "weights", "config", "rank", "n_pairs", "original_acc1", "acc1", "acc5", "complete", "limit"}
+    | {"paired_delta_acc1", "paired_delta_acc1_ci_low", "paired_delta_acc1_ci_high", "delta_p_gt_mean"}
+    | {"delta_p_gt_mean_ci_low", "delta_p_gt_mean_ci_high", "flip_rate", "flip_rate_ci_low", "flip_rate_ci_high"}
+    | {"effective_robustness", "effective_robustness_probit", "timm_results_name", "release", "release_version"}
+    | {"manifest_sha256", "tool_version", "metric_versions", "release_id"}
+)
 
 
 def leaderboard_records(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -496,7 +527,8 @@ def leaderboard_records(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     (null when the label space has fewer than 6 classes), ``effective_robustness``, ``effective_robustness_probit``
     (counterfactual only), ``timm_results_name`` and ``imagenetv2_drop, imagenet_r_drop, sketch_drop,
     imagenet_a_drop`` (timm's published top-1 drops of those weights, counterfactual rows of published timm weights
-    only), ``complete, limit, release, release_version, manifest_sha256, tool_version``.
+    only), ``complete, limit, release, release_version, manifest_sha256, tool_version`` and ``metric_versions`` (the
+    JSON ``{metric: version}`` of the registered metrics behind the row).
 
     Raises:
         ValueError: when the results come from different releases.
@@ -553,6 +585,10 @@ def leaderboard_records(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "release_version": (r.get("release") or {}).get("version"),
                     "manifest_sha256": (r.get("release") or {}).get("manifest_sha256"),
                     "tool_version": (r.get("tool") or {}).get("version"),
+                    # provenance: which registered metrics (and versions) computed these numbers; "{}" before
+                    # results recorded them (schema 3)
+                    "metric_versions": json.dumps(r.get("computed_metrics") or {}, sort_keys=True),
+                    **_metric_columns(r, config),
                 }
             )
     return records
@@ -733,62 +769,48 @@ def _write_one(results: list[dict[str, Any]], output_dir: Path, n_boot: int, see
 
 
 def _html_page(release: dict[str, Any], df: Any, fit: dict[str, Any], correlations: dict[str, Any], written) -> str:
-    esc = html.escape
-    compact = []
+    """``leaderboard.html`` (``templates/leaderboard.html.jinja``, autoescaped): the compact table, the fits, the plots."""
+    extra = extra_columns(df)
+    rows = []
     for row in df[df["status"] == "ok"].astype(object).to_dict("records"):
-        compact.append(
-            "<tr>"
-            + "".join(
-                f"<td>{esc(c)}</td>"
-                for c in (
-                    fmt_number(row["rank"]),
-                    display_name(row["model"], row["weights"]) + ("" if row["complete"] else " (incomplete)"),
-                    fmt_number(row["paired_original_top1"]),
-                    fmt_number(row["paired_counterfactual_top1"]),
-                    _with_ci(row["paired_top1_diff"], row["paired_top1_diff_ci_low"], row["paired_top1_diff_ci_high"]),
-                    _with_ci(row["delta_p_gt_mean"], row["delta_p_gt_mean_ci_low"], row["delta_p_gt_mean_ci_high"]),
-                    _with_ci(row["flip_rate"], row["flip_rate_ci_low"], row["flip_rate_ci_high"]),
-                    fmt_number(row["effective_robustness"]),
-                )
-            )
-            + "</tr>"
+        rows.append(
+            [
+                fmt_number(row["rank"]),
+                display_name(row["model"], row["weights"]) + ("" if row["complete"] else " (incomplete)"),
+                fmt_number(row["paired_original_top1"]),
+                fmt_number(row["paired_counterfactual_top1"]),
+                _with_ci(row["paired_top1_diff"], row["paired_top1_diff_ci_low"], row["paired_top1_diff_ci_high"]),
+                _with_ci(row["delta_p_gt_mean"], row["delta_p_gt_mean_ci_low"], row["delta_p_gt_mean_ci_high"]),
+                _with_ci(row["flip_rate"], row["flip_rate_ci_low"], row["flip_rate_ci_high"]),
+                fmt_number(row["effective_robustness"]),
+                *(v if isinstance(v := row[c], str) else fmt_number(v) for c in extra),
+            ]
         )
-    head = "".join(f"<th>{esc(h)}</th>" for h in [*COMPACT_HEADER, "effective robustness"])
-    shifts = "".join(
-        f"<tr><td>{esc(e['name'])}</td><td>{esc(_with_ci(e['spearman'], *(e['ci'] or [None, None])))}</td>"
-        f"<td>{e['n_models']}</td></tr>"
-        for e in correlations["by_shift"].values()
-    )
-    shift_note = esc(correlations["reason"]) if correlations["reason"] else ""
     er_note = (
-        esc(fit["reason"])
+        fit["reason"]
         if fit["slope"] is None
         else f"probit(cf) = {fit['slope']:.3f} · probit(orig) {'−' if fit['intercept'] < 0 else '+'} "
         f"{abs(fit['intercept']):.3f} over {fit['n_models']} models"
     )
-    plots = "".join(
-        f"<img src='{esc(written[k].name)}' alt='{esc(k)}'>"
-        for k in (
-            "effective_robustness_plot",
-            "shift_correlation_plot",
-            "acc_scatter",
-            "edit_type_sensitivity",
-            "class_delta_acc",
-            "strength_plot",
-        )
-        if k in written
-    )
-    name = esc(f"{release.get('name')} {release.get('version')}")
-    return (
-        "<!doctype html><html><head><meta charset='utf-8'>"
-        f"<title>Leaderboard: {name}</title><style>body{{font-family:sans-serif;margin:2em}}"
-        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px}img{max-width:48%;margin:4px}"
-        "</style></head><body>"
-        f"<h1>Leaderboard: {name}</h1><p>manifest {esc(str(release.get('manifest_sha256'))[:16])}</p>"
-        f"<table><tr>{head}</tr>{''.join(compact)}</table><p>{esc(COMPACT_NOTE)}</p>"
-        f"<h2>Effective robustness</h2><p>{er_note}</p>"
-        f"<h2>Agreement with real distribution shifts</h2><p>Spearman rank correlation between paired Δ acc@1 here "
-        f"and the top-1 drop on each shift; published figures: {esc(correlations['source'])}. {shift_note}</p>"
-        f"<table><tr><th>shift</th><th>Spearman ρ [95% CI]</th><th>models</th></tr>{shifts}</table>"
-        f"<h2>Plots</h2>{plots}<p>Full table: <a href='leaderboard.csv'>leaderboard.csv</a></p></body></html>\n"
+    plots = ["effective_robustness_plot", "shift_correlation_plot", "acc_scatter", "edit_type_sensitivity"]
+    plots = [k for k in [*plots, "class_delta_acc", "strength_plot"] if k in written]
+    paired = {
+        "header": [*COMPACT_HEADER, "effective robustness", *extra],
+        "rows": rows,
+        "note": COMPACT_NOTE,
+        "er_note": er_note,
+        "shift_source": correlations["source"],
+        "shift_note": correlations["reason"] or "",
+        "shifts": [
+            {"name": e["name"], "rho": _with_ci(e["spearman"], *(e["ci"] or [None, None])), "n_models": e["n_models"]}
+            for e in correlations["by_shift"].values()
+        ],
+        "plots": [{"src": written[k].name, "alt": k} for k in plots],
+    }
+    return render_page(
+        "leaderboard.html.jinja",
+        name=f"{release.get('name')} {release.get('version')}",
+        manifest=str(release.get("manifest_sha256"))[:16],
+        paired=paired,
+        sections=[],
     )

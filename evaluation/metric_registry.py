@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from lance_pipeline.registry import Registry
-from lance_pipeline.release_kinds import metric_applies_to
+from lance_pipeline.release_kinds import kind_of_results, metric_applies_to
 
 # What one prediction row holds (evaluation.harness.predict_release writes them; predictions.parquet keeps them).
 PREDICTION_COLUMNS = {
@@ -120,6 +120,10 @@ class Metric:
     produces: ClassVar[tuple[str, ...]] = ()
     default: ClassVar[bool] = True
     summary: ClassVar[str | None] = None  # optional short form of ``produces`` for the docs table
+    # Columns this metric adds to the leaderboard (its tables, the card's table, the published rows and the model's
+    # report): column name -> the results key it shows, ``{config}`` standing for the headline config (the release
+    # kind's main config, e.g. ``counterfactual``; in the published per-config rows, each row's config).
+    leaderboard: ClassVar[dict[str, str]] = {}
 
     def applies(self, context: MetricContext) -> bool:
         return True
@@ -149,6 +153,53 @@ def check_declarations(cls: Any, name: str) -> None:
         )
     if not cls.produces or not all(isinstance(p, str) and p for p in cls.produces):
         raise MetricContractError(f"metric {name!r}: declare 'produces', the results keys it writes")
+    for column, key in (getattr(cls, "leaderboard", None) or {}).items():
+        covered = not undeclared_keys(_fragment_at(key.format(config="x")), tuple(cls.produces))
+        if not (isinstance(column, str) and column.isidentifier()) or not covered:
+            raise MetricContractError(
+                f"metric {name!r}: leaderboard column {column!r} must be a name showing a results key the metric "
+                f"produces, got {key!r}"
+            )
+
+
+def _fragment_at(path: str) -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` for ``"a.b"``: a results fragment holding one key, for checking it against ``produces``."""
+    fragment: Any = 1
+    for part in reversed(path.split(".")):
+        fragment = {part: fragment}
+    return fragment
+
+
+def headline_config(results: dict[str, Any]) -> str | None:
+    """The config a leaderboard row of ``results`` is about: the release kind's main config when scored, else the
+    first scored config."""
+    configs = list(results.get("metrics") or {})
+    return kind_of_results(results).main_config_of(configs)
+
+
+def results_value(results: dict[str, Any], path: str) -> Any:
+    """The value at a dotted results key, or None where the results do not have it."""
+    node: Any = results
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return None if isinstance(node, (dict, list)) else node
+
+
+def metric_columns(results: dict[str, Any], config: str | None = None) -> list[dict[str, Any]]:
+    """The leaderboard columns of the registered metrics these results computed (``computed_metrics``): one entry per
+    column, ``{"metric", "version", "column", "value"}``, ``{config}`` read as ``config`` (default: the headline
+    config). Metrics this installation does not have registered are left out."""
+    config = config if config is not None else headline_config(results)
+    out = []
+    for name, version in (results.get("computed_metrics") or {}).items():
+        if name not in METRICS:
+            continue
+        for column, key in (getattr(METRICS.resolve(name), "leaderboard", None) or {}).items():
+            value = results_value(results, key.format(config=config)) if config is not None else None
+            out.append({"metric": name, "version": version, "column": column, "value": value})
+    return out
 
 
 def default_metric_names() -> list[str]:

@@ -2,7 +2,7 @@
 
 Only the release format (:mod:`builder.release_format`) is used: ``manifest.json`` for the name, version, hash, label
 space and shard list, and the WebDataset shards ``data/CONFIG/test-NNNNNN.tar`` whose samples hold ``KEY.<image>``,
-``KEY.cls`` and ``KEY.json``.
+``KEY.cls`` and ``KEY.json``, read by the format's one shard reader (``rf.iter_shard``, ``rf.read_samples``).
 """
 
 from __future__ import annotations
@@ -10,14 +10,11 @@ from __future__ import annotations
 import logging
 import os
 import re
-import tarfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from builder import release_format as rf
-from builder.release_format.shards import HashingReader
 from lance_pipeline.release_kinds import ReleaseKind, kind_of_manifest
 
 logger = logging.getLogger(__name__)
@@ -255,103 +252,14 @@ def _list_shards(root: Path, manifest: dict[str, Any], spec: str) -> dict[Path, 
 
 
 class ReleaseIntegrityError(ValueError):
-    """A shard's bytes are not the ones the manifest sealed: the release was modified after it was built."""
+    """A shard's bytes are not the ones the manifest sealed: the release was modified after it was built (the release
+    format's ``ShardIntegrityError``, raised again with what evaluation can do about it)."""
 
 
-def iter_shard_samples(
-    path: Path,
-    image_ext: str,
-    select: Any = None,
-    start_index: int = 0,
-    *,
-    max_samples: int | None = None,
-    expected_sha256: str | None = None,
-    shard_name: str | None = None,
-    expected_samples: int | None = None,
-) -> Iterator[tuple[int, dict[str, bytes] | None]]:
-    """Yield ``(index, {ext: bytes})`` for each sample of one WebDataset shard, in shard order, in one pass.
-
-    Args:
-        path: the shard.
-        image_ext: the release's image extension.
-        select: optional predicate on the running sample index; an unselected sample is yielded as ``(index, None)``
-            (its bytes are read past, not kept), which lets DataLoader workers stride over a shard.
-        start_index: index given to the shard's first sample.
-        max_samples: yield only the shard's first ``max_samples`` samples (``--limit``); the rest is still read, so
-            the whole file is hashed.
-        expected_sha256: the manifest's hash of the shard. The bytes are hashed as they stream (no second pass) and,
-            after the last sample, a mismatch raises :class:`ReleaseIntegrityError`.
-        shard_name: how errors name the shard (its path in the release).
-        expected_samples: the manifest's sample count of the shard: a truncated shard's failure then says how many
-            later samples could not be read.
-
-    A shard that ends early or is not a tar archive yields ``(index, {"__error__": reason, "__key__": key})`` for the
-    sample being read (and stops), so that the caller can fail that sample, not the whole model.
-    """
-    wanted = {image_ext, rf.LABEL_EXT, rf.METADATA_EXT}
-    name = shard_name or str(path)
-    index = start_index - 1
-    taken = 0
-    current_key: str | None = None
-    sample: dict[str, bytes] = {}
-    keep = False
-    with open(path, "rb") as raw:
-        reader = HashingReader(raw)
-        try:
-            with tarfile.open(fileobj=reader, mode="r|") as tar:
-                for member in tar:
-                    if not member.isfile():
-                        continue
-                    key, _, ext = member.name.rsplit("/", 1)[-1].partition(".")
-                    if key != current_key:
-                        if current_key is not None and (max_samples is None or taken <= max_samples):
-                            yield index, (sample if keep else None)
-                        current_key, sample = key, {}
-                        taken += 1
-                        if max_samples is not None and taken > max_samples:
-                            keep = False
-                            continue
-                        index += 1
-                        keep = select is None or select(index)
-                    if keep and ext in wanted:
-                        handle = tar.extractfile(member)
-                        assert handle is not None
-                        sample[ext] = handle.read()
-            if current_key is not None and (max_samples is None or taken <= max_samples):
-                yield index, (sample if keep else None)
-        except (tarfile.TarError, EOFError, OSError) as error:
-            reason = f"shard {name} is truncated or corrupt ({type(error).__name__}: {error})"
-            if expected_samples is not None and expected_samples > taken:
-                reason += f"; the {expected_samples - taken} sample(s) after this one could not be read"
-            if current_key is not None:
-                if keep:  # the sample being read is this reader's (and within --limit): it fails, not the model
-                    yield index, {"__error__": reason.encode(), "__key__": current_key.encode()}
-            elif select is None or select(index + 1):
-                yield index + 1, {"__error__": reason.encode(), "__key__": b"?"}
-        actual = reader.drain()
-    if expected_sha256 is not None and actual != expected_sha256:
-        raise ReleaseIntegrityError(
-            f"shard {name} does not match the manifest (sha256 {actual[:16]}… instead of {expected_sha256[:16]}…): "
-            "the release was modified after it was built; run `lance-cf verify` on it, rebuild or re-download it, or "
-            "pass --no-verify to score it anyway (recorded in the results)"
-        )
-
-
-def read_samples(release: Release, config: str, keys: set[str] | None = None) -> dict[str, dict[str, bytes]]:
-    """Read whole samples of one config (optionally only ``keys``) into memory: used for report galleries.
-
-    Member names are ``KEY.ext``, so unwanted samples are skipped from their tar headers without reading their bytes.
-    """
-    out: dict[str, dict[str, bytes]] = {}
-    for shard in release.shards.get(config, []):
-        with tarfile.open(shard, mode="r") as tar:
-            for member in tar:
-                if not member.isfile():
-                    continue
-                key, _, ext = member.name.rsplit("/", 1)[-1].partition(".")
-                if keys is not None and key not in keys:
-                    continue
-                handle = tar.extractfile(member)
-                assert handle is not None
-                out.setdefault(key, {})[ext] = handle.read()
-    return out
+def integrity_error(shard: str, error: rf.ShardIntegrityError) -> ReleaseIntegrityError:
+    """The one-line error of a shard that does not match the manifest, with the ways out."""
+    detail = str(error).split(": ", 1)[-1]
+    return ReleaseIntegrityError(
+        f"shard {shard} does not match the manifest ({detail}); run `lance-cf verify` on it, rebuild or re-download "
+        "it, or pass --no-verify to score it anyway (recorded in the results)"
+    )

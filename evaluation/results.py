@@ -7,6 +7,7 @@ without torch.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from lance_pipeline.release_kinds import kind_of_results, list_kinds, resolve_target
@@ -19,6 +20,19 @@ without machine paths. 3: ``computed_metrics`` (``{name: version}`` of the regis
 ``--metrics`` selection left out; absent when none). Versions 1 and 2 are still read."""
 
 READABLE_SCHEMA_VERSIONS = (1, 2, 3)
+# What the numbers of the metric sections may be (every value of these keys, wherever it sits in ``metrics``,
+# ``sensitivity``, ``sensitivity_by_config``, ``insights``): percentages, signed differences of percentages (points),
+# and counts. Keys of a registered metric not listed here are checked for finiteness only.
+PERCENT_KEYS = frozenset(
+    {"acc1", "acc5", "orig_acc1", "orig_acc5", "flip_rate", "delta_p_gt_abs_mean", "accuracy", "base_accuracy"}
+)
+POINTS_KEYS = frozenset(
+    {"delta_acc1", "delta_acc5", "paired_delta_acc1", "paired_delta_acc5", "delta_p_gt_mean", "delta_p_gt", "drop"}
+)
+COUNT_KEYS = frozenset({"n", "n_paired", "n_unpaired", "flips", "n_flip_base", "size", "classes", "min_per_class"})
+METRIC_SECTIONS = ("metrics", "sensitivity", "sensitivity_by_config", "insights", "interfaces")
+MAX_COUNT = 10**9  # samples of one release: far above any release this tool builds, far below a typo's 10^12
+MAX_TEXT = 1000  # characters of any text in a results JSON (a label name, a model name) but an error message
 AMP_DTYPES = ("bfloat16", "float16")  # --amp-dtype
 MODEL_DTYPES = ("float32", "bfloat16", "float16")  # --model-dtype
 STATUSES = ("ok", "error")
@@ -66,6 +80,7 @@ def validate_results(obj: Any) -> None:
         raise ValueError(
             f"results JSON has schema_version {version}; this version of lance-cf reads {READABLE_SCHEMA_VERSIONS}"
         )
+    _check_values(obj, "")
     status = _require(obj, "status", str)
     if status not in STATUSES:
         raise ValueError(f"results JSON field 'status' must be one of {STATUSES}, got {status!r}")
@@ -85,6 +100,10 @@ def validate_results(obj: Any) -> None:
         acc1 = entry.get("acc1")
         if acc1 is not None and (isinstance(acc1, bool) or not isinstance(acc1, (int, float))):
             raise ValueError(f"results JSON field 'metrics.{config}.acc1' must be a number or null, got {acc1!r:.60}")
+    for section in METRIC_SECTIONS:
+        if section in obj:
+            _check_ranges(obj[section], section)
+    _check_accuracies_are_counts(metrics)
     _validate_kind_sections(obj)
     if version >= 2:
         _require(obj, "tool.version", str)
@@ -106,6 +125,70 @@ def validate_results(obj: Any) -> None:
             raise ValueError(
                 f"results JSON field 'metrics_left_out' must be a list of metric names, got {left_out!r:.60}"
             )
+
+
+def _check_values(node: Any, path: str) -> None:
+    """Every number finite (a NaN or infinity is not JSON and not a score), every text bounded (but error text)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if not isinstance(key, str) or len(key) > MAX_TEXT:
+                raise ValueError(
+                    f"results JSON has a key of {len(str(key))} characters under '{path}' (at most {MAX_TEXT})"
+                )
+            _check_values(value, f"{path}.{key}" if path else key)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            _check_values(value, f"{path}[{i}]")
+    elif isinstance(node, float) and not math.isfinite(node):
+        raise ValueError(f"results JSON field '{path}' is {node}, not a finite number")
+    elif isinstance(node, str) and len(node) > MAX_TEXT and path != "error":
+        raise ValueError(f"results JSON field '{path}' is a text of {len(node)} characters (at most {MAX_TEXT})")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_ranges(node: Any, path: str) -> None:
+    """Percentages in [0, 100], differences of percentages in [-100, 100] points, counts whole numbers in [0, 10^9],
+    intervals (``<key>_ci``) inside their statistic's range; by key, at any depth of a metric section."""
+    if not isinstance(node, dict):
+        return
+    for key, value in node.items():
+        where = f"{path}.{key}"
+        base = key[: -len("_ci")] if key.endswith("_ci") else key
+        values = value if key.endswith("_ci") and isinstance(value, list) else [value]
+        for item in values:
+            if item is None or isinstance(item, (dict, list)):
+                continue
+            if base in COUNT_KEYS and (
+                isinstance(item, bool) or not isinstance(item, int) or not 0 <= item <= MAX_COUNT
+            ):
+                raise ValueError(f"results JSON field '{where}' must be a count in [0, {MAX_COUNT}], got {item!r:.60}")
+            if base in PERCENT_KEYS | POINTS_KEYS:
+                low = 0.0 if base in PERCENT_KEYS else -100.0
+                if not _number(item) or not low <= item <= 100.0:
+                    unit = "a percentage in [0, 100]" if low == 0.0 else "a difference in [-100, 100] points"
+                    raise ValueError(f"results JSON field '{where}' must be {unit}, got {item!r:.60}")
+        if isinstance(value, dict):
+            _check_ranges(value, where)
+
+
+def _check_accuracies_are_counts(metrics: dict[str, Any]) -> None:
+    """``acc@k`` of a config is 100 * correct / n for a whole number of correct samples (an accuracy of 7.5 on 12
+    samples was not computed, it was typed)."""
+    for config, entry in metrics.items():
+        n = entry.get("n")
+        for name in ("acc1", "acc5"):
+            value = entry.get(name)
+            if value is None or not n:
+                continue
+            correct = value * n / 100.0
+            if abs(correct - round(correct)) > 1e-6 * max(1, n):
+                raise ValueError(
+                    f"results JSON field 'metrics.{config}.{name}' = {value!r:.60} is not a whole number of correct "
+                    f"samples out of n = {n}"
+                )
 
 
 def _validate_kind_sections(obj: dict[str, Any]) -> None:

@@ -104,7 +104,8 @@ def make_release(
 def make_results(manifest: dict[str, Any], model: str, cf_acc: float, **overrides: Any) -> dict[str, Any]:
     """A results JSON as ``lance-cf eval`` writes it (schema v2, a full run) for a model on ``manifest``'s release.
 
-    Original accuracy 80, counterfactual accuracy ``cf_acc`` on 9 pairs; ``overrides`` replace top-level fields.
+    Original accuracy 80 (of 20 images), counterfactual accuracy ``cf_acc`` (of 400 images: any multiple of 0.25 is a
+    whole number of correct samples, as validation requires) on 9 pairs; ``overrides`` replace top-level fields.
     """
     slug = model.replace(":", "-").replace("/", "_")
     paired = round(cf_acc - 80.0, 4)
@@ -124,8 +125,8 @@ def make_results(manifest: dict[str, Any], model: str, cf_acc: float, **override
             "source": "demo",
         },
         "metrics": {
-            "original": {"acc1": 80.0, "acc5": 95.0, "n": 6},
-            "counterfactual": {"acc1": cf_acc, "acc5": 90.0, "n": 9, "delta_acc1": paired, "delta_acc5": -5.0},
+            "original": {"acc1": 80.0, "acc5": 95.0, "n": 20},
+            "counterfactual": {"acc1": cf_acc, "acc5": 90.0, "n": 400, "delta_acc1": paired, "delta_acc5": -5.0},
         },
         "sensitivity": {
             "overall": {"n": 9, "orig_acc1": 80.0, "acc1": cf_acc, "paired_delta_acc1": paired, "flip_rate": 0.25},

@@ -18,7 +18,7 @@ import pytest
 from builder_helpers import ALL_CONFIGS, FAKE_STAGES, REPO, cli, env, make_imagefolder, release_files, write_config
 
 from builder.cli import main
-from builder.lock import lock_holder
+from builder.release_format.lock import lock_holder
 
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 needs_root = pytest.mark.skipif(not IS_ROOT, reason="mounting a tmpfs / read-only bind mount needs root")

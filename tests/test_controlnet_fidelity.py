@@ -164,11 +164,11 @@ def test_eval_of_two_releases_prints_and_writes_the_side_by_side(two_releases, t
     p2p, controlnet, _ = two_releases
     class_map = tmp_path / "map.txt"
     class_map.write_text("0\n1\n2\n")
-    # One release: the layout and output of today (OUTPUT/<model>/), no side by side.
+    # One release: the same layout (OUTPUT/<release>/<model>/), no side by side.
     assert main(_eval_argv([p2p], tmp_path / "one", tiny_clip[0], class_map)) == 0
     assert "side by side" not in capsys.readouterr().out
-    single = json.loads((tmp_path / "one" / "test_vit__random" / "results.json").read_text())
-    assert sorted(p.name for p in (tmp_path / "one").iterdir()) == ["test_vit__random"]
+    single = json.loads((tmp_path / "one" / "lance-fixture" / "test_vit__random" / "results.json").read_text())
+    assert sorted(p.name for p in (tmp_path / "one").iterdir() if not p.name.startswith(".")) == ["lance-fixture"]
 
     out = tmp_path / "two"
     assert main(_eval_argv([p2p, controlnet], out, tiny_clip[0], class_map)) == 0

@@ -27,6 +27,7 @@ from evaluation.release_reader import open_release
 from lance_pipeline.stage import EDIT_TYPES
 
 NAMES = ["red square", "blue circle", "green square", "yellow circle"]
+REL = "lance-fixture"  # the fixture release's name: eval writes its results under OUTPUT/<release>/
 BOOT = 200
 
 
@@ -112,7 +113,7 @@ def scored(tmp_path_factory):
     )
     assert args.func(args) == 0
     slug = ModelSpec("test_vit", checkpoint=ckpt).slug
-    results = json.loads((out / slug / "results.json").read_text())
+    results = json.loads((out / REL / slug / "results.json").read_text())
     probs = independent_probs(model, samples)
     return {
         "root": root,
@@ -257,7 +258,7 @@ def test_results_record_release_model_and_packages(scored):
     # every sample scored exactly once even though two workers strode over shards of 7 samples
     import pandas as pd
 
-    preds = pd.read_parquet(scored["out"] / scored["slug"] / "predictions.parquet")
+    preds = pd.read_parquet(scored["out"] / REL / scored["slug"] / "predictions.parquet")
     assert sorted(preds["key"]) == sorted(scored["probs"])
 
 
@@ -267,7 +268,7 @@ def test_rerun_skips_same_weights_and_reruns_new_weights(scored, tmp_path, caplo
     base = ["eval", "--release", str(scored["root"]), "--model", "test_vit", "--output", str(scored["out"])]
     # same result options as the fixture's run (workers and batch size only change rounding: not part of the key)
     opts = ["--workers", "0", "--batch-size", "3", "--bootstrap", str(BOOT), "--no-insights", "--no-report"]
-    results_file = scored["out"] / scored["slug"] / "results.json"
+    results_file = scored["out"] / REL / scored["slug"] / "results.json"
     before = results_file.stat().st_mtime_ns
     args = parse([*base, "--checkpoint", str(scored["ckpt"]), *opts])
     caplog.set_level("INFO")
@@ -281,7 +282,7 @@ def test_rerun_skips_same_weights_and_reruns_new_weights(scored, tmp_path, caplo
     save_file(state, str(other))
     args = parse([*base, "--checkpoint", str(other), *opts])
     assert args.func(args) == 0
-    new = json.loads((scored["out"] / ModelSpec("test_vit", checkpoint=other).slug / "results.json").read_text())
+    new = json.loads((scored["out"] / REL / ModelSpec("test_vit", checkpoint=other).slug / "results.json").read_text())
     assert new["model"]["weights"]["id"] != scored["results"]["model"]["weights"]["id"]
 
 
@@ -292,7 +293,7 @@ def test_label_space_mismatch_errors_and_class_map_scores(scored, tmp_path):
     # test_vit has 1000 outputs, the release 4 labels: an error row, and the run exits 1
     args = parse(["eval", "--model", "test_vit", *common])
     assert args.func(args) == 1
-    error = json.loads((out / "test_vit__random" / "results.json").read_text())
+    error = json.loads((out / REL / "test_vit__random" / "results.json").read_text())
     assert error["status"] == "error" and "--class-map" in error["error"] and "1000" in error["error"]
     # with a class map: softmax over the mapped logits, checked independently
     class_map = tmp_path / "map.txt"
@@ -412,7 +413,7 @@ def test_insights_match_independent_clip_kmeans(scored, tmp_path):
     clip_dir = create_tiny_open_clip(tmp_path / "clip")
     options = EvalOptions(clip_model=str(clip_dir), insight_k=2, insight_top=2)
     clustering = cluster_release_edits(open_release(scored["root"]), options)
-    rows = pd.read_parquet(scored["out"] / scored["slug"] / "predictions.parquet").to_dict("records")
+    rows = pd.read_parquet(scored["out"] / REL / scored["slug"] / "predictions.parquet").to_dict("records")
     summary = summarize_clusters(clustering, rows, top=2, examples=2)
 
     clip = open_clip.create_model("local-dir:" + str(clip_dir)).eval()
@@ -424,6 +425,15 @@ def test_insights_match_independent_clip_kmeans(scored, tmp_path):
         return (f / f.norm(dim=-1, keepdim=True)).numpy()
 
     probs = scored["probs"]
+    # The harness's p(y_GT) and the independent one are two float32 runs of the same network that differ in rounding
+    # only: timm's prefetcher normalisation ((x - 255 mean) / (255 std) on uint8) against ToTensor + Normalize, and a
+    # batch of 5 against batches of 1 (another GEMM blocking); measured, the logits differ by ~1e-5 and p by ~4e-6.
+    # A cluster's mean Delta p is a difference of such probabilities that can cancel to near 0 (-0.093 points here),
+    # so a tolerance relative to it is meaningless; by the triangle inequality it is off by at most twice the largest
+    # per-sample p difference (in points), which is what is allowed (and that difference must itself be float noise).
+    p_error = max(abs(r["p_gt"] - probs[r["key"]][r["label"]]) for r in rows)
+    assert p_error < 1e-5
+    tolerance = 2 * 100 * p_error + 1e-9
     for label in range(4):
         edits = [m for m, _ in scored["samples"]["counterfactual"] if m["label"] == label]
         directions = embed([e["edited_caption"] for e in edits]) - embed([e["caption"] for e in edits])
@@ -450,30 +460,36 @@ def test_insights_match_independent_clip_kmeans(scored, tmp_path):
         got = summary["by_class"][str(label)]["top_clusters"]
         assert len(got) == 2
         for cluster, (mean, size, name, worst) in zip(got, expected, strict=True):
-            assert cluster["delta_p_gt_mean"] == pytest.approx(mean, rel=1e-4, abs=1e-6)
+            assert cluster["delta_p_gt_mean"] == pytest.approx(mean, rel=0, abs=tolerance)
             assert cluster["size"] == size
             assert cluster["name"] == name
-            assert cluster["examples"][0]["delta_p_gt"] == pytest.approx(worst, rel=1e-4, abs=1e-6)
+            assert cluster["examples"][0]["delta_p_gt"] == pytest.approx(worst, rel=0, abs=tolerance)
 
 
-def test_missing_clip_model_is_one_line_before_any_output_and_later_runs_are_not_skipped(scored, tmp_path, capsys):
-    """An insights model that cannot be loaded stops the run before anything is written, with one line saying what
-    to do; it leaves nothing that would make a later run skip the model."""
+def test_without_the_insight_model_eval_scores_and_ranks_saying_insights_were_skipped(scored, tmp_path, caplog):
+    """The insights' CLIP model cannot be loaded (offline, not cached): ranking does not need it, so the model is
+    scored and ranked, one warning says the insights were skipped and how to get them, and the run is recorded as one
+    without insights (a later --no-insights run is the same run, skipped)."""
     from builder.cli import main
+    from evaluation.leaderboard import leaderboard_markdown
+    from evaluation.results import is_complete
 
     out = tmp_path / "out"
     common = ["eval", "--release", str(scored["root"]), "--model", "test_vit", "--checkpoint", str(scored["ckpt"])]
     common += ["--output", str(out), "--workers", "0", "--bootstrap", "0", "--no-report"]
-    capsys.readouterr()
-    assert main([*common, "--clip-model", "no-such-clip-model"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
-    assert "no-such-clip-model" in err[0] and "--no-insights" in err[0] and "--clip-model DIR" in err[0]
-    assert not out.exists()
-    assert main([*common, "--no-insights"]) == 0
-    results = json.loads((out / scored["slug"] / "results.json").read_text())
-    assert results["status"] == "ok" and "insights" not in results
+    caplog.set_level("INFO")
+    assert main([*common, "--clip-model", "no-such-clip-model"]) == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith("insights skipped: CLIP model 'no-such-clip-model'")
+    assert "scored and ranked without them" in warnings[0] and "--clip-model DIR" in warnings[0]
+    results = json.loads((out / REL / scored["slug"] / "results.json").read_text())
+    assert results["status"] == "ok" and "insights" not in results and results["options"]["insights"] is False
+    assert is_complete(results) and "| 1 |" in leaderboard_markdown([results])  # ranked
     assert results["metrics"]["original"]["acc1"] == pytest.approx(scored["results"]["metrics"]["original"]["acc1"])
+    caplog.clear()
+    assert main([*common, "--no-insights"]) == 0
+    assert "skipping" in caplog.text and "insights skipped" not in caplog.text
 
 
 def test_random_weights_are_seeded_and_a_new_class_map_is_rescored(scored, tmp_path, caplog):
@@ -490,7 +506,7 @@ def test_random_weights_are_seeded_and_a_new_class_map_is_rescored(scored, tmp_p
     def run(out: Path, *extra: str) -> tuple[dict, pd.DataFrame]:
         args = parse(["eval", *common, "--output", str(out), *extra])
         assert args.func(args) == 0
-        directory = out / "test_vit__random"
+        directory = out / REL / "test_vit__random"
         preds = pd.read_parquet(directory / "predictions.parquet").sort_values(["config", "key"])
         return json.loads((directory / "results.json").read_text()), preds.reset_index(drop=True)
 

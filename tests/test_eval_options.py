@@ -48,6 +48,9 @@ def setup(tmp_path_factory, single_thread_torch):
     return {"root": root, "ckpt": ckpt, "base": base}
 
 
+REL = "lance-fixture"  # the fixture release's name: eval writes its results under OUTPUT/<release>/
+
+
 def eval_args(setup, out: Path, *extra: str) -> list[str]:
     return [
         "eval", "--release", str(setup["root"]), "--model", "test_vit", "--checkpoint", str(setup["ckpt"]),
@@ -58,8 +61,8 @@ def eval_args(setup, out: Path, *extra: str) -> list[str]:
 def run(setup, out: Path, *extra: str) -> tuple[dict, pd.DataFrame]:
     assert main(eval_args(setup, out, *extra)) == 0
     slug = ModelSpec("test_vit", checkpoint=setup["ckpt"]).slug
-    results = json.loads((out / slug / "results.json").read_text())
-    preds = pd.read_parquet(out / slug / "predictions.parquet").sort_values("key").reset_index(drop=True)
+    results = json.loads((out / REL / slug / "results.json").read_text())
+    preds = pd.read_parquet(out / REL / slug / "predictions.parquet").sort_values("key").reset_index(drop=True)
     return results, preds
 
 
@@ -116,7 +119,7 @@ def test_skip_key_includes_every_result_option(setup, caplog):
     out = setup["base"] / "skip"
     slug = ModelSpec("test_vit", checkpoint=setup["ckpt"]).slug
     run(setup, out)
-    path = out / slug / "results.json"
+    path = out / REL / slug / "results.json"
     for extra in ([], ["--workers", "1", "--batch-size", "5"]):  # the same options: skipped
         before = path.stat().st_mtime_ns
         run(setup, out, *extra)
@@ -216,13 +219,13 @@ def test_two_cpu_workers_give_the_same_results_as_one(setup, tmp_path):
     assert main(["eval", *common, "--output", str(tmp_path / "one")]) == 0
     assert main(["eval", *common, "--output", str(tmp_path / "two"), "--devices", "cpu,cpu"]) == 0
     for slug in ("test_vit__random", "test_efficientnet__random"):
-        one = json.loads((tmp_path / "one" / slug / "results.json").read_text())
-        two = json.loads((tmp_path / "two" / slug / "results.json").read_text())
+        one = json.loads((tmp_path / "one" / REL / slug / "results.json").read_text())
+        two = json.loads((tmp_path / "two" / REL / slug / "results.json").read_text())
         for key in ("metrics", "sensitivity", "sensitivity_by_config", "options", "model", "release", "limit"):
             assert one[key] == two[key], (slug, key)
         assert one["run"]["key"] == two["run"]["key"]
-        p1 = pd.read_parquet(tmp_path / "one" / slug / "predictions.parquet")
-        p2 = pd.read_parquet(tmp_path / "two" / slug / "predictions.parquet")
+        p1 = pd.read_parquet(tmp_path / "one" / REL / slug / "predictions.parquet")
+        p2 = pd.read_parquet(tmp_path / "two" / REL / slug / "predictions.parquet")
         assert p1.sort_values("key").reset_index(drop=True).equals(p2.sort_values("key").reset_index(drop=True))
 
 

@@ -45,7 +45,7 @@ def evaluated(tmp_path_factory):
     lb_out = base / "leaderboard"
     args = parse(["leaderboard", str(out), "--output", str(lb_out)])
     assert args.func(args) == 0
-    return {"root": root, "out": out, "lb": lb_out}
+    return {"root": root, "out": out / "lance-fixture", "lb": lb_out}  # eval writes under OUTPUT/<release>/
 
 
 def test_leaderboard_tables_match_results(evaluated):

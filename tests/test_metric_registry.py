@@ -44,6 +44,7 @@ class WorstClassAccuracy(Metric):
     needs = ("config", "label", "correct1")
     produces = ("metrics.*.worst_class_acc1", "metrics.*.worst_class")
     default = False
+    leaderboard = {"worst_class_acc1": "metrics.{config}.worst_class_acc1"}  # a column of the leaderboard and card
 
     def compute(self, context):
         out = {}
@@ -116,7 +117,7 @@ def test_a_metric_registered_from_a_test_is_computed_by_eval_and_recorded(regist
     argv += ["--clip-model", str(tmp_path / "no-such-clip")]
     args = parse([*argv, "--metrics", "worst_class_accuracy,flip_rate"])
     assert args.func(args) == 0
-    path = results_path(out, ModelSpec("test_vit", pretrained=False))
+    path = results_path(out / release.name, ModelSpec("test_vit", pretrained=False))
     results = json.loads(path.read_text())
     validate_results(results)
     # the selection, in run order, accuracy always included; every computed metric recorded with its version
@@ -148,6 +149,46 @@ def test_a_metric_registered_from_a_test_is_computed_by_eval_and_recorded(regist
     assert not is_done(path, release, spec, EvalOptions(**common))
     path.write_text(json.dumps({**results, "computed_metrics": {**results["computed_metrics"], "flip_rate": "0"}}))
     assert not is_done(path, release, spec, options)
+
+
+def test_a_registered_metric_reaches_results_leaderboard_card_report_and_published_rows(registered, tmp_path):
+    """The recipe "a metric that reaches the leaderboard and the card": the metric declared in this file, with its
+    leaderboard column, is computed by eval beside every default metric (a complete, ranked run) and shows in the
+    leaderboard's tables, the card's leaderboard, the model's report and the rows publish-results uploads."""
+    from builder import release_format as rf
+    from builder.cli import main
+    from dataset_cards import render_release_card
+    from evaluation.leaderboard import leaderboard_records
+
+    root = write_release(tmp_path / "release", originals_per_class=2, edits_per_original=2)
+    out = tmp_path / "eval"
+    argv = ["eval", "--release", str(root), "--model", "test_vit", "--no-pretrained", "--output", str(out)]
+    argv += ["--workers", "0", "--bootstrap", "0", "--no-insights", "--gallery-size", "1"]
+    assert main([*argv, "--metrics", "default,worst_class_accuracy"]) == 0
+    run = out / "lance-fixture" / "test_vit__random"
+    results = json.loads((run / "results.json").read_text())
+    value = results["metrics"]["counterfactual"]["worst_class_acc1"]  # the headline config of a LANCE release
+    assert is_complete(results) and results["computed_metrics"]["worst_class_accuracy"] == "2"
+    shown = f"{value:.2f}"
+    # lance-cf leaderboard: the full table (CSV, Markdown) and the ranked table
+    assert main(["leaderboard", str(out), "--output", str(tmp_path / "lb")]) == 0
+    table = pd.read_csv(tmp_path / "lb" / "leaderboard.csv")
+    assert table.loc[0, "worst_class_acc1"] == pytest.approx(value) and table.loc[0, "rank"] == 1
+    ranked = leaderboard_markdown([results])
+    assert ranked.splitlines()[0].endswith("| worst\\_class\\_acc1 |") and ranked.splitlines()[2].endswith(
+        f"| {shown} |"
+    )
+    assert "worst_class_acc1" in (tmp_path / "lb" / "leaderboard.html").read_text()
+    # the card's leaderboard
+    card = render_release_card(root, rf.read_manifest_dict(root), results=[results], output_dir=tmp_path / "card")
+    assert "worst\\_class\\_acc1" in card and f"| {shown} |" in card
+    # the model's report
+    report = (run / "report.html").read_text()
+    assert "<td class='text'>worst_class_acc1</td>" in report and f"<td>{shown}</td>" in report
+    # the published rows: one per config, each with its own config's value
+    rows = {r["config"]: r for r in leaderboard_records([results])}
+    for config in ("counterfactual", "lance_r"):
+        assert rows[config]["worst_class_acc1"] == results["metrics"][config]["worst_class_acc1"]
 
 
 def test_unknown_metric_is_one_line_with_did_you_mean_before_anything_runs(tmp_path):

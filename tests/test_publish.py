@@ -355,8 +355,9 @@ def test_publish_results_adds_leaderboard_without_moving_tags(hub_env, tmp_path,
     tags_before = hub.refs("datasets", REPO)["tags"]
     # The layout `lance-cf eval --output OUT` writes: OUT/<model slug>/results.json, plus other files.
     results_dir = tmp_path / "eval-out"
+    metrics = {"accuracy": "1", "paired_accuracy_drop": "1", "flip_rate": "1"}
     for model, cf_acc in (("resnet18", 61.5), ("hf-hub:org/vit_tiny", 70.25)):
-        result = make_results(manifest, model, cf_acc)
+        result = make_results(manifest, model, cf_acc, schema_version=3, computed_metrics=metrics)
         slug = result["model"]["slug"]
         (results_dir / slug).mkdir(parents=True)
         (results_dir / slug / "results.json").write_text(json.dumps(result))
@@ -421,6 +422,11 @@ def test_publish_results_adds_leaderboard_without_moving_tags(hub_env, tmp_path,
     parquet = pd.read_parquet(io.BytesIO(hub.read_file("datasets", REPO, main["results/leaderboard.parquet"])))
     assert sorted(parquet["model"]) == sorted(r["model"] for r in rows)
     assert sorted(parquet["acc1"]) == sorted(r["acc1"] for r in rows)
+    # provenance: which release (id, version, manifest digest) and which metrics at which versions, on every row
+    assert set(parquet["release_id"]) == {REPO} and set(parquet["release_version"]) == {"1.0.0"}
+    assert set(parquet["manifest_sha256"]) == {manifest["manifest_sha256"]}
+    assert [json.loads(v) for v in parquet["metric_versions"]] == [metrics] * 2
+    assert f"Release `{REPO}` v1.0.0, manifest sha256 `{manifest['manifest_sha256']}`" in table
 
     # Re-running with the same results is a no-op: no new commit.
     commits = len(hub.commits("datasets", REPO))
@@ -487,7 +493,7 @@ def test_real_eval_of_the_hub_release_publishes_to_its_leaderboard(hub_env, tmp_
         + [str(class_map), "--workers", "0", "--bootstrap", "0", "--no-insights", "--no-report", "--output", str(out)]
     )
     assert args.func(args) == 0
-    result = json.loads((out / "test_vit__random" / "results.json").read_text())
+    result = json.loads((out / manifest["name"] / "test_vit__random" / "results.json").read_text())
     assert result["release"]["revision"] == "v1.0.0"
     assert result["release"]["manifest_sha256"] == manifest["manifest_sha256"]
     assert {c: result["metrics"][c]["n"] for c in manifest["configs"]} == {

@@ -421,7 +421,7 @@ def test_publish_from_a_read_only_directory(hub_env, tmp_path):
 
 
 def test_publish_is_refused_while_a_build_holds_the_directory(hub_env, tmp_path, capsys):
-    """A real second process holds the release directory as a build does (builder.lock, exclusive)."""
+    """A real second process holds the release directory as a build does (builder.release_format.lock, exclusive)."""
     hub = hub_env
     release_dir, _ = release(tmp_path)
     go = tmp_path / "release-the-lock"
@@ -430,7 +430,7 @@ def test_publish_is_refused_while_a_build_holds_the_directory(hub_env, tmp_path,
             sys.executable,
             "-c",
             "import os, sys, time\n"
-            "from builder.lock import output_lock\n"
+            "from builder.release_format.lock import output_lock\n"
             "with output_lock(sys.argv[1], 'build'):\n"
             "    print('held', flush=True)\n"
             "    while not os.path.exists(sys.argv[2]):\n"

@@ -311,6 +311,39 @@ def test_reader_checks_the_manifest_hash_while_streaming(tmp_path):
     assert len(read) == shard.samples  # every sample was streamed before the mismatch was known
 
 
+def test_reader_modes_evaluation_needs_limit_striding_and_failed_samples(tmp_path):
+    """The one reader serves evaluation: a limit (the rest still hashed), striding workers that together see every
+    sample once, and a broken shard that fails the sample being read instead of raising."""
+    root = write_release(tmp_path / "r", label_names=["cat", "dog"], labels=(0, 1), originals_per_class=3, shard_size=5)
+    shard = next(s for s in rf.load_manifest(root).shards if s.samples == 5)
+    path = root / shard.path
+    every = [key for key, _ in rf.iter_shard(path)]
+    # --limit 2: two samples, and the whole file is still hashed (a changed byte after them is caught)
+    assert [k for k, _ in rf.iter_shard(path, limit=2, expected_sha256=shard.sha256)] == every[:2]
+    assert [k for k, _ in rf.iter_shard(path, limit=2)] == every[:2]
+    # two workers striding from a running index: each sample belongs to exactly one
+    owned = [
+        [k for k, m in rf.iter_shard(path, select=lambda i, w=w: i % 2 == w, start_index=7) if m is not None]
+        for w in (0, 1)
+    ]
+    assert sorted(owned[0] + owned[1]) == sorted(every) and not set(owned[0]) & set(owned[1])
+    # truncated: the sample being read fails as data, the earlier ones are read, then the hash check fails
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    items = []
+    with pytest.raises(rf.ShardIntegrityError):
+        for item in rf.iter_shard(path, errors="sample", name=shard.path, expected_sha256=shard.sha256):
+            items.append(item)
+    assert isinstance(items[-1][1], rf.UnreadableSample) and items[-1][0] in every
+    assert "truncated or corrupt" in items[-1][1].reason and shard.path in items[-1][1].reason
+    assert all(isinstance(m, dict) for _, m in items[:-1]) and [k for k, _ in items[:-1]] == every[: len(items) - 1]
+    with pytest.raises(ValueError, match="not a valid tar archive"):
+        list(rf.iter_shard(path))  # verify's mode: an error
+    # not a tar at all: one failed sample, key unknown
+    path.write_bytes(b"not a tar archive" * 40)
+    assert [(k, type(m).__name__) for k, m in rf.iter_shard(path, errors="sample")] == [("?", "UnreadableSample")]
+
+
 def test_verify_accepts_a_card_config_outside_the_data_but_not_one_inside(carded):
     import yaml
 
@@ -332,7 +365,7 @@ def test_a_v1_release_written_by_the_v1_code_is_still_read(tmp_path):
     import shutil
 
     from dataset_cards import render_release_card
-    from evaluation.release_reader import iter_shard_samples, open_release
+    from evaluation.release_reader import open_release
 
     root = shutil.copytree(REPO / "tests" / "data" / "v1-release", tmp_path / "v1")
     manifest = rf.load_manifest(root)
@@ -340,7 +373,7 @@ def test_a_v1_release_written_by_the_v1_code_is_still_read(tmp_path):
     assert rf.verify_release(root) == []
     release = open_release(root)
     assert release.configs == list(rf.CONFIG_NAMES)
-    samples = [s for _, s in iter_shard_samples(release.shards["counterfactual"][0], "png")]
+    samples = [s for _, s in rf.iter_shard(release.shards["counterfactual"][0], errors="sample")]
     assert len(samples) == manifest.counts["counterfactual"]["total"] and all("json" in s for s in samples)
     text = render_release_card(root, manifest.to_dict())
     assert "- Source: `fixture`" in text and rf.verify_release(root) == []

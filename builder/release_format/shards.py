@@ -116,7 +116,7 @@ class ShardIntegrityError(ValueError):
 class HashingReader:
     """A read-only file wrapper that hashes every byte read through it (tar stream mode reads sequentially).
 
-    The one streaming hash of a release's shards: this reader and ``evaluation.release_reader`` use it.
+    The one streaming hash of a release's shards, used by :func:`iter_shard` (which evaluation reads through).
     """
 
     def __init__(self, raw: Any) -> None:
@@ -135,6 +135,18 @@ class HashingReader:
         return self.digest.hexdigest()
 
 
+@dataclass(frozen=True)
+class UnreadableSample:
+    """What :func:`iter_shard` yields, with ``errors="sample"``, for a sample it could not read (a truncated or
+    corrupt shard, a malformed member): the reason, naming the shard. The shard ends there."""
+
+    reason: str
+
+
+class _MalformedShard(ValueError):
+    """A member that a release's shard never holds (not a regular file, not ``KEY.EXT``, split or repeated)."""
+
+
 def iter_shard(
     path: Path,
     *,
@@ -143,7 +155,10 @@ def iter_shard(
     start_index: int = 0,
     keys: set[str] | None = None,
     expected_sha256: str | None = None,
-) -> Iterator[tuple[str, dict[str, bytes] | None]]:
+    limit: int | None = None,
+    errors: str = "raise",
+    name: str | None = None,
+) -> Iterator[tuple[str, dict[str, bytes] | UnreadableSample | None]]:
     """Samples of a shard as ``(key, {ext: bytes})``, in file order, reading the file once.
 
     Args:
@@ -155,16 +170,29 @@ def iter_shard(
         keys: when given, samples with other keys are yielded as ``(key, None)`` without reading their bytes.
         expected_sha256: the manifest's hash of the shard: the file is then streamed once, every byte hashed as it
             is read, and after the last sample a mismatch raises ``ShardIntegrityError`` (a modified release).
+        limit: yield only the shard's first ``limit`` samples (evaluation's ``--limit``); with ``expected_sha256``
+            the rest of the file is still read and hashed, without it reading stops there.
+        errors: ``"raise"`` (verify, the builder): a problem is a ``ValueError``. ``"sample"`` (evaluation): the
+            sample being read when the problem arose is yielded as ``(key, UnreadableSample(reason))`` (``(key,
+            None)`` when it is not selected; key ``"?"`` before the first sample) and the shard ends there, so that
+            those samples fail and the rest of the release is still scored; the hash is still checked.
+        name: how messages name the shard (its path in the release); ``path`` by default.
 
     Raises:
-        ValueError: naming the shard and member, for a member that is not a regular file or not ``KEY.EXT``, a
-            sample split across the shard, a member given twice, or a file that is not a tar archive.
+        ValueError: (``errors="raise"``) naming the shard and member, for a member that is not a regular file or not
+            ``KEY.EXT``, a sample split across the shard, a member given twice, or a file that is not a tar archive.
+        ShardIntegrityError: the bytes do not have ``expected_sha256``.
     """
+    if errors not in ("raise", "sample"):
+        raise ValueError(f"errors must be 'raise' or 'sample', got {errors!r}")
+    label = name or str(path)
     current_key: str | None = None
     members: dict[str, bytes] = {}
     seen: set[str] = set()
+    got: set[str] = set()
     keep = True
     index = start_index - 1
+    taken = 0
     with open(path, "rb") as raw:
         hashing = HashingReader(raw) if expected_sha256 is not None else None
         try:
@@ -173,35 +201,54 @@ def iter_shard(
             with tar:
                 for info in tar:
                     if not info.isfile():
-                        raise ValueError(f"{path}: member {info.name!r} is not a regular file")
+                        raise _MalformedShard(f"member {info.name!r} is not a regular file")
                     key, dot, ext = info.name.partition(".")
                     if not dot or "/" in info.name:
-                        raise ValueError(f"{path}: member {info.name!r} is not KEY.EXT")
+                        raise _MalformedShard(f"member {info.name!r} is not KEY.EXT")
                     if key != current_key:
                         if current_key is not None:
                             yield current_key, (members if keep else None)
+                            current_key = None
+                        if limit is not None and taken >= limit:
+                            break
                         if key in seen:
-                            raise ValueError(f"{path}: sample {key!r} is split across the shard")
+                            raise _MalformedShard(f"sample {key!r} is split across the shard")
                         seen.add(key)
-                        current_key, members = key, {}
+                        current_key, members, got = key, {}, set()
                         index += 1
+                        taken += 1
                         keep = (select is None or select(index)) and (keys is None or key in keys)
-                        got: set[str] = set()
                     if ext in got:
-                        raise ValueError(f"{path}: member {info.name!r} appears twice")
+                        raise _MalformedShard(f"member {info.name!r} appears twice")
                     got.add(ext)
                     if keep and (wanted is None or ext in wanted):
                         handle = tar.extractfile(info)
                         members[ext] = handle.read() if handle else b""
-        except (tarfile.TarError, EOFError) as err:
-            raise ValueError(f"{path}: not a valid tar archive ({err or 'truncated'})") from err
-        if current_key is not None:
-            yield current_key, (members if keep else None)
+            if current_key is not None:
+                yield current_key, (members if keep else None)
+        except (tarfile.TarError, EOFError, OSError, _MalformedShard) as err:
+            if isinstance(err, _MalformedShard):
+                reason = f"shard {label}: {err}"
+            else:
+                reason = f"shard {label} is truncated or corrupt ({type(err).__name__}: {err or 'truncated'})"
+            if errors == "raise":
+                if isinstance(err, OSError) and not isinstance(err, tarfile.TarError):
+                    raise
+                raise ValueError(
+                    f"{label}: {err}"
+                    if isinstance(err, _MalformedShard)
+                    else f"{label}: not a valid tar archive ({err or 'truncated'})"
+                ) from err
+            if current_key is not None:  # the sample being read fails (it belongs to whoever selected it)
+                yield current_key, (UnreadableSample(reason) if keep else None)
+            elif limit is None or taken < limit:
+                following = (select is None or select(index + 1)) and keys is None
+                yield "?", (UnreadableSample(reason) if following else None)
         if hashing is not None:
             digest = hashing.drain()
             if digest != expected_sha256:
                 raise ShardIntegrityError(
-                    f"{path}: sha256 {digest[:16]}… is not the manifest's {expected_sha256[:16]}…: the release was "
+                    f"{label}: sha256 {digest[:16]}… is not the manifest's {expected_sha256[:16]}…: the release was "
                     "modified after it was built"
                 )
 

@@ -363,36 +363,48 @@ def write_interfaces_leaderboard(results: list[dict[str, Any]], output_dir: Any,
     return written
 
 
+def _cell(value: Any) -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return "–"
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
 def _write_html(output_dir: Any, written: dict[str, Any], interfaces: list[dict[str, Any]], combined: Any) -> Any:
     """``leaderboard.html``: the LANCE page (when there is one) with the per-shift and combined sections added before
-    its end, or a page of its own."""
-    import html
-
-    import pandas as pd
+    its end, or a page of its own (``templates/leaderboard*.html.jinja``, autoescaped)."""
+    from evaluation.pages import render_page
 
     release = next((r.get("release") or {} for r in interfaces), {})
-    name = html.escape(f"{release.get('name')} {release.get('version')}")
-    sections = f"<h2>Per shift: {name}</h2>" + pd.DataFrame(shift_rows(interfaces)).to_html(
-        index=False, na_rep="–", float_format=lambda v: f"{v:.2f}"
-    )
+    name = f"{release.get('name')} {release.get('version')}"
+    shift_columns = list(shift_rows(interfaces)[0]) if shift_rows(interfaces) else ["model", "shift"]
+    sections = [
+        {
+            "title": f"Per shift: {name}",
+            "note": None,
+            "header": shift_columns,
+            "rows": [[_cell(row.get(c)) for c in shift_columns] for row in shift_rows(interfaces)],
+            "image": None,
+        }
+    ]
     if combined is not None:
         columns, rows = combined_rows(combined)
-        table = pd.DataFrame(rows, columns=["model", *columns]).to_html(
-            index=False, na_rep="–", float_format=lambda v: f"{v:.2f}"
-        )
-        sections += (
-            "<h2>LANCE edits vs generated shifts</h2><p>Top-1 accuracy drop in points per LANCE edit type (paired) and "
-            f"per interfaces shift (per-class, unpaired).</p>{table}<img src='combined.png' alt='combined'>"
+        sections.append(
+            {
+                "title": "LANCE edits vs generated shifts",
+                "note": "Top-1 accuracy drop in points per LANCE edit type (paired) and per interfaces shift "
+                "(per-class, unpaired).",
+                "header": ["model", *columns],
+                "rows": [[row["model"], *(_cell(row.get(c)) for c in columns)] for row in rows],
+                "image": "combined.png",
+                "image_alt": "combined",
+            }
         )
     path = output_dir / "leaderboard.html"
     if "html" in written and path.is_file():
-        page = path.read_text(encoding="utf-8").replace("</body>", sections + "</body>", 1)
+        added = render_page("leaderboard_sections.html.jinja", sections=sections)
+        page = path.read_text(encoding="utf-8").replace("</body>", added + "</body>", 1)
     else:
-        page = (
-            f"<!doctype html><html><head><meta charset='utf-8'><title>Leaderboard: {name}</title><style>"
-            "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
-            f"padding:3px 8px}}</style></head><body><h1>Leaderboard: {name}</h1>{sections}</body></html>\n"
-        )
+        page = render_page("leaderboard.html.jinja", name=name, manifest="", paired=None, sections=sections)
     path.write_text(page, encoding="utf-8")
     return path
 

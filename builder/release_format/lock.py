@@ -1,9 +1,11 @@
-"""One process at a time on a release directory: an advisory ``flock`` held for a build's (verify's, publish's) life.
+"""One process at a time on an output directory: an advisory ``flock`` held for a command's whole life.
 
 Two builds into one directory used to interleave their ledger commits and shard writes and could both exit 0 over a
 wrong release. Now ``build`` holds an exclusive lock on the directory for its whole life; ``publish`` holds an
 exclusive one and ``verify`` a shared one (several verifies may run together, never beside a build or a publish).
-A process that cannot get the lock stops at once with one line naming the holder's pid and command.
+A process that cannot get the lock stops at once with one line naming the holder's pid and command. ``lance-cf eval``
+holds its ``--output`` the same way (evaluation may import the release format, not the builder: that is why the lock
+lives here).
 
 The lock is taken on the directory itself (``flock`` on a directory descriptor), so a read-only release can still be
 verified; the holder's pid and command are written, when the directory is writable, to ``.lance-cf/lock`` for the
@@ -19,7 +21,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-WORK_DIR = ".lance-cf"  # = builder.release_format.WORK_DIR (not imported: this module stays import-light)
+from builder.release_format.layout import WORK_DIR
+
 LOCK_INFO = "lock"
 
 
