@@ -31,6 +31,8 @@ from lance_pipeline.model_needs import clip_need, timm_need
 
 logger = logging.getLogger(__name__)
 
+INSIGHTS_ROLE = "CLIP of the insights"  # how eval declares the insights' CLIP model (optional: skipped when missing)
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``eval`` and ``leaderboard`` subcommands."""
@@ -206,7 +208,7 @@ def declared_models(args: argparse.Namespace) -> list:
         needs += [timm_need(n, used_by="eval", key="--model") for n in expand_model_names(args.model)]
     if not args.no_insights:
         needs.append(clip_need(args.clip_model, args.clip_pretrained, used_by="eval insights", key="--clip-model",
-                               optional=True, role="CLIP of the insights"))  # fmt: skip
+                               optional=True, role=INSIGHTS_ROLE))  # fmt: skip
     if len(args.release) > 1 and not args.no_clip_similarity:
         needs.append(clip_need(args.clip_model, args.clip_pretrained, used_by="eval side by side", key="--clip-model",
                                role="CLIP of the side by side"))  # fmt: skip
@@ -274,7 +276,8 @@ def run_eval(args: argparse.Namespace) -> int:
         bootstrap=args.bootstrap,
         seed=args.seed,
         min_per_class=args.min_per_class,
-        insights=not args.no_insights,
+        # the model check before the command (builder.cli) already said, in one line, that the insights are skipped
+        insights=not args.no_insights and INSIGHTS_ROLE not in {n.role for n in getattr(args, "skipped_models", [])},
         insight_k=args.clusters,
         insight_top=args.top_clusters,
         clip_model=args.clip_model,

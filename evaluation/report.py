@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from builder import release_format as rf
-from evaluation.interfaces.shift_results import scored_shifts
 from evaluation.leaderboard import fmt_number
 from evaluation.metric_registry import metric_columns
 from evaluation.pages import render_page
 from evaluation.plots import plot_acc_scatter, plot_class_delta_acc, plot_edit_type_sensitivity
 from evaluation.release_reader import Release
 from evaluation.results import model_label
+from lance_pipeline.release_kinds import kind_of_results, resolve_target
 
 logger = logging.getLogger(__name__)
 
@@ -111,25 +111,11 @@ def _sensitivity(results: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _shifts(results: dict[str, Any]) -> dict[str, Any] | None:
-    """An interfaces release's per-shift metric (:mod:`evaluation.interfaces.shift_results`); None for other kinds."""
-    section = results.get("interfaces")
-    if not isinstance(section, dict):
-        return None
-
-    rows = [
-        {
-            "shift": shift,
-            "n": entry["n"],
-            "accuracy": _fmt(entry["accuracy"]),
-            "base_accuracy": _fmt(entry["base_accuracy"]),
-            "drop": _stat(entry, "drop"),
-            "classes": entry["classes"],
-            "excluded": ", ".join(str(c) for c in entry["classes_excluded"]) or "–",
-        }
-        for shift, entry in scored_shifts(section).items()
-    ]
-    return {"rows": rows, "min_per_class": int(section["min_per_class"]), "base_config": section.get("base_config")}
+def _kind_section(results: dict[str, Any]) -> dict[str, Any] | None:
+    """The table the release's kind adds to the report (``report_section`` of ``lance_pipeline.release_kinds``: the
+    interfaces' per-shift table), asked of the kind, not guessed."""
+    kind = kind_of_results(results)
+    return resolve_target(kind.report_section)(results) if kind.report_section else None
 
 
 MAX_ASSET_STEM = 100
@@ -243,7 +229,7 @@ def write_model_report(
         timm_version=results["packages"].get("timm", "?"),
         created_at=results.get("run", {}).get("created_at", ""),
         **_headline(results),
-        shifts=_shifts(results),
+        kind_section=_kind_section(results),
         extra_metrics=metric_columns(results),
         sensitivity=_sensitivity(results),
         plots=[{"src": f"assets/{p.name}", "alt": p.stem} for p in plots]

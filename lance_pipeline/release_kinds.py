@@ -7,8 +7,8 @@ release, so that none of them guesses the kind from config names or stage types:
 - the card: the opening paragraph (``card_intro``), an optional section of its own (``card_section``), the example
   filter of "How to load" and the config that example opens (``main_config``);
 - evaluation: the registered metrics that apply to this kind only (``metrics``), the sections of a results JSON that
-  belong to it, each with its validator (``results_sections``), and its leaderboard table (``leaderboard``; the
-  paired LANCE table when ``None``);
+  belong to it, each with its validator (``results_sections``), its leaderboard table (``leaderboard``; the paired
+  LANCE table when ``None``) and a table of its own in each model's report (``report_section``);
 - the builder: the ``next:`` commands printed after a successful build (``next_commands``).
 
 Targets are lazy ``"module:attr"`` strings resolved by the layer that uses them (a card target lives in
@@ -55,6 +55,9 @@ class ReleaseKind:
     # evaluation target: an object with ``markdown(results) -> str`` and ``write(results, output_dir, write_paired)
     # -> dict[str, Path]``; None: the paired table of evaluation.leaderboard
     leaderboard: str | None = None
+    # evaluation target ``f(results) -> {"title", "note", "header", "rows"} | None``: a table of this kind's own in
+    # each model's report (the interfaces' per-shift table)
+    report_section: str | None = None
     # ``next:`` after a successful build; placeholders {release}, {config} (main config), {class_map}
     # (" --class-map CLASS_MAP" unless the label space is ImageNet-1k)
     next_commands: tuple[str, ...] = ()

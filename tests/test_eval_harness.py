@@ -466,7 +466,9 @@ def test_insights_match_independent_clip_kmeans(scored, tmp_path):
             assert cluster["examples"][0]["delta_p_gt"] == pytest.approx(worst, rel=0, abs=tolerance)
 
 
-def test_without_the_insight_model_eval_scores_and_ranks_saying_insights_were_skipped(scored, tmp_path, caplog):
+def test_without_the_insight_model_eval_scores_and_ranks_saying_insights_were_skipped(
+    scored, tmp_path, caplog, monkeypatch
+):
     """The insights' CLIP model cannot be loaded (offline, not cached): ranking does not need it, so the model is
     scored and ranked, one warning says the insights were skipped and how to get them, and the run is recorded as one
     without insights (a later --no-insights run is the same run, skipped)."""
@@ -490,6 +492,16 @@ def test_without_the_insight_model_eval_scores_and_ranks_saying_insights_were_sk
     caplog.clear()
     assert main([*common, "--no-insights"]) == 0
     assert "skipping" in caplog.text and "insights skipped" not in caplog.text
+    # the default CLIP model, offline and not cached: the model check before the command says it in one line, and
+    # eval does not try to load it again
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-hf-home"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    caplog.clear()
+    assert main([*(str(tmp_path / "default-clip") if a == str(out) else a for a in common)]) == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "insights is skipped" in warnings[0] and "CLIP of the insights" in warnings[0]
+    again = json.loads((tmp_path / "default-clip" / REL / scored["slug"] / "results.json").read_text())
+    assert again["options"]["insights"] is False and again["metrics"] == results["metrics"]
 
 
 def test_random_weights_are_seeded_and_a_new_class_map_is_rescored(scored, tmp_path, caplog):

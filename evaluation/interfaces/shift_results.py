@@ -93,6 +93,32 @@ def scored_shifts(section: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in (section.get("shifts") or {}).items() if k not in NON_SHIFT_CONFIGS}
 
 
+def report_section(results: dict[str, Any]) -> dict[str, Any] | None:
+    """The per-shift table of a model's report (the interfaces kind's ``report_section``); None without the section."""
+    section = results.get("interfaces")
+    if not isinstance(section, dict):
+        return None
+    rows = [
+        [
+            shift,
+            str(entry["n"]),
+            _fmt(entry["accuracy"]),
+            _fmt(entry["base_accuracy"]),
+            _with_ci(entry["drop"], entry.get("drop_ci")),
+            str(entry["classes"]),
+            ", ".join(str(c) for c in entry["classes_excluded"]) or "–",
+        ]
+        for shift, entry in scored_shifts(section).items()
+    ]
+    note = (
+        "Interfaces release (generated images, no pairs): per shift, mean per-class top-1 accuracy over classes with at "
+        f"least {int(section['min_per_class'])} images in the shift, and the drop against {section.get('base_config')} "
+        "over the same classes; 95% bootstrap interval over classes. The paired metrics below do not apply."
+    )
+    header = ["shift", "n", "acc@1 (shift)", "acc@1 (base, same classes)", "drop [95% CI]", "classes used"]
+    return {"title": "Per shift", "note": note, "header": [*header, "classes excluded"], "rows": rows}
+
+
 class ShiftAccuracyDrop(Metric):
     """The registered metric of an interfaces release (``METRICS["shift_accuracy_drop"]``): :func:`shift_metrics`."""
 

@@ -16,6 +16,7 @@ INTERFACES = ReleaseKind(
     metrics=("shift_accuracy_drop",),
     results_sections={"interfaces": "evaluation.interfaces.shift_results:validate_interfaces"},
     leaderboard="evaluation.interfaces.shift_results:SHIFT_LEADERBOARD",
+    report_section="evaluation.interfaces.shift_results:report_section",
     next_commands=(
         "lance-cf verify {release}",
         "python -c \"import datasets; print(datasets.load_dataset('{release}', '{config}', split='test'))\"",
