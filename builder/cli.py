@@ -28,6 +28,7 @@ from builder.release_format.verify import verify_release
 from builder.sources import create_source
 from builder.validation import allow_code_from_env, check_stages_against_source, describe_validation, validate_build
 from lance_pipeline.devices import resolve_device as _resolve_device
+from lance_pipeline.release_kinds import kind_of_manifest
 
 ENGINE_NAMES = tuple(ENGINES.names())
 
@@ -370,8 +371,6 @@ def _summarize_build(output: Path, manifest: dict, allow_empty: bool = False) ->
     """What was written, what went wrong, and, after a success only, what to run next (the release kind's commands).
     Exit 1 while errors (retryable) remain, or when a selected config has no sample (it could not be loaded: never
     report success over an empty release)."""
-    from lance_pipeline.release_kinds import kind_of_manifest
-
     write = sys.stdout.write
     counts = ", ".join(f"{c}: {manifest['counts'][c]['total']}" for c in manifest["configs"]) or "no samples"
     failures = manifest["failures"]

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from builder import release_format as rf
+from evaluation.pages import render_page
 from evaluation.plots import _figure, _plain, _pyplot
 from evaluation.release_reader import open_release
 from evaluation.results import model_label
@@ -503,8 +504,6 @@ def side_by_side(
 
 def _write_html(path: Path, note: str, table: list[dict[str, Any]]) -> None:
     """``fidelity.html`` from ``templates/fidelity.html.jinja`` (autoescaped)."""
-    from evaluation.pages import render_page
-
     columns = ["edit_type", "editor", "release", "model", "n", *ACCURACY_COLUMNS, *FIDELITY_COLUMNS]
 
     def cell(value: Any) -> str:

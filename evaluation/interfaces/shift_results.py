@@ -16,6 +16,7 @@ from typing import Any
 
 from evaluation.interfaces.shift_metrics import MIN_PER_CLASS, per_class_accuracy, shift_accuracy_drop
 from evaluation.metric_registry import Metric, MetricContext
+from evaluation.pages import render_page
 from evaluation.results import check_one_release, is_complete, model_label
 from lance_pipeline.release_kinds import kind_of_results
 
@@ -398,8 +399,6 @@ def _cell(value: Any) -> str:
 def _write_html(output_dir: Any, written: dict[str, Any], interfaces: list[dict[str, Any]], combined: Any) -> Any:
     """``leaderboard.html``: the LANCE page (when there is one) with the per-shift and combined sections added before
     its end, or a page of its own (``templates/leaderboard*.html.jinja``, autoescaped)."""
-    from evaluation.pages import render_page
-
     release = next((r.get("release") or {} for r in interfaces), {})
     name = f"{release.get('name')} {release.get('version')}"
     shift_columns = list(shift_rows(interfaces)[0]) if shift_rows(interfaces) else ["model", "shift"]
