@@ -373,9 +373,9 @@ def compact_markdown(df: Any) -> str:
         return ""
     with_strength = bool(ok["strength_auc"].notna().any())
     extra = extra_columns(df)  # what registered metrics add, after the built-in columns
-    header = [*COMPACT_HEADER, *([STRENGTH_HEADER] if with_strength else []), *extra]
+    header = [*COMPACT_HEADER, *([STRENGTH_HEADER] if with_strength else []), *map(_md_escape, extra)]
     align = ["---:", ":---", *["---:"] * (len(header) - 2)]
-    lines = ["| " + " | ".join(_md_escape(h) for h in header) + " |", "|" + "|".join(align) + "|"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
     unranked = 0
     for row in ok.astype(object).to_dict("records"):
         rank = fmt_number(row["rank"]) if not _missing(row["rank"]) else "—"

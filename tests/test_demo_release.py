@@ -127,15 +127,25 @@ def test_demo_eval_reports_accuracy_against_strength_as_its_predictions_imply(de
     args = ["--model", "resnet18", "--no-pretrained", "--device", "cpu", "--workers", "0", "--no-insights"]
     args += ["--no-report", "--bootstrap", "50"]
     cli("eval", "--release", str(demo), "--output", str(tmp_path / "first"), *args)
-    first = pd.read_parquet(tmp_path / "first" / "resnet18__random" / "predictions.parquet")
+    name = json.loads((demo / "manifest.json").read_text())["name"]  # eval writes under OUTPUT/<release name>/
+    first = pd.read_parquet(tmp_path / "first" / name / "resnet18__random" / "predictions.parquet")
     indices = list(range(1000))  # a permutation: label L is scored by the model output its original got
     for label, top in first[first["config"] == "original"][["label", "top5"]].itertuples(index=False):
         target, current = int(top[0]), indices.index(int(top[0]))
         if current not in set(first["label"]):  # keep the labels already placed
             indices[label], indices[current] = target, indices[label]
     (tmp_path / "map.txt").write_text("\n".join(map(str, indices)) + "\n")
-    out = tmp_path / "eval"
-    printed = cli("eval", "--release", str(demo), "--output", str(out), "--class-map", str(tmp_path / "map.txt"), *args)
+    printed = cli(
+        "eval",
+        "--release",
+        str(demo),
+        "--output",
+        str(tmp_path / "eval"),
+        "--class-map",
+        str(tmp_path / "map.txt"),
+        *args,
+    )
+    out = tmp_path / "eval" / name
     results = json.loads((out / "resnet18__random" / "results.json").read_text())
     rows = pd.read_parquet(out / "resnet18__random" / "predictions.parquet")
     section = results["strength"]
