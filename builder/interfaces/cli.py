@@ -24,9 +24,9 @@ from typing import Any
 
 from builder import imagenet, images
 from builder.cli_publish import _talk_to_hub
-from builder.lock import output_lock
 from builder.model_refs import materialize_demo_component
 from builder.publish import check_repo_id, create_api, refuse_token
+from builder.release_format.lock import output_lock
 from builder.sources import DemoSource, create_source
 from lance_pipeline.clip.gates import ClipScorer
 from lance_pipeline.devices import resolve_device

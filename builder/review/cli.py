@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from builder import release_format as rf
-from builder.lock import output_lock
+from builder.release_format.lock import output_lock
 from builder.review.apply import apply_review, choose_study
 from builder.review.index import ReleaseIndex
 from builder.review.server import open_session, serve
