@@ -528,8 +528,8 @@ def _run_with_models(args: argparse.Namespace, argv: list[str]) -> int:
         return int(args.func(args) or 0)
 
     states = resolve_models(declare(args), command=f"lance-cf models download {shlex.join(argv)}")
-    # optional models the check found missing (and said so): the command skips what needs them instead of trying
-    args.skipped_models = [s.need for s in states if s.problem and s.need.optional and not s.stand_in]
+    # optional models the check found missing: the command skips what needs them (saying so) instead of trying
+    args.skipped_models = [s for s in states if s.problem and s.need.optional and not s.stand_in]
     with models_ready(states, progress=not getattr(args, "no_progress", False)):
         return int(args.func(args) or 0)
 

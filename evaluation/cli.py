@@ -234,7 +234,7 @@ def run_eval(args: argparse.Namespace) -> int:
         raise ValueError(f"--output {str(args.output)!r} is a file; give a directory")
 
     # lazy: imports torch
-    from evaluation.harness import EvalOptions, run_evaluation
+    from evaluation.harness import EvalOptions, run_evaluation, warn_insights_skipped
 
     release_specs = args.release if isinstance(args.release, list) else [args.release]
     check_masks(args.masks)
@@ -258,6 +258,8 @@ def run_eval(args: argparse.Namespace) -> int:
     ]
     releases = [open_release(spec) for spec in release_specs]
     side_by_side = _prepare_side_by_side(releases, args, device) if len(releases) > 1 else None
+    # the model check before the command (builder.cli) found the insights' CLIP missing: skip them, saying so once
+    insights_clip = next((s for s in getattr(args, "skipped_models", []) if s.need.role == INSIGHTS_ROLE), None)
     options = EvalOptions(
         device=device,
         devices=devices,
@@ -276,8 +278,7 @@ def run_eval(args: argparse.Namespace) -> int:
         bootstrap=args.bootstrap,
         seed=args.seed,
         min_per_class=args.min_per_class,
-        # the model check before the command (builder.cli) already said, in one line, that the insights are skipped
-        insights=not args.no_insights and INSIGHTS_ROLE not in {n.role for n in getattr(args, "skipped_models", [])},
+        insights=not args.no_insights and insights_clip is None,
         insight_k=args.clusters,
         insight_top=args.top_clusters,
         clip_model=args.clip_model,
@@ -287,6 +288,8 @@ def run_eval(args: argparse.Namespace) -> int:
         force=args.force,
         metrics=metrics,
     )
+    if insights_clip is not None and not args.no_insights:  # found missing by the model check: not tried again
+        warn_insights_skipped(options, f"is not available ({insights_clip.need.label}: {insights_clip.problem})")
     where = ", ".join(devices) if devices else device
     # Each release's results go to OUTPUT/<release>/ (never over another release's); one eval at a time per --output.
     labels = side_by_side["labels"] if side_by_side else release_labels(releases)

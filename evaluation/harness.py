@@ -728,20 +728,23 @@ def prepare_insights(release: Release, options: EvalOptions) -> dict[str, Any] |
         with _quiet_root_logger():  # open_clip logs download failures on the root logger; our one line says it all
             return cluster_release_edits(release, options)
     except (OSError, RuntimeError, ValueError) as error:
-        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
-        hint = "unset HF_HUB_OFFLINE to download it once" if offline else "check the network (or set HF_HUB_OFFLINE=1)"
         first_line = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
-        logger.warning(
-            "insights skipped: CLIP model %r (%s) could not be loaded (%s: %s); the models are scored and ranked "
-            "without them. To compute them, %s or pass a local open_clip directory with --clip-model DIR; "
-            "--no-insights skips them without this warning",
-            options.clip_model,
-            options.clip_pretrained or "no tag",
-            type(error).__name__,
-            first_line,
-            hint,
-        )
+        warn_insights_skipped(options, f"could not be loaded ({type(error).__name__}: {first_line})")
         return None
+
+
+def warn_insights_skipped(options: EvalOptions, why: str) -> None:
+    """The one line that says a run goes on without the insights (ranking does not need them), and how to get them."""
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+    hint = "unset HF_HUB_OFFLINE to download it once" if offline else "check the network (or set HF_HUB_OFFLINE=1)"
+    logger.warning(
+        "insights skipped: CLIP model %r (%s) %s; the models are scored and ranked without them. To compute them, %s "
+        "or pass a local open_clip directory with --clip-model DIR; --no-insights skips them without this warning",
+        options.clip_model,
+        options.clip_pretrained or "no tag",
+        why,
+        hint,
+    )
 
 
 def _evaluate_and_write(

@@ -492,14 +492,15 @@ def test_without_the_insight_model_eval_scores_and_ranks_saying_insights_were_sk
     caplog.clear()
     assert main([*common, "--no-insights"]) == 0
     assert "skipping" in caplog.text and "insights skipped" not in caplog.text
-    # the default CLIP model, offline and not cached: the model check before the command says it in one line, and
-    # eval does not try to load it again
+    # the default CLIP model, offline and not cached: the model check before the command finds it missing, eval says
+    # so in one line and does not try to load it
     monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-hf-home"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     caplog.clear()
     assert main([*(str(tmp_path / "default-clip") if a == str(out) else a for a in common)]) == 0
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert len(warnings) == 1 and "insights is skipped" in warnings[0] and "CLIP of the insights" in warnings[0]
+    assert len(warnings) == 1 and warnings[0].startswith("insights skipped: CLIP model 'ViT-L-14' (openai) is not")
+    assert "the Hub is switched off" in warnings[0] and "scored and ranked without them" in warnings[0]
     again = json.loads((tmp_path / "default-clip" / REL / scored["slug"] / "results.json").read_text())
     assert again["options"]["insights"] is False and again["metrics"] == results["metrics"]
 
