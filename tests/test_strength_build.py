@@ -164,7 +164,11 @@ def test_the_builder_reconciles_the_option_with_the_configs_it_builds():
     edit = next(s for s in validated.active if s.config.name == "edit")
     assert edit.config.options["keep_candidates"] is True
     spec = validated.release_spec.config(STRENGTH_CONFIG)
-    assert [f.name for f in spec.fields] == ["editor", "strength", "edit_index", "selected", "counterfactual_key"]
+    # The edit stage's own fields, then those of the screens that judge every released strength image.
+    assert [f.name for f in spec.fields] == [
+        *("editor", "strength", "edit_index", "selected", "counterfactual_key"),
+        *("sensitive_edit", "sensitive_attributes", "sensitive_triggers", "safety_nsfw", "safety_score"),
+    ]
 
     # --configs without strength: the option is switched off for that build (nothing kept, nothing stored) ...
     validated = validate_build(_demo(configs=["original", "counterfactual"]))
