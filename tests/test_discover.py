@@ -91,6 +91,7 @@ def test_discover_demo_command_writes_discoveries_and_a_report_that_renders(tmp_
     assert (
         code == 0 and "2 discovered failure(s)" in stdout and '+ "red" (by the target label and total test)' in stdout
     )
+    assert f"next:\n  lance-cf verify {out / 'release'}\n  lance-cf eval --release {out / 'release'} --model " in stdout
     document = json.loads((out / "discoveries.json").read_text())
     assert document["schema"] == "lance-cf/discoveries"
     assert {r["refined_description"] for r in discovered(document)} == {"red"}
@@ -142,6 +143,11 @@ def test_discover_demo_command_writes_discoveries_and_a_report_that_renders(tmp_
     assert "**Failure discovery (`lance-cf discover`)**" in card and "| stand-ins |" in card
     assert "| generator |" not in card and "| refinement |" in card
     assert manifest["source"]["discovery"]["stand_in"] is True and manifest["source"]["discovery"]["n_base"] == 60
+    # ... and a table of the discovered failures, one row per config, from the manifest
+    section = card.split("## Discovered failures", 1)[1].split("\n## ", 1)[0]
+    assert section.count("| `planted_colour_classifier_") == 2
+    assert "| red pond | red | target label and total | goldfish (1): 100% (" in section
+    assert manifest["kind"] == "discovery"
     from croissant_check import assert_croissant_matches_datasets
 
     assert assert_croissant_matches_datasets(release, tmp_path) == sum(c["total"] for c in manifest["counts"].values())
@@ -319,3 +325,34 @@ def test_the_discovery_deviations_are_decided_from_the_release_manifest():
     demo = {"kind": "discovery", "discovery": {"stand_in": True, "refine": False}}
     assert topics(demo) == ["stand-ins", "describing failures", "what counts as a failure found", "sample sizes"]
     assert topics({"kind": "imagefolder"}) == [] and "discovery" in dv.modes_of({"source": {"kind": "discovery"}})
+
+
+def test_the_card_section_of_a_discovery_release_escapes_what_comes_from_data():
+    from dataset_cards.discovery_section import discovery_section
+
+    hostile = "x | y <b>\n# heading"
+    row = {
+        "config": "c`1",
+        "model": hostile,
+        "label": 0,
+        "class_name": hostile,
+        "description": hostile,
+        "refined_description": hostile,
+        "discovered_by": ["total"],
+        "target_label": 3,
+        "target_rate": 0.25,
+        "target_base_rate": 0.05,
+        "target_q_value": 0.0123,
+        "rate": 0.7,
+        "base_rate": 0.2,
+        "q_value": 1e-9,
+        "n": 100,
+    }
+    section = discovery_section({"source": {"discovery": {"n_base": 200, "n_test": 100, "alpha": 0.05,
+                                                          "discoveries": [row]}},
+                                 "label_space": {"names": ["a", "b", "c", hostile]}})  # fmt: skip
+    table_row = section.strip().splitlines()[-1]
+    assert table_row.count(" | ") == 8  # nine cells: nothing from the data opened a cell, a line or a tag
+    assert "<b>" not in section and "\n# heading" not in section
+    assert "| total | x \\| y &lt;b&gt; \\# heading (3): 25% (5%), 0.012 | 70% (20%), 1e-09 | 100 |" in table_row
+    assert discovery_section({"source": {"kind": "discovery"}}) == ""

@@ -27,6 +27,7 @@ from lance_pipeline.discovery.descriptions import LLMCaptionMerger
 from lance_pipeline.discovery.search import ClassTarget, DiscoveryComponents, DiscoverySettings, discovered
 from lance_pipeline.interfaces.generation import GenerationOptions, ShiftGenerator
 from lance_pipeline.model_needs import SD_PIPELINE_FILES, TRANSFORMERS_FILES, clip_need, reference_need, timm_need
+from lance_pipeline.release_kinds import kind_of_manifest
 from lance_pipeline.text.captioning import DEFAULT_CAPTIONER, DEFAULT_CAPTIONER_REVISION, LabelConditionedCaptioner
 from lance_pipeline.text.perturbation import PromptPerturber
 
@@ -397,8 +398,9 @@ def run_discover(args: argparse.Namespace) -> int:
         sys.stdout.write(_summary_line(row, label_name))
     if found and not args.no_release:
         release = build_discovery_release(output, document)
+        manifest = read_manifest_dict(release)
+        lines = kind_of_manifest(manifest).next_lines(str(release), manifest)
         sys.stdout.write(
-            f"release of the discovered-failure images: {release}\n"
-            f"  next: lance-cf verify {release}; lance-cf eval --release {release} --model OTHER_MODEL --output OUT\n"
+            f"release of the discovered-failure images: {release}\nnext:\n" + "".join(f"  {line}\n" for line in lines)
         )
     return 0

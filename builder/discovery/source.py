@@ -97,11 +97,20 @@ class DiscoverySource(Source):
         self._fields: dict[str, dict[str, Any]] = {}
         self._image_key: dict[str, str] = {}
         self.config_names: list[str] = []
+        self.summaries: list[dict[str, Any]] = []
         taken: set[str] = set()
         samples = []
         for row in discovered(document):
             config = discovery_config_name(row["model"], row["class_name"], row["description"], taken)
             self.config_names.append(config)
+            self.summaries.append({  # one row of the card's table of discovered failures
+                "config": config, "model": row["model"], "label": int(row["label"]), "class_name": row["class_name"],
+                "description": row["description"], "refined_description": row["refined_description"],
+                "discovered_by": list(row["discovered_by"]), "target_label": int(row["target_label"]),
+                "target_rate": row["target_rate"], "target_base_rate": row["target_base_rate"],
+                "target_q_value": row["target_q_value"], "rate": row["rate"], "base_rate": row["base_rate"],
+                "q_value": row["q_value"], "n": row["n"],
+            })  # fmt: skip
             predictions = self._ledger.predictions(row["model"], row["keys"])
             prompts = dict(
                 self._ledger.db.execute(
@@ -138,6 +147,7 @@ class DiscoverySource(Source):
             "merger": document["merger"].get("kind"),
             "stand_in": bool(document["generator"].get("stand_in") or document["captioner"].get("stand_in")),
             "schema_version": document.get("schema_version"),
+            "discoveries": self.summaries,
         }
 
     def describe(self) -> dict[str, Any]:

@@ -10,9 +10,13 @@ DISCOVERY = ReleaseKind(
     name="discovery",
     title="discovered failures",
     card_intro="dataset_cards.kind_sections:discovery_intro",
+    card_section="dataset_cards.discovery_section:discovery_section",
+    # the images on which the probed model did fail (the failure rate says how many there are)
+    load_example='failed = ds.filter(lambda row: row["json"]["probe_prediction"] != row["cls"])',
     next_commands=(
         "lance-cf verify {release}",
-        "lance-cf eval --release {release} --model OTHER_MODEL{class_map} --output eval-out",
+        # the paper's transfer experiment: does a failure found for one model hold for another?
+        "lance-cf eval --release {release} --model resnet50.a1_in1k{class_map} --output eval-out",
     ),
     source_kinds=("discovery",),
 )
