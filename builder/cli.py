@@ -520,9 +520,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_with_models(args: argparse.Namespace, argv: list[str]) -> int:
-    """Run the command; one that declares its models (its parser's ``models`` default) has them checked first: a
-    model neither cached nor reachable stops it in seconds with the ``models download`` command (builds check theirs
-    in ``builder.engine.build``)."""
+    """Run the command; its parser's ``check`` default (checks that need no model) runs first, then, for a command
+    that declares its models (its parser's ``models`` default), the model check: a model neither cached nor
+    reachable stops it in seconds with the ``models download`` command (builds check theirs in
+    ``builder.engine.build``)."""
+    check = getattr(args, "check", None)  # the command's own one-line checks come before any model is looked up
+    if check is not None:
+        check(args)
     declare = getattr(args, "models", None)
     if declare is None or args.command == "models":
         return int(args.func(args) or 0)

@@ -157,7 +157,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
 
     add_side_by_side_arguments(p)
-    p.set_defaults(func=run_eval, models=declared_models)
+    p.set_defaults(func=run_eval, models=declared_models, check=check_eval_arguments)
 
     lb = subparsers.add_parser(
         "leaderboard",
@@ -215,8 +215,9 @@ def declared_models(args: argparse.Namespace) -> list:
     return [n for n in needs if n is not None]
 
 
-def run_eval(args: argparse.Namespace) -> int:
-    """Run ``lance-cf eval``; exit code 0 when every model succeeded (or was skipped), 1 when any failed."""
+def check_eval_arguments(args: argparse.Namespace) -> None:
+    """What ``eval`` can check without a model, before the model check (builder.cli) and again by ``run_eval``: a bad
+    option, or releases that share no source image, is one line before anything is fetched, loaded or written."""
     _check_positive("--batch-size", args.batch_size)
     _check_positive("--max-batch-size", args.max_batch_size, args.batch_size)
     _check_positive("--workers", args.workers, 0)
@@ -225,17 +226,14 @@ def run_eval(args: argparse.Namespace) -> int:
     _check_positive("--clusters", args.clusters)
     if args.limit is not None:
         _check_positive("--limit", args.limit)
-    metrics = parse_metric_names(args.metrics) if args.metrics is not None else None
+    if args.metrics is not None:
+        parse_metric_names(args.metrics)
     if args.checkpoint is not None and args.no_pretrained:
         raise ValueError("--checkpoint and --no-pretrained exclude each other (a checkpoint already sets the weights)")
     if args.class_map is not None and not args.class_map.is_file():
         raise ValueError(f"--class-map {str(args.class_map)!r} does not exist")
     if args.output.exists() and not args.output.is_dir():
         raise ValueError(f"--output {str(args.output)!r} is a file; give a directory")
-
-    # lazy: imports torch
-    from evaluation.harness import EvalOptions, run_evaluation, warn_insights_skipped
-
     release_specs = args.release if isinstance(args.release, list) else [args.release]
     check_masks(args.masks)
     if len(release_specs) == 1 and (args.masks is not None or args.no_clip_similarity):
@@ -243,6 +241,20 @@ def run_eval(args: argparse.Namespace) -> int:
             "--masks and --no-clip-similarity apply to the side by side of several --release (the same source "
             "images, different editors); with one release leave them out"
         )
+    if len(release_specs) > 1:  # metadata only: no image is decoded, no model loaded
+        releases = [open_release(spec) for spec in release_specs]
+        shared_sources(releases, release_labels(releases))
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    """Run ``lance-cf eval``; exit code 0 when every model succeeded (or was skipped), 1 when any failed."""
+    check_eval_arguments(args)
+    metrics = parse_metric_names(args.metrics) if args.metrics is not None else None
+
+    # lazy: imports torch
+    from evaluation.harness import EvalOptions, run_evaluation, warn_insights_skipped
+
+    release_specs = args.release if isinstance(args.release, list) else [args.release]
 
     devices = [resolve_device(d) for d in args.devices] if args.devices else None
     device = devices[0] if devices else resolve_device(args.device)

@@ -516,9 +516,22 @@ def _write_html(path: Path, note: str, table: list[dict[str, Any]]) -> None:
 
 
 def _declared_models(args: argparse.Namespace) -> list:
-    """compare-editors loads one CLIP model (checked before it starts)."""
+    """compare-editors loads one CLIP model (checked before it starts), unless --no-clip-similarity."""
+    if args.no_clip_similarity:
+        return []
     need = clip_need(args.clip_model, args.clip_pretrained, used_by="compare-editors", key="--clip-model")
     return [need] if need is not None else []
+
+
+def _require_two_releases(release_specs: list[str]) -> None:
+    if len(release_specs) < 2:
+        raise ValueError("compare-editors needs at least two --release (the same source images, two editors)")
+
+
+def check_compare_editors_arguments(args: argparse.Namespace) -> None:
+    """The checks that need no model, before the model check (builder.cli): one line, nothing loaded or written."""
+    check_masks(args.masks)
+    _require_two_releases(args.release)
 
 
 def load_side_by_side_clip(model: str, pretrained: str | None, device: str):
@@ -550,8 +563,7 @@ def compare_editors(
     Returns:
         The table rows (see :func:`fidelity_table`).
     """
-    if len(release_specs) < 2:
-        raise ValueError("compare-editors needs at least two --release (the same source images, two editors)")
+    _require_two_releases(release_specs)
     releases = [open_release(spec) for spec in release_specs]
     labels = release_labels(releases)
     results = load_results(results_paths or [])
@@ -583,7 +595,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--clip-model", default="ViT-L-14", help="open_clip model for the CLIP image similarity")
     p.add_argument("--clip-pretrained", default="openai", help="its pretrained tag (None for a directory)")
     p.add_argument("--device", default="cpu", help="device of the CLIP model")
-    p.set_defaults(func=run_compare_editors, models=_declared_models)
+    p.set_defaults(func=run_compare_editors, models=_declared_models, check=check_compare_editors_arguments)
 
 
 def add_side_by_side_arguments(parser: argparse.ArgumentParser, no_clip_aliases: tuple[str, ...] = ()) -> None:

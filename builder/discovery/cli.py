@@ -90,7 +90,7 @@ def register(subparsers) -> None:
         "--no-release", action="store_true", help="do not build OUTPUT/release (the discovered-failure images)"
     )
     discover.add_argument("--no-progress", action="store_true", help="no progress bar")
-    discover.set_defaults(func=run_discover, models=_declared_models)
+    discover.set_defaults(func=run_discover, models=_declared_models, check=_check_arguments)
 
 
 @functools.cache
@@ -131,14 +131,17 @@ class _Described:
         return restore_model_references(self._inner.describe(), self._references)
 
 
-def _declared_models(args: argparse.Namespace) -> list:
-    """What ``discover`` will load (checked before it starts; ``--demo`` builds its stand-ins locally): the
-    generator, captioner, CLIP, the merging LLM if any, and each classifier's pretrained weights."""
-    # A bad option or output path is reported before the models are looked for (it is cheaper to fix first).
+def _check_arguments(args: argparse.Namespace) -> None:
+    """A bad option or output path, before the models are looked for (builder.cli): it is cheaper to fix first."""
     if args.release is not None:
         check_release_arguments(args)
     else:
         check_generation_arguments(args)
+
+
+def _declared_models(args: argparse.Namespace) -> list:
+    """What ``discover`` will load (checked before it starts; ``--demo`` builds its stand-ins locally): the
+    generator, captioner, CLIP, the merging LLM if any, and each classifier's pretrained weights."""
     if args.demo:
         return []  # the stand-ins are built locally
     needs = [clip_need(args.clip_model, args.clip_pretrained, used_by="discover", key="--clip-model")]

@@ -124,7 +124,7 @@ def register(subparsers) -> None:
     learn.add_argument("--device", default=None, help="torch device (default: cuda if available)")
     learn.add_argument("--push-to-hub", metavar="REPO_ID", help="upload the tokens as a model repository with a card")
     learn.add_argument("--no-progress", action="store_true", help="no progress bar")
-    learn.set_defaults(func=run_learn_tokens, models=_declared_models)
+    learn.set_defaults(func=run_learn_tokens, models=_declared_models, check=_check_learn_arguments)
     interfaces.set_defaults(func=lambda args: interfaces.print_help() or 2)
 
 
@@ -386,8 +386,9 @@ def _write_index(output: Path, index: dict[str, Any]) -> None:
     tmp.replace(output / TOKENS_INDEX)
 
 
-def run_learn_tokens(args: argparse.Namespace) -> int:
-    options = _options(args)  # bad settings fail here, before any image is read or model loaded
+def _check_learn_arguments(args: argparse.Namespace) -> None:
+    """Bad settings, repo id or output, before the model check (builder.cli) and before any image is read."""
+    _options(args)
     if args.push_to_hub:
         try:  # a bad repo id must not wait for hours of training
             check_repo_id(args.push_to_hub)
@@ -397,6 +398,12 @@ def run_learn_tokens(args: argparse.Namespace) -> int:
     output: Path = args.output
     if output.exists() and not output.is_dir():
         raise ValueError(f"--output {output} is a file; give a directory")
+
+
+def run_learn_tokens(args: argparse.Namespace) -> int:
+    _check_learn_arguments(args)
+    options = _options(args)
+    output: Path = args.output
     source, labels = _source(args.source, args.classes)
     by_label = _samples_by_label(source, labels)
     if not by_label:
