@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
-from builder_helpers import METHOD_STAGES, SCREEN_STAGES, STRENGTH_SCREENS, cli, release_files
+from builder_helpers import METHOD_STAGES, REPO, SCREEN_STAGES, STRENGTH_SCREENS, cli, env, release_files
 
 from builder.release_format import CONFIG_NAMES, EDIT_TYPES, SCORE_NAMES
 from builder.release_format.verify import verify_release
@@ -13,11 +16,23 @@ from builder.release_format.verify import verify_release
 pytestmark = pytest.mark.e2e  # the demo preset built through the CLI
 
 
+def counting_loads(counts: Path, *args: str, unshared: bool = False) -> dict[str, dict[str, int]]:
+    """``lance-cf ARGS`` in a process that counts every model load (tests/load_counter.py); the counts per model."""
+    command = [sys.executable, str(REPO / "tests" / "load_counter.py"), str(counts)]
+    command += [*(["--unshared"] if unshared else []), "--", *args]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env(), cwd=REPO)
+    assert proc.returncode == 0, f"lance-cf {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    return json.loads(counts.read_text())
+
+
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
+    """The demo, built with every stage loading its own models (no sharing between stages): the reference whose bytes
+    the shared-model rebuild must reproduce."""
     root = tmp_path_factory.mktemp("demo")
     out = root / "release"
-    cli("build", "demo", "--output", str(out), "--no-progress", "--device", "cpu")
+    counting_loads(root / "loads.json", "build", "demo", "--output", str(out), "--no-progress", "--device", "cpu",
+                   unshared=True)  # fmt: skip
     return out
 
 
@@ -66,10 +81,19 @@ def test_demo_populates_all_configs_with_complete_metadata(demo, tmp_path):
 
 def test_demo_rebuild_is_byte_identical(demo, tmp_path, monkeypatch):
     """Same inputs and config, every model stage included: identical shards, manifest and card, even with the tiny
-    models rebuilt in another cache directory (the release names them demo:NAME, never a local path)."""
+    models rebuilt in another cache directory (the release names them demo:NAME, never a local path). The rebuild
+    shares each model between the stages that use it (the label check and three sensitive-edit screens: one
+    all-MiniLM-L6-v2; four safety stages: one checker); the reference loaded one per stage: same bytes."""
     monkeypatch.setenv("LANCE_CF_CACHE", str(tmp_path / "other-cache"))
     again = tmp_path / "again"
-    cli("build", "demo", "--output", str(again), "--no-progress", "--device", "cpu")
+    loads = counting_loads(tmp_path / "loads.json", "build", "demo", "--output", str(again), "--no-progress",
+                           "--device", "cpu")  # fmt: skip
+    unshared = json.loads((demo.parent / "loads.json").read_text())
+    # The hook sees every load: label_check, screen, screen_lance_r and screen_strength each loaded their own.
+    assert sum(unshared["sentence-transformers"].values()) == 4
+    assert sum(loads["sentence-transformers"].values()) == 1  # all-MiniLM-L6-v2, once for four stages
+    assert loads["safety-checker"] == {"tiny-safety-checker": 1}
+    assert loads["stable-diffusion-unet"] == {"tiny-stable-diffusion": 1}
     assert release_files(again) == release_files(demo)
 
 

@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
 from lance_pipeline.editing.strength import STRENGTH_FIELD
+from lance_pipeline.shared_models import shared_model
 from lance_pipeline.stage import SAMPLE_INDEX, MetadataField, OutputScreen, Record, SampleFailure
 
 logger = logging.getLogger(__name__)
@@ -97,18 +96,18 @@ class SafetyChecker:
         return out
 
 
-_CACHE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-_CACHE_LOCK = threading.Lock()
-
-
 def load_safety_checker(options: SafetyCheckOptions, device: str) -> SafetyChecker:
-    """Load the checker through diffusers (shared by the safety stages of one process, as SD components are)."""
+    """Load the checker through diffusers: one copy per (model, revision, device), shared by the safety stages of
+    the process and freed with the last of them (``lance_pipeline.shared_models``)."""
     revision = None if options.is_local else options.revision
-    key = (os.path.abspath(options.model) if options.is_local else options.model, revision, str(device))
-    with _CACHE_LOCK:
-        cached = _CACHE.get(key)
-        if cached is not None:
-            return cached
+    key = (
+        "safety-checker",
+        os.path.abspath(options.model) if options.is_local else options.model,
+        revision,
+        str(device),
+    )
+
+    def load() -> SafetyChecker:
         from diffusers.pipelines.stable_diffusion.safety_checker import StableDiffusionSafetyChecker
         from transformers import CLIPImageProcessor
 
@@ -118,10 +117,10 @@ def load_safety_checker(options: SafetyCheckOptions, device: str) -> SafetyCheck
         model = StableDiffusionSafetyChecker.from_pretrained(options.model, **common).to(device).eval()
         processor = CLIPImageProcessor.from_pretrained(options.model, **common)
         weights_file = _weights_file(options)
-        checker = SafetyChecker(model, processor, str(device), weights_file)
-        _CACHE[key] = checker
         logger.info("loaded the safety checker %s@%s on %s (%s)", options.model, revision, device, weights_file)
-        return checker
+        return SafetyChecker(model, processor, str(device), weights_file)
+
+    return shared_model(key, load)
 
 
 def _weights_file(options: SafetyCheckOptions) -> str | None:

@@ -39,7 +39,7 @@ from lance_pipeline.stage import SAMPLE_INDEX, MetadataField, OutputScreen, Reco
 from lance_pipeline.text.label_checks import (
     DEFAULT_SENTENCE_MODEL,
     DEFAULT_SENTENCE_MODEL_REVISION,
-    resolve_sentence_model,
+    load_sentence_model,
 )
 
 logger = logging.getLogger(__name__)
@@ -254,11 +254,8 @@ class SensitiveEditScreen:
     def load(self, device: str) -> None:
         if self.options.similarity_threshold is None:
             return
-        from sentence_transformers import SentenceTransformer
-
-        path, revision, self.source = resolve_sentence_model(self.options.model, self.options.revision)
-        logger.info("loading sentence model %s (%s) on %s for the sensitive-edit screen", path, self.source, device)
-        self._model = SentenceTransformer(path, revision=revision, device=str(device), trust_remote_code=False)
+        # The label check's copy when it is loaded (same model, revision and device): lance_pipeline.shared_models.
+        self._model, self.source = load_sentence_model(self.options.model, self.options.revision, device)
 
     def describe(self) -> dict[str, Any]:
         o = self.options

