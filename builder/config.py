@@ -11,6 +11,8 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import logging
+import os
 import re
 import typing
 from dataclasses import dataclass, field
@@ -22,8 +24,13 @@ from builder.registry import STAGES
 from builder.release_format import CONFIG_NAMES, IMAGE_FORMATS, is_release_version
 from builder.release_format.yaml_text import check_expansion, load_yaml
 from builder.sources import _path_name, public_spec
+from lance_pipeline.hub_cache import content_digest, local_copy
+from lance_pipeline.model_needs import LOCAL_PREFIXES as MODEL_PREFIXES
+from lance_pipeline.model_needs import local_model_inputs
 from lance_pipeline.option_types import ImageSide, Interval, check_value, describe_type
 from lance_pipeline.stage import options_type
+
+logger = logging.getLogger(__name__)
 
 AtLeast0 = Annotated[int, Interval(ge=0)]
 AtLeast1 = Annotated[int, Interval(ge=1)]
@@ -142,55 +149,75 @@ class BuildConfig:
 
     def config_hash(self) -> str:
         """Hash of everything that decides the release's content. Inactive stages are left out."""
-        data = self.public_dict()
-        data["stages"] = [public_stage_dict(s) for s in self.active_stages()]
-        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        canonical = json.dumps(hashed_view(self), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def public_stage_dict(stage: StageConfig) -> dict[str, Any]:
-    """A stage as a release records it: an option its stage declares a local path (field metadata ``local_path``,
-    e.g. a folder of class tokens) is recorded by its name, as sources are, and its content by a digest under
-    ``local_inputs``, so that the same files at two locations give the same config and other files another."""
+    """A stage as a release records it, with no path of the build machine in it.
+
+    Every option that names something on this machine is recorded by its name, as sources are, and its content by a
+    digest under ``local_inputs``, so that the same files at two locations give the same config (a moved folder
+    resumes) and other files another (a changed one does not): the options a stage declares local paths (field
+    metadata ``local_path``, e.g. a folder of class tokens) and the model options it declares (``model_options``)
+    whose value is a local directory. A model directory that is an unchanged copy of a Hub model (its
+    ``models download --local-dir`` marker matches its files) is also recorded, under ``local_copies``, as the Hub id
+    and commit it is a copy of, so the release names the real model."""
     data = stage.to_dict()
-    paths = _local_path_options(stage.type)
-    local_inputs = {}
-    for name in paths:
-        value = data["options"].get(name)
-        if isinstance(value, str) and value and not value.startswith(("demo:", "pkg:")):
-            data["options"][name] = _path_name(value)
-            local_inputs[name] = _content_digest(Path(value))
+    local_inputs, local_copies = {}, {}
+    for name, (path, is_model) in local_stage_inputs(stage).items():
+        data["options"][name] = _path_name(path)
+        local_inputs[name] = content_digest(Path(os.path.expanduser(path)))
+        copy = local_copy(path) if is_model and Path(os.path.expanduser(path)).is_dir() else None
+        if copy is not None and copy.verified:
+            local_copies[name] = copy.label
+        elif copy is not None and copy.repo_id is not None:
+            _warn_once(f"model directory {path} for stage {stage.name!r} is recorded by its name and digest, not as a "
+                       f"copy of {copy.label}: {copy.reason}")  # fmt: skip
     if local_inputs:
         data["local_inputs"] = local_inputs
+    if local_copies:
+        data["local_copies"] = local_copies
     return data
 
 
-def _local_path_options(stage_type: str) -> list[str]:
-    """The options a registered stage type declares as local paths (none for code stage types and unknown names)."""
+def local_stage_inputs(stage: StageConfig) -> dict[str, tuple[str, bool]]:
+    """``{option: (local path, is a model)}``: the options of a stage whose value is a path on this machine (see
+    ``public_stage_dict``); none for code stage types and unknown names."""
+    cls = _stage_class(stage.type)
+    if cls is None:
+        return {}
+    found: dict[str, tuple[str, bool]] = {}
+    try:
+        fields = dataclasses.fields(options_type(cls))
+    except Exception:  # as in _stage_class: validation names a stage whose options cannot be read
+        fields = ()
+    for f in fields:
+        value = stage.options.get(f.name)
+        if f.metadata.get("local_path") and isinstance(value, str) and value and not value.startswith(MODEL_PREFIXES):
+            found[f.name] = (value, False)
+    for name, path in local_model_inputs(cls, stage.options).items():
+        found.setdefault(name, (path, True))
+    return found
+
+
+def _stage_class(stage_type: str) -> type | None:
+    """A registered stage type's class, or None (code stage types and unknown names: validation reports them)."""
     if not isinstance(stage_type, str) or stage_type not in STAGES.names():
-        return []
-    try:
-        kind = options_type(STAGES.resolve(stage_type))
-    except Exception:  # validation reports a stage that cannot be imported; recording it is not the place
-        return []
-    return [f.name for f in dataclasses.fields(kind) if f.metadata.get("local_path")]
-
-
-def _content_digest(path: Path) -> str | None:
-    """sha256 over a file's bytes, or over a folder's visible files (name and bytes, in name order); None if absent."""
-    digest = hashlib.sha256()
-    try:
-        if path.is_dir():
-            for child in sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")):
-                digest.update(child.name.encode("utf-8", "surrogateescape") + b"\0")
-                digest.update(hashlib.sha256(child.read_bytes()).digest())
-        elif path.is_file():
-            digest.update(path.read_bytes())
-        else:
-            return None
-    except OSError:
         return None
-    return "sha256:" + digest.hexdigest()
+    try:
+        return STAGES.resolve(stage_type)
+    except Exception:  # validation reports a stage that cannot be imported; recording it is not the place
+        return None
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        logger.warning(message)
 
 
 def preset_path(name: str) -> str:
@@ -301,17 +328,20 @@ def config_changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
 
 
 def hashed_view(config: BuildConfig) -> dict[str, Any]:
-    """What the config hash covers: the public config with the active stages only."""
+    """What the config hash covers: the public config with the active stages only (local inputs by name and digest)."""
     data = config.public_dict()
-    data["stages"] = [s.to_dict() for s in config.active_stages()]
+    data["stages"] = [public_stage_dict(s) for s in config.active_stages()]
     return data
 
 
-def explain_config_change(stored: dict[str, Any], config: BuildConfig) -> str:
+def explain_config_change(
+    stored: dict[str, Any], config: BuildConfig, stored_view: dict[str, Any] | None = None
+) -> str:
     """Why a build directory refuses ``config``: what changed since the config it was started with (``stored``, a
-    ``to_dict``/``public_dict`` as the ledger or manifest keeps it), and what to do, in one sentence."""
+    ``to_dict``/``public_dict`` as the ledger or manifest keeps it, or better ``stored_view``, its ``hashed_view``
+    from then: local files that changed since are only seen there), and what to do, in one sentence."""
     try:
-        before = hashed_view(_from_dict(stored, "the stored config"))
+        before = stored_view if stored_view is not None else hashed_view(_from_dict(stored, "the stored config"))
     except (TypeError, ValueError):
         before = stored
     changes = config_changes(before, hashed_view(config))

@@ -17,7 +17,7 @@ from typing import Any
 
 from builder import release_format as rf
 from builder.release_format.hub import GENERATED_SOURCES
-from dataset_cards.card import build_constants, stage_models
+from dataset_cards.card import LOCAL_COPY, build_constants, stage_models
 from lance_pipeline.deviations import MODES, deviations_for
 
 # What each kind of release is, in one sentence of how its images were made.
@@ -79,7 +79,13 @@ def croissant_about(manifest: rf.Manifest, *, publication: dict[str, str] | None
     user_note = str(manifest.config.get("description") or "").strip()
     models = [
         f"{stage}: {model}"
-        + (f" at revision {', '.join(revisions)}" if revisions else " (no pinned revision recorded)")
+        + (
+            ""  # a local copy of ID@COMMIT names its revision itself
+            if model.startswith(LOCAL_COPY)
+            else f" at revision {', '.join(revisions)}"
+            if revisions
+            else " (no pinned revision recorded)"
+        )
         for stage, stage_model_list, revisions in stage_models(manifest)
         for model in stage_model_list
     ]

@@ -37,10 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from builder import images
-from builder.config import BuildConfig, explain_config_change
+from builder.config import BuildConfig, explain_config_change, hashed_view, local_stage_inputs
 from builder.ledger import Ledger
 from builder.model_check import build_needs, check_cpu, models_ready, resolve_models
-from builder.model_refs import resolve_model_references, restore_model_references
+from builder.model_refs import local_path_references, resolve_model_references, restore_model_references
 from builder.output_paths import output_problem
 from builder.registry import ENGINES
 from builder.release import write_release
@@ -157,6 +157,9 @@ class _StageRunner:
     def stage(self):
         if self._stage is None:
             options, self._references = resolve_model_references(self.config.options)
+            # Local model directories and token folders: described by the name the config records them by.
+            paths = [path for path, _ in local_stage_inputs(self.config).values()]
+            self._references.update(local_path_references(paths))
             try:
                 self._stage = self.validated.cls(**options)
             except TypeError as err:
@@ -302,14 +305,15 @@ def _claim_ledger(
         if existing is None:
             ledger.set_meta("config_hash", config_hash)
             ledger.set_meta("config", json.dumps(config.to_dict(), sort_keys=True))
+            ledger.set_meta("hashed_config", json.dumps(hashed_view(config), sort_keys=True))
             ledger.set_meta("environment", json.dumps(env, sort_keys=True))
             ledger.write_plan(plan)
             return []
         if existing != config_hash:
             stored = json.loads(ledger.get_meta("config") or "{}")
-            raise BuildRefused(
-                f"{ledger.path.parent.parent} holds a build of a different config: {explain_config_change(stored, config)}"
-            )
+            view = ledger.get_meta("hashed_config")  # absent in ledgers from before it was kept
+            why = explain_config_change(stored, config, json.loads(view) if view else None)
+            raise BuildRefused(f"{ledger.path.parent.parent} holds a build of a different config: {why}")
         if ledger.plan() != sorted(plan, key=lambda r: (r[1], r[0])):
             raise BuildRefused(
                 f"source {config.source!r} no longer gives the samples this build started with; "

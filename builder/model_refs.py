@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from builder.registry import DEMO_COMPONENTS
+from builder.sources import _path_name
 
 logger = logging.getLogger(__name__)
 
@@ -89,12 +91,32 @@ def resolve_model_references(options: dict[str, Any]) -> tuple[dict[str, Any], d
     return walk(options), references
 
 
+def local_path_references(paths: list[str]) -> dict[str, str]:
+    """``{path as a description may spell it: public name}`` for local inputs of a stage (a model directory, a folder
+    of tokens): the path as given (when it has a folder in it), absolute and with links resolved, each to the name the
+    release records it by (``builder.config.public_stage_dict``), so that what a stage describes names no folder of
+    the build machine."""
+    references = {}
+    for path in paths:
+        name = _path_name(path)
+        expanded = os.path.expanduser(path)
+        for spelling in (path, expanded, os.path.abspath(expanded), os.path.realpath(expanded)):
+            if os.sep in spelling.rstrip(os.sep) and spelling not in (name, os.sep):
+                references[spelling.rstrip(os.sep)] = name
+    return references
+
+
+# A path ends where the next character cannot continue its last name: the end, a separator, a space or punctuation.
+_PATH_END = r"(?=$|[/\\\s'\"`,;:)\]}])"
+
+
 def restore_model_references(value: Any, references: dict[str, str]) -> Any:
-    """Inverse of the path substitution, for descriptions: local directories back to their references."""
+    """Inverse of the path substitution, for descriptions: local directories back to their references (the longest
+    path first, each only where it ends, so ``/m/a`` is not replaced inside ``/m/ab``)."""
     if isinstance(value, str):
-        for path, reference in references.items():
+        for path in sorted(references, key=len, reverse=True):
             if path in value:
-                value = value.replace(path, reference)
+                value = re.sub(re.escape(path) + _PATH_END, lambda _m, path=path: references[path], value)
         return value
     if isinstance(value, dict):
         return {k: restore_model_references(v, references) for k, v in value.items()}

@@ -255,21 +255,47 @@ def _config_stages(manifest: rf.Manifest) -> list[dict[str, Any]]:
     return [s for s in stages if isinstance(s, dict) and "name" in s]
 
 
+LOCAL_COPY = "local copy of "
+
+
+def local_models(stage: dict[str, Any]) -> dict[str, str]:
+    """How a stage's local model directories are shown, by the name its config records them by: ``local copy of
+    ID@COMMIT`` for an unchanged copy of a Hub model (``local_copies``), else ``local directory NAME (sha256:…)``
+    (``local_inputs``: the folder's digest)."""
+    options = stage.get("options") or {}
+    copies = stage.get("local_copies") or {}
+    shown = {}
+    for option, digest in (stage.get("local_inputs") or {}).items():
+        name = options.get(option)
+        if not isinstance(name, str):
+            continue
+        if option in copies:
+            shown[name] = LOCAL_COPY + str(copies[option])
+        elif _is_model_key(option):
+            shown[name] = f"local directory {name} ({str(digest)[:19]}…)" if digest else f"local directory {name}"
+    return shown
+
+
 def stage_models(manifest: rf.Manifest) -> list[tuple[str, list[str], list[str]]]:
     """Per stage: its models (every ``model``-like value, nested ones such as the CLIP gate's included, local paths
-    reduced to their last component) and revisions, from what the stage described and from its options."""
-    options = {s["name"]: s.get("options") or {} for s in _config_stages(manifest)}
+    reduced to their last component, a local model directory as a local copy of its Hub model or by name and digest)
+    and revisions, from what the stage described and from its options."""
+    stages = {s["name"]: s for s in _config_stages(manifest)}
+    options = {name: s.get("options") or {} for name, s in stages.items()}
     out = []
     for stage in [*manifest.stages, *[n for n in options if n not in manifest.stages]]:
         models: list[str] = []
         revisions: list[str] = []
+        local = local_models(stages.get(stage) or {})
+        # An option holding a copy of a Hub model is a model even when not named like one (``controlnet``).
+        copied = set((stages.get(stage) or {}).get("local_copies") or {})
         for source in (manifest.stages.get(stage), options.get(stage)):
             for path, value in _walk(source or {}, ""):
                 leaf = path.rsplit(".", 1)[-1]
                 if not isinstance(value, str) or not value:
                     continue
-                shown = _public(value)
-                if _is_model_key(leaf) and shown not in models:
+                shown = local.get(value) or _public(value)
+                if (_is_model_key(leaf) or leaf in copied) and shown not in models:
                     models.append(shown)
                 elif "revision" in leaf and shown not in revisions:
                     revisions.append(shown)

@@ -18,6 +18,7 @@ Endpoint, cache and token are huggingface_hub's own (``HF_ENDPOINT``, ``HF_HOME`
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -539,8 +540,6 @@ def _fetch_file(state: ModelState, name: str, local_dir: Path | None, token: Any
     """One file. A large one goes through a kept partial file (resumed with a Range request, checked against its
     sha256), then, for the cache, is linked into the snapshot by ``hf_hub_download``, which finds the blob and
     transfers nothing. A small one is fetched by ``hf_hub_download`` itself."""
-    import hashlib
-
     from huggingface_hub import hf_hub_download, hf_hub_url
     from huggingface_hub.file_download import http_get
     from huggingface_hub.utils import build_hf_headers
@@ -580,13 +579,138 @@ def _fetch_file(state: ModelState, name: str, local_dir: Path | None, token: Any
         hf_hub_download(need.repo_id, name, revision=revision, cache_dir=need.cache_dir, token=token, endpoint=where)
 
 
+# A copy made by ``models download --local-dir`` carries this file: the repository and commit it is a copy of, and the
+# sha256 of each of its files. A build given the copy checks the files against it; when they match, the release
+# records the model as a local copy of that id at that commit (``builder.config.public_stage_dict``).
 LOCAL_MARKER = ".lance-cf-model.json"
 
 
 def write_local_marker(directory: Path, state: ModelState) -> None:
-    """Record in a local copy which repository and commit it holds (read by ``models list`` and by people)."""
-    data = {"repo_id": state.need.repo_id, "revision": state.commit, "files": sorted(state.files)}
+    """Record in a local copy which repository and commit it holds, and each file's sha256 (computed from the copy;
+    a file whose Hub listing gives a sha256 must match it)."""
+    files = {}
+    for name in sorted(state.files):
+        digest = file_sha256(directory / name)
+        expected = state.sha256.get(name)
+        if expected is not None and digest != expected:
+            raise DownloadStopped(
+                f"{directory / name}: its bytes do not match the sha256 the Hub lists for {state.need.label}; delete "
+                "it and run the same command again"
+            )
+        files[name] = digest
+    data = {"repo_id": state.need.repo_id, "revision": state.commit, "files": files}
     (directory / LOCAL_MARKER).write_text(json.dumps(data, indent=1) + "\n")
+
+
+@dataclass(frozen=True)
+class LocalCopy:
+    """What a local model directory's marker says, checked against its files.
+
+    Attributes:
+        repo_id, revision: The repository and commit the directory is a copy of, or None without a valid marker.
+        verified: Every file the marker lists is there with its sha256, and no other visible file is.
+        reason: Why it is not verified (None when it is).
+    """
+
+    repo_id: str | None
+    revision: str | None
+    verified: bool
+    reason: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.repo_id}@{self.revision}"
+
+
+def local_copy(directory: str | os.PathLike) -> LocalCopy:
+    """Whether ``directory`` is an unchanged copy of a Hub model made by ``models download --local-dir``."""
+    path = Path(os.path.expanduser(os.fspath(directory)))
+    try:
+        data = json.loads((path / LOCAL_MARKER).read_text())
+    except FileNotFoundError:
+        return LocalCopy(None, None, False, f"it carries no {LOCAL_MARKER}")
+    except (OSError, ValueError) as err:
+        return LocalCopy(None, None, False, f"its {LOCAL_MARKER} cannot be read ({err})")
+    repo_id = data.get("repo_id") if isinstance(data, dict) else None
+    revision = data.get("revision") if isinstance(data, dict) else None
+    files = data.get("files") if isinstance(data, dict) else None
+    if not (isinstance(repo_id, str) and is_commit(revision)):
+        return LocalCopy(None, None, False, f"its {LOCAL_MARKER} names no repository and commit")
+    if not (isinstance(files, dict) and files and all(isinstance(v, str) for v in files.values())):
+        return LocalCopy(repo_id, revision, False, f"its {LOCAL_MARKER} lists no sha256 (made by an older lance-cf)")
+    present = visible_files(path)
+    extra = sorted(set(present) - set(files))
+    missing = sorted(set(files) - set(present))
+    changed = sorted(name for name in set(files) & set(present) if file_sha256(path / name) != files[name])
+    problems = [f"{what}: {', '.join(names[:3])}" + (" ..." if len(names) > 3 else "")
+                for what, names in (("changed", changed), ("missing", missing), ("added", extra)) if names]  # fmt: skip
+    if problems:
+        return LocalCopy(repo_id, revision, False, f"its files differ from its {LOCAL_MARKER} ({'; '.join(problems)})")
+    return LocalCopy(repo_id, revision, True)
+
+
+def visible_files(directory: Path) -> list[str]:
+    """The files under ``directory`` (links followed, each folder once), relative POSIX paths, sorted; names starting
+    with ``.`` (the marker, partial downloads, caches) are left out at every level."""
+    out: list[str] = []
+    seen: set[str] = set()
+
+    def walk(folder: Path, prefix: str) -> None:
+        real = os.path.realpath(folder)
+        if real in seen:
+            return
+        seen.add(real)
+        for child in sorted(folder.iterdir(), key=lambda p: p.name):
+            if child.name.startswith("."):
+                continue
+            if child.is_dir():
+                walk(child, f"{prefix}{child.name}/")
+            elif child.is_file():
+                out.append(prefix + child.name)
+
+    walk(directory, "")
+    return sorted(out)
+
+
+def content_digest(path: Path) -> str | None:
+    """``sha256:HEX`` over a file's bytes, or over a folder's visible files (``visible_files``: each relative path
+    and its bytes' sha256, in path order; a flat folder hashes as before subfolders counted); None if absent."""
+    digest = hashlib.sha256()
+    try:
+        if path.is_dir():
+            for name in visible_files(path):
+                digest.update(name.encode("utf-8", "surrogateescape") + b"\0")
+                digest.update(bytes.fromhex(file_sha256(path / name)))
+        elif path.is_file():
+            digest.update(path.read_bytes())
+        else:
+            return None
+    except OSError:
+        return None
+    return "sha256:" + digest.hexdigest()
+
+
+# sha256 of files already read in this process, by (path, size, mtime, inode): a build asks for a model folder's
+# digest several times (config hash, manifest), and its weights may be gigabytes.
+_FILE_SHA256: dict[tuple, str] = {}
+_FILE_SHA256_LOCK = threading.Lock()
+
+
+def file_sha256(path: Path) -> str:
+    """The hex sha256 of a file's bytes (read once per process while the file is unchanged)."""
+    info = os.stat(path)
+    key = (os.path.realpath(path), info.st_size, info.st_mtime_ns, info.st_ino, info.st_dev)
+    with _FILE_SHA256_LOCK:
+        known = _FILE_SHA256.get(key)
+    if known is not None:
+        return known
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    with _FILE_SHA256_LOCK:
+        _FILE_SHA256[key] = digest.hexdigest()
+    return digest.hexdigest()
 
 
 def format_size(size: int | None) -> str:

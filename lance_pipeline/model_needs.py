@@ -208,11 +208,12 @@ def reference_need(
     }
     if value.startswith(LOCAL_PREFIXES):
         return None
-    if value.startswith("local-dir:") or os.path.isdir(os.path.expanduser(value)) or value.startswith(("/", ".", "~")):
-        path = value.removeprefix("local-dir:")
+    path = local_model_path(value)
+    if path is not None:
         return ModelNeed(None, None, files, required, local_path=path, **common)
-    if value.startswith("hf-hub:"):
-        return ModelNeed(value[len("hf-hub:") :], revision, OPEN_CLIP_HUB_FILES, OPEN_CLIP_HUB_REQUIRED, **common)
+    if value.startswith("hf-hub:"):  # a local copy of it takes neither tag nor revision either (pretrained_key)
+        return ModelNeed(value[len("hf-hub:") :], revision, OPEN_CLIP_HUB_FILES, OPEN_CLIP_HUB_REQUIRED,
+                         pretrained_key=pretrained_key, **common)  # fmt: skip
     if pretrained is not None:  # a built-in open_clip name (OpenAI's "ViT-L/14" spelling too)
         if pretrained.endswith(".safetensors"):  # open_clip weights given as a local file
             return ModelNeed(None, None, (), (), local_path=pretrained, **common)
@@ -225,6 +226,33 @@ def reference_need(
         return ModelNeed(repo, None, files, (weights,), builtin=builtin, pretrained_key=pretrained_key, **common)
     stand_in = dict(packaged).get(value)
     return ModelNeed(value, revision, files, required, packaged=stand_in, **common)
+
+
+def local_model_path(value: Any) -> str | None:
+    """The local directory a model reference names (a path, an existing folder, or ``local-dir:DIR``), or None for a
+    Hub id, an ``hf-hub:`` id, ``demo:``/``pkg:`` and anything that is not a string."""
+    if not isinstance(value, str | os.PathLike):
+        return None
+    value = os.fspath(value)
+    if not value.strip() or value.startswith((*LOCAL_PREFIXES, "hf-hub:")):
+        return None
+    if value.startswith("local-dir:") or os.path.isdir(os.path.expanduser(value)) or value.startswith(("/", ".", "~")):
+        return value.removeprefix("local-dir:")
+    return None
+
+
+def local_model_inputs(cls: type, options: dict[str, Any]) -> dict[str, str]:
+    """``{option: local path}`` for each model option of a stage (``model_options``) whose value names a local
+    directory, and each open_clip ``pretrained`` option that names a weights file, as ``reference_need`` reads them."""
+    found = {}
+    for declared in getattr(cls, "model_options", ()):
+        path = local_model_path(options.get(declared.option))
+        if path is not None:
+            found[declared.option] = path
+        tag = options.get(declared.pretrained) if declared.pretrained else None
+        if isinstance(tag, str) and tag.endswith(".safetensors"):  # open_clip weights given as a local file
+            found[declared.pretrained] = tag
+    return found
 
 
 def needs_of(cls: type, options: Any, stage: str) -> list[ModelNeed]:

@@ -311,21 +311,20 @@ def test_a_killed_download_resumes_where_it_stopped(hub, tmp_path):
     assert hashlib.sha256((snapshot / "model.safetensors").read_bytes()).digest() == hashlib.sha256(big).digest()
 
 
-@pytest.mark.slow  # two tiny builds
-def test_the_declared_files_are_all_the_real_loaders_read(hub, tmp_path, monkeypatch):
-    """The demo's tiny models, put on the Hub double as repos, fetched by `models download` and loaded by the real
-    loaders (transformers, diffusers, open_clip) with the Hub switched off: the declared files are enough, and the
-    release's shards are byte-identical to those built from the local copies."""
-    import yaml
-    from huggingface_hub import constants
+DEMO_MODELS = ("tiny-blip2", "tiny-causal-lm", "tiny-masked-lm", "tiny-stable-diffusion", "tiny-open-clip",
+               "tiny-safety-checker")  # fmt: skip
 
-    from builder.config import apply_overrides, load_config
-    from builder.engine import build
+
+def demo_on_the_hub(hub: HubDouble, tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """The demo preset with its tiny models put on the Hub double as repos ``org/NAME`` and named there at their
+    commits: the config and ``{name: commit}``."""
+    import yaml
+
     from builder.model_refs import materialize_demo_component
 
     preset = yaml.safe_load((REPO / "builder" / "presets" / "demo.yaml").read_text())
     commits = {}
-    for name in ("tiny-blip2", "tiny-causal-lm", "tiny-masked-lm", "tiny-stable-diffusion", "tiny-open-clip"):
+    for name in DEMO_MODELS:
         folder = materialize_demo_component(name)
         files = {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
         commits[name] = push(hub, tmp_path, f"org/{name}", files)
@@ -339,7 +338,20 @@ def test_the_declared_files_are_all_the_real_loaders_read(hub, tmp_path, monkeyp
                 options[revision_key] = commits[name]
     hub_yaml = tmp_path / "demo-hub.yaml"
     hub_yaml.write_text(yaml.safe_dump(preset, sort_keys=False))
+    return hub_yaml, commits
 
+
+@pytest.mark.slow  # two tiny builds
+def test_the_declared_files_are_all_the_real_loaders_read(hub, tmp_path, monkeypatch):
+    """The demo's tiny models, put on the Hub double as repos, fetched by `models download` and loaded by the real
+    loaders (transformers, diffusers, open_clip) with the Hub switched off: the declared files are enough, and the
+    release's shards are byte-identical to those built from the local copies."""
+    from huggingface_hub import constants
+
+    from builder.config import apply_overrides, load_config
+    from builder.engine import build
+
+    hub_yaml, _ = demo_on_the_hub(hub, tmp_path)
     assert main(["models", "download", str(hub_yaml), "--no-progress"]) == 0
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # the loaders may read only what was declared
     requests = len(hub.log)
@@ -353,3 +365,85 @@ def test_the_declared_files_are_all_the_real_loaders_read(hub, tmp_path, monkeyp
         assert (local / shard).read_bytes() == (from_hub / shard).read_bytes(), shard
     manifest = json.loads((from_hub / "manifest.json").read_text())
     assert "org/tiny-blip2" in json.dumps(manifest["stages"])  # the release names the Hub models it was built with
+
+
+@pytest.mark.slow  # two tiny builds
+def test_a_build_from_local_copies_names_the_hub_models_and_publishes(hub, tmp_path, monkeypatch, caplog):
+    """The air-gapped flow of docs/models.md: `models download --local-dir` where the Hub answers, the build from the
+    written config with the Hub switched off. The release names each model as a local copy of its Hub id at its
+    commit and holds no path of the build machine, so it publishes without --allow-local-paths; two copies at two
+    paths give the same bytes; a moved folder resumes; a changed copy is recorded by name and digest, and refused."""
+    import re
+    import shutil
+
+    from builder_helpers import release_files
+    from huggingface_hub import constants
+
+    from builder.engine import BuildRefused, build
+
+    hub_yaml, commits = demo_on_the_hub(hub, tmp_path)
+    first = tmp_path / "gpu-a" / "models"
+    assert main(["models", "download", str(hub_yaml), "--local-dir", str(first), "--no-progress"]) == 0
+    second = shutil.copytree(first, tmp_path / "gpu-b" / "elsewhere")  # copied to another machine, another path
+
+    written = (first / "demo-hub.yaml").read_text()
+
+    def config_at(folder: Path) -> Path:  # the written config, its paths edited to where the copies are
+        (folder / "demo-hub.yaml").write_text(written.replace(str(first.resolve()), str(folder.resolve())))
+        return folder / "demo-hub.yaml"
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # the GPU machine has no network
+    requests = len(hub.log)
+    out_a, out_b = tmp_path / "release-a", tmp_path / "release-b"
+    for folder, out in ((first, out_a), (second, out_b)):
+        build(_limited(config_at(folder)), out, device="cpu", progress=False)
+    assert len(hub.log) == requests
+    assert release_files(out_a) == release_files(out_b)  # byte-identical, wherever the copies were
+
+    manifest = json.loads((out_a / "manifest.json").read_text())
+    stages = {s["name"]: s for s in manifest["config"]["stages"]}
+    assert stages["caption"]["local_copies"] == {"model": f"org/tiny-blip2@{commits['tiny-blip2']}"}
+    assert stages["edit"]["local_copies"] == {
+        "model": f"org/tiny-stable-diffusion@{commits['tiny-stable-diffusion']}",
+        "clip_model": f"org/tiny-open-clip@{commits['tiny-open-clip']}",
+    }
+    assert stages["safety"]["local_copies"] == {"model": f"org/tiny-safety-checker@{commits['tiny-safety-checker']}"}
+    card, croissant = (out_a / "README.md").read_text(), (out_a / "croissant.json").read_text()
+    for name, commit in commits.items():
+        assert f"local copy of org/{name}@{commit}" in card and f"local copy of org/{name}@{commit}" in croissant
+    for path in out_a.rglob("*"):  # no machine path anywhere in what is published (shards included)
+        if path.is_file() and ".lance-cf" not in path.relative_to(out_a).parts:
+            data = path.read_bytes()
+            assert str(tmp_path).encode() not in data and b"gpu-a" not in data, path
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    assert main(["publish", str(out_a), "--repo-id", "user/demo-from-copies"]) == 0  # no --allow-local-paths
+    assert "README.md" in hub.entries("datasets", "user/demo-from-copies", "main")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+
+    # The copies moved (another parent folder, same folder names): the same config, so the build resumes.
+    moved = tmp_path / "gpu-a-moved"
+    shutil.move(tmp_path / "gpu-a", moved)
+    before = release_files(out_a)
+    build(_limited(config_at(moved / "models")), out_a, device="cpu", progress=False)
+    assert release_files(out_a) == before
+
+    # A copy whose files changed is not the Hub's model any more: recorded by name and digest, and refused as a
+    # resume of the build it did not make.
+    vocab = next((second / "org--tiny-masked-lm").glob("*.json"))
+    vocab.write_text(vocab.read_text() + "\n")
+    changed = _limited(config_at(second))
+    random_edit = next(s for s in changed.public_dict()["stages"] if s["name"] == "random_edit")
+    assert "local_copies" not in random_edit and random_edit["options"]["model"] == "org--tiny-masked-lm"
+    assert "recorded by its name and digest, not as a copy of org/tiny-masked-lm@" in caplog.text
+    with pytest.raises(BuildRefused, match=re.escape("stages[random_edit].local_copies.model")):
+        build(changed, out_b, device="cpu", progress=False)
+
+
+def _limited(path: Path, limit: int = 2):
+    from builder.config import load_config
+
+    config = load_config(str(path))
+    config.limit = limit
+    return config

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lance_pipeline.editing.strength import STRENGTH_FIELD
+from lance_pipeline.model_needs import ModelOption
 from lance_pipeline.shared_models import shared_model
 from lance_pipeline.stage import SAMPLE_INDEX, MetadataField, OutputScreen, Record, SampleFailure
 
@@ -33,6 +34,11 @@ DEFAULT_SAFETY_CHECKER = "CompVis/stable-diffusion-safety-checker"
 # and Hub cache snapshot paths models--CompVis--stable-diffusion-safety-checker/snapshots/cb41f3a...); not re-checked
 # against the Hub from this offline environment.
 DEFAULT_SAFETY_CHECKER_REVISION = "cb41f3a270d63d454d385fc2e4f571c487c253c5"
+
+# What the checker's loaders read (StableDiffusionSafetyChecker and CLIPImageProcessor.from_pretrained): its config,
+# the image processor's, and its weights: safetensors where the revision has them, else the PyTorch file the pinned
+# revision ships (read as tensors only, see load_safety_checker).
+SAFETY_CHECKER_FILES = ("config.json", "preprocessor_config.json", "model.safetensors", "pytorch_model.bin")
 
 SAFETY_FIELDS = (
     MetadataField("safety_nsfw", "bool", description="flagged by Stable Diffusion's safety checker (never released)"),
@@ -143,6 +149,15 @@ class SafetyCheckStage:
     produces = {"counterfactuals": "list", "counterfactuals_safety_removed": "list"}
     screens = (OutputScreen("counterfactuals", SAFETY_FIELDS, removed="counterfactuals_safety_removed"),)
     options_class = SafetyCheckOptions
+    model_options = (
+        ModelOption(
+            "model",
+            SAFETY_CHECKER_FILES,
+            ("config.json", "preprocessor_config.json"),
+            cache_dir="cache_dir",
+            role="Stable Diffusion's safety checker",
+        ),
+    )
 
     def __init__(self, **options: Any) -> None:
         self.options = SafetyCheckOptions(**options)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from lance_pipeline.editing.strength import STRENGTH_FIELD
@@ -39,6 +39,7 @@ from lance_pipeline.stage import SAMPLE_INDEX, MetadataField, OutputScreen, Reco
 from lance_pipeline.text.label_checks import (
     DEFAULT_SENTENCE_MODEL,
     DEFAULT_SENTENCE_MODEL_REVISION,
+    LabelPreservationCheck,
     load_sentence_model,
 )
 
@@ -240,6 +241,9 @@ class SensitiveEditScreen:
     produces = {"counterfactuals": "list", "counterfactuals_sensitive_removed": "list"}
     screens = (OutputScreen("counterfactuals", SENSITIVE_FIELDS, removed="counterfactuals_sensitive_removed"),)
     options_class = SensitiveScreenOptions
+    model_options = (
+        replace(LabelPreservationCheck.model_options[0], role="sentence encoder of the sensitive-edit screen"),
+    )
 
     def __init__(self, **options: Any) -> None:
         self.options = SensitiveScreenOptions(**options)
