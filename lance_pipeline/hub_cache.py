@@ -704,6 +704,8 @@ def file_sha256(path: Path) -> str:
         known = _FILE_SHA256.get(key)
     if known is not None:
         return known
+    if info.st_size >= 1 << 30:  # seconds of reading: said, so that it is not taken for a hang
+        logger.info("reading %s (%s) for its sha256, once per process", path, format_size(info.st_size))
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
