@@ -113,6 +113,40 @@ def write_sentence_encoder(path: Path, size: str, device: str = "cpu") -> Path:
     return path
 
 
+# The safety checker's CLIP ViT-L/14 vision tower (CompVis/stable-diffusion-safety-checker's published config).
+SAFETY_VISION = {
+    "hidden_size": 1024,
+    "intermediate_size": 4096,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 16,
+    "image_size": 224,
+    "patch_size": 14,
+}
+
+
+def write_safety_checker(path: Path, size: str, device: str = "cpu") -> Path:
+    """Stable Diffusion's safety checker (its CLIP ViT-L/14 vision tower, 768-wide projection) or the demo's tiny one;
+    its concept thresholds are set so that no image is flagged (random embeddings would flag at random)."""
+    from lance_pipeline.tiny import safety_components as tiny
+
+    if size == "small":
+        return tiny.create_tiny_safety_checker(path)
+    import torch
+    from diffusers.pipelines.stable_diffusion.safety_checker import StableDiffusionSafetyChecker
+    from transformers import CLIPConfig, CLIPImageProcessor
+
+    config = CLIPConfig(vision_config=SAFETY_VISION, projection_dim=768)
+    torch.manual_seed(0)
+    with torch.device(device):
+        checker = StableDiffusionSafetyChecker(config).eval()
+    checker.concept_embeds_weights.fill_(1.0)  # a cosine never exceeds 1: nothing is flagged
+    checker.special_care_embeds_weights.fill_(1.0)
+    checker.save_pretrained(path, safe_serialization=True)
+    side = SAFETY_VISION["image_size"]
+    CLIPImageProcessor(size={"shortest_edge": side}, crop_size={"height": side, "width": side}).save_pretrained(path)
+    return path
+
+
 def write_captioner(path: Path, size: str, device: str = "cpu") -> Path:
     from bench_text_stages import write_captioner as write
 
@@ -135,6 +169,20 @@ WRITERS = {
     "reconstruction": {"model": write_stable_diffusion},
     "prompt_to_prompt_edit": {"model": write_stable_diffusion, "clip_model": write_open_clip},
     "lance_r_edit": {"model": write_stable_diffusion, "clip_model": write_open_clip},
+    **dict.fromkeys(
+        ("sensitive_edit_screen", "sensitive_edit_screen_lance_r", "sensitive_edit_screen_strength"),
+        {"model": write_sentence_encoder},
+    ),
+    **dict.fromkeys(
+        (
+            "safety_check",
+            "safety_check_lance_r",
+            "safety_check_strength",
+            "safety_check_reconstruction",
+            "safety_check_generated",
+        ),
+        {"model": write_safety_checker},
+    ),
 }
 # Options that make random models' outputs reach the image stages (the demo preset's settings).
 OPEN_FILTERS = {

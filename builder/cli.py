@@ -416,13 +416,14 @@ resolve_device = _resolve_device
 def run_verify(args: argparse.Namespace) -> int:
     if not args.release.is_dir():
         raise ValueError(f"{args.release} is not a directory")
-    if not (args.release / "manifest.json").exists() and (args.release / WORK_DIR).is_dir():
-        sys.stderr.write(
-            f"verify: FAILED: {args.release}: this build has not finished (it has no manifest.json yet): re-run the "
-            "lance-cf build command that started it; it resumes where it stopped\n"
-        )
-        return 1
+    # The lock first: a build still running holds it, and is named (with its pid) rather than called unfinished.
     with output_lock(args.release, "verify", shared=True):  # never beside a build or a publish of it
+        if not (args.release / "manifest.json").exists() and (args.release / WORK_DIR).is_dir():
+            sys.stderr.write(
+                f"verify: FAILED: {args.release}: this build has not finished (it has no manifest.json yet): re-run "
+                "the lance-cf build command that started it; it resumes where it stopped\n"
+            )
+            return 1
         problems = verify_release(args.release, check_images=not args.skip_images)
     if problems:
         sys.stderr.write(f"verify: FAILED: {problems[0]}\n")

@@ -23,6 +23,7 @@ from builder.validation import validate_build
 from lance_pipeline.editing.candidate_selection import Candidate, Editor, SweepResult
 from lance_pipeline.editing.options import ClipGateOptions, EditorOptions
 from lance_pipeline.editing.stages import CounterfactualEditStage
+from lance_pipeline.model_needs import clip_option
 from lance_pipeline.registry import EDITORS
 
 
@@ -72,6 +73,7 @@ class GreyEditStage(CounterfactualEditStage):
     options_class = GreyOptions
     editing_section = "grey_editing"
     consumes = {"key": "str", "image": "image", "caption": "str", "edits": "list"}
+    model_options = (clip_option(),)  # the gates' CLIP only: `model` names no weights for this editor
 
 
 class TwoEditsStage:
