@@ -1,6 +1,7 @@
 """The recipe "A generation mode" of docs/architecture.md, followed from a test file: a generating source, a stage
 that makes the images and declares the release config they go to, and a config naming both (in a project: a preset
-in ``builder/presets/``). Registered from here with ``SOURCES.register`` / ``STAGES.register``.
+in ``builder/presets/``), and what its releases are (a ``ReleaseKind``). Registered from here with
+``SOURCES.register`` / ``STAGES.register`` / ``RELEASE_KINDS.register``.
 
 The mode ("painted": one synthetic pattern per planned sample, no model) is built and checked as a user would: ``lance-cf
 validate``, ``lance-cf build``, ``lance-cf verify``, ``datasets.load_dataset`` on the release; a rebuild is
@@ -21,6 +22,7 @@ from PIL import Image
 from builder.cli import main
 from builder.registry import SOURCES, STAGES
 from builder.sources import LabelSpace, Source, SourceSample
+from lance_pipeline.release_kinds import RELEASE_KINDS, ReleaseKind
 from lance_pipeline.stage import MetadataField, ReleaseOutput
 
 PATTERNS = ("stripes", "checks")
@@ -88,13 +90,31 @@ class PaintStage:
         return {"size": self.size}
 
 
+def painted_intro(manifest, pretty_name: str) -> str:
+    """The card's opening paragraph of the mode's releases (in a project: a function in ``dataset_cards/``)."""
+    return f"{pretty_name} holds synthetic **painted patterns**, one per planned sample.\n"
+
+
+# What the mode's releases are (in a project: ``lance_pipeline/my_mode/release_kind.py``), recognised by its source.
+PAINTED = ReleaseKind(
+    name="painted",
+    title="painted patterns",
+    card_intro=f"{__name__}:painted_intro",
+    main_config="painted",
+    next_commands=("lance-cf verify {release}",),
+    source_kinds=("pattern",),
+)
+
+
 @pytest.fixture
 def painted_mode():
     SOURCES.register("pattern", f"{__name__}:PatternSource")
     STAGES.register("pattern_paint", f"{__name__}:PaintStage")
+    RELEASE_KINDS.register("painted", f"{__name__}:PAINTED")
     yield
     SOURCES.unregister("pattern")
     STAGES.unregister("pattern_paint")
+    RELEASE_KINDS.unregister("painted")
 
 
 def _config(tmp_path) -> str:
@@ -122,8 +142,12 @@ def test_a_generation_mode_registered_from_a_test_file_builds_verifies_and_loads
     for name in ("a", "b"):
         assert main(["build", config, "--output", str(tmp_path / name), "--no-progress"]) == 0
         assert main(["verify", str(tmp_path / name)]) == 0
+    out = capsys.readouterr().out
+    assert f"next:\n  lance-cf verify {tmp_path / 'b'}\n" in out  # the kind's own next: lines, and only them
     assert release_files(tmp_path / "a") == release_files(tmp_path / "b")  # reproducible by construction
     manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert manifest["kind"] == "painted"  # the build records the kind its source declares
+    assert "synthetic **painted patterns**, one per planned sample" in (tmp_path / "a" / "README.md").read_text()
     assert manifest["configs"] == ["painted"] and manifest["counts"]["painted"]["by_class"] == {"0": 3, "1": 3}
     rows = datasets.load_dataset(str(tmp_path / "a"), "painted", split="test")
     assert rows.features["cls"].names == ["cat", "dog"]  # the label space the source declared
