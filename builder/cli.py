@@ -108,6 +108,11 @@ def register(subparsers) -> None:
     )
     build.add_argument("--name", help="release name (default: the preset's)")
     build.add_argument("--version", dest="release_version", metavar="SEMVER", help="release version, e.g. 1.1.0")
+    build.add_argument(
+        "--release-date",
+        metavar="YYYY-MM-DD",
+        help="the release's date (Croissant's datePublished; part of the config, so the bytes never depend on the day)",
+    )
     build.add_argument("--description", help="paragraph at the top of the dataset card (default: the preset's)")
     build.add_argument("--license", help="licence note on the card, e.g. cc-by-4.0 (default: the source's)")
     build.add_argument("--seed", type=int, help="release seed; per-sample seeds derive from it and the sample key")
@@ -307,6 +312,7 @@ def run_build(args: argparse.Namespace) -> int:
         limit=args.limit,
         name=args.name,
         version=args.release_version,
+        release_date=args.release_date,
         description=args.description,
         license=args.license,
         seed=args.seed,

@@ -8,6 +8,7 @@ what is built.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import difflib
 import hashlib
 import json
@@ -56,6 +57,10 @@ class StageConfig:
         return data
 
 
+# Top-level keys added after releases were made: recorded (and hashed) only when set, so older configs keep their hash.
+KEYS_RECORDED_WHEN_SET = ("release_date",)
+
+
 @dataclass
 class BuildConfig:
     name: str
@@ -77,11 +82,18 @@ class BuildConfig:
     license: str | None = None  # overrides the source's licence note
     source_hint: str | None = None  # what --source a preset without a source expects (shown in the error)
     stages: list[StageConfig] = field(default_factory=list)
+    # The release's date (YYYY-MM-DD), Croissant's datePublished. An input like ``version``, never the build's clock,
+    # so identical configs give identical bytes on any day; recorded (and hashed) only when set.
+    release_date: str | None = None
 
     def validate(self) -> None:
         """Check the config's own fields (types and ranges). Stages and configs: ``builder.validation``."""
         if not isinstance(self.name, str) or not re.match(r"^[A-Za-z0-9._-]+$", self.name):
             raise ValueError(f"name {self.name!r}: use a string of letters, digits, '.', '_' or '-' (quote it in YAML)")
+        if self.release_date is not None and not is_iso_date(self.release_date):
+            raise ValueError(
+                f'release_date {self.release_date!r}: expected a date as YYYY-MM-DD (quote it in YAML: "2026-11-26")'
+            )
         if not is_release_version(self.version):  # semver, parsed by packaging.version (release_format)
             raise ValueError(
                 f'version {self.version!r}: expected a semantic version such as 1.0.0 (quote it in YAML: "1.0.0")'
@@ -135,6 +147,9 @@ class BuildConfig:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["stages"] = [s.to_dict() for s in self.stages]
+        for key in KEYS_RECORDED_WHEN_SET:  # configs without them hash as before the keys existed
+            if data[key] is None:
+                del data[key]
         return data
 
     def public_dict(self) -> dict[str, Any]:
@@ -294,6 +309,17 @@ def load_config(preset_or_path: str) -> BuildConfig:
         text = (resources.files("builder") / "presets" / f"{preset_or_path}.yaml").read_text()
         origin = f"preset {preset_or_path!r}"
     return _from_dict(load_yaml(text, origin), origin)
+
+
+def is_iso_date(value: Any) -> bool:
+    """A calendar date written YYYY-MM-DD (a string: YAML's own dates are refused, so the record is the text given)."""
+    if not isinstance(value, str) or not re.fullmatch(r"\d{4}-\d{2}-\d{2}", value):
+        return False
+    try:
+        datetime.date.fromisoformat(value)
+    except ValueError:
+        return False
+    return True
 
 
 def apply_overrides(config: BuildConfig, **overrides: Any) -> BuildConfig:

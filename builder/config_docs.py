@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from builder.config import KEYS_RECORDED_WHEN_SET
 from builder.registry import SOURCES, STAGES
 from builder.release_format.yaml_text import load_yaml
 
@@ -41,6 +42,7 @@ KEY_DOCS: dict[str, tuple[str, str]] = {
     "license": ("licence note on the card; overrides the source's", "yours"),
     "source_hint": ("what --source a preset without a source expects (shown in the error)", "tool"),
     "stages": ("the method stages, in order; see the stage table in docs/config.md", "paper Algorithm 1"),
+    "release_date": ("the release's date, YYYY-MM-DD: croissant.json's datePublished (absent: none)", "yours"),
 }
 
 # source_options, by name (every option of every registered source; a test keeps them in step with the sources).
@@ -97,6 +99,8 @@ def commented_yaml(data: dict[str, Any], *, origin: str) -> str:
     """
     lines = [f"# {origin}, resolved (anchors expanded); every key is explained in docs/config.md"]
     docs = {**KEY_DOCS, **_source_key_docs(data.get("source"))}
+    # Keys a config records only when set are shown anyway, unset, so that every key can be found here.
+    data = {**data, **{key: None for key in KEYS_RECORDED_WHEN_SET if key not in data}}
     for key, value in data.items():
         meaning, source = docs.get(key, ("", ""))
         comment = f"  # {meaning} [{source}]" if meaning else ""

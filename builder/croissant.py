@@ -194,6 +194,9 @@ def croissant_about(manifest: rf.Manifest, *, publication: dict[str, str] | None
             "records the build so that it can be rebuilt byte for byte with the same tool and package versions."
         ),
     }
+    release_date = manifest.config.get("release_date")
+    if release_date:  # the config's date, an input of the build (publish uses it too)
+        about["datePublished"] = release_date
     if publication:
         about.update({k: v for k, v in publication.items() if k in ("url", "datePublished")})
     return about

@@ -396,11 +396,11 @@ def stage_release(
 
 def stage_croissant(staging: Path, manifest: dict[str, Any], repo_id: str) -> dict[str, Any]:
     """Write ``croissant.json`` for the repo into ``staging``: the release's document plus what describes the
-    publication, the repo's page (``url``) and today's date (``datePublished``), then check it with mlcroissant.
+    publication, the repo's page (``url``) and its date (``datePublished``), then check it with mlcroissant.
 
-    The date is the one fact of a publication that the release cannot know, so a release's own ``croissant.json``
-    has none (mlcroissant notes that a recommended property is missing) and the published one always has it; a
-    publish resumed on a later day uploads the later date.
+    The date is the config's ``release_date`` when the release has one (then the release's own ``croissant.json``
+    already says it); otherwise today's, the one fact of a publication that such a release cannot know (its own
+    ``croissant.json`` has none, and mlcroissant notes that a recommended property is missing).
 
     Raises:
         PublishError: mlcroissant finds an error or a warning in the document.
@@ -412,7 +412,8 @@ def stage_croissant(staging: Path, manifest: dict[str, Any], repo_id: str) -> di
     endpoint = _URL_USERINFO.sub(r"\1", _endpoint()).rstrip("/")
     publication = {
         "url": f"{endpoint}/datasets/{repo_id}",
-        "datePublished": datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
+        "datePublished": typed.config.get("release_date")
+        or datetime.datetime.now(datetime.timezone.utc).date().isoformat(),
     }
     document = rf.croissant_document(typed, indexes, croissant_about(typed, publication=publication))
     (staging / rf.CROISSANT_NAME).write_bytes(rf.canonical_json(document))

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from builder_helpers import REPO, cli, make_imagefolder
 
-from builder.config import BuildConfig, list_presets, load_config
+from builder.config import KEYS_RECORDED_WHEN_SET, BuildConfig, list_presets, load_config
 from builder.config_docs import KEY_DOCS, commented_yaml, undocumented_keys
 from builder.registry import STAGES
 
@@ -48,7 +48,8 @@ def test_every_stage_option_is_documented(stage_type):
 def test_presets_show_prints_every_key_commented_and_round_trips(preset):
     shown = cli("presets", "--show", preset).stdout
     config = load_config(preset)
-    assert yaml.safe_load(shown) == config.to_dict()
+    unset = dict.fromkeys(k for k in KEYS_RECORDED_WHEN_SET if k not in config.to_dict())  # shown, as null
+    assert yaml.safe_load(shown) == {**config.to_dict(), **unset}
     for key in KEY_DOCS:
         line = next(line for line in shown.splitlines() if line.startswith(f"{key}:"))
         assert "  # " in line, f"{key} has no comment"

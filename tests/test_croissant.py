@@ -53,6 +53,37 @@ def test_the_published_document_has_no_error_and_no_warning(release, tmp_path, m
     assert {k: v for k, v in document.items() if k not in ("url", "datePublished")} == own
 
 
+def test_a_release_date_is_datePublished_and_mlcroissant_has_no_remark(release, tmp_path):
+    """The config's release_date (an input, like the version) dates the release's own croissant.json: mlcroissant
+    then reports no error and no warning, and verify accepts it."""
+    import shutil
+
+    dated = tmp_path / "dated"
+    shutil.copytree(release, dated)
+    manifest = rf.read_manifest_dict(dated)
+    manifest["config"]["release_date"] = "2026-11-26"
+    (dated / "manifest.json").write_bytes(rf.canonical_json(rf.seal_manifest(manifest)))
+    write_release_croissant(dated, rf.Manifest.from_dict(manifest))
+    assert json.loads((dated / rf.CROISSANT_NAME).read_text())["datePublished"] == "2026-11-26"
+    assert mlcroissant_issues(dated / rf.CROISSANT_NAME) == []
+    assert rf.verify_release(dated) == []
+
+
+def test_release_date_is_a_date_and_absent_configs_hash_as_before():
+    import dataclasses
+
+    from builder.config import load_config
+
+    config = load_config("demo")
+    assert "release_date" not in config.to_dict()  # every config written before the key hashes unchanged
+    dated = dataclasses.replace(config, release_date="2026-11-26")
+    dated.validate()
+    assert dated.to_dict()["release_date"] == "2026-11-26" and dated.config_hash() != config.config_hash()
+    for bad in ("2026-13-01", "26-11-2026", "yesterday"):
+        with pytest.raises(ValueError, match=f"release_date '{bad}': expected a date as YYYY-MM-DD"):
+            dataclasses.replace(config, release_date=bad).validate()
+
+
 def test_every_declared_field_is_a_typed_described_field(release):
     document = json.loads((release / rf.CROISSANT_NAME).read_bytes())
     manifest = rf.load_manifest(release)
