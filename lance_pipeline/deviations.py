@@ -18,11 +18,12 @@ settings its summary does not.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from lance_pipeline.generated_docs import run, update_block
 
 Manifest = Mapping[str, Any]
 
@@ -785,26 +786,11 @@ def render_markdown() -> str:
 
 def update_docs(path: str | Path) -> bool:
     """Rewrite the generated block of ``path`` (between ``DOCS_BEGIN`` and ``DOCS_END``); whether it changed."""
-    path = Path(path)
-    text = path.read_text(encoding="utf-8")
-    if DOCS_BEGIN not in text or DOCS_END not in text:
-        raise ValueError(f"{path} has no generated deviations block ({DOCS_BEGIN!r} ... {DOCS_END!r})")
-    head, rest = text.split(DOCS_BEGIN, 1)
-    _, tail = rest.split(DOCS_END, 1)
-    new = f"{head}{DOCS_BEGIN}\n{render_markdown()}{DOCS_END}{tail}"
-    if new != text:
-        path.write_text(new, encoding="utf-8")
-    return new != text
+    return update_block(path, DOCS_BEGIN, DOCS_END, render_markdown(), "deviations")
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        sys.stderr.write("usage: python -m lance_pipeline.deviations docs/method.md\n")
-        return 2
-    changed = update_docs(args[0])
-    sys.stdout.write(f"{args[0]}: {'updated' if changed else 'up to date'}\n")
-    return 0
+    return run("lance_pipeline.deviations", update_docs, argv)
 
 
 if __name__ == "__main__":

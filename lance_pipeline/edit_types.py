@@ -23,9 +23,10 @@ your own, from your code or a test), plus a new check only if none of ``CHECKS``
 from __future__ import annotations
 
 import difflib
-import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from lance_pipeline.generated_docs import run, update_block
 
 # Checks a collected variation of a type may have to pass, in the order judge_variation applies them, with the
 # rejection reason each gives. Every type is also checked for a change, the class kept, and its span limit.
@@ -276,27 +277,12 @@ def render_markdown() -> str:
 
 
 def update_docs(path: str | Path) -> bool:
-    """Rewrite the generated block of ``path``; whether it changed."""
-    path = Path(path)
-    text = path.read_text(encoding="utf-8")
-    if DOCS_BEGIN not in text or DOCS_END not in text:
-        raise ValueError(f"{path} has no generated edit-type block ({DOCS_BEGIN!r} ... {DOCS_END!r})")
-    head, rest = text.split(DOCS_BEGIN, 1)
-    _, tail = rest.split(DOCS_END, 1)
-    new = f"{head}{DOCS_BEGIN}\n{render_markdown()}{DOCS_END}{tail}"
-    if new != text:
-        path.write_text(new, encoding="utf-8")
-    return new != text
+    """Rewrite the generated block of ``path`` (between ``DOCS_BEGIN`` and ``DOCS_END``); whether it changed."""
+    return update_block(path, DOCS_BEGIN, DOCS_END, render_markdown(), "edit-type")
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        sys.stderr.write("usage: python -m lance_pipeline.edit_types docs/method.md\n")
-        return 2
-    changed = update_docs(args[0])
-    sys.stdout.write(f"{args[0]}: {'updated' if changed else 'up to date'}\n")
-    return 0
+    return run("lance_pipeline.edit_types", update_docs, argv)
 
 
 if __name__ == "__main__":
