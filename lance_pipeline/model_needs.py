@@ -59,7 +59,8 @@ SD_PIPELINE_FILES = ("model_index.json", *SD_COMPONENT_FILES, "feature_extractor
 # One diffusers model at the repo root (a ControlNet).
 DIFFUSERS_MODEL_FILES = ("config.json", "diffusion_pytorch_model.safetensors")
 PEFT_ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
-# An open_clip model on the Hub (``hf-hub:ORG/NAME``): lance_pipeline.clip.loader.HUB_ALLOW_PATTERNS.
+# An open_clip model on the Hub (``hf-hub:ORG/NAME``): what open_clip's local-dir loader reads of its snapshot (the
+# CLIP loader fetches exactly these); pickle checkpoints (*.bin, *.pth) are never fetched.
 OPEN_CLIP_HUB_FILES = (
     "open_clip_config.json",
     "*.safetensors",

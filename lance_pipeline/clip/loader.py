@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lance_pipeline.model_needs import OPEN_CLIP_HUB_FILES
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "ViT-L-14"
@@ -40,19 +42,9 @@ DEFAULT_PRETRAINED = "openai"
 LOCAL_DIR_PREFIX = "local-dir:"  # open_clip.factory.LOCAL_DIR_PREFIX
 HF_HUB_PREFIX = "hf-hub:"  # open_clip.factory.HF_HUB_PREFIX
 CONFIG_NAME = "open_clip_config.json"  # open_clip.constants.HF_CONFIG_NAME
-# What a Hub snapshot needs for open_clip's local-dir loader: config, safetensors weights, and the files of an
-# optional Hugging Face tokenizer. Pickle checkpoints (*.bin, *.pth) are never fetched.
-HUB_ALLOW_PATTERNS = [
-    CONFIG_NAME,
-    "*.safetensors",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "vocab.json",
-    "vocab.txt",
-    "merges.txt",
-    "spiece.model",
-]
+# What a Hub snapshot needs for open_clip's local-dir loader (declared once, with the models' other needs): config,
+# safetensors weights, and the files of an optional Hugging Face tokenizer. Pickle checkpoints are never fetched.
+HUB_ALLOW_PATTERNS = list(OPEN_CLIP_HUB_FILES)
 
 
 def needs_forced_quick_gelu(name: str, pretrained: str | None) -> bool:
