@@ -43,9 +43,17 @@ def materialize_demo_component(name: str) -> Path:
         logger.info("building demo component %s in %s", name, target)
         create(tmp)
         (tmp / ".complete").write_text("ok\n")
-        if target.exists():
+        # Another process (a second build, a parallel test worker) may have finished the same component meanwhile and
+        # be reading it: a component is deterministic, so its copy is kept and ours discarded, never the reverse.
+        if (target / ".complete").exists():
+            return target
+        if target.exists():  # an incomplete leftover of an older layout: nobody can be using it
             shutil.rmtree(target)
-        os.replace(tmp, target)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            if not (target / ".complete").exists():
+                raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

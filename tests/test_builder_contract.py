@@ -193,3 +193,24 @@ def test_a_config_naming_code_is_refused_unless_allowed(tmp_path, folder, monkey
     monkeypatch.setenv("LANCE_CF_ALLOW_CODE", "1")
     assert main(["validate", str(path)]) == 0
     assert os.environ["LANCE_CF_ALLOW_CODE"] == "1"
+
+
+def test_a_demo_component_finished_meanwhile_by_another_process_is_kept_not_replaced(tmp_path, monkeypatch):
+    """Two builds (or two test workers) materialise the same component at once: the one that finishes second keeps
+    the first one's folder, which the first may already be reading, and discards its own copy."""
+    from builder import model_refs
+
+    monkeypatch.setenv("LANCE_CF_CACHE", str(tmp_path / "cache"))
+    target = tmp_path / "cache" / "demo-components" / "tiny-thing"
+
+    def create(folder):
+        (folder / "weights.bin").write_bytes(b"ours")
+        # The other process finishes while this one is still writing its copy.
+        target.mkdir(parents=True)
+        (target / "weights.bin").write_bytes(b"theirs")
+        (target / ".complete").write_text("ok\n")
+
+    monkeypatch.setattr(model_refs.DEMO_COMPONENTS, "resolve", lambda name: create)
+    assert model_refs.materialize_demo_component("tiny-thing") == target
+    assert (target / "weights.bin").read_bytes() == b"theirs"
+    assert [p.name for p in target.parent.iterdir()] == ["tiny-thing"]  # our copy is gone, nothing half-written left
