@@ -28,14 +28,16 @@ demo: setup
 	HF_HUB_OFFLINE=1 $(BIN)/lance-cf build demo --output $(DEMO_OUT)
 	$(BIN)/lance-cf verify $(DEMO_OUT)
 
-# Every tier (fast, slow, e2e). Torch gets one intra-op thread per process: the tests use tiny models, and on a shared
-# 2-core machine more threads only oversubscribe.
+# Every tier (fast, slow, e2e), one pytest worker per CPU core (pytest-xdist; idle workers take tests from busy ones).
+# Torch gets one intra-op thread per process: the tests use tiny models, and with a worker per core more threads only
+# oversubscribe. One test alone: .venv/bin/python -m pytest tests/test_x.py::test_y (no workers).
+PYTEST_WORKERS := -n auto --dist worksteal
 test: setup browser
-	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PYTEST_WORKERS)
 
 # The fast tier only: what to run while editing.
 test-fast: setup
-	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m "not slow and not e2e"
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PYTEST_WORKERS) -m "not slow and not e2e"
 
 # The evaluation report test opens the HTML report in headless Chromium, and the review page's test drives it through
 # chromedriver (selenium). Installed from Debian's packages when missing and this is root with apt (as on CI);
