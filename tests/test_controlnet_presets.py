@@ -125,6 +125,15 @@ def demo_controlnet(tmp_path_factory):
     return out
 
 
+@pytest.mark.e2e  # builds demo-controlnet through the CLI (the module's release)
+@pytest.mark.slow
+def test_review_apply_on_demo_controlnet_keeps_every_sample_and_verifies(demo_controlnet, tmp_path):
+    """A ControlNet release reviewed by people: its counterfactuals are the default study, every sample is kept."""
+    from review_check import assert_review_apply_keeps_every_sample
+
+    assert_review_apply_keeps_every_sample(demo_controlnet, tmp_path)
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_demo_controlnet_builds_verifies_and_loads(demo_controlnet, tmp_path):

@@ -154,6 +154,10 @@ def test_discover_demo_command_writes_discoveries_and_a_report_that_renders(tmp_
     code, stdout, _ = _run(capsys, "eval", "--release", str(release), "--model", "resnet18", "--no-pretrained",
                            "--output", str(tmp_path / "eval"), "--no-insights", "--device", "cpu")  # fmt: skip
     assert code == 0 and "planted_colour_classifier_tench_red_pond: acc@1" in stdout
+    # ... and reviewed by people like every other kind: review apply keeps every sample and verifies
+    from review_check import assert_review_apply_keeps_every_sample
+
+    assert_review_apply_keeps_every_sample(release, tmp_path / "review")
 
 
 def test_discover_needs_a_model_and_classes_in_one_line(tmp_path, capsys):

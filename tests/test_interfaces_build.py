@@ -64,6 +64,14 @@ def test_demo_star_croissant_reads_as_datasets_does(star, tmp_path):
     )
 
 
+def test_review_apply_on_demo_star_keeps_every_sample_and_verifies(star, tmp_path):
+    """An interfaces release reviewed by people: every shift's samples kept, accepted and rejected ones in their
+    configs (the default study reviews every shift)."""
+    from review_check import assert_review_apply_keeps_every_sample
+
+    assert_review_apply_keeps_every_sample(star, tmp_path)
+
+
 def test_demo_star_reads_with_timm(star):
     from timm.data import create_dataset
 
