@@ -240,16 +240,43 @@ def pinned(name: str) -> str:
 
 
 def prepare_wheels(folder: Path) -> int:
-    """Here, with network: download the missing packages as wheels for the lent machine's Python into ``folder``."""
+    """Here, with network: download the missing packages as wheels for the lent machine's Python into ``folder``.
+
+    Each package is fetched on its own, so that one without a wheel for that Python does not stop the others. A
+    package the index has only as a source archive (jsonpath-rw, which mlcroissant needs) is built into a wheel here;
+    a pure-Python one (``none-any``) installs there as any other, anything else is reported as missing."""
+    from packaging.utils import canonicalize_name, parse_wheel_filename
+
     folder.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12"]
-    argv += ["--implementation", "cp", "-d", str(folder)]
+    download = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12"]
+    download += ["--implementation", "cp", "-d", str(folder)]
     for plat in WHEEL_PLATFORMS:
-        argv += ["--platform", plat]
-    code = subprocess.run(argv + [pinned(name) for name in missing_packages()]).returncode
+        download += ["--platform", plat]
+    missing = []
+    for name in missing_packages():
+        spec = pinned(name)
+        if subprocess.run([*download, spec], capture_output=True, text=True).returncode == 0:
+            continue
+        built = subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(folder), spec], capture_output=True, text=True
+        )
+        wheels = [p for p in folder.glob("*.whl") if parse_wheel_filename(p.name)[0] == canonicalize_name(name)]
+        pure = [
+            p
+            for p in wheels
+            if all(tag.abi == "none" and tag.platform == "any" for tag in parse_wheel_filename(p.name)[3])
+        ]
+        if built.returncode != 0 or not pure:
+            missing.append(spec)
+            for wheel in wheels:  # a wheel for this machine's platform would not install there
+                wheel.unlink()
+        else:
+            print(f"{spec}: no wheel on the index; built {pure[0].name} here (pure Python)")
     size = sum(p.stat().st_size for p in folder.glob("*.whl"))
     print(f"{len(list(folder.glob('*.whl')))} wheels, {size / 2**20:.1f} MiB in {folder}")
-    return code
+    if missing:
+        print(f"gpu_suite: no wheel for Python 3.12 on x86-64 for {', '.join(missing)}", file=sys.stderr)
+    return 1 if missing else 0
 
 
 def install_wheels(folder: Path, site: Path, log) -> dict[str, Any]:
