@@ -291,7 +291,9 @@ def _from_dict(data: dict[str, Any], origin: str) -> BuildConfig:
 def load_config(preset_or_path: str) -> BuildConfig:
     """Load a preset by name (``demo``, ``hardimagenet``) or a YAML file by path."""
     path = Path(preset_or_path)
-    if path.suffix in (".yaml", ".yml") or path.exists():
+    # A folder is never a config: `build demo --output demo`, run again, finds the release folder `demo/` here and
+    # still means the preset.
+    if path.suffix in (".yaml", ".yml") or path.is_file():
         if not path.is_file():
             raise ValueError(f"config file {preset_or_path!r} does not exist")
         text = path.read_text()
@@ -303,9 +305,8 @@ def load_config(preset_or_path: str) -> BuildConfig:
 
             close = difflib.get_close_matches(preset_or_path, presets, n=2)
             hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-            raise ValueError(
-                f"{preset_or_path!r} is neither a preset ({', '.join(presets)}) nor a YAML config file{hint}"
-            )
+            what = "a folder: neither a preset" if path.is_dir() else "neither a preset"
+            raise ValueError(f"{preset_or_path!r} is {what} ({', '.join(presets)}) nor a YAML config file{hint}")
         text = (resources.files("builder") / "presets" / f"{preset_or_path}.yaml").read_text()
         origin = f"preset {preset_or_path!r}"
     return _from_dict(load_yaml(text, origin), origin)

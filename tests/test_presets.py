@@ -63,3 +63,15 @@ def test_hardimagenet_without_source_says_what_it_needs():
 def test_presets_listed():
     assert {"demo", "hardimagenet"} <= set(list_presets())
     assert "hardimagenet" in cli("presets").stdout
+
+
+def test_a_folder_named_like_a_preset_is_not_taken_for_a_config(tmp_path, monkeypatch):
+    """`build demo --output demo`, run again from the same folder: `demo` is still the preset, not the release folder
+    beside it; a folder that names no preset gets one line saying it is a folder."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / "manifest.json").write_text("{}")
+    assert load_config("demo").name == "lance-demo"  # the preset (the folder used to give "does not exist")
+    (tmp_path / "photos").mkdir()
+    with pytest.raises(ValueError, match=r"^'photos' is a folder: neither a preset \(.*\) nor a YAML config file$"):
+        load_config("photos")
