@@ -168,7 +168,10 @@ class _StageRunner:
 
     def ensure_loaded(self) -> None:
         if not self._loaded:
-            quiet_third_party_progress()
+            # Only a stage that loads models meets the libraries' loading bars; silencing them imports transformers and
+            # diffusers, seconds a build of model-free stages (an `original` release) need not pay.
+            if getattr(self.validated.cls, "model_options", ()):
+                quiet_third_party_progress()
             logger.info("loading stage %s (%s) on %s", self.name, self.config.type, self.device)
             self.stage.load(self.device)
             self._loaded = True

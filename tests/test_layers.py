@@ -180,6 +180,31 @@ def test_import_builder_and_the_cli_parser_load_no_model_library():
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
+# What only stages load (the build itself needs torch: devices, threads, the determinism record).
+STAGE_LIBRARIES = tuple(m for m in MODEL_LIBRARIES if m not in ("torch", "torchvision"))
+
+
+def test_a_build_of_stages_that_load_no_model_imports_no_model_library(tmp_path):
+    """Stages that declare no model (the test suite's fake stages; an ``original`` release has none at all) never
+    meet a library's loading bars, so the build does not import transformers or diffusers to silence them: seconds
+    per build process."""
+    import os
+
+    from builder_helpers import ALL_CONFIGS, FAKE_STAGES, make_imagefolder, write_config
+
+    source = make_imagefolder(tmp_path / "src", ["a", "b"], per_class=1)
+    config = write_config(tmp_path / "c.yaml", f"imagefolder:{source}", stages=FAKE_STAGES, configs=ALL_CONFIGS)
+    code = (
+        "import sys; from builder.config import load_config; from builder.engine import build; "
+        f"build(load_config({str(config)!r}), {str(tmp_path / 'out')!r}, progress=False); "
+        f"print(sorted(m for m in {STAGE_LIBRARIES!r} if m in sys.modules))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "LANCE_CF_ALLOW_CODE": "1"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
+
+
 def test_a_code_stage_type_in_a_moved_module_names_its_new_place(tmp_path, capsys):
     """Configs written before each system got its folder: a ``module:attr`` type at the old place is one line."""
     import yaml
