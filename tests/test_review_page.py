@@ -113,6 +113,16 @@ def _shown(browser) -> str:
     return WebDriverWait(browser, WAIT).until(lambda b: b.execute_script("return document.body.dataset.shown"))
 
 
+def _loaded_image_sizes(browser, *element_ids: str) -> list[int]:
+    """The natural widths of the page's images, once every one of them has finished loading."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    script = (
+        f"return {list(element_ids)!r}.map(id => document.getElementById(id)).map(i => i.complete && i.naturalWidth)"
+    )
+    return WebDriverWait(browser, WAIT).until(lambda b: (sizes := b.execute_script(script)) and all(sizes) and sizes)
+
+
 def _keys(browser, *keys: str) -> None:
     from selenium.webdriver.common.action_chains import ActionChains
 
@@ -135,10 +145,8 @@ def test_judging_with_the_keyboard_survives_a_killed_server(release, browser):
         _shown(browser)
         marks = [m.text for m in browser.find_elements(By.CSS_SELECTOR, "#edited-caption mark")]
         assert marks and all(m for m in marks)  # the changed span is marked
-        sizes = browser.execute_script(
-            "return [document.getElementById('edited-image'), document.getElementById('original-image')]"
-            ".map(i => i.complete && i.naturalWidth)"
-        )
+        # Both images load after the sample is shown; on a busy machine the first may still be loading.
+        sizes = _loaded_image_sizes(browser, "edited-image", "original-image")
         assert sizes == [48, 48]
         _keys(browser, "1", "1", "a")  # still a cat: yes; realistic: yes; accept
         _text(browser, "left", str(int(total) - 1))
