@@ -169,7 +169,7 @@ class _StageRunner:
     def ensure_loaded(self) -> None:
         if not self._loaded:
             # Only a stage that loads models meets the libraries' loading bars; silencing them imports transformers and
-            # diffusers, seconds a build of model-free stages (an `original` release) need not pay.
+            # diffusers, seconds that a build whose stages load no model need not pay.
             if getattr(self.validated.cls, "model_options", ()):
                 quiet_third_party_progress()
             logger.info("loading stage %s (%s) on %s", self.name, self.config.type, self.device)

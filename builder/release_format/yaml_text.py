@@ -20,8 +20,9 @@ __all__ = ["MAX_YAML_VALUES", "expanded_size", "load_yaml"]
 
 
 def load_yaml(text: str, origin: str) -> Any:
-    """``yaml.safe_load(text)`` (with libyaml where available), refusing with a one-line ``ValueError`` naming ``origin``: invalid YAML, or a
-    document whose aliases expand past ``MAX_YAML_VALUES`` values (or that refers to itself, or nests too deeply)."""
+    """``yaml.safe_load(text)`` (with libyaml where available), refusing with a one-line ``ValueError`` naming
+    ``origin``: invalid YAML, or a document whose aliases expand past ``MAX_YAML_VALUES`` values (or that refers to
+    itself, or nests too deeply)."""
     import yaml
 
     # libyaml's parser when PyYAML has it (the same values, about ten times faster: a card's front matter lists every
