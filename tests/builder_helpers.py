@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -198,3 +200,36 @@ def build_killing_one_worker(output: Path, is_worker, min_workers: int = 2, **bu
 
     build_while(demo_config(), output, strike, **build_kwargs)
     return killed
+
+
+# A second lance-cf process holding a directory's lock as a build or an eval does, until the test lets it go (it polls
+# for a file: no deadline, so a busy machine only makes it slower).
+_LOCK_HOLDER = (
+    "import os, sys, time\n"
+    "from builder.release_format.lock import output_lock\n"
+    "with output_lock(sys.argv[1], sys.argv[2]):\n"
+    "    print('held', flush=True)\n"
+    "    while not os.path.exists(sys.argv[3]):\n"
+    "        time.sleep(0.05)\n"
+)
+
+
+@contextlib.contextmanager
+def lock_held_by_another_process(directory: Path, command: str) -> Iterator[int]:
+    """Another process holds ``directory``'s lock for ``command`` ("build", "eval") inside the block; yields its pid."""
+    go = Path(directory).parent / f".release-{Path(directory).name}-lock"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _LOCK_HOLDER, str(directory), command, str(go)],
+        cwd=REPO,
+        env=env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        yield holder.pid
+    finally:
+        go.touch()
+        holder.wait()
+        holder.stdout.close()
+        go.unlink(missing_ok=True)

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from builder_helpers import lock_held_by_another_process
 from publish_fixture import make_release, make_results
 from release_fixture import write_release
 
@@ -71,35 +72,12 @@ def test_eval_is_refused_while_another_process_holds_the_output(releases, tmp_pa
     """A real second process holds the --output as an eval does: refused at once with its pid, nothing written."""
     out = tmp_path / "out"
     out.mkdir()
-    go = tmp_path / "release-the-lock"
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import os, sys, time\n"
-            "from builder.release_format.lock import output_lock\n"
-            "with output_lock(sys.argv[1], 'eval'):\n"
-            "    print('held', flush=True)\n"
-            "    while not os.path.exists(sys.argv[2]):\n"
-            "        time.sleep(0.05)\n",
-            str(out),
-            str(go),
-        ],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with lock_held_by_another_process(out, "eval") as pid:
         capsys.readouterr()
         assert main(["eval", "--release", str(releases["a"]), "--output", str(out), *EVAL]) == 2
         err = capsys.readouterr().err
-        assert f"in use by lance-cf pid {holder.pid} (eval)" in err and len(err.strip().splitlines()) == 1
+        assert f"in use by lance-cf pid {pid} (eval)" in err and len(err.strip().splitlines()) == 1
         assert not list(out.rglob("*.json"))
-    finally:
-        go.touch()
-        holder.wait()
     assert main(["eval", "--release", str(releases["a"]), "--output", str(out), *EVAL]) == 0  # free again
 
 

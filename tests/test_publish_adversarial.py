@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from builder_helpers import lock_held_by_another_process
 from hub_double import HubDouble
 from publish_fixture import make_release, make_results
 from test_publish import REPO, ROOT, TOKEN, _client_env, release, release_files
@@ -424,34 +425,11 @@ def test_publish_is_refused_while_a_build_holds_the_directory(hub_env, tmp_path,
     """A real second process holds the release directory as a build does (builder.release_format.lock, exclusive)."""
     hub = hub_env
     release_dir, _ = release(tmp_path)
-    go = tmp_path / "release-the-lock"
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import os, sys, time\n"
-            "from builder.release_format.lock import output_lock\n"
-            "with output_lock(sys.argv[1], 'build'):\n"
-            "    print('held', flush=True)\n"
-            "    while not os.path.exists(sys.argv[2]):\n"
-            "        time.sleep(0.05)\n",
-            str(release_dir),
-            str(go),
-        ],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with lock_held_by_another_process(release_dir, "build") as pid:
         for extra in ([], ["--dry-run"]):
-            with pytest.raises(ValueError, match=rf"in use by lance-cf pid {holder.pid} \(build\)"):
+            with pytest.raises(ValueError, match=rf"in use by lance-cf pid {pid} \(build\)"):
                 cli("publish", str(release_dir), "--repo-id", REPO, *extra)
         assert hub.log == []
-    finally:
-        go.touch()
-        holder.wait(timeout=60)
     assert publish_release(release_dir, REPO).tag == "v1.0.0"  # free again
 
 
