@@ -7,7 +7,8 @@ build's torch settings (``--torch-threads``, CUDA determinism: ``builder.runtime
 stages over whole batches (``builder.dispatch``: pools, schedules, faults); the driver owns the plan,
 the ledger and the shards (``builder.dispatch``), so the release is byte-identical to a one-device build with the
 same thread settings on the same kind of device. A worker process that dies loses only the batch it was running,
-which goes to the next free worker; the dead worker is replaced.
+which goes to the next free worker; the dead worker is replaced (one that dies between two batches is replaced before
+its next batch, and no batch is charged with its death).
 
 Processes are started with ``spawn`` (CUDA cannot be used in a forked child), so the stage classes must be
 importable by name (they are: a stage type is a registry name or a ``module:attr``).
@@ -72,6 +73,16 @@ class DevicePool:
         self._fresh = [True] * self.slots  # the slot's next unit carries the assignment
 
     def submit(self, slot: int, *args: Any) -> Any:
+        try:
+            return self._submit(slot, *args)
+        except BrokenProcessPool as err:
+            # The worker died while idle (after its last unit, before this one): no batch was running on it, so none
+            # is charged with the loss; a fresh worker takes the unit.
+            logger.warning("worker %d on %s died while idle (%s); replaced", slot, self.devices[slot], err)
+            self.restart(slot)
+            return self._submit(slot, *args)
+
+    def _submit(self, slot: int, *args: Any) -> Any:
         assignment = self._assignment if self._fresh[slot] else None
         self._fresh[slot] = False
         return self._executors[slot].submit(_run_on_worker, assignment, *args)

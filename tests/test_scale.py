@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
+import os
 import sqlite3
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 
 import pytest
 from builder_helpers import (
@@ -21,6 +25,7 @@ from builder_helpers import (
     write_config,
 )
 
+from builder import multi_device
 from builder.config import load_config
 from builder.engine import build
 from builder.release_format.verify import verify_release
@@ -191,6 +196,7 @@ def test_stage_major_on_two_cpu_device_workers_gives_the_local_bytes_on_the_demo
 def test_a_device_worker_killed_mid_build_loses_nothing_and_the_bytes_match(local_demo, tmp_path, caplog):
     out = tmp_path / "killed"
     caplog.set_level(logging.WARNING, logger="builder.dispatch")
+    caplog.set_level(logging.WARNING, logger="builder.multi_device")
     killed = build_killing_one_worker(
         out,
         lambda p: "multiprocessing" in cmdline(p) and "spawn_main" in cmdline(p),
@@ -198,9 +204,58 @@ def test_a_device_worker_killed_mid_build_loses_nothing_and_the_bytes_match(loca
         engine_options={"devices": ["cpu", "cpu"]},
     )
     assert killed, "the build ended before a worker could be killed"
-    assert any("died running batch" in r.getMessage() for r in caplog.records), "no batch was retried"
+    # The worker may die under a batch (which is retried) or between two (it is replaced before its next one).
+    replaced = [
+        r.getMessage()
+        for r in caplog.records
+        if "died running batch" in r.getMessage() or "died while idle" in r.getMessage()
+    ]
+    assert replaced, "no worker was replaced"
     assert verify_release(out) == []
     assert release_files(out) == release_files(local_demo)
+
+
+class _EchoWorker:
+    def run(self, assignment, *args):
+        return (assignment, *args)
+
+
+def _start_echo_worker(device, torch_threads):
+    multi_device._WORKER = _EchoWorker()
+
+
+class _ForkBackend:
+    """Executors as the devices engine makes them, forked instead of spawned so that the test's worker needs no
+    import by name."""
+
+    def take(self, device):
+        return self.new_executor(device)
+
+    def new_executor(self, device):
+        return ProcessPoolExecutor(
+            max_workers=1,
+            mp_context=multiprocessing.get_context("fork"),
+            initializer=_start_echo_worker,
+            initargs=(device, 1),
+        )
+
+
+@pytest.mark.e2e  # starts worker processes
+def test_a_worker_that_died_while_idle_is_replaced_before_its_next_unit_and_gets_the_assignment(caplog):
+    caplog.set_level(logging.WARNING, logger="builder.multi_device")
+    pool = multi_device.DevicePool(_ForkBackend(), ["cpu"], ["stage"], [False])
+    try:
+        assert pool.result(pool.submit(0, "first")) == ((["stage"], [False]), "first")
+        died = pool._executors[0].submit(os._exit, 1)  # the worker dies between two units
+        with pytest.raises(BrokenProcessPool):
+            died.result()
+        # The next unit runs on a fresh worker, which (like any fresh worker) receives the pool's assignment.
+        assert pool.result(pool.submit(0, "second")) == ((["stage"], [False]), "second")
+        assert pool.result(pool.submit(0, "third")) == (None, "third")
+    finally:
+        for executor in pool._executors:
+            executor.shutdown(wait=True)
+    assert any("died while idle" in r.getMessage() for r in caplog.records)
 
 
 def test_a_stage_batch_size_cuts_calls_in_key_order_and_merges_them_into_one_result():
