@@ -39,7 +39,7 @@ import dataset_cards
 from builder import release_format as rf
 from builder.croissant import croissant_about
 from builder.release_format.lock import output_lock
-from builder.release_format.yaml_text import load_yaml
+from builder.release_format.yaml_text import dump_yaml
 from dataset_cards.card import replace_leaderboard_section
 from evaluation.leaderboard import build_leaderboard_by_config, leaderboard_markdown
 from evaluation.results import is_complete, is_results, missing_default_metrics, validate_results
@@ -351,9 +351,9 @@ def refuse_token(contents: dict[str, bytes]) -> None:
 
 def card_gating(card_text: str) -> bool:
     """Whether the card's YAML asks users to accept terms (``extra_gated_*`` or ``gated``)."""
-    match = re.match(r"^---\s*\n(.*?)\n---\s*(\n|$)", card_text, re.DOTALL)
-    meta = load_yaml(match.group(1), "the card's YAML front matter") if match else None
-    if not isinstance(meta, dict):
+    try:
+        meta, _ = rf.split_card(card_text, "the card")
+    except ValueError:  # no front matter, or not a mapping: nothing asks for terms
         return False
     return bool(meta.get("gated") or any(k.startswith("extra_gated_") for k in meta))
 
@@ -1081,17 +1081,18 @@ def with_leaderboard_config(card_text: str, table: Any) -> str:
     """The card with a ``leaderboard`` config (and its declared features) in its YAML, so that
     ``load_dataset(REPO, "leaderboard", split="train")`` reads the table and the Hub viewer shows it. Nothing else
     in the card changes."""
-    from huggingface_hub import DatasetCard
-
-    card = DatasetCard(card_text)
-    configs = [c for c in (card.data.get("configs") or []) if c.get("config_name") != LEADERBOARD_CONFIG]
+    if card_text.startswith("---"):
+        meta, body = rf.split_card(card_text, "the card on the Hub")
+    else:  # a hand-written README without YAML: the block is added (as huggingface_hub's card class does)
+        meta, body = {}, card_text
+    configs = [c for c in (meta.get("configs") or []) if c.get("config_name") != LEADERBOARD_CONFIG]
     configs.append(
         {
             "config_name": LEADERBOARD_CONFIG,
             "data_files": [{"split": LEADERBOARD_SPLIT, "path": f"{RESULTS_DIR}/{LEADERBOARD_TAR}"}],
         }
     )
-    infos = card.data.get("dataset_info") or []
+    infos = meta.get("dataset_info") or []
     infos = [infos] if isinstance(infos, dict) else list(infos)
     infos = [i for i in infos if i.get("config_name") != LEADERBOARD_CONFIG]
     infos.append(
@@ -1101,9 +1102,9 @@ def with_leaderboard_config(card_text: str, table: Any) -> str:
             "splits": [{"name": LEADERBOARD_SPLIT, "num_examples": len(table)}],
         }
     )
-    card.data["configs"] = configs
-    card.data["dataset_info"] = infos
-    text = str(card)
+    meta["configs"] = configs
+    meta["dataset_info"] = infos
+    text = f"---\n{dump_yaml(meta)}\n---\n{body}"
     return text if text.endswith("\n") else text + "\n"
 
 

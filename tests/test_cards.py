@@ -48,6 +48,9 @@ def test_card_yaml_declares_every_config_and_parses_with_hub_and_datasets(releas
     assert meta["pretty_name"]
 
     card = DatasetCard.load(release_dir / "README.md")
+    # The card is written without huggingface_hub's YAML round trip (too slow for ImageNet's class list): the Hub's
+    # card class reads it and writes back exactly this text.
+    assert str(card) == text
     configs = MetadataConfigs.from_dataset_card_data(card.data)
     assert set(configs) == set(manifest["configs"])
     assert configs["counterfactual"]["data_files"] == [{"split": "test", "path": rf.shard_glob("counterfactual")}]
@@ -360,3 +363,29 @@ def test_cards_import_only_the_release_format_from_builder():
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_the_leaderboard_config_joins_the_card_yaml_once_and_the_rest_is_unchanged(release):
+    import pandas as pd
+    from huggingface_hub import DatasetCard
+
+    from builder.publish import LEADERBOARD_CONFIG, with_leaderboard_config
+
+    release_dir, manifest = release
+    text = render_release_card(release_dir, manifest)
+    table = pd.DataFrame({"model": ["resnet50", "vit"], "accuracy": [0.75, 0.5]})
+    once = with_leaderboard_config(text, table)
+    assert with_leaderboard_config(once, table) == once  # re-publishing replaces the config, never adds a second
+    before, after = _front_matter(text), _front_matter(once)
+    names = [c["config_name"] for c in after["configs"]]
+    assert names == [c["config_name"] for c in before["configs"]] + [LEADERBOARD_CONFIG]
+    assert {k: v for k, v in after.items() if k not in ("configs", "dataset_info")} == {
+        k: v for k, v in before.items() if k not in ("configs", "dataset_info")
+    }
+    assert once.split("\n---\n", 1)[1] == text.split("\n---\n", 1)[1]  # the Markdown is untouched
+    assert str(DatasetCard(once)) == once  # what the Hub's card class writes for the same data
+    # A README someone wrote without YAML gets the block; a broken block is refused, naming the card.
+    bare = with_leaderboard_config("# Our data\n", table)
+    assert _front_matter(bare)["configs"][0]["config_name"] == LEADERBOARD_CONFIG and bare.endswith("---\n# Our data\n")
+    with pytest.raises(ValueError, match="the card on the Hub: YAML front matter is not a mapping"):
+        with_leaderboard_config("---\n- a list\n---\n# Our data\n", table)

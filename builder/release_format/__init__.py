@@ -117,7 +117,7 @@ from builder.release_format.spec import (
     ReleaseSpec,
     lance_release_spec,
 )
-from builder.release_format.verify import read_card_yaml, verify_release
+from builder.release_format.verify import read_card_yaml, split_card, verify_release
 from builder.release_format.versioning import is_release_version, parse_release_version
 
 # Former names: the v1 vocabulary (LANCE's six edit types and DILLEMA's "multi", the score names); readers of a v2
@@ -202,6 +202,7 @@ __all__ = [
     "parse_release_version",
     "pretty_name",
     "read_card_yaml",
+    "split_card",
     "read_manifest_dict",
     "read_member",
     "read_samples",

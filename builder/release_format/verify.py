@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -202,17 +203,27 @@ def _check_image(data: bytes) -> str | None:
     return None
 
 
+# A card's front matter: the YAML between a first line ``---`` and the next line ``---``.
+_FRONT_MATTER = re.compile(r"---[ \t]*\n(.*?)\n---[ \t]*(?:\n|$)", re.DOTALL)
+
+
+def split_card(text: str, origin: str = CARD_NAME) -> tuple[dict[str, Any], str]:
+    """A card's YAML front matter (a mapping) and the Markdown after it (raises ValueError naming ``origin`` and what
+    is wrong). ``f"---\\n{dump_yaml(front)}\\n---\\n{body}"`` writes it back."""
+    match = _FRONT_MATTER.match(text)
+    if match is None:
+        raise ValueError(f"{origin}: no YAML front matter")
+    header = load_yaml(match.group(1), f"{origin}: YAML front matter")
+    if not isinstance(header, dict):
+        raise ValueError(f"{origin}: YAML front matter is not a mapping")
+    return header, text[match.end() :]
+
+
 def read_card_yaml(path: Path) -> dict[str, Any]:
     """The YAML front matter of a card (raises ValueError naming what is wrong)."""
     if not path.is_file():
         raise ValueError(f"{CARD_NAME}: missing")
-    text = path.read_text(encoding="utf-8", errors="replace")
-    if not text.startswith("---\n") or "\n---" not in text[4:]:
-        raise ValueError(f"{CARD_NAME}: no YAML front matter")
-    header = load_yaml(text[4 : text.index("\n---", 4)], f"{CARD_NAME}: YAML front matter")
-    if not isinstance(header, dict):
-        raise ValueError(f"{CARD_NAME}: YAML front matter is not a mapping")
-    return header
+    return split_card(path.read_text(encoding="utf-8", errors="replace"))[0]
 
 
 def _check_card(path: Path, manifest: Manifest) -> list[str]:
