@@ -202,26 +202,25 @@ def build_killing_one_worker(output: Path, is_worker, min_workers: int = 2, **bu
     return killed
 
 
-# A second lance-cf process holding a directory's lock as a build or an eval does, until the test lets it go (it polls
-# for a file: no deadline, so a busy machine only makes it slower).
+# A second lance-cf process holding a directory's lock as a build or an eval does, until the test closes its stdin (a
+# blocking read: no poll and no deadline, so a busy machine only makes it slower).
 _LOCK_HOLDER = (
-    "import os, sys, time\n"
+    "import sys\n"
     "from builder.release_format.lock import output_lock\n"
     "with output_lock(sys.argv[1], sys.argv[2]):\n"
     "    print('held', flush=True)\n"
-    "    while not os.path.exists(sys.argv[3]):\n"
-    "        time.sleep(0.05)\n"
+    "    sys.stdin.read()\n"
 )
 
 
 @contextlib.contextmanager
 def lock_held_by_another_process(directory: Path, command: str) -> Iterator[int]:
     """Another process holds ``directory``'s lock for ``command`` ("build", "eval") inside the block; yields its pid."""
-    go = Path(directory).parent / f".release-{Path(directory).name}-lock"
     holder = subprocess.Popen(
-        [sys.executable, "-c", _LOCK_HOLDER, str(directory), command, str(go)],
+        [sys.executable, "-c", _LOCK_HOLDER, str(directory), command],
         cwd=REPO,
         env=env(),
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -229,7 +228,6 @@ def lock_held_by_another_process(directory: Path, command: str) -> Iterator[int]
         assert holder.stdout.readline().strip() == "held"
         yield holder.pid
     finally:
-        go.touch()
+        holder.stdin.close()  # end of input: the holder leaves the lock and exits
         holder.wait()
         holder.stdout.close()
-        go.unlink(missing_ok=True)
