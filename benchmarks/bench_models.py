@@ -75,7 +75,7 @@ def _local_copies_config(tmp: Path) -> Path:
     """The lance preset with every model key at a folder that passes for a ``--local-dir`` copy (nothing loads)."""
     import yaml
 
-    from lance_pipeline.hub_cache import LOCAL_MARKER
+    from lance_pipeline.models.hub_cache import LOCAL_MARKER
 
     data = yaml.safe_load((ROOT / "builder" / "presets" / "lance.yaml").read_text())
     for stage in data["stages"]:

@@ -27,7 +27,7 @@ from builder.release_format.lock import output_lock
 from builder.release_format.verify import verify_release
 from builder.sources import create_source
 from builder.validation import allow_code_from_env, check_stages_against_source, describe_validation, validate_build
-from lance_pipeline.devices import resolve_device as _resolve_device
+from lance_pipeline.models.devices import resolve_device as _resolve_device
 from lance_pipeline.release_kinds import kind_of_manifest
 
 ENGINE_NAMES = tuple(ENGINES.names())
@@ -42,7 +42,8 @@ SUBCOMMAND_MODULES = (
     "evaluation.cli",  # eval, leaderboard
     "evaluation.fidelity",  # compare-editors
     "builder.discovery.cli",  # discover
-    "builder.cli_publish",  # publish, publish-results
+    "builder.cli_publish",  # publish
+    "evaluation.cli_publish",  # publish-results
     "builder.review.cli",  # review (the review page), review apply / export / agreement
 )
 
@@ -415,7 +416,7 @@ def _summarize_build(output: Path, manifest: dict, allow_empty: bool = False) ->
     return 0
 
 
-# One device rule for every subcommand (eval included): lance_pipeline.devices.
+# One device rule for every subcommand (eval included): lance_pipeline.models.devices.
 resolve_device = _resolve_device
 
 

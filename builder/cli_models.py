@@ -2,7 +2,7 @@
 
 ``TARGET`` is a preset or config file (``lance``, ``my.yaml``; ``--configs`` narrows it as in ``build``), or a
 command with its own arguments (``eval --release R --model resnet50.a1_in1k --output E``): the models it declares
-(``lance_pipeline.model_needs``). ``list`` prints, per model, its Hub id and pinned revision, the files its loader
+(``lance_pipeline.models.needs``). ``list`` prints, per model, its Hub id and pinned revision, the files its loader
 reads and their total size, licence and gating (from the Hub, or kept from an earlier answer), who loads it and the
 key that takes a local directory instead, and whether it is cached. ``download`` fetches exactly those files through
 huggingface_hub (``HF_ENDPOINT``, ``HF_HOME``, ``HF_TOKEN``), resumably, under one progress bar; ``--local-dir DIR``
@@ -22,7 +22,7 @@ from typing import Any
 from builder.config import apply_overrides, load_config
 from builder.model_check import ModelsMissing, build_needs, keys_of, missing_line
 from builder.validation import validate_build
-from lance_pipeline.hub_cache import fetch_models, format_size, inspect_models, local_copy_dir
+from lance_pipeline.models.hub_cache import fetch_models, format_size, inspect_models, local_copy_dir
 
 logger = logging.getLogger(__name__)
 

@@ -25,9 +25,9 @@ from builder.registry import STAGES
 from builder.release_format import CONFIG_NAMES, IMAGE_FORMATS, is_release_version
 from builder.release_format.yaml_text import check_expansion, load_yaml
 from builder.sources import _path_name, public_spec
-from lance_pipeline.hub_cache import content_digest, local_copy
-from lance_pipeline.model_needs import LOCAL_PREFIXES as MODEL_PREFIXES
-from lance_pipeline.model_needs import local_model_inputs
+from lance_pipeline.models.hub_cache import content_digest, local_copy
+from lance_pipeline.models.needs import LOCAL_PREFIXES as MODEL_PREFIXES
+from lance_pipeline.models.needs import local_model_inputs
 from lance_pipeline.option_types import ImageSide, Interval, check_value, describe_type
 from lance_pipeline.stage import options_type
 

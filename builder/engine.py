@@ -56,7 +56,7 @@ from builder.runtime import (
 from builder.sources import Source, SourceSample, create_source
 from builder.stage_memory import format_bytes, measure_peak, merge, unmeasured_reason
 from builder.validation import ValidatedBuild, ValidatedStage, check_stages_against_source, validate_build
-from lance_pipeline.devices import resolve_device
+from lance_pipeline.models.devices import resolve_device
 from lance_pipeline.stage import (
     SAMPLE_INDEX,
     SOURCE_FIELDS,
@@ -459,7 +459,7 @@ PlanRow = tuple[str, int, int, str, int]  # (key, batch, label, origin, seed): o
 class BuildOptions:
     """How to build (none of it changes what the release holds, except ``torch_threads``, which is recorded).
 
-    ``device``: a torch device, or ``None``/``"auto"`` for cuda when available (``lance_pipeline.devices``); checked
+    ``device``: a torch device, or ``None``/``"auto"`` for cuda when available (``lance_pipeline.models.devices``); checked
     before anything is written. ``engine`` names an engine in ``builder.registry.ENGINES``: ``local``, ``devices``
     (one process per device) or ``ray`` (Ray actors, each loading the models once); the ledger, the shards and so the
     bytes are the same. ``workers``: worker count of the multi-worker engines. ``torch_threads``: torch's intra-op

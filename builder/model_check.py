@@ -1,7 +1,7 @@
 """Before a build's first stage loads: every model it needs is here (or fetched), and a full-size build on the CPU is
 said so.
 
-``build_needs`` reads the active stages' declared models (``lance_pipeline.model_needs``) from the validated config,
+``build_needs`` reads the active stages' declared models (``lance_pipeline.models.needs``) from the validated config,
 nothing loaded. ``resolve_models`` checks them against the cache and, for what is missing, the Hub (bounded, in
 seconds, before torch is imported): a model that is neither cached nor reachable stops the build with one line per
 model and the ``lance-cf models download`` command. ``models_ready`` downloads the reachable ones, under one progress
@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from lance_pipeline.hub_cache import (
+from lance_pipeline.models.hub_cache import (
     LOCAL_MARKER,
     ModelState,
     endpoint,
@@ -32,7 +32,7 @@ from lance_pipeline.hub_cache import (
     hub_offline,
     inspect_models,
 )
-from lance_pipeline.model_needs import ModelNeed, needs_of
+from lance_pipeline.models.needs import ModelNeed, needs_of
 from lance_pipeline.stage import check_options
 
 logger = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from typing import Any
 from builder.dispatch import WorkerLost, check_pool_options, plan_pools, run_pools
 from builder.engine import _drive
 from builder.ray_engine import StageWorker
-from lance_pipeline.devices import resolve_device
+from lance_pipeline.models.devices import resolve_device
 
 logger = logging.getLogger(__name__)
 

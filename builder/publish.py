@@ -1,4 +1,5 @@
-"""Publish a release directory as a versioned Hugging Face Hub dataset, and add evaluation results to it.
+"""Publish a release directory as a versioned Hugging Face Hub dataset (evaluation results are published by
+:mod:`evaluation.publish_results`).
 
 A release is one atomic commit on the target branch (``create_commit``: binary files go through the Hub's large-file
 path, LFS or Xet, as the client and server agree) followed by a tag ``v<version>`` on that commit, so
@@ -27,61 +28,45 @@ import contextlib
 import json
 import logging
 import os
-import re
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, TypeVar
+from typing import Any
 
 import dataset_cards
 from builder import release_format as rf
 from builder.croissant import croissant_about
+from builder.release_format.hub_client import (
+    REPO_TYPE,
+    RESULTS_DIR,
+    URL_USERINFO,
+    PublishError,
+    branch_head,
+    check_repo_id,
+    create_api,
+    hub_endpoint,
+    label_names_of,
+    local_paths,
+    local_paths_in_text,
+    redact_url,
+    refuse_local_paths,
+    refuse_token,
+    retry,
+    version_key,
+)
 from builder.release_format.lock import output_lock
-from builder.release_format.yaml_text import dump_yaml
-from dataset_cards.card import replace_leaderboard_section
-from evaluation.leaderboard import build_leaderboard_by_config, leaderboard_markdown
-from evaluation.results import is_complete, is_results, missing_default_metrics, validate_results
 
 logger = logging.getLogger(__name__)
 
-REPO_TYPE = "dataset"
-RESULTS_DIR = "results"
-LEADERBOARD_NAME = "leaderboard.md"
-# The leaderboard as a table on the dataset repo: Parquet for pandas/SQL, and the same rows as one WebDataset shard
-# for the `leaderboard` config, `load_dataset(REPO, "leaderboard", split="train")` (see leaderboard_tar for why).
-LEADERBOARD_PARQUET = "leaderboard.parquet"
-LEADERBOARD_TAR = "leaderboard.tar"
-LEADERBOARD_CONFIG = "leaderboard"
-LEADERBOARD_SPLIT = "train"
 # Paths on the branch that a release commit never deletes: results accumulate across versions.
 PROTECTED_PREFIXES = (f"{RESULTS_DIR}/", ".gitattributes")
-REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 # The Hub's access-request modes (``HfApi.update_repo_settings(gated=...)``).
 GATED_MODES = ("auto", "manual")
 # Configs a LANCE release is about: one of them requested by the build but left empty makes the release unusable.
 REQUIRED_CONFIGS = ("original", "counterfactual")
-RETRY_ATTEMPTS = 3
-RETRY_WAIT_S = 0.5
 MAX_LISTED_LEFT_OUT = 30
 LOAD_CHECK_BATCH = 256  # rows per batch when publish reads a staged config (batched: ~8x faster than row by row)
-T = TypeVar("T")
-
-# ``scheme://user:password@host``: the userinfo part is replaced before any URL is printed or logged.
-_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@]*@")
-# An absolute path of this machine inside a string: ``/x/...`` at the start, after whitespace, a quote, ``=``, ``(``,
-# ``,`` or a spec prefix such as ``imagefolder:`` (but not the ``//`` of a URL); ``file://`` URLs; ``~/``; ``C:\\``.
-_LOCAL_PATH = re.compile(
-    r"""(?:file://[^\s"'`)]+"""
-    r"""|(?:(?<=^)|(?<=[\s"'=(,])|(?<=[A-Za-z0-9]:))/(?!/)[^\s"'`),]+"""
-    r"""|(?:(?<=^)|(?<=[\s"'=(,:]))~/[^\s"'`),]*"""
-    r"""|(?:(?<=^)|(?<=[\s"'=(,:]))[A-Za-z]:\\[^\s"'`),]*)"""
-)
-
-
-class PublishError(RuntimeError):
-    """The publication was refused (tag exists, verification failed, stray files under --strict, ...)."""
 
 
 @dataclass
@@ -145,17 +130,6 @@ def _human(size: int) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{size} B"
-
-
-def redact_url(text: str) -> str:
-    """``text`` with the ``user:password@`` part of every URL in it replaced by ``***@``."""
-    return _URL_USERINFO.sub(r"\1***@", text)
-
-
-def check_repo_id(repo_id: str) -> str:
-    if not REPO_ID.match(repo_id or ""):
-        raise ValueError(f"--repo-id {repo_id!r} is not a Hub repo id; expected ORG/NAME")
-    return repo_id
 
 
 def load_manifest(release_dir: Path) -> dict[str, Any]:
@@ -252,103 +226,6 @@ def check_configs(manifest: dict[str, Any]) -> list[str]:
     return [f"config {c} has no samples and is not part of the release" for c in empty]
 
 
-# Where a manifest or a results JSON names a class: a label name is data, whatever its shape (Open Images names its
-# classes /m/01g317), never a machine path, so the path guard neither refuses nor rewrites it.
-LABEL_NAMES_AT = "label_space.names"
-LABEL_NAME_KEY = "label_name"
-
-
-def label_names_of(manifest: dict[str, Any]) -> set[str]:
-    """The class names of a manifest's label space (data the path guard leaves alone, in the card too)."""
-    names = (manifest.get("label_space") or {}).get("names") or []
-    return {name for name in names if isinstance(name, str)}
-
-
-def _is_label(where: str, value: str, labels: set[str] | frozenset[str]) -> bool:
-    key = where.rsplit(".", 1)[-1]
-    return value in labels or key == LABEL_NAME_KEY or where.startswith(LABEL_NAMES_AT + "[")
-
-
-def local_paths(obj: Any, where: str = "", labels: set[str] | frozenset[str] = frozenset()) -> list[tuple[str, str]]:
-    """Every (key path, string) in a JSON-like object whose string holds an absolute path of this machine; class names
-    (``labels``, the label space, ``label_name`` fields) are data, not paths."""
-    found: list[tuple[str, str]] = []
-    if isinstance(obj, dict):
-        for key, value in obj.items():
-            found += local_paths(value, f"{where}.{key}" if where else str(key), labels)
-    elif isinstance(obj, list):
-        for i, value in enumerate(obj):
-            found += local_paths(value, f"{where}[{i}]", labels)
-    elif isinstance(obj, str) and _LOCAL_PATH.search(obj) and not _is_label(where, obj, labels):
-        found.append((where or "(root)", obj))
-    return found
-
-
-def local_paths_in_text(text: str, labels: set[str] | frozenset[str]) -> list[str]:
-    """The machine paths in a rendered text (the card), once the class names it quotes are set aside."""
-    for name in sorted(labels, key=len, reverse=True):  # longest first: a name inside another is not cut in two
-        if _LOCAL_PATH.search(name):
-            text = text.replace(name, " ")
-    return [m.group(0) for m in _LOCAL_PATH.finditer(text)]
-
-
-def scrub_local_paths(obj: Any) -> tuple[Any, list[str]]:
-    """A copy of ``obj`` where every absolute machine path inside a string is replaced by its last component, and the
-    key paths that changed; class names (``label_name`` fields, a label space's names) are data and stay as they are."""
-    changed: list[str] = []
-
-    def scrub(value: Any, where: str) -> Any:
-        if isinstance(value, dict):
-            return {k: scrub(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
-        if isinstance(value, list):
-            return [scrub(v, f"{where}[{i}]") for i, v in enumerate(value)]
-        if isinstance(value, str) and _LOCAL_PATH.search(value) and not _is_label(where, value, frozenset()):
-            changed.append(where or "(root)")
-            return _LOCAL_PATH.sub(lambda m: _last_component(m.group(0)), value)
-        return value
-
-    return scrub(obj, ""), changed
-
-
-def _last_component(path: str) -> str:
-    parts = [p for p in re.split(r"[/\\]", path.removeprefix("file://")) if p and p != "~"]
-    return parts[-1] if parts else "<local path>"
-
-
-def _refuse_local_paths(what: str, found: list[tuple[str, str]]) -> None:
-    if found:
-        listed = "; ".join(f"{key} = {value[:80]!r}" for key, value in found[:5])
-        more = f" (and {len(found) - 5} more)" if len(found) > 5 else ""
-        raise PublishError(
-            f"{what} holds local machine paths: {listed}{more}. Published files carry no machine paths: rebuild with "
-            "the current lance-cf (it records sources and models without them), or pass --allow-local-paths to "
-            "publish them as they are"
-        )
-
-
-def refuse_token(contents: dict[str, bytes]) -> None:
-    """Refuse to publish text that holds the Hugging Face token this process would upload with.
-
-    The token is looked up (``huggingface_hub.get_token``: ``HF_TOKEN``, then the saved login) only to compare; it is
-    never printed. The shards are not scanned (the manifest, the card and results JSONs are the text a stray token
-    could reach).
-
-    Raises:
-        PublishError: naming the file.
-    """
-    from huggingface_hub import get_token
-
-    token = get_token()
-    if not token or len(token) < 8:
-        return
-    for name, data in contents.items():
-        if token.encode() in data:
-            raise PublishError(
-                f"{name} holds the Hugging Face token this command would publish with; remove it and re-run "
-                "(and revoke the token if it was shared)"
-            )
-
-
 def card_gating(card_text: str) -> bool:
     """Whether the card's YAML asks users to accept terms (``extra_gated_*`` or ``gated``)."""
     try:
@@ -409,7 +286,7 @@ def stage_croissant(staging: Path, manifest: dict[str, Any], repo_id: str) -> di
 
     typed = rf.Manifest.from_dict(manifest)
     indexes = {c: rf.file_sha256(staging / rf.index_path(c)) for c in typed.configs}
-    endpoint = _URL_USERINFO.sub(r"\1", _endpoint()).rstrip("/")
+    endpoint = URL_USERINFO.sub(r"\1", hub_endpoint()).rstrip("/")
     publication = {
         "url": f"{endpoint}/datasets/{repo_id}",
         "datePublished": typed.config.get("release_date")
@@ -578,7 +455,7 @@ def _local_checks(
     notes.append(rf.viewer_statement(manifest))
     listed_files(release_dir, manifest)
     if not allow_local_paths:
-        _refuse_local_paths(f"{release_dir}/{rf.MANIFEST_NAME}", local_paths(manifest, labels=label_names_of(manifest)))
+        refuse_local_paths(f"{release_dir}/{rf.MANIFEST_NAME}", local_paths(manifest, labels=label_names_of(manifest)))
     if verify:
         verify_before_publish(release_dir)
     return manifest, notes
@@ -605,7 +482,7 @@ def _stage(
     refuse_token({name: (staging / name).read_bytes() for name in texts if (staging / name).is_file()})
     if not allow_local_paths:
         in_card = [(rf.CARD_NAME, path) for path in local_paths_in_text(card_text, label_names_of(manifest))]
-        _refuse_local_paths(f"the card rendered for {release_dir}", in_card)
+        refuse_local_paths(f"the card rendered for {release_dir}", in_card)
     left_out = find_left_out(release_dir, {f.path_in_repo for f in files} | set(card_files))
     if strict and left_out:
         raise PublishError(
@@ -615,7 +492,7 @@ def _stage(
     check_loadable(staging, manifest, release_dir)
     mode = gated or ("auto" if card_gating(card_text) else None)
     return PublishPlan(
-        repo_id, revision, f"v{manifest['version']}", manifest["version"], _endpoint(), files, left_out, mode, notes
+        repo_id, revision, f"v{manifest['version']}", manifest["version"], hub_endpoint(), files, left_out, mode, notes
     )
 
 
@@ -626,52 +503,6 @@ def verify_before_publish(release_dir: Path) -> None:
         listed = "\n".join(f"  - {p}" for p in problems[:20])
         more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
         raise PublishError(f"{release_dir} failed verification; not publishing:\n{listed}{more}")
-
-
-def _endpoint() -> str:
-    """``$HF_ENDPOINT`` read now (huggingface_hub fixed its default at import), or huggingface_hub's default."""
-    from huggingface_hub import constants
-
-    return os.environ.get("HF_ENDPOINT") or constants.ENDPOINT
-
-
-def create_api(endpoint: str | None = None):
-    """An ``HfApi`` on ``endpoint`` or ``$HF_ENDPOINT`` (read now, not at import) with the standard token sources."""
-    from huggingface_hub import HfApi
-
-    return HfApi(endpoint=endpoint or _endpoint())
-
-
-def _is_transient(exc: Exception) -> bool:
-    from huggingface_hub.errors import HfHubHTTPError
-
-    if isinstance(exc, HfHubHTTPError) and exc.response is not None:
-        return exc.response.status_code in (408, 429, 500, 502, 503, 504)
-    try:
-        import httpx2
-
-        return isinstance(exc, httpx2.TransportError)
-    except ImportError:  # pragma: no cover - httpx2 is a huggingface_hub dependency
-        return False
-
-
-def _retry(what: str, fn: Callable[[], T]) -> T:
-    """Retry an idempotent Hub call on transient errors (each step of a publish is safe to repeat)."""
-    for attempt in range(1, RETRY_ATTEMPTS + 1):
-        try:
-            return fn()
-        except Exception as exc:  # noqa: BLE001 - filtered by _is_transient, re-raised otherwise
-            if attempt == RETRY_ATTEMPTS or not _is_transient(exc):
-                raise
-            logger.warning("%s failed (%s); retrying (%d/%d)", what, type(exc).__name__, attempt, RETRY_ATTEMPTS - 1)
-            time.sleep(RETRY_WAIT_S * attempt)
-    raise AssertionError("unreachable")
-
-
-def _branch_head(api: Any, repo_id: str, revision: str) -> tuple[str | None, dict[str, str]]:
-    refs = api.list_repo_refs(repo_id, repo_type=REPO_TYPE)
-    head = next((b.target_commit for b in refs.branches if b.name == revision), None)
-    return head, {t.name: t.target_commit for t in refs.tags}
 
 
 def publish_release(
@@ -717,7 +548,7 @@ def publish_release(
                     f"{repo_id} already has tag {tag} (commit {tags[tag][:12]}): version {manifest['version']} is "
                     "published. Releases are immutable; bump `version` and rebuild to publish a new one."
                 )
-            newer = [t for t in tags if _version_key(t) is not None and _version_key(t) > _version_key(tag)]
+            newer = [t for t in tags if version_key(t) is not None and version_key(t) > version_key(tag)]
             if newer:
                 logger.warning("publishing %s after newer tags %s: the branch will hold an older release", tag, newer)
             previous = _previous_version(tags, tag)
@@ -729,14 +560,14 @@ def publish_release(
                 logger.warning("left out of the upload: %s", item)
             _check_card_metadata(api, (Path(tmp) / "release" / rf.CARD_NAME).read_text(encoding="utf-8"))
             # 3. Remote changes: the repo, its gating (before any data lands in it), one commit, the tag.
-            repo_url = _retry(
+            repo_url = retry(
                 "create_repo",
                 lambda: api.create_repo(repo_id, repo_type=REPO_TYPE, private=True if private else None, exist_ok=True),
             )
             plan.gated = _set_gating(api, repo_id, plan.gated, explicit=gated is not None)
-            head, _ = _retry("list_repo_refs", lambda: _branch_head(api, repo_id, revision))
+            head, _ = retry("list_repo_refs", lambda: branch_head(api, repo_id, revision))
             info = _commit_release(api, plan, manifest, head)
-            _retry(
+            retry(
                 "create_tag",
                 lambda: api.create_tag(
                     repo_id,
@@ -761,7 +592,7 @@ def _check_card_metadata(api: Any, card_text: str) -> None:
     from huggingface_hub import get_session
     from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
 
-    response = _retry(
+    response = retry(
         "validate card metadata",
         lambda: get_session().post(
             f"{api.endpoint}/api/validate-yaml",
@@ -783,7 +614,7 @@ def _remote_refs(api: Any, repo_id: str, revision: str) -> tuple[str | None, dic
     from huggingface_hub.errors import RepositoryNotFoundError
 
     try:
-        return _retry("list_repo_refs", lambda: _branch_head(api, repo_id, revision))
+        return retry("list_repo_refs", lambda: branch_head(api, repo_id, revision))
     except RepositoryNotFoundError:
         return None, {}
 
@@ -803,7 +634,7 @@ def _commit_release(api: Any, plan: PublishPlan, manifest: dict[str, Any], head:
         # Rebuilt on every attempt: a CommitOperationAdd cannot be reused once committed.
         ops = [CommitOperationAdd(f.path_in_repo, str(f.local_path)) for f in plan.files]
         ops += [CommitOperationDelete(p) for p in stale]
-        current_head, _ = _branch_head(api, plan.repo_id, plan.revision)
+        current_head, _ = branch_head(api, plan.repo_id, plan.revision)
         return api.create_commit(
             plan.repo_id,
             ops,
@@ -814,7 +645,7 @@ def _commit_release(api: Any, plan: PublishPlan, manifest: dict[str, Any], head:
             parent_commit=current_head,
         )
 
-    return _retry("create_commit", commit)
+    return retry("create_commit", commit)
 
 
 def _set_gating(api: Any, repo_id: str, mode: str | None, *, explicit: bool) -> str | None:
@@ -823,18 +654,18 @@ def _set_gating(api: Any, repo_id: str, mode: str | None, *, explicit: bool) -> 
     Without an explicit mode a repo that is already gated keeps its mode (a ``manual`` gate is never loosened to
     ``auto``). A repo that is gated while this card is not is left gated.
     """
-    current = _retry("repo info", lambda: api.dataset_info(repo_id)).gated
+    current = retry("repo info", lambda: api.dataset_info(repo_id)).gated
     if mode is None:
         if current:
             logger.warning("%s is gated (%s) although this card does not ask for it; left gated", repo_id, current)
         return current or None
     wanted = current if (not explicit and current in GATED_MODES) else mode
     if current != wanted:
-        _retry(
+        retry(
             "update_repo_settings",
             lambda: api.update_repo_settings(repo_id, gated=wanted, repo_type=REPO_TYPE),
         )
-    readback = _retry("repo info", lambda: api.dataset_info(repo_id)).gated
+    readback = retry("repo info", lambda: api.dataset_info(repo_id)).gated
     if readback != wanted:
         raise PublishError(
             f"{repo_id}: gating was set to {wanted!r} but the Hub reports {readback!r}; nothing was uploaded. Set it "
@@ -846,13 +677,13 @@ def _set_gating(api: Any, repo_id: str, mode: str | None, *, explicit: bool) -> 
 
 def _previous_version(tags: dict[str, str], tag: str) -> str | None:
     """The highest version tag below ``tag``, or None."""
-    current = _version_key(tag)
-    older = [t for t in tags if _version_key(t) is not None and current is not None and _version_key(t) < current]
-    return max(older, key=_version_key) if older else None
+    current = version_key(tag)
+    older = [t for t in tags if version_key(t) is not None and current is not None and version_key(t) < current]
+    return max(older, key=version_key) if older else None
 
 
 def _previous_manifest(api: Any, repo_id: str, previous: str, tmp: Path) -> dict[str, Any]:
-    path = _retry(
+    path = retry(
         "download previous manifest",
         lambda: api.hf_hub_download(
             repo_id, rf.MANIFEST_NAME, repo_type=REPO_TYPE, revision=previous, local_dir=tmp / "previous"
@@ -860,356 +691,3 @@ def _previous_manifest(api: Any, repo_id: str, previous: str, tmp: Path) -> dict
     )
     logger.info("card changelog against %s", previous)
     return json.loads(Path(path).read_text(encoding="utf-8"))
-
-
-def _version_key(tag: str) -> Any:
-    """The release version a tag ``v<version>`` names (ordered as ``packaging`` orders versions), or None."""
-    version = tag[1:] if tag.startswith("v") else None
-    return rf.parse_release_version(version) if rf.is_release_version(version) else None
-
-
-# ---------------------------------------------------------------------------------------------------------- results
-def load_results(results_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
-    """The evaluation results JSONs under a directory (``lance-cf eval`` writes ``OUT/<release>/<model>/results.json``) or one
-    file, each validated by evaluation's own validator (:func:`evaluation.results.validate_results`).
-
-    Other JSON files in the directory are ignored; a file that claims to be results (or is named ``results.json``) and
-    does not validate is an error naming the file and the field.
-    """
-    results_dir = Path(results_dir)
-    if not results_dir.exists():
-        raise ValueError(f"{results_dir}: no such file or directory (expected the output of `lance-cf eval`)")
-    paths = [results_dir] if results_dir.is_file() else sorted(results_dir.rglob("*.json"))
-    loaded = []
-    for path in paths:
-        try:
-            result = json.loads(path.read_text(encoding="utf-8"))
-        except ValueError as exc:
-            raise ValueError(f"{path}: not valid JSON ({exc})") from exc
-        if is_results(result) or path.name == "results.json" or results_dir.is_file():
-            try:
-                validate_results(result)
-            except ValueError as exc:
-                raise ValueError(f"{path}: {exc}") from None
-            loaded.append((path, result))
-        else:
-            logger.debug("skipping %s: not a results JSON", path)
-    if not loaded:
-        raise ValueError(f"{results_dir}: no results JSON files found (expected the output of `lance-cf eval`)")
-    return loaded
-
-
-def publishable_results(loaded: list[tuple[Path, dict[str, Any]]]) -> list[tuple[Path, dict[str, Any]]]:
-    """The results that may enter the leaderboard, scrubbed of machine paths.
-
-    Refused: a ``--limit`` run or a run where samples could not be read (not complete; ranking it as complete would
-    be wrong). Left out with a warning: a model whose evaluation failed (nothing to rank). Any absolute path of this
-    machine left in a string (a local release's directory, a class map, a checkpoint) is reduced to its last
-    component, as a second line of defence behind the evaluation writing none.
-
-    Raises:
-        PublishError: a result is not complete, or no result is left.
-    """
-    kept = []
-    for path, result in loaded:
-        if result.get("status") != "ok":
-            logger.warning("%s: not published: the evaluation of this model failed (%s)", path, result.get("error"))
-            continue
-        if result.get("limit") is not None:
-            raise PublishError(
-                f"{path}: results of a --limit {result['limit']} run score part of the release and never enter a "
-                "leaderboard; re-run `lance-cf eval` without --limit"
-            )
-        missing = missing_default_metrics(result)
-        if missing:
-            raise PublishError(
-                f"{path}: computed without the metrics {', '.join(missing)} (--metrics), so these results are not "
-                "complete; re-run `lance-cf eval` without --metrics"
-            )
-        if not is_complete(result):
-            failed = len(result.get("failures") or [])
-            raise PublishError(
-                f"{path}: {failed} sample(s) could not be scored (see 'failures'), so these results are not complete; "
-                "fix or re-download the release and re-run `lance-cf eval`"
-            )
-        clean, changed = scrub_local_paths(result)
-        if changed:
-            logger.warning("%s: machine paths removed before publishing from %s", path, ", ".join(changed))
-        kept.append((path, clean))
-    if not kept:
-        raise PublishError(f"no publishable results among {len(loaded)} file(s): every evaluation failed")
-    return kept
-
-
-def results_path_in_repo(result: dict[str, Any]) -> str:
-    model = result["model"]
-    name = (model.get("slug") or model.get("name")) if isinstance(model, dict) else model
-    return f"{RESULTS_DIR}/v{result['release']['version']}/{re.sub(r'[^A-Za-z0-9._-]', '_', str(name))}.json"
-
-
-def by_release(results: list[dict[str, Any]]) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
-    """Results grouped by the release they were computed on (name, version, manifest hash), oldest version first.
-
-    Models are only compared within a group: numbers on different releases are not comparable.
-    """
-    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
-    for result in results:
-        release = result.get("release") or {}
-        key = (str(release.get("name")), str(release.get("version")), str(release.get("manifest_sha256")))
-        groups.setdefault(key, []).append(result)
-    lowest = rf.parse_release_version("0.0.0")
-
-    def order(item: tuple[tuple[str, str, str], Any]) -> tuple:
-        version = _version_key(f"v{item[0][1]}")
-        return (version is None, lowest if version is None else version, item[0])
-
-    ordered = sorted(groups.items(), key=order)
-    return [({"name": n, "version": v, "manifest_sha256": h}, group) for (n, v, h), group in ordered]
-
-
-def leaderboard_table(results: list[dict[str, Any]], repo_id: str | None = None) -> Any:
-    """The published leaderboard: one row per model and release config, over every release version of the repo.
-
-    Rows come from evaluation's :func:`evaluation.leaderboard.build_leaderboard_by_config`, computed per release (ranks
-    and effective robustness compare models on the same data only) and concatenated; ``release_version`` tells them
-    apart; with ``repo_id``, ``release_id`` names the release's repository (its provenance: id, version, manifest
-    digest, and the ``metric_versions`` of each row).
-    """
-    import pandas as pd
-
-    frames = [build_leaderboard_by_config(group) for _, group in by_release(results)]
-    frames = [f for f in frames if len(f)]
-    table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    if repo_id is not None and len(table):  # provenance: the release's id beside its version and manifest digest
-        table.insert(table.columns.get_loc("release"), "release_id", repo_id)
-    return table
-
-
-def leaderboard_document(results: list[dict[str, Any]], repo_id: str | None = None) -> str:
-    """``results/leaderboard.md``: evaluation's ranked table, one section per release, newest first, each saying
-    which release it is (repository, version, manifest digest); the table's note names the metrics and versions."""
-    sections = ["# Leaderboard", ""]
-    for release, group in reversed(by_release(results)):
-        where = f"`{repo_id}` " if repo_id else ""
-        sections += [
-            f"## {release['name']} v{release['version']}",
-            "",
-            f"Release {where}v{release['version']}, manifest sha256 `{release['manifest_sha256']}`; "
-            f"{len(group)} model(s).",
-            "",
-            leaderboard_markdown(group) or "No model was evaluated successfully.",
-            "",
-        ]
-    return "\n".join(sections).rstrip("\n") + "\n"
-
-
-def leaderboard_parquet(table: Any) -> bytes:
-    """The table as Parquet bytes (deterministic: the same rows give the same bytes, so re-running commits nothing)."""
-    import io
-
-    buffer = io.BytesIO()
-    table.to_parquet(buffer, index=False)
-    return buffer.getvalue()
-
-
-def leaderboard_rows(table: Any) -> list[dict[str, Any]]:
-    """The table's rows as JSON-ready dicts (missing values as None)."""
-    import pandas as pd
-
-    return [
-        {k: (None if not isinstance(v, (list, dict)) and pd.isna(v) else _plain(v)) for k, v in row.items()}
-        for row in table.astype(object).to_dict("records")
-    ]
-
-
-def _plain(value: Any) -> Any:
-    """numpy scalars as Python values, for JSON."""
-    return value.item() if hasattr(value, "item") else value
-
-
-def leaderboard_tar(table: Any) -> bytes:
-    """The table as one WebDataset shard, a sample per row (``row-NNNNNN.json``), for the ``leaderboard`` config.
-
-    Why not the Parquet file itself: ``datasets`` picks ONE builder per repo, from the first config's data files
-    (``load.py``, ``infer_module_for_data_files``), here the WebDataset builder of the release configs, so a Parquet
-    config on this repo would fail to load. The same rows are published as Parquet beside it for pandas and SQL.
-    """
-    import io
-    import tarfile
-
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for index, row in enumerate(leaderboard_rows(table)):
-            data = json.dumps(row, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
-            info = tarfile.TarInfo(f"row-{index:06d}.json")
-            info.size, info.mtime, info.mode = len(data), 0, 0o644
-            info.uname = info.gname = ""
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
-def leaderboard_features(table: Any) -> list[dict[str, Any]]:
-    """The ``dataset_info.features`` of the ``leaderboard`` config, from the table's Arrow schema (declared, so a column
-    that is null in the first rows still loads with its type)."""
-    import pyarrow as pa
-
-    schema = pa.Schema.from_pandas(table, preserve_index=False)
-    fields = []
-    for column in schema:
-        kind = column.type
-        if pa.types.is_boolean(kind):
-            dtype = "bool"
-        elif pa.types.is_integer(kind):
-            dtype = "int64"
-        elif pa.types.is_floating(kind):
-            dtype = "float64"
-        elif pa.types.is_string(kind) or pa.types.is_large_string(kind):
-            dtype = "string"
-        elif pa.types.is_null(kind):
-            dtype = "null"
-        else:
-            raise ValueError(f"leaderboard column {column.name!r} has type {kind}, which the card cannot declare")
-        fields.append({"name": column.name, "dtype": dtype})
-    return [
-        {"name": "__key__", "dtype": "string"},
-        {"name": "__url__", "dtype": "string"},
-        {"name": "json", "struct": fields},
-    ]
-
-
-def with_leaderboard_config(card_text: str, table: Any) -> str:
-    """The card with a ``leaderboard`` config (and its declared features) in its YAML, so that
-    ``load_dataset(REPO, "leaderboard", split="train")`` reads the table and the Hub viewer shows it. Nothing else
-    in the card changes."""
-    if card_text.startswith("---"):
-        meta, body = rf.split_card(card_text, "the card on the Hub")
-    else:  # a hand-written README without YAML: the block is added (as huggingface_hub's card class does)
-        meta, body = {}, card_text
-    configs = [c for c in (meta.get("configs") or []) if c.get("config_name") != LEADERBOARD_CONFIG]
-    configs.append(
-        {
-            "config_name": LEADERBOARD_CONFIG,
-            "data_files": [{"split": LEADERBOARD_SPLIT, "path": f"{RESULTS_DIR}/{LEADERBOARD_TAR}"}],
-        }
-    )
-    infos = meta.get("dataset_info") or []
-    infos = [infos] if isinstance(infos, dict) else list(infos)
-    infos = [i for i in infos if i.get("config_name") != LEADERBOARD_CONFIG]
-    infos.append(
-        {
-            "config_name": LEADERBOARD_CONFIG,
-            "features": leaderboard_features(table),
-            "splits": [{"name": LEADERBOARD_SPLIT, "num_examples": len(table)}],
-        }
-    )
-    meta["configs"] = configs
-    meta["dataset_info"] = infos
-    text = f"---\n{dump_yaml(meta)}\n---\n{body}"
-    return text if text.endswith("\n") else text + "\n"
-
-
-def publish_results(
-    results_dir: Path,
-    repo_id: str,
-    *,
-    revision: str = "main",
-    dry_run: bool = False,
-    api: Any = None,
-) -> dict[str, Any]:
-    """Add results JSONs under ``results/``, the leaderboard (Markdown and the Parquet table of the ``leaderboard``
-    config) and a refreshed card leaderboard in one commit.
-
-    Existing version tags are never moved: this is a new commit on ``revision`` only.
-    """
-    from huggingface_hub import CommitOperationAdd
-
-    check_repo_id(repo_id)
-    new = publishable_results(load_results(Path(results_dir)))
-    new_paths = {results_path_in_repo(r): r for _, r in new}
-    refuse_token({str(path): _json_bytes(result) for path, result in new})
-    if dry_run:
-        return {"repo_id": repo_id, "revision": revision, "files": sorted(new_paths), "commit": None}
-    api = api or create_api()
-    head, tags = _retry("list_repo_refs", lambda: _branch_head(api, repo_id, revision))
-    if head is None:
-        raise PublishError(f"{repo_id} has no branch {revision!r}: publish a release before its results")
-    _check_results_match_releases(api, repo_id, new, tags)
-    remote = api.list_repo_files(repo_id, repo_type=REPO_TYPE, revision=head)
-    if rf.CARD_NAME not in remote:
-        raise PublishError(f"{repo_id}@{revision} has no {rf.CARD_NAME}: publish a release before its results")
-    with tempfile.TemporaryDirectory() as tmp:
-        results: dict[str, dict[str, Any]] = {}
-        for path in remote:
-            if path.startswith(f"{RESULTS_DIR}/") and path.endswith(".json") and path not in new_paths:
-                local = api.hf_hub_download(repo_id, path, repo_type=REPO_TYPE, revision=head, local_dir=tmp)
-                results[path] = json.loads(Path(local).read_text(encoding="utf-8"))
-        results.update(new_paths)
-        readme_path = api.hf_hub_download(repo_id, rf.CARD_NAME, repo_type=REPO_TYPE, revision=head, local_dir=tmp)
-        readme = Path(readme_path).read_text(encoding="utf-8")
-        manifest_path = api.hf_hub_download(
-            repo_id, rf.MANIFEST_NAME, repo_type=REPO_TYPE, revision=head, local_dir=tmp
-        )
-        branch_release = json.loads(Path(manifest_path).read_text(encoding="utf-8")).get("manifest_sha256")
-    ordered = [results[p] for p in sorted(results)]
-    table = leaderboard_table(ordered, repo_id)
-    # The card on the branch describes one release: its leaderboard lists the results on that release only.
-    on_branch = [r for r in ordered if (r.get("release") or {}).get("manifest_sha256") == branch_release]
-    card = with_leaderboard_config(replace_leaderboard_section(readme, on_branch), table)
-    markdown = leaderboard_document(ordered, repo_id)
-    operations = [CommitOperationAdd(path, _json_bytes(result)) for path, result in sorted(new_paths.items())]
-    operations.append(CommitOperationAdd(f"{RESULTS_DIR}/{LEADERBOARD_NAME}", markdown.encode()))
-    operations.append(CommitOperationAdd(f"{RESULTS_DIR}/{LEADERBOARD_PARQUET}", leaderboard_parquet(table)))
-    operations.append(CommitOperationAdd(f"{RESULTS_DIR}/{LEADERBOARD_TAR}", leaderboard_tar(table)))
-    operations.append(CommitOperationAdd(rf.CARD_NAME, card.encode()))
-    info = _retry(
-        "create_commit",
-        lambda: api.create_commit(
-            repo_id,
-            operations,
-            commit_message=f"Add evaluation results ({len(new_paths)} files)",
-            repo_type=REPO_TYPE,
-            revision=revision,
-        ),
-    )
-    logger.info("published %d results to %s (commit %s)", len(new_paths), repo_id, info.oid)
-    return {"repo_id": repo_id, "revision": revision, "files": sorted(new_paths), "commit": info.oid}
-
-
-def _check_results_match_releases(
-    api: Any, repo_id: str, results: list[tuple[Path, dict[str, Any]]], tags: dict[str, str]
-) -> None:
-    """Refuse results that were not computed on a release published in this repo.
-
-    A result names its release by version and manifest hash; the hash must be that of ``manifest.json`` at the tag
-    ``v<version>``, otherwise the card's leaderboard would list scores of other data under this release.
-    """
-    by_version: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
-    for path, result in results:
-        by_version.setdefault(str(result["release"]["version"]), []).append((path, result))
-    for version, items in sorted(by_version.items()):
-        tag = f"v{version}"
-        if tag not in tags:
-            raise PublishError(
-                f"{items[0][0]}: results of release version {version}, but {repo_id} has no tag {tag}"
-                f" (published: {', '.join(sorted(tags)) or 'none'}); publish that release first"
-            )
-        path = _retry(
-            f"download manifest of {tag}",
-            lambda tag=tag: api.hf_hub_download(repo_id, rf.MANIFEST_NAME, repo_type=REPO_TYPE, revision=tag),
-        )
-        published = json.loads(Path(path).read_text(encoding="utf-8"))
-        for result_path, result in items:
-            release = result["release"]
-            if release.get("manifest_sha256") != published.get("manifest_sha256") or (
-                release.get("name") not in (None, published.get("name"))
-            ):
-                raise PublishError(
-                    f"{result_path}: computed on release {release.get('name')!r} {version} with manifest sha256 "
-                    f"{release.get('manifest_sha256')!r}, but {repo_id}@{tag} holds {published.get('name')!r} with "
-                    f"manifest sha256 {published.get('manifest_sha256')!r}; evaluate the published release"
-                )
-
-
-def _json_bytes(obj: Any) -> bytes:
-    """Strict JSON: a NaN or an infinity is refused (``allow_nan=False``), never published as a bare ``NaN`` token."""
-    return (json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n").encode()

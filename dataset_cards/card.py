@@ -20,14 +20,10 @@ from builder import release_format as rf
 from builder.release_format.yaml_text import dump_yaml
 from dataset_cards.deviations_section import deviations_section
 from dataset_cards.gallery import read_shard_samples, select_pairs, write_gallery
-from dataset_cards.leaderboard import (
-    leaderboard_markdown,
-    leaderboard_section,
-    replace_leaderboard_section,
-)
 from dataset_cards.markdown import code_span, md_escape
 from dataset_cards.review_section import review_section
 from dataset_cards.screening_section import screening_section
+from evaluation.leaderboard import leaderboard_section
 from lance_pipeline.release_kinds import ReleaseKind, kind_of_manifest, resolve_target
 
 logger = logging.getLogger(__name__)
@@ -42,10 +38,8 @@ NOT_CONSTANTS = frozenset(
 __all__ = [
     "build_card_data",
     "changelog",
-    "leaderboard_markdown",
     "read_shard_samples",
     "render_release_card",
-    "replace_leaderboard_section",
     "select_pairs",
     "size_category",
     "write_gallery",

@@ -26,8 +26,8 @@ from evaluation.models import ModelSpec, expand_model_names
 from evaluation.plots import plot_strength_models
 from evaluation.release_reader import open_release
 from evaluation.results import AMP_DTYPES, MODEL_DTYPES
-from lance_pipeline.devices import resolve_device as shared_rule
-from lance_pipeline.model_needs import clip_need, timm_need
+from lance_pipeline.models.devices import resolve_device as shared_rule
+from lance_pipeline.models.needs import clip_need, timm_need
 
 logger = logging.getLogger(__name__)
 
@@ -190,7 +190,7 @@ def _device_list(value: str) -> list[str]:
 
 
 def resolve_device(device: str | None) -> str:
-    """The device rule every command shares (``lance_pipeline.devices``): auto picks cuda when available."""
+    """The device rule every command shares (``lance_pipeline.models.devices``): auto picks cuda when available."""
     return shared_rule(device)
 
 

@@ -42,7 +42,7 @@ from evaluation.plots import _figure, _plain, _pyplot
 from evaluation.release_reader import open_release
 from evaluation.results import model_label
 from lance_pipeline.clip.gates import ClipScorer
-from lance_pipeline.model_needs import clip_need
+from lance_pipeline.models.needs import clip_need
 
 logger = logging.getLogger(__name__)
 

@@ -814,3 +814,30 @@ def _html_page(release: dict[str, Any], df: Any, fit: dict[str, Any], correlatio
         paired=paired,
         sections=[],
     )
+
+
+# The card's ``## Leaderboard`` section: this table under its heading, or refreshed in an already rendered card (the
+# card renders it at build time; publishing results refreshes it on the Hub).
+LEADERBOARD_HEADING = "## Leaderboard\n"
+LEADERBOARD_ANCHOR = "## How it was built\n"
+
+
+def leaderboard_section(results: list[dict]) -> str:
+    """The card's ``## Leaderboard`` section (heading, table, trailing blank line), or ``""`` without results."""
+    table = leaderboard_markdown(results) if results else ""
+    return f"{LEADERBOARD_HEADING}\n{table}\n" if table else ""
+
+
+def replace_leaderboard_section(card_text: str, results: list[dict]) -> str:
+    """Refresh the leaderboard of an already rendered card (no shards needed), keeping everything else."""
+    section = leaderboard_section(results)
+    start = card_text.find("\n" + LEADERBOARD_HEADING)
+    if start >= 0:
+        start += 1
+        end = card_text.find("\n## ", start + len(LEADERBOARD_HEADING))
+        end = len(card_text) if end < 0 else end + 1
+        return card_text[:start] + section + card_text[end:]
+    anchor = card_text.find("\n" + LEADERBOARD_ANCHOR)
+    if anchor < 0:
+        return card_text.rstrip("\n") + "\n\n" + section
+    return card_text[: anchor + 1] + section + card_text[anchor + 1 :]

@@ -7,7 +7,7 @@ import time
 import numpy as np
 from PIL import Image, ImageOps
 
-from lance_pipeline.model_needs import ModelOption
+from lance_pipeline.models.needs import ModelOption
 from lance_pipeline.stage import ReleaseOutput, SampleFailure
 
 

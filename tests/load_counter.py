@@ -5,7 +5,7 @@ are wrapped, so every load is seen however the project reaches it.
 
 writes ``{"sentence-transformers": {NAME: n}, "safety-checker": {NAME: n}, "stable-diffusion-unet": {NAME: n}}``
 (NAME: the last component of the path or id loaded) and exits with lance-cf's code. ``--unshared`` turns off the
-sharing of ``lance_pipeline.shared_models`` (every stage loads its own copy, as before it existed), so a test can
+sharing of ``lance_pipeline.models.shared`` (every stage loads its own copy, as before it existed), so a test can
 compare both builds' bytes.
 """
 
@@ -64,7 +64,7 @@ def main(argv: list[str]) -> int:
     args = rest[rest.index("--") + 1 :]
     install_hooks()
     if unshared:
-        from lance_pipeline import shared_models
+        from lance_pipeline.models import shared as shared_models
 
         shared_models._SHARED = _NoSharing()
     from builder.cli import main as lance_cf

@@ -14,7 +14,8 @@ from publish_fixture import make_release, make_results
 
 from builder import release_format as rf
 from dataset_cards import render_release_card
-from dataset_cards.card import changelog, read_shard_samples, replace_leaderboard_section, select_pairs
+from dataset_cards.card import changelog, read_shard_samples, select_pairs
+from evaluation.leaderboard import replace_leaderboard_section
 
 HIGHLIGHT = (255, 221, 87)
 
@@ -369,7 +370,7 @@ def test_the_leaderboard_config_joins_the_card_yaml_once_and_the_rest_is_unchang
     import pandas as pd
     from huggingface_hub import DatasetCard
 
-    from builder.publish import LEADERBOARD_CONFIG, with_leaderboard_config
+    from evaluation.publish_results import LEADERBOARD_CONFIG, with_leaderboard_config
 
     release_dir, manifest = release
     text = render_release_card(release_dir, manifest)

@@ -23,7 +23,7 @@ from builder.validation import validate_build
 from lance_pipeline.editing.candidate_selection import Candidate, Editor, SweepResult
 from lance_pipeline.editing.options import ClipGateOptions, EditorOptions
 from lance_pipeline.editing.stages import CounterfactualEditStage
-from lance_pipeline.model_needs import clip_option
+from lance_pipeline.models.needs import clip_option
 from lance_pipeline.registry import EDITORS
 
 

@@ -146,7 +146,7 @@ def test_publish_results_refuses_impossible_numbers_before_any_upload(manifest, 
 
 
 def test_published_json_is_strict():
-    from builder.publish import _json_bytes
+    from builder.release_format.hub_client import json_bytes as _json_bytes
 
     assert json.loads(_json_bytes({"acc1": 50.0})) == {"acc1": 50.0}
     with pytest.raises(ValueError, match="Out of range float values are not JSON compliant"):

@@ -19,7 +19,7 @@ from test_publish_adversarial import cli, hub, hub_env, write_results  # noqa: F
 from builder import release_format as rf
 from builder.config import load_config
 from builder.engine import build
-from builder.publish import local_paths, local_paths_in_text, scrub_local_paths
+from builder.release_format.hub_client import local_paths, local_paths_in_text, scrub_local_paths
 
 OPEN_IMAGES = ["/m/01g317", "/m/09j2d"]  # "Person", "Clothing" in Open Images' class descriptions
 

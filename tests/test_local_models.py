@@ -10,9 +10,9 @@ import logging
 import shutil
 
 from builder.config import BuildConfig, StageConfig, public_stage_dict
-from builder.publish import local_paths
-from lance_pipeline.hub_cache import LOCAL_MARKER, ModelState, local_copy, write_local_marker
-from lance_pipeline.model_needs import SENTENCE_TRANSFORMERS_FILES, ModelNeed
+from builder.release_format.hub_client import local_paths
+from lance_pipeline.models.hub_cache import LOCAL_MARKER, ModelState, local_copy, write_local_marker
+from lance_pipeline.models.needs import SENTENCE_TRANSFORMERS_FILES, ModelNeed
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 FILES = {

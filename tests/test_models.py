@@ -17,8 +17,8 @@ from builder_helpers import REPO, make_imagefolder, write_config
 from hub_double import HubDouble
 
 from builder.cli import main
-from lance_pipeline import hub_cache
-from lance_pipeline.model_needs import TRANSFORMERS_FILES, open_clip_weights, select_files
+from lance_pipeline.models import hub_cache
+from lance_pipeline.models.needs import TRANSFORMERS_FILES, open_clip_weights, select_files
 
 TOKEN = "hf_models_double_token_0123456789"
 STAGE = "tests.fake_stages:HubModelCaptionStage"

@@ -347,7 +347,7 @@ def test_release_failing_verification_is_not_published(hub_env, tmp_path):
 
 
 def test_publish_results_adds_leaderboard_without_moving_tags(hub_env, tmp_path, capsys):
-    from builder.cli_publish import register
+    from evaluation.cli_publish import register
 
     hub = hub_env
     release_dir, manifest = release(tmp_path)
@@ -469,8 +469,8 @@ def test_real_eval_of_the_hub_release_publishes_to_its_leaderboard(hub_env, tmp_
     from the double) -> `publish-results` of that real output -> the card's leaderboard on main, tags unmoved."""
     from huggingface_hub import constants
 
-    from builder.cli_publish import register as register_publish
     from evaluation.cli import register as register_eval
+    from evaluation.cli_publish import register as register_publish
 
     hub = hub_env
     release_dir, manifest = built_release(tmp_path, "1.0.0", ["cat", "dog", "zebra"], per_class=2)

@@ -23,11 +23,10 @@ from publish_fixture import make_release, make_results
 from test_publish import REPO, ROOT, TOKEN, _client_env, release, release_files
 
 from builder import release_format as rf
-from builder.publish import (
+from builder.publish import plan_release, publish_release
+from builder.release_format.hub_client import (
     PublishError,
     local_paths,
-    plan_release,
-    publish_release,
     redact_url,
     scrub_local_paths,
 )
@@ -65,9 +64,12 @@ def hub_env(hub, monkeypatch, tmp_path):
 
 def cli(*argv: str) -> int:
     from builder.cli_publish import register
+    from evaluation.cli_publish import register as register_results
 
     parser = argparse.ArgumentParser()
-    register(parser.add_subparsers())
+    subparsers = parser.add_subparsers()
+    register(subparsers)
+    register_results(subparsers)
     args = parser.parse_args(list(argv))
     return args.func(args)
 
@@ -226,7 +228,8 @@ def test_local_path_detection_and_scrubbing():
 
 
 def test_versions_are_ordered_as_packaging_orders_them():
-    from builder.publish import _previous_version, by_release
+    from builder.publish import _previous_version
+    from evaluation.publish_results import by_release
 
     tags = {"v1.9.0": "a", "v1.10.0": "b", "v2.0.0-rc1": "c", "v2.0.0": "d", "latest": "e"}
     assert _previous_version(tags, "v2.0.0") == "v2.0.0-rc1"
@@ -474,7 +477,7 @@ def test_gated_manual_option_and_ungated_cards(hub_env, tmp_path):
 
 
 def test_gating_that_does_not_hold_stops_before_the_upload(hub_env, tmp_path):
-    from builder.publish import create_api
+    from builder.release_format.hub_client import create_api
 
     hub = hub_env
     release_dir, _ = release(tmp_path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from lance_pipeline.shared_models import shared_model
+from lance_pipeline.models.shared import shared_model
 
 
 class _Model:

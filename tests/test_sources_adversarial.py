@@ -571,6 +571,6 @@ def test_release_records_the_folder_name_not_its_path(tmp_path):
     assert "Source: `imagefolder:my_photos`" in (out / "README.md").read_text()
     assert str(tmp_path) not in json.dumps(manifest["source"]) + json.dumps(manifest["failures"])
     assert manifest["config"]["source"] == "imagefolder:my_photos"
-    from builder.publish import local_paths  # what `publish` refuses to upload
+    from builder.release_format.hub_client import local_paths  # what `publish` refuses to upload
 
     assert local_paths(manifest) == [] and str(tmp_path) not in (out / "manifest.json").read_text()

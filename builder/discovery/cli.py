@@ -21,12 +21,12 @@ from builder.output_paths import output_problem
 from builder.registry import DISCOVERY_DEMOS
 from builder.release_format import read_manifest_dict
 from lance_pipeline.clip.gates import ClipScorer
-from lance_pipeline.devices import resolve_device
 from lance_pipeline.discovery.clustering import ClusteringSettings
 from lance_pipeline.discovery.descriptions import LLMCaptionMerger
 from lance_pipeline.discovery.search import ClassTarget, DiscoveryComponents, DiscoverySettings, discovered
 from lance_pipeline.interfaces.generation import GenerationOptions, ShiftGenerator
-from lance_pipeline.model_needs import SD_PIPELINE_FILES, TRANSFORMERS_FILES, clip_need, reference_need, timm_need
+from lance_pipeline.models.devices import resolve_device
+from lance_pipeline.models.needs import SD_PIPELINE_FILES, TRANSFORMERS_FILES, clip_need, reference_need, timm_need
 from lance_pipeline.release_kinds import kind_of_manifest
 from lance_pipeline.text.captioning import DEFAULT_CAPTIONER, DEFAULT_CAPTIONER_REVISION, LabelConditionedCaptioner
 from lance_pipeline.text.perturbation import PromptPerturber

@@ -23,13 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from builder import imagenet, images
-from builder.cli_publish import _talk_to_hub
 from builder.model_refs import materialize_demo_component
-from builder.publish import check_repo_id, create_api, refuse_token
+from builder.release_format.hub_client import check_repo_id, create_api, refuse_token, talk_to_hub
 from builder.release_format.lock import output_lock
 from builder.sources import DemoSource, create_source
 from lance_pipeline.clip.gates import ClipScorer
-from lance_pipeline.devices import resolve_device
 from lance_pipeline.interfaces.object_thresholds import (
     DEFAULT_PERCENTILE,
     ClassThreshold,
@@ -46,7 +44,8 @@ from lance_pipeline.interfaces.textual_inversion import (
     token_for_class,
     token_metadata,
 )
-from lance_pipeline.model_needs import SD_COMPONENT_FILES, clip_need, reference_need
+from lance_pipeline.models.devices import resolve_device
+from lance_pipeline.models.needs import SD_COMPONENT_FILES, clip_need, reference_need
 
 logger = logging.getLogger(__name__)
 
@@ -512,7 +511,7 @@ def push_tokens(directory: Path, repo_id: str, index: dict[str, Any]) -> int:
         api.create_repo(repo_id, repo_type="model", exist_ok=True)
         return api.create_commit(repo_id=repo_id, operations=operations, commit_message="lance-cf class tokens")
 
-    if _talk_to_hub("interfaces learn-tokens", push) is None:
+    if talk_to_hub("interfaces learn-tokens", push) is None:
         return 1
     sys.stdout.write(f"pushed {len(index['classes'])} token(s) to {repo_id}\n")
     return 0

@@ -22,13 +22,12 @@ import logging
 import sys
 from pathlib import Path
 
-from builder.cli_publish import _talk_to_hub
 from builder.model_refs import resolve_model_references, restore_model_references
-from builder.publish import PublishError, check_repo_id, create_api, refuse_token
+from builder.release_format.hub_client import PublishError, check_repo_id, create_api, refuse_token, talk_to_hub
 from builder.sources import create_source
-from lance_pipeline.devices import resolve_device
 from lance_pipeline.edit_types import edit_type_names, validate_edit_types
-from lance_pipeline.model_needs import needs_of
+from lance_pipeline.models.devices import resolve_device
+from lance_pipeline.models.needs import needs_of
 from lance_pipeline.perturber.collect import (
     CaptionItem,
     OpenAIChatTeacher,
@@ -449,7 +448,7 @@ def _push_folder(command: str, folder: Path, repo_id: str, repo_type: str, priva
             commit_message=f"lance-cf perturber {command}",
         )
 
-    outcome = _talk_to_hub(f"perturber {command}", push)
+    outcome = talk_to_hub(f"perturber {command}", push)
     if outcome is None:
         return 1
     sys.stdout.write(f"pushed {folder} to {repo_type} repo {repo_id}\n")

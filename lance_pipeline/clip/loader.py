@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lance_pipeline.model_needs import OPEN_CLIP_HUB_FILES
+from lance_pipeline.models.needs import OPEN_CLIP_HUB_FILES
 
 logger = logging.getLogger(__name__)
 

@@ -48,7 +48,7 @@ from lance_pipeline.editing.candidate_selection import Candidate, CandidateSelec
 from lance_pipeline.editing.options import EditorOptions, check_model_reference
 from lance_pipeline.editing.sd_components import load_stable_diffusion_components
 from lance_pipeline.editing.stages import CounterfactualEditStage
-from lance_pipeline.model_needs import DIFFUSERS_MODEL_FILES, SD_COMPONENT_FILES, ModelOption, clip_option
+from lance_pipeline.models.needs import DIFFUSERS_MODEL_FILES, SD_COMPONENT_FILES, ModelOption, clip_option
 from lance_pipeline.option_types import DiffusionSteps
 from lance_pipeline.stage import SCORE_NAMES, MetadataField, Record, ReleaseOutput, SampleFailure
 

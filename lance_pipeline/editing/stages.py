@@ -50,7 +50,7 @@ from lance_pipeline.editing.sd_components import (  # noqa: F401
     load_stable_diffusion_components,
 )
 from lance_pipeline.editing.strength import STRENGTH_DEFINITION, STRENGTH_FIELD, STRENGTH_OUTPUT, strength_samples
-from lance_pipeline.model_needs import SD_COMPONENT_FILES, ModelOption, clip_option
+from lance_pipeline.models.needs import SD_COMPONENT_FILES, ModelOption, clip_option
 from lance_pipeline.registry import EDITORS
 from lance_pipeline.stage import SCORE_NAMES, MetadataField, Record, ReleaseOutput, SampleFailure
 

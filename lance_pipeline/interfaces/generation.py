@@ -23,7 +23,7 @@ from lance_pipeline.clip.loader import ClipModelRef
 from lance_pipeline.interfaces.object_thresholds import ObjectThresholds
 from lance_pipeline.interfaces.shifts import TOKEN_PLACEHOLDER, object_caption
 from lance_pipeline.interfaces.textual_inversion import check_tokens_for_encoder, read_token_dir
-from lance_pipeline.model_needs import SD_PIPELINE_FILES, ModelOption, clip_option
+from lance_pipeline.models.needs import SD_PIPELINE_FILES, ModelOption, clip_option
 from lance_pipeline.option_types import DiffusionSteps, ImageSide
 from lance_pipeline.stage import MetadataField, ReleaseOutput, SampleFailure
 

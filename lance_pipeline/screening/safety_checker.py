@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from lance_pipeline.editing.strength import STRENGTH_FIELD
-from lance_pipeline.model_needs import ModelOption
-from lance_pipeline.shared_models import shared_model
+from lance_pipeline.models.needs import ModelOption
+from lance_pipeline.models.shared import shared_model
 from lance_pipeline.stage import SAMPLE_INDEX, MetadataField, OutputScreen, Record, SampleFailure
 
 logger = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ class SafetyChecker:
 
 def load_safety_checker(options: SafetyCheckOptions, device: str) -> SafetyChecker:
     """Load the checker through diffusers: one copy per (model, revision, device), shared by the safety stages of
-    the process and freed with the last of them (``lance_pipeline.shared_models``)."""
+    the process and freed with the last of them (``lance_pipeline.models.shared``)."""
     revision = None if options.is_local else options.revision
     key = (
         "safety-checker",

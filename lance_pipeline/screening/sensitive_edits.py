@@ -258,7 +258,7 @@ class SensitiveEditScreen:
     def load(self, device: str) -> None:
         if self.options.similarity_threshold is None:
             return
-        # The label check's copy when it is loaded (same model, revision and device): lance_pipeline.shared_models.
+        # The label check's copy when it is loaded (same model, revision and device): lance_pipeline.models.shared.
         self._model, self.source = load_sentence_model(self.options.model, self.options.revision, device)
 
     def describe(self) -> dict[str, Any]:

@@ -36,7 +36,7 @@ import logging
 import re
 from typing import Any
 
-from lance_pipeline.model_needs import ModelOption
+from lance_pipeline.models.needs import ModelOption
 from lance_pipeline.stage import Record, SampleFailure
 from lance_pipeline.text.perturbation import SeededGumbelSampler
 

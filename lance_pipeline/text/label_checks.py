@@ -28,8 +28,8 @@ import logging
 import os
 from typing import Any
 
-from lance_pipeline.model_needs import SENTENCE_TRANSFORMERS_FILES, SENTENCE_TRANSFORMERS_REQUIRED, ModelOption
-from lance_pipeline.shared_models import shared_model
+from lance_pipeline.models.needs import SENTENCE_TRANSFORMERS_FILES, SENTENCE_TRANSFORMERS_REQUIRED, ModelOption
+from lance_pipeline.models.shared import shared_model
 from lance_pipeline.stage import Record, SampleFailure
 
 logger = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ def load_sentence_model(model: str, revision: str | None, device: str) -> tuple[
     """The sentence-transformers model (``resolve_sentence_model``) on ``device``, and where it came from.
 
     One loaded copy per (model, revision, device) is shared by every stage of the process that asks for it (the
-    label check and the sensitive-edit screens: ``lance_pipeline.shared_models``); it is freed with the last of them.
+    label check and the sensitive-edit screens: ``lance_pipeline.models.shared``); it is freed with the last of them.
     """
     path, revision, source = resolve_sentence_model(model, revision)
     local = os.path.isdir(path)

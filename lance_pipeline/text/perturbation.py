@@ -38,7 +38,7 @@ from typing import Any
 
 from lance_pipeline.edit_types import edit_type as edit_type_row
 from lance_pipeline.edit_types import validate_edit_types
-from lance_pipeline.model_needs import PEFT_ADAPTER_FILES, ModelOption
+from lance_pipeline.models.needs import PEFT_ADAPTER_FILES, ModelOption
 from lance_pipeline.stage import Record, SampleFailure
 from lance_pipeline.text.edit_spans import diff_captions
 

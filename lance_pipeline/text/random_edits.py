@@ -29,7 +29,7 @@ import random
 import re
 from typing import Any
 
-from lance_pipeline.model_needs import ModelOption
+from lance_pipeline.models.needs import ModelOption
 from lance_pipeline.stage import Record, SampleFailure
 from lance_pipeline.text.edit_spans import STRIP_CHARS, tokenize_caption
 

@@ -1,6 +1,6 @@
 """Declared models against the Hugging Face cache and the Hub: what is here, what can be fetched, fetching it.
 
-``inspect_models`` answers, for every declared model (``lance_pipeline.model_needs``), whether all the files its
+``inspect_models`` answers, for every declared model (``lance_pipeline.models.needs``), whether all the files its
 loader reads are in the cache, and for those that are not, whether the Hub will give them: one metadata request per
 repository, all at once, each bounded by a timeout and all together by a deadline, never retried. A refused
 connection, a network that swallows packets, ``HF_HUB_OFFLINE``, an unknown id or a gated repository without a token
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lance_pipeline.model_needs import ModelNeed, is_commit, matches, merge_needs, select_files
+from lance_pipeline.models.needs import ModelNeed, is_commit, matches, merge_needs, select_files
 
 logger = logging.getLogger(__name__)
 

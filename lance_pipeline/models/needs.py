@@ -4,7 +4,7 @@ A stage class declares the options that name a model in ``model_options`` (a tup
 command declares a function of its parsed arguments that returns :class:`ModelNeed` s (``lance-cf`` commands set it
 as the ``models`` default of their parser). Nothing is loaded to read a declaration: the option's value (a Hub id, a
 local directory, ``demo:NAME``/``pkg:NAME``, or an open_clip name with its pretrained tag) and the declared file
-patterns say which repository, revision and files the loader will read. ``lance_pipeline.hub_cache`` then checks
+patterns say which repository, revision and files the loader will read. ``lance_pipeline.models.hub_cache`` then checks
 them against the Hugging Face cache, asks the Hub for what is missing (bounded, in seconds) and downloads exactly
 those files; ``lance-cf models list|download`` shows and fetches them, and every build checks them before its first
 stage loads.

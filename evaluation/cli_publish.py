@@ -1,0 +1,42 @@
+"""``lance-cf publish-results``: add evaluation results and the leaderboard to a published release's Hub repo.
+
+Top-level imports stay light (argparse and stdlib): huggingface_hub is imported when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from builder.release_format.hub_client import talk_to_hub
+from evaluation.publish_results import publish_results
+
+
+def register(subparsers) -> None:
+    """Add the ``publish-results`` subcommand."""
+    results = subparsers.add_parser(
+        "publish-results",
+        help="add evaluation results and the leaderboard to a published release repo",
+        description=(
+            "Upload evaluation results JSONs under results/, write results/leaderboard.md and refresh the card's "
+            "leaderboard section, as one new commit. Existing version tags are not moved."
+        ),
+    )
+    results.add_argument("results_dir", metavar="RESULTS_DIR", help="directory of results JSONs (or one JSON file)")
+    results.add_argument("--repo-id", required=True, help="target dataset repo, ORG/NAME")
+    results.add_argument("--dry-run", action="store_true", help="print the files that would be added only")
+    results.add_argument("--revision", default="main", help="branch to commit to (default: main)")
+    results.set_defaults(func=run_publish_results)
+
+
+def run_publish_results(args: argparse.Namespace) -> int:
+    outcome = talk_to_hub(
+        "publish-results",
+        lambda: publish_results(args.results_dir, args.repo_id, revision=args.revision, dry_run=args.dry_run),
+    )
+    if outcome is None:
+        return 1
+    prefix = "dry run: would add" if args.dry_run else f"committed {outcome['commit']}:"
+    print(f"{prefix} {len(outcome['files'])} results files to {outcome['repo_id']}@{outcome['revision']}")
+    for path in outcome["files"]:
+        print(f"  {path}")
+    return 0
