@@ -13,6 +13,7 @@ from builder_helpers import make_imagefolder, photo
 
 pytestmark = pytest.mark.usefixtures("single_thread_torch")
 CLASSES = {"n01440764": "tench", "n01443537": "goldfish"}
+LABELS = {"tench": 0, "goldfish": 1}  # their ImageNet-1k indices
 
 
 def _run(capsys, *args):
@@ -75,11 +76,12 @@ def test_calibrate_writes_each_class_percentile_of_its_real_images(clip_dir, cal
     assert data["percentile"] == 40 and data["percentile_is_default"] is False
     assert data["clip"]["model"] == "tiny-clip" and data["clip"]["weights_sha256"]
     assert data["source"] == "imagefolder:photos"  # the source's name, never a machine path
-    assert set(data["classes"]) == set(CLASSES.values())
+    assert data["format_version"] == 2
+    assert {k: v["name"] for k, v in data["classes"].items()} == {"0": "tench", "1": "goldfish"}
     for synset, name in CLASSES.items():
         images = [Image.open(p) for p in sorted((photos / synset).iterdir())]
-        entry = data["classes"][name]
-        assert entry["images"] == 7
+        entry = data["classes"][str(LABELS[name])]
+        assert entry["images"] == 7 and entry["label"] == LABELS[name]
         photo_scores = independent_scores(clip_dir, images, f"a photo of a {name}")
         style_scores = independent_scores(clip_dir, images, f"a {name}")
         assert entry["photo"] == pytest.approx(hand_percentile(photo_scores, 40), abs=1e-5)
@@ -118,9 +120,9 @@ def test_the_filter_rejects_exactly_what_an_independent_per_class_percentile_say
         style = i % 3 == 0
         image = photo(5000 + i)
         caption = f"a {name}" if style else f"a photo of a {name}"
-        records.append({"generated": image, "label_name": name, "shift": "base", "object_caption": caption,
-                        "shift_caption": None, "shift_threshold": None})  # fmt: skip
-        threshold = thresholds[name]["style" if style else "photo"]
+        records.append({"generated": image, "label": LABELS[name], "label_name": name, "shift": "base",
+                        "object_caption": caption, "shift_caption": None, "shift_threshold": None})  # fmt: skip
+        threshold = thresholds[str(LABELS[name])]["style" if style else "photo"]
         expected.append(independent_scores(clip_dir, [image], caption)[0] >= threshold)
     verdicts = stage.process(records)
     assert [v["passed"] for v in verdicts] == expected
@@ -128,7 +130,7 @@ def test_the_filter_rejects_exactly_what_an_independent_per_class_percentile_say
     assert [v["release_config"] for v in verdicts] == ["base" if e else None for e in expected]
     described = stage.describe()
     assert described["object_rule"] == "per_class" and described["object_thresholds"] == "thresholds.json"
-    assert described["object_thresholds_data"]["classes"]["tench"]["images"] == 7
+    assert described["object_thresholds_data"]["classes"]["0"]["images"] == 7
 
 
 def _star_config(tmp_path, clip_dir, **filter_options):
@@ -160,7 +162,7 @@ def test_the_build_refuses_the_object_filter_without_thresholds_for_its_classes(
     assert _run(capsys, "validate", str(_star_config(tmp_path, clip_dir, object_thresholds=str(out))))[0] == 0
     # thresholds for one class only: refused before any model runs, naming the file and the missing class
     partial = json.loads(out.read_text())
-    del partial["classes"]["goldfish"]
+    del partial["classes"]["1"]
     partial_file = tmp_path / "partial.json"
     partial_file.write_text(json.dumps(partial))
     config = _star_config(tmp_path, clip_dir, object_thresholds=str(partial_file))
@@ -180,3 +182,49 @@ def test_the_build_refuses_the_object_filter_without_thresholds_for_its_classes(
     bad.write_text('{"classes": {}}')
     code, _, err = _run(capsys, "validate", str(_star_config(tmp_path, clip_dir, object_thresholds=str(bad))))
     assert code == 2 and str(bad) in err and len(err.strip().splitlines()) == 1
+
+
+def test_same_named_imagenet_classes_keep_their_own_thresholds(clip_dir, tmp_path):
+    """ImageNet-1k's readable names repeat (two 'missile', two 'sunglasses'): a file keyed by name kept one threshold
+    of each pair. Keyed by index, all 1,000 classes of the real list survive a write and a read, each its own."""
+    from builder.imagenet import class_names
+    from lance_pipeline.interfaces.generation import ShiftFilterStage
+    from lance_pipeline.interfaces.object_thresholds import ClassThreshold, ObjectThresholds
+
+    names = list(class_names())
+    assert len(names) == 1000
+    repeated = {n: [i for i, m in enumerate(names) if m == n] for n in names if names.count(n) > 1}
+    assert repeated == {"missile": [657, 744], "sunglasses": [836, 837]}  # the test means something only with these
+    # distinct values per class, so that any overwrite shows
+    classes = {i: ClassThreshold(i, 10 + i, round(-0.5 + i / 1000, 6), round(0.5 - i / 2000, 6), n)
+               for i, n in enumerate(names)}  # fmt: skip
+    path = ObjectThresholds({"model": "tiny-clip", "pretrained": None}, 5.0, True, "imagenet:val", classes).write(
+        tmp_path / "thresholds.json"
+    )
+    back = ObjectThresholds.read(path)
+    assert len(back.classes) == 1000
+    for i in range(1000):
+        assert back.classes[i] == classes[i]
+        assert back.threshold(i, style=False) == classes[i].photo and back.threshold(i, style=True) == classes[i].style
+    assert back.threshold(657, style=False) != back.threshold(744, style=False)
+    assert back.threshold(836, style=True) != back.threshold(837, style=True)
+    # the filter looks a record's threshold up by its label, never its name
+    stage = ShiftFilterStage(clip_model=str(clip_dir), clip_pretrained=None, object_thresholds=str(path))
+    stage.check_classes(dict(enumerate(names)))
+    for label in (657, 744, 836, 837):
+        record = {"label": label, "label_name": names[label], "object_caption": f"a photo of a {names[label]}"}
+        assert stage._object_threshold(record) == classes[label].photo
+    # a build whose label space names an index differently was calibrated elsewhere: refused, naming the class
+    with pytest.raises(ValueError, match="class 744 is 'cruise missile' in this build but 'missile' in the file"):
+        stage.check_classes({**dict(enumerate(names)), 744: "cruise missile"})
+
+
+def test_a_name_keyed_thresholds_file_is_refused_with_the_fix(tmp_path):
+    from lance_pipeline.interfaces.object_thresholds import ObjectThresholds
+
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"format": "lance-cf object thresholds", "format_version": 1, "clip": {"model": "m"},
+                               "percentile": 5, "classes": {"missile": {"label": 744, "images": 3, "photo": 0.2,
+                                                                        "style": 0.1}}}))  # fmt: skip
+    with pytest.raises(ValueError, match="format version 1 keyed thresholds by class name.*recalibrate"):
+        ObjectThresholds.read(old)

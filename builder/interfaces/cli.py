@@ -288,7 +288,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
         raise ValueError(f"source {args.source!r}: no labelled images")
     scorer.load(resolve_device(args.device))
     names = source.label_space.names
-    classes: dict[str, ClassThreshold] = {}
+    classes: dict[int, ClassThreshold] = {}
     for label, samples in tqdm(by_label.items(), unit="class", desc="calibrate", disable=not sys.stderr.isatty()):
         name = names[label] if label < len(names) else str(label)
         usable = _readable(source, samples, args.images_per_class)
@@ -296,8 +296,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
             logger.warning("class %s (%s): no readable image; no threshold", label, name)
             continue
         photo, style = class_similarities(scorer, (_decode(source, s) for s in usable), name)
-        classes[name] = ClassThreshold(
-            label, len(usable), percentile_threshold(photo, percentile), percentile_threshold(style, percentile)
+        classes[label] = ClassThreshold(
+            label, len(usable), percentile_threshold(photo, percentile), percentile_threshold(style, percentile), name
         )
     if not classes:
         raise ValueError(f"source {args.source!r}: no class has a readable image")

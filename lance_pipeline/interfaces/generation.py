@@ -347,7 +347,7 @@ class ShiftFilterStage:
 
     name = "filter"
     version = "2"
-    consumes = {"generated": "image", "label_name": "str", "shift": "str", "object_caption": "str",
+    consumes = {"generated": "image", "label": "int", "label_name": "str", "shift": "str", "object_caption": "str",
                 "shift_caption": "any", "shift_threshold": "any"}  # fmt: skip
     produces = {"object_score": "float", "shift_score": "any", "object_threshold": "any", "passed": "bool",
                 "release_config": "any"}  # fmt: skip
@@ -365,13 +365,20 @@ class ShiftFilterStage:
         """Before any model runs: per-class thresholds exist for every class the build generates."""
         if self.thresholds is None:
             return
-        missing = [name for _, name in sorted(classes.items()) if name not in self.thresholds.classes]
+        missing = [name for label, name in sorted(classes.items()) if label not in self.thresholds.classes]
         if missing:
             shown = ", ".join(repr(n) for n in missing[:3]) + (" ..." if len(missing) > 3 else "")
             raise ValueError(
                 f"object thresholds {self.options.object_thresholds}: no threshold for {len(missing)} of the build's "
                 f"{len(classes)} class(es) ({shown}); calibrate them with `lance-cf interfaces calibrate --classes "
                 "...`, or build only the classes it has"
+            )
+        mismatched = self.thresholds.mismatched_names(classes)
+        if mismatched:
+            label, ours, theirs = mismatched[0]
+            raise ValueError(
+                f"object thresholds {self.options.object_thresholds}: class {label} is {ours!r} in this build but "
+                f"{theirs!r} in the file ({len(mismatched)} such class(es)); calibrate on the build's label space"
             )
         self._check_clip_names()
 
@@ -414,9 +421,11 @@ class ShiftFilterStage:
             style = True
         else:
             raise ValueError(f"object caption {record['object_caption']!r} is not a caption the thresholds cover")
-        threshold = self.thresholds.threshold(name, style)
+        threshold = self.thresholds.threshold(record["label"], style)
         if threshold is None:
-            raise ValueError(f"no object threshold for class {name!r} in {self.options.object_thresholds}")
+            raise ValueError(
+                f"no object threshold for class {record['label']} ({name!r}) in {self.options.object_thresholds}"
+            )
         return threshold
 
     def process(self, records: list[dict[str, Any]]) -> list[Any]:

@@ -6,10 +6,12 @@ validation set). The percentile's value is missing from the copy of the paper th
 percentile"), so it is an option; ``DEFAULT_PERCENTILE`` is ours, and a thresholds file says whether its percentile
 was that default.
 
-A thresholds file (JSON, written by ``lance-cf interfaces calibrate``) holds, per class name, the threshold for the
-photo caption and for the art-style caption "a <class>" (§3.1, footnote 2: art-style shifts score object presence
-against it), with the number of real images each was computed from, plus the CLIP model, the percentile and the
-source. The filter stage (``generation.ShiftFilterStage``) reads it and refuses a file made with another CLIP model.
+A thresholds file (JSON, written by ``lance-cf interfaces calibrate``) holds, per class **index** (the label of the
+source's label space, with the class's name beside it), the threshold for the photo caption and for the art-style
+caption "a <class>" (§3.1, footnote 2: art-style shifts score object presence against it), with the number of real
+images each was computed from, plus the CLIP model, the percentile and the source. Never per name: ImageNet-1k's
+readable names repeat (two "missile", two "sunglasses"), and a file keyed by name kept one class of each pair and
+silently gave it to both. The filter stage (``generation.ShiftFilterStage``) reads it and refuses a file made with another CLIP model.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from typing import Any
 from lance_pipeline.interfaces.shifts import OBJECT_CAPTION, STYLE_OBJECT_CAPTION
 
 FORMAT = "lance-cf object thresholds"
-FORMAT_VERSION = 1
+# Version 1 keyed classes by name (one of two same-named classes overwrote the other); it is refused, not converted.
+FORMAT_VERSION = 2
 # Ours: the paper's percentile did not survive in our copy. Its base yield (92.6% of base images kept by the object
 # filter alone, Table 1) points at a low percentile; 5 rejects about one real image in twenty.
 DEFAULT_PERCENTILE = 5.0
@@ -52,6 +55,7 @@ class ClassThreshold:
     images: int
     photo: float
     style: float
+    name: str = ""
 
 
 @dataclass
@@ -62,13 +66,23 @@ class ObjectThresholds:
     percentile: float
     percentile_is_default: bool
     source: str
-    classes: dict[str, ClassThreshold] = field(default_factory=dict)
+    classes: dict[int, ClassThreshold] = field(default_factory=dict)
 
-    def threshold(self, class_name: str, style: bool) -> float | None:
-        entry = self.classes.get(class_name)
+    def threshold(self, label: int, style: bool) -> float | None:
+        """The threshold of class index ``label`` (never looked up by name: names repeat)."""
+        entry = self.classes.get(label)
         if entry is None:
             return None
         return entry.style if style else entry.photo
+
+    def mismatched_names(self, classes: dict[int, str]) -> list[tuple[int, str, str]]:
+        """(label, the build's name, the file's name) of each class whose index names another class in the file: the
+        file was calibrated on another label space."""
+        return [
+            (label, name, self.classes[label].name)
+            for label, name in sorted(classes.items())
+            if label in self.classes and self.classes[label].name != name
+        ]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -86,8 +100,8 @@ class ObjectThresholds:
             "method": METHOD,
             "source": self.source,
             "classes": {
-                name: {"label": c.label, "images": c.images, "photo": c.photo, "style": c.style}
-                for name, c in sorted(self.classes.items(), key=lambda kv: (kv[1].label, kv[0]))
+                str(label): {"label": c.label, "name": c.name, "images": c.images, "photo": c.photo, "style": c.style}
+                for label, c in sorted(self.classes.items())
             },
         }
 
@@ -114,6 +128,11 @@ class ObjectThresholds:
             raise ValueError(f"{where}: not a thresholds file ({type(err).__name__}: {err})") from None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError(f"{where}: not a thresholds file of `lance-cf interfaces calibrate`")
+        if data.get("format_version") == 1:
+            raise ValueError(
+                f"{where}: format version 1 keyed thresholds by class name, so of two classes with one name (ImageNet's "
+                "two 'missile', two 'sunglasses') one was lost; recalibrate with `lance-cf interfaces calibrate`"
+            )
         if data.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"{where}: format version {data.get('format_version')!r}, expected {FORMAT_VERSION}")
         clip = data.get("clip")
@@ -125,26 +144,35 @@ class ObjectThresholds:
             raise ValueError(f"{where}: {err}") from None
         raw = data.get("classes")
         if not isinstance(raw, dict) or not raw:
-            raise ValueError(f"{where}: 'classes' must map class names to their thresholds")
-        classes = {}
-        for name, entry in raw.items():
+            raise ValueError(f"{where}: 'classes' must map class indices to their thresholds")
+        classes: dict[int, ClassThreshold] = {}
+        for key, entry in raw.items():
             if not isinstance(entry, dict):
-                raise ValueError(f"{where}: class {name[:60]!r}: expected label, images, photo and style")
-            for key in ("photo", "style"):
-                value = entry.get(key)
+                raise ValueError(f"{where}: class {key[:60]!r}: expected label, name, images, photo and style")
+            for field_name in ("photo", "style"):
+                value = entry.get(field_name)
                 if (
                     isinstance(value, bool)
                     or not isinstance(value, int | float)
                     or not math.isfinite(value)
                     or not -1.0 <= value <= 1.0
                 ):
-                    raise ValueError(f"{where}: class {name[:60]!r}: {key} {value!r} is not a cosine in [-1, 1]")
-            for key in ("label", "images"):
-                value = entry.get(key)
-                if isinstance(value, bool) or not isinstance(value, int) or value < (1 if key == "images" else 0):
-                    raise ValueError(f"{where}: class {name[:60]!r}: {key} {value!r} is not a count")
-            classes[name] = ClassThreshold(
-                entry["label"], entry["images"], float(entry["photo"]), float(entry["style"])
+                    raise ValueError(f"{where}: class {key[:60]!r}: {field_name} {value!r} is not a cosine in [-1, 1]")
+            for field_name in ("label", "images"):
+                value = entry.get(field_name)
+                if (
+                    isinstance(value, bool)
+                    or not isinstance(value, int)
+                    or value < (1 if field_name == "images" else 0)
+                ):
+                    raise ValueError(f"{where}: class {key[:60]!r}: {field_name} {value!r} is not a count")
+            if key != str(entry["label"]):
+                raise ValueError(f"{where}: class {key[:60]!r}: keys are class indices, and this one's label is "
+                                 f"{entry['label']}")  # fmt: skip
+            if not isinstance(entry.get("name"), str) or not entry["name"]:
+                raise ValueError(f"{where}: class {key[:60]!r}: 'name' must be the class's name")
+            classes[entry["label"]] = ClassThreshold(
+                entry["label"], entry["images"], float(entry["photo"]), float(entry["style"]), entry["name"]
             )
         return cls(
             clip={k: clip.get(k) for k in ("model", "pretrained", "revision")},
