@@ -115,6 +115,57 @@ def test_the_safety_decision_is_diffusers_own(tiny_checkers, single_thread_torch
     assert "flagged by the safety checker" in update["counterfactuals_safety_removed"][0]["reason"]
 
 
+# (special-care score, concept score) before rounding, forward's flag, forward_onnx's flag: near 0, where rounding to
+# 3 decimals (forward) and comparing unrounded scores (forward_onnx) part ways.
+BOUNDARY_CASES = [
+    (None, 0.0004, False, True),  # rounds to 0.000: forward passes it, forward_onnx flags it
+    (None, 0.0006, True, True),
+    (None, -0.0004, False, False),
+    (0.0004, -0.005, False, True),  # special care rounds to 0.000: no adjustment in forward, +0.01 in forward_onnx
+    (0.0006, -0.005, True, True),
+    (0.0006, -0.0104, False, False),  # adjusted to -0.0004, rounds to -0.000
+]
+
+
+def test_the_safety_decision_is_forwards_at_the_rounding_boundary(tiny_checkers, single_thread_torch):
+    """Thresholds set so that one image's scores land on each boundary case; the stage's decision must be
+    ``StableDiffusionSafetyChecker.forward``'s on every case, and forward_onnx must differ where the cases say (the
+    check means something only if the two paths differ here)."""
+    import torch
+    from diffusers.pipelines.stable_diffusion.safety_checker import StableDiffusionSafetyChecker, cosine_distance
+    from transformers import CLIPImageProcessor
+
+    from lance_pipeline.screening.safety_checker import SafetyChecker
+
+    directory = str(tiny_checkers[0])
+    model = StableDiffusionSafetyChecker.from_pretrained(directory).eval()  # a copy of its own: weights are changed
+    processor = CLIPImageProcessor.from_pretrained(directory)
+    image = Image.fromarray(np.random.default_rng(1).integers(0, 256, (40, 40, 3), dtype=np.uint8))
+    pixels = processor(images=[image], return_tensors="pt").pixel_values
+    with torch.no_grad():
+        embeds = model.visual_projection(model.vision_model(pixels)[1])
+        special_cos = cosine_distance(embeds, model.special_care_embeds)[0].double()
+        concept_cos = cosine_distance(embeds, model.concept_embeds)[0].double()
+    checker = SafetyChecker(model, processor, "cpu", None)
+    onnx_differs = []
+    for special, concept, forward_flags, onnx_flags in BOUNDARY_CASES:
+        with torch.no_grad():  # every other concept far below its threshold
+            model.special_care_embeds_weights.copy_(special_cos + 1.0)
+            model.concept_embeds_weights.copy_(concept_cos + 1.0)
+            if special is not None:
+                model.special_care_embeds_weights[1] = special_cos[1] - special
+            model.concept_embeds_weights[5] = concept_cos[5] - concept
+        _, theirs = model(pixels, np.zeros((1, 1, 1, 3)))
+        _, onnx = model.forward_onnx(pixels, torch.zeros(1, 1, 1, 3))
+        assert (bool(theirs[0]), bool(onnx[0])) == (forward_flags, onnx_flags), (special, concept)
+        ((flagged, score),) = checker.score([image], batch_size=1)
+        assert flagged == forward_flags, (special, concept)
+        adjusted = concept + (0.01 if special is not None and special > 0.0005 else 0.0)
+        assert score == pytest.approx(adjusted, abs=2e-6)
+        onnx_differs.append(forward_flags != onnx_flags)
+    assert sum(onnx_differs) == 2
+
+
 class PeopleEditStage:
     """Counterfactuals of people: one edit changes the person's gender, one the weather; a LANCE-R sample."""
 

@@ -7,10 +7,16 @@ Stable Diffusion pipelines load it): CLIP ViT-L/14 image embeddings compared wit
 project run Stable Diffusion without its pipeline's checker (prompt-to-prompt and ControlNet editing need the
 latents, dataset interfaces used SD 2, which has none), so these stages run it on what they produced.
 
-Each screened image gets ``safety_nsfw`` (False on every released image) and ``safety_score``: the largest of
-``cosine(image, concept) - threshold + special-care adjustment`` over the concepts, the quantity the checker compares
-with 0 (``StableDiffusionSafetyChecker.forward``); above 0 the image is flagged, removed, and recorded as a failure
-of the stage with its score in the manifest. One stage per kind of generated image (the stage contract declares its
+The decision is ``StableDiffusionSafetyChecker.forward``'s, the path the Stable Diffusion pipelines run (not
+``forward_onnx``, the exported-model path): each special-care score ``cosine - threshold`` is rounded to 3 decimals
+and one above 0 adds 0.01 to every concept score; each concept score ``cosine - threshold + adjustment`` is rounded
+to 3 decimals, and the image is flagged when one is above 0. ``forward_onnx`` compares the unrounded scores, so a
+score in (0, 0.0005] flags there and not in ``forward`` (and a special-care score in that range tightens there only).
+A flagged image is removed and recorded as a failure of the stage with its score in the manifest.
+
+Each screened image gets ``safety_nsfw`` (False on every released image) and ``safety_score``: the largest unrounded
+``cosine(image, concept) - threshold + adjustment`` over the concepts (6 decimals), with forward's adjustment. A
+released image's score can be at most 0.0005 (rounded to 0.000 by ``forward``, so not flagged). One stage per kind of generated image (the stage contract declares its
 fields per class): ``safety_check`` (counterfactuals), ``safety_check_lance_r``, ``safety_check_reconstruction`` and
 ``safety_check_generated`` (dataset-interfaces images).
 """
@@ -42,7 +48,11 @@ SAFETY_CHECKER_FILES = ("config.json", "preprocessor_config.json", "model.safete
 
 SAFETY_FIELDS = (
     MetadataField("safety_nsfw", "bool", description="flagged by Stable Diffusion's safety checker (never released)"),
-    MetadataField("safety_score", "float64", description="the checker's largest concept score (flagged above 0)"),
+    MetadataField(
+        "safety_score",
+        "float64",
+        description="the checker's largest concept score (flagged when above 0 at 3 decimals, as diffusers' forward)",
+    ),
 )
 
 
@@ -77,19 +87,30 @@ class SafetyChecker:
     def __init__(self, model: Any, processor: Any, device: str, weights_file: str | None) -> None:
         self.model, self.processor, self.device, self.weights_file = model, processor, device, weights_file
 
-    def embed_scores(self, clip_input: Any) -> Any:
-        """The per-image largest concept score, computed as ``StableDiffusionSafetyChecker.forward_onnx`` does."""
+    def embed_scores(self, clip_input: Any) -> list[tuple[bool, float]]:
+        """Per image: ``StableDiffusionSafetyChecker.forward``'s decision, and the largest unrounded concept score
+        with the same special-care adjustment."""
         import torch
+        from diffusers.pipelines.stable_diffusion.safety_checker import cosine_distance
         from torch.nn.functional import normalize
 
         model = self.model
         with torch.no_grad():
-            embeds = model.visual_projection(model.vision_model(clip_input)[1])
-            embeds = normalize(embeds.float())
-            special = embeds @ normalize(model.special_care_embeds.float()).T - model.special_care_embeds_weights
+            projected = model.visual_projection(model.vision_model(clip_input)[1])
+            # 1. forward's inputs, computed as forward computes them (float32 numpy, thresholds as Python floats)
+            special_cos = cosine_distance(projected, model.special_care_embeds).cpu().float().numpy()
+            concept_cos = cosine_distance(projected, model.concept_embeds).cpu().float().numpy()
+            special_thresholds = [w.item() for w in model.special_care_embeds_weights]
+            concept_thresholds = [w.item() for w in model.concept_embeds_weights]
+            # 2. the recorded score: the largest unrounded concept score (float32 torch, as recorded before)
+            embeds = normalize(projected.float())
             concept = embeds @ normalize(model.concept_embeds.float()).T - model.concept_embeds_weights
-            adjustment = (special > 0).any(dim=1, keepdim=True).float() * 0.01
-            return (concept + adjustment).max(dim=1).values.cpu()
+        out = []
+        for i in range(concept_cos.shape[0]):
+            flagged, adjusted = forward_decision(special_cos[i], special_thresholds, concept_cos[i], concept_thresholds)
+            score = (concept[i] + (0.01 if adjusted else 0.0)).max().item()
+            out.append((flagged, score))
+        return out
 
     def score(self, images: list[Any], batch_size: int) -> list[tuple[bool, float]]:
         out: list[tuple[bool, float]] = []
@@ -97,9 +118,29 @@ class SafetyChecker:
             chunk = [image.convert("RGB") for image in images[start : start + batch_size]]
             pixels = self.processor(images=chunk, return_tensors="pt").pixel_values
             pixels = pixels.to(self.device, dtype=self.model.dtype)
-            for value in self.embed_scores(pixels).tolist():
-                out.append((value > 0, round(float(value), 6)))
+            for flagged, value in self.embed_scores(pixels):
+                out.append((flagged, round(float(value), 6)))
         return out
+
+
+def forward_decision(
+    special_cos: Any, special_thresholds: list[float], concept_cos: Any, concept_thresholds: list[float]
+) -> tuple[bool, bool]:
+    """``StableDiffusionSafetyChecker.forward``'s rule for one image: (flagged, special-care adjustment applied).
+
+    The same expressions in the same order as diffusers' loop (float32 cosines minus Python-float thresholds,
+    Python's ``round`` to 3 decimals, ``> 0``), so the decision is forward's to the last bit: the adjustment becomes
+    0.01 at the first special-care concept whose rounded score is above 0 (it is added to the later special-care
+    scores too, which cannot change the outcome), and the image is flagged when a rounded concept score is above 0.
+    """
+    adjustment = 0.0
+    for index in range(len(special_cos)):
+        if round(special_cos[index] - special_thresholds[index] + adjustment, 3) > 0:
+            adjustment = 0.01
+    flagged = any(
+        round(concept_cos[index] - concept_thresholds[index] + adjustment, 3) > 0 for index in range(len(concept_cos))
+    )
+    return flagged, adjustment > 0
 
 
 def load_safety_checker(options: SafetyCheckOptions, device: str) -> SafetyChecker:
@@ -176,8 +217,9 @@ class SafetyCheckStage:
             "model": o.model,
             "revision": None if o.is_local else o.revision,
             "weights": self.checker.weights_file if self.checker is not None else None,
-            "rule": "flagged when max over concepts of cos(image, concept) - threshold (+0.01 after a special-care "
-            "concept) > 0 (diffusers StableDiffusionSafetyChecker)",
+            "rule": "flagged when a concept's cos(image, concept) - threshold (+0.01 when a special-care concept's "
+            "rounded score is above 0), rounded to 3 decimals, is above 0 (diffusers "
+            "StableDiffusionSafetyChecker.forward)",
         }
 
     def _images(self, record: Record) -> list[Any]:
