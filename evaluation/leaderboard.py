@@ -42,6 +42,7 @@ from evaluation.results import (
     validate_results,
 )
 from evaluation.robustness import effective_robustness, shift_correlations, timm_model_name
+from evaluation.strength import rank_stability
 from evaluation.timm_results import SHIFTS, load_shift_table
 from lance_pipeline.release_kinds import kind_of_results, resolve_target
 
@@ -361,8 +362,62 @@ COMPACT_NOTE = (
 STRENGTH_HEADER = "strength area acc@1 [95% CI]"
 STRENGTH_NOTE = (
     "Strength area: the mean acc@1 over the edit strengths of the release's strength config (area under acc@1 against "
-    "strength = 1 − self_replace, divided by the strengths' span; higher = more robust; docs/evaluation.md)."
+    "strength = 1 − self_replace, divided by the strengths' span; higher = more robust), over the edits that have a "
+    'candidate at every strength, so that each strength scores the same images (docs/evaluation.md, "Edit strength").'
 )
+
+
+def strength_stability_markdown(results: list[dict[str, Any]], n_boot: int = 1000, seed: int = 0) -> str:
+    """Rank stability of the models across edit strength (``evaluation.strength.rank_stability``) as a paragraph and
+    a table, "" when no result has a strength section. No heading: the card embeds it inside its leaderboard section."""
+    if not any(r.get("status") == "ok" and r.get("strength") for r in results):
+        return ""
+    stability = rank_stability(results, n_boot=n_boot, seed=seed)
+    lines = [
+        "**Rank stability across edit strength.** Kendall's τ-b between the models' acc@1 at adjacent strengths, per "
+        "edit type, over the edits with a candidate at every strength (1 = the same order at both strengths); 95% "
+        "bootstrap interval over source images.",
+        "",
+    ]
+    if stability["reason"]:
+        return "\n".join([*lines, f"Not computed: {stability['reason']}.", ""])
+    lines += ["| edit type | strengths | Kendall τ [95% CI] | images (edits) |", "|:---|:---|---:|---:|"]
+    for group, entry in stability["groups"].items():
+        name = "all edits" if group == "overall" else _md_escape(group)
+        if entry["reason"]:
+            lines.append(f"| {name} | — | not computed: {_md_escape(entry['reason'])} | — |")
+            continue
+        for pair in entry["pairs"]:
+            ci = pair["ci"] or [None, None]
+            lines.append(
+                f"| {name} | {fmt_number(pair['from'])} → {fmt_number(pair['to'])} | "
+                f"{_with_ci(pair['tau'], ci[0], ci[1])} | {entry['n_images']} ({entry['n_series']}) |"
+            )
+    return "\n".join([*lines, ""])
+
+
+def strength_stability_table(results: list[dict[str, Any]], n_boot: int = 1000, seed: int = 0) -> Any:
+    """``strength_rank_stability.csv``: one row per edit type and pair of adjacent strengths."""
+    import pandas as pd
+
+    stability = rank_stability(results, n_boot=n_boot, seed=seed)
+    rows = [
+        {
+            "edit_type": group,
+            "from_strength": pair["from"],
+            "to_strength": pair["to"],
+            "kendall_tau": pair["tau"],
+            "ci_low": pair["ci"][0] if pair["ci"] else None,
+            "ci_high": pair["ci"][1] if pair["ci"] else None,
+            "n_models": stability["n_models"],
+            "n_images": entry["n_images"],
+            "n_series": entry["n_series"],
+        }
+        for group, entry in stability["groups"].items()
+        for pair in entry["pairs"]
+    ]
+    columns = ["edit_type", "from_strength", "to_strength", "kendall_tau", "ci_low", "ci_high", "n_models"]
+    return pd.DataFrame(rows, columns=[*columns, "n_images", "n_series"])
 
 
 def compact_markdown(df: Any) -> str:
@@ -440,7 +495,9 @@ def leaderboard_markdown(results: list[dict[str, Any]]) -> str:
         (kind,) = kinds.values()
         if kind.leaderboard is not None:  # a kind with a table of its own (interfaces: per shift, not paired)
             return resolve_target(kind.leaderboard).markdown(results) + metric_versions_note(results)
-    return compact_markdown(build_leaderboard(results)) + metric_versions_note(results)
+    stability = strength_stability_markdown(results)
+    table = compact_markdown(build_leaderboard(results))
+    return table + (f"\n{stability}\n" if stability else "") + metric_versions_note(results)
 
 
 def to_markdown(df: Any) -> str:
@@ -485,11 +542,14 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
     if strength:
         lo, hi = _ci(strength, "auc_acc1")
         failure = strength.get("failure") or {}
+        headline = strength.get("headline") or {}
+        pooled = strength.get("pooled") or {}
         lines.append(
             f"{name} strength: acc@1 area {_with_ci(strength.get('auc_acc1'), lo, hi)} over strengths "
-            f"{fmt_number(min(strength['levels']))}-{fmt_number(max(strength['levels']))}; "
-            f"{failure.get('n_never')} of {failure.get('n_images')} images never fail "
-            f"({strength.get('n')} samples, {strength.get('n_series')} edits)"
+            f"{fmt_number(min(strength['levels']))}-{fmt_number(max(strength['levels']))} "
+            f"(the {headline.get('n_series')} of {strength.get('n_series')} edits seen at every strength; "
+            f"all {strength.get('n')} samples pooled: {fmt_number(pooled.get('auc_acc1'))}); "
+            f"{failure.get('n_never')} of {failure.get('n_images')} images never fail"
         )
     for shift, entry in ((results.get("interfaces") or {}).get("shifts") or {}).items():
         lo, hi = (entry.get("drop_ci") or [None, None])[:2]
@@ -737,6 +797,10 @@ def _write_one(results: list[dict[str, Any]], output_dir: Path, n_boot: int, see
         "shift_correlation": output_dir / "shift_correlation.csv",
         "html": output_dir / "leaderboard.html",
     }
+    with_strength = any(r.get("status") == "ok" and r.get("strength") for r in results)
+    if with_strength:
+        written["strength_rank_stability"] = output_dir / "strength_rank_stability.csv"
+        strength_stability_table(results, n_boot, seed).to_csv(written["strength_rank_stability"], index=False)
     df.to_csv(written["csv"], index=False)
     df.to_parquet(written["parquet"], index=False)
     build_leaderboard_by_config(results).to_parquet(written["by_config"], index=False)
@@ -750,6 +814,11 @@ def _write_one(results: list[dict[str, Any]], output_dir: Path, n_boot: int, see
         + _er_markdown(fit)
         + "\n"
         + _shift_markdown(correlations)
+        + (
+            "\n## Rank stability across edit strength\n\n" + strength_stability_markdown(results, n_boot, seed)
+            if with_strength
+            else ""
+        )
         + "\n## Full table\n\n"
         + to_markdown(df)
     )
@@ -761,7 +830,7 @@ def _write_one(results: list[dict[str, Any]], output_dir: Path, n_boot: int, see
         results, fit, output_dir / "effective_robustness.png"
     )
     written["shift_correlation_plot"] = plot_shift_correlation(correlations, output_dir / "shift_correlation.png")
-    if any(r.get("status") == "ok" and r.get("strength") for r in results):
+    if with_strength:
         written["strength_plot"] = plot_strength_models(results, output_dir / "strength.png")
     written["html"].write_text(_html_page(release, df, fit, correlations, written), encoding="utf-8")
     logger.debug("leaderboard of %d rows written to %s", len(df), output_dir)

@@ -261,7 +261,10 @@ def _band(ax: Any, group: dict[str, Any], key: str, colour: Any, scale: float = 
 
 def strength_model_figure(result: dict[str, Any]):
     """One model: acc@1 and Delta p(y_GT) against edit strength (overall with its 95% band, and per edit type), and
-    where images first fail (share of the images whose original is right, per strength, and never)."""
+    where images first fail (share of the images whose original is right, per strength, and never).
+
+    The solid curves are the headline (the edits seen at every strength: the same images at each); the dotted grey
+    one pools every sample kept at each strength, a second view that mixes images (``evaluation.strength``)."""
     section = result["strength"]
     fig, axes = _figure(ncols=3, figsize=(3 * PANEL_WIDTH_IN + 1.0, 3.6), dpi=100, layout="constrained")
     overall = section["overall"]
@@ -275,6 +278,12 @@ def strength_model_figure(result: dict[str, Any]):
         if group is overall:
             _band(axes[0], group, "acc1", line.get_color())
             _band(axes[1], group, "delta_p_gt_mean", line.get_color())
+    pooled = overall.get("pooled")
+    if pooled:  # results of metric version 2 on: the pooled view beside the headline
+        x, y = _curve_xy(pooled, "acc1")
+        axes[0].plot(x, y, ":", color="grey", marker=".", linewidth=1.2, label="all edits, pooled (mixes images)")
+        x, y = _curve_xy(pooled, "delta_p_gt_mean")
+        axes[1].plot(x, y, ":", color="grey", marker=".", linewidth=1.2)
     x, y = _curve_xy(overall, "orig_acc1")
     axes[0].plot(x, y, "k--", linewidth=0.8, label="their originals")
     axes[0].set_ylim(-2, 102)
@@ -309,7 +318,8 @@ def fmt_auc(value: Any) -> str:
 
 def strength_models_figure(results: list[dict[str, Any]]):
     """Every model: overall acc@1 and Delta p(y_GT) against edit strength, with 95% bands; the legend names each
-    model with its area under the acc@1 curve."""
+    model with its area under the acc@1 curve. Solid: the headline (the edits seen at every strength); dotted, in the
+    model's colour: every sample pooled per strength (a second view that mixes images)."""
     results = [r for r in _ok(results) if r.get("strength")]
     fig, axes = _figure(ncols=2, figsize=(2 * PANEL_WIDTH_IN + 1.0, 3.6), dpi=100, layout="constrained")
     for r in results:
@@ -322,13 +332,16 @@ def strength_models_figure(results: list[dict[str, Any]]):
         x, y = _curve_xy(overall, "delta_p_gt_mean")
         axes[1].plot(x, y, marker="o", markersize=3, color=line.get_color())
         _band(axes[1], overall, "delta_p_gt_mean", line.get_color())
+        for ax, key in zip(axes, ("acc1", "delta_p_gt_mean"), strict=True):
+            x, y = _curve_xy(overall.get("pooled") or {}, key)
+            ax.plot(x, y, ":", linewidth=1.0, color=line.get_color())
     if not results:
         axes[0].text(
             0.5, 0.5, "no results with a strength config", ha="center", va="center", transform=axes[0].transAxes
         )
     axes[0].set_ylim(-2, 102)
     axes[0].set_ylabel("acc@1 (%)")
-    axes[0].set_title("acc@1 against edit strength", fontsize=9)
+    axes[0].set_title("acc@1 (dotted: all samples pooled)", fontsize=9)
     axes[1].axhline(0, color="black", linewidth=0.8, linestyle="--")
     axes[1].set_ylabel("mean Δ p(y_GT) (points, + = hurt)")
     axes[1].set_title("true-class confidence drop", fontsize=9)

@@ -181,11 +181,19 @@ def test_demo_eval_reports_accuracy_against_strength_as_its_predictions_imply(de
     assert (
         section["n"] == len(strength) == json.loads((demo / "manifest.json").read_text())["counts"]["strength"]["total"]
     )
-    for point in section["overall"]["curve"]:
+    for point in section["overall"]["pooled"]["curve"]:  # every sample at each strength
         at = strength[(strength["strength"] - point["strength"]).abs() < 1e-9]
         assert point["n"] == len(at) and point["acc1"] == pytest.approx(100 * at["correct1"].mean())
         orig_p = originals.loc[at["source_key"], "p_gt"].to_numpy()
         assert point["delta_p_gt_mean"] == pytest.approx(100 * (orig_p - at["p_gt"].to_numpy()).mean())
+    # the headline: the edits with a sample at every strength, the same ones at each
+    levels = strength.groupby("counterfactual_key")["strength"].nunique()
+    complete = levels[levels == len(section["overall"]["levels"])].index
+    assert section["overall"]["headline"]["n_series"] == len(complete) > 0
+    for point in section["overall"]["curve"]:
+        at = strength[strength["counterfactual_key"].isin(complete)]
+        at = at[(at["strength"] - point["strength"]).abs() < 1e-9]
+        assert point["n"] == len(at) == len(complete) and point["acc1"] == pytest.approx(100 * at["correct1"].mean())
     for source_key, entry in section["images"].items():
         assert entry["original_correct"] == bool(originals.loc[source_key, "correct1"])
         wrong = strength[(strength["source_key"] == source_key) & ~strength["correct1"]]["strength"]
