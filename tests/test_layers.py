@@ -1,11 +1,14 @@
 """The rooms of docs/architecture.md ("Rooms and what each may import"), checked on every import statement of every
 module, including the lazy ones inside functions (a lazy import is still a dependency): each room imports only the
-rooms its row allows, the rooms' import graph has no cycle, and ``import builder`` / ``lance-cf --help`` load no
+rooms its row allows, the rooms' import graph has no cycle, no module imports itself through others (the graph of
+every module of every package), the doc's table is the test's, and ``import builder`` / ``lance-cf --help`` load no
 model library."""
 
 from __future__ import annotations
 
 import ast
+import functools
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -125,19 +128,93 @@ def room_of(module: str) -> str | None:
     return parts[0]
 
 
-def first_party_imports(path: Path) -> list[str]:
-    """Every first-party module a file imports, at the top or inside functions (``from builder import x`` counts as
-    ``builder.x``)."""
+@functools.cache
+def _parse(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"))
+
+
+def module_name(path: Path) -> str:
+    """The dotted name of a first-party file (a package's ``__init__.py`` is the package)."""
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def first_party_imports(path: Path, module: str | None = None) -> list[str]:
+    """Every first-party module a file imports, at the top or inside functions, relative imports resolved against
+    ``module`` (the file's own dotted name by default); ``from builder import x`` counts as ``builder.x``
+    (:func:`imported_module` finds which module that is)."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(_parse(path)):
         if isinstance(node, ast.Import):
             found += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            if node.module in FIRST_PARTY:
-                found += [f"{node.module}.{alias.name}" for alias in node.names]
-            else:
-                found.append(node.module)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = (module or module_name(path)).split(".")
+                package = package if path.name == "__init__.py" else package[:-1]
+                base = ".".join([*package[: len(package) - node.level + 1], *([base] if base else [])])
+            found += [f"{base}.{alias.name}" for alias in node.names]
     return [m for m in found if room_of(m) is not None]
+
+
+def imported_module(name: str, modules: set[str]) -> str:
+    """The first-party module an imported name loads: ``builder.release_format.load_yaml`` is the package
+    ``builder.release_format`` (a name in its ``__init__``), ``builder.release_format.spec`` the module."""
+    while name not in modules and "." in name:
+        name = name.rpartition(".")[0]
+    return name
+
+
+@functools.cache
+def module_graph() -> dict[str, set[str]]:
+    """Module -> the first-party modules it imports (lazy imports included), for every module of every package."""
+    files = {module_name(path): path for top in FIRST_PARTY for path in sorted((REPO / top).rglob("*.py"))}
+    graph = {}
+    for module, path in files.items():
+        graph[module] = {imported_module(name, set(files)) for name in first_party_imports(path)} - {module}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan's algorithm, iterative), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
 
 
 def _modules() -> list[tuple[Path, str]]:
@@ -188,10 +265,59 @@ def test_the_table_and_so_the_import_graph_has_no_cycle():
         seen.add(room)
 
 
+def test_no_module_imports_itself_through_others():
+    """The rooms' graph has no cycle (above); neither has the graph of modules inside and across rooms
+    (``metadata`` -> ``spec`` -> ``metadata`` would be one, even with the second import inside a function)."""
+    graph = module_graph()
+    assert len(graph) >= 150
+    found = cycles(graph)
+    described = [" -> ".join(c) + f" ({', '.join(f'{a} imports {b}' for a in c for b in sorted(graph[a]) if b in c)})"
+                 for c in found]  # fmt: skip
+    assert not found, "import cycles:\n" + "\n".join(described)
+
+
+def test_the_cycle_check_finds_a_cycle_through_a_lazy_or_relative_import(tmp_path):
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+    module = tmp_path / "m.py"
+    module.write_text("from . import spec\nfrom .layout import KEY_PATTERN\ndef f():\n    from .. import cli\n")
+    assert first_party_imports(module, "builder.release_format.m") == [
+        "builder.release_format.spec",
+        "builder.release_format.layout.KEY_PATTERN",
+        "builder.cli",
+    ]
+    modules = set(module_graph())
+    assert module_name(REPO / "builder" / "release_format" / "__init__.py") == "builder.release_format"
+    assert imported_module("builder.release_format.layout.KEY_PATTERN", modules) == "builder.release_format.layout"
+    assert imported_module("builder.release_format.load_yaml", modules) == "builder.release_format"
+
+
+def doc_table() -> dict[str, set[str]]:
+    """docs/architecture.md's table "Rooms and what each may import": room -> the rooms its row may import."""
+    text = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = text.split("## Rooms and what each may import\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    table = {}
+    for row in rows:
+        room_cell, _, may_cell = [cell.strip() for cell in row.strip("|").split(" | ")]
+        room = re.fullmatch(r"`([a-z_.]+)`( \(core\))?", room_cell)
+        assert room, f"docs/architecture.md: a row's room is one `name`: {room_cell!r}"
+        table[room.group(1)] = set() if may_cell == "no other room" else set(re.findall(r"`([a-z_.]+)`", may_cell))
+    return table
+
+
+def test_the_docs_layer_table_is_the_tests():
+    """The table a reader follows is the one checked: same rooms, same order, same rows."""
+    table = doc_table()
+    assert list(table) == list(ALLOWED), "docs/architecture.md lists the rooms in another order or set than ALLOWED"
+    differ = {room: (sorted(table[room]), sorted(ALLOWED[room])) for room in ALLOWED if table[room] != ALLOWED[room]}
+    assert not differ, f"rows that differ (docs, test): {differ}"
+
+
 def test_the_check_sees_lazy_imports_inside_functions(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from builder.registry import EDITORS\n    import evaluation.metrics\n")
-    assert first_party_imports(module) == ["builder.registry", "evaluation.metrics"]
+    assert first_party_imports(module) == ["builder.registry.EDITORS", "evaluation.metrics"]
     assert room_of("builder.registry") == "builder" and "builder" not in ALLOWED["lance_pipeline"]
     assert room_of("builder.release_format.shards") == "builder.release_format"
     assert room_of("lance_pipeline.editing.stages") == "lance_pipeline.editing"

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.release_format.layout import METADATA_EXT, SPLIT
-from builder.release_format.manifest import Manifest, canonical_json
+from builder.release_format.manifest import Manifest, canonical_json, first_difference
 from builder.release_format.metadata import _scalar, _v1_fields
 from builder.release_format.spec import ReleaseSpec
 
@@ -447,9 +447,6 @@ def croissant_document(
 def check_croissant(document: Any, manifest: Manifest, indexes: dict[str, tuple[str, int]]) -> list[str]:
     """Problems of a ``croissant.json`` against the manifest: its structure must equal what the manifest implies,
     and every required prose field must be present (``verify`` calls this)."""
-    # lazy: builder.release_format.verify leads back to this module at import time
-    from builder.release_format.verify import _first_difference
-
     if not isinstance(document, dict):
         return [f"{CROISSANT_NAME}: not a JSON object"]
     problems = []
@@ -457,7 +454,7 @@ def check_croissant(document: Any, manifest: Manifest, indexes: dict[str, tuple[
     got = {k: v for k, v in document.items() if k not in ABOUT_KEYS and k not in RAI_KEYS}
     for key in [*expected, *[k for k in got if k not in expected]]:
         if got.get(key) != expected.get(key):
-            problems.append(f"{CROISSANT_NAME}: {_first_difference(got.get(key), expected.get(key), key)}")
+            problems.append(f"{CROISSANT_NAME}: {first_difference(got.get(key), expected.get(key), key)}")
     missing = [k for k in REQUIRED_ABOUT if not document.get(k)]
     if missing:
         problems.append(f"{CROISSANT_NAME}: required field(s) {', '.join(missing)} missing or empty")

@@ -30,6 +30,22 @@ def canonical_json(data: Any) -> bytes:
     return (json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n").encode()
 
 
+def first_difference(got: Any, expected: Any, where: str) -> str:
+    """Where a value read from a release file (the card's YAML, ``croissant.json``) first differs from what the manifest
+    implies, e.g. ``dataset_info[1].splits[0].num_examples is 5, the manifest implies 6``."""
+    if isinstance(got, dict) and isinstance(expected, dict):
+        for key in [*expected, *[k for k in got if k not in expected]]:
+            if got.get(key) != expected.get(key):
+                return first_difference(got.get(key), expected.get(key), f"{where}.{key}")
+    if isinstance(got, list) and isinstance(expected, list) and len(got) == len(expected):
+        for i, (a, b) in enumerate(zip(got, expected, strict=True)):
+            if a != b:
+                return first_difference(a, b, f"{where}[{i}]")
+    shown = json.dumps(got, ensure_ascii=False)
+    shown = shown if len(shown) < 80 else shown[:77] + "..."
+    return f"does not match the manifest: {where} is {shown}, the manifest implies {json.dumps(expected)[:80]}"
+
+
 def manifest_digest(manifest: dict[str, Any]) -> str:
     body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
     return hashlib.sha256(canonical_json(body)).hexdigest()

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from builder.release_format.layout import DEFAULT_IMAGE_FORMAT, KEY_PATTERN, LABEL_EXT, METADATA_EXT
-from builder.release_format.spec import V1_SPEC, ReleaseSpec
+from builder.release_format.spec import V1_FIELD_NAMES, V1_SPEC, ReleaseSpec
 
 SCHEMA_ID = "https://github.com/lance-counterfactuals/lance-counterfactuals/docs/metadata.schema.json"
 
@@ -112,7 +112,8 @@ def _float(value: Any, name: str, where: str) -> float:
     return float(value)
 
 
-V1_FIELD_NAMES = tuple(f.name for f in fields(SampleMetadata) if f.name != "extra")
+if tuple(f.name for f in fields(SampleMetadata) if f.name != "extra") != V1_FIELD_NAMES:
+    raise RuntimeError("SampleMetadata's fields must be spec.V1_FIELD_NAMES, in that order: format v1 is frozen")
 METADATA_FIELDS = V1_FIELD_NAMES  # former name
 
 

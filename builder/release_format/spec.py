@@ -22,6 +22,23 @@ FIELD_DTYPES = ("string", "int64", "float64", "bool")
 # LANCE's six edit types and, since the DILLEMA editor, "multi".
 LANCE_EDIT_TYPES = ("subject", "object", "background", "weather", "adjective", "domain")
 V1_EDIT_TYPES = (*LANCE_EDIT_TYPES, "multi")
+# The 12 per-sample metadata fields of format v1, in their on-disk order: present in every config of every version
+# (metadata.SampleMetadata lays them out and checks it holds exactly these); a config's extra fields must not shadow
+# them.
+V1_FIELD_NAMES = (
+    "key",
+    "source_key",
+    "label",
+    "label_name",
+    "edit_type",
+    "caption",
+    "edited_caption",
+    "original_span",
+    "edited_span",
+    "seed",
+    "self_replace",
+    "scores",
+)
 V1_SCORE_NAMES = (
     "label_similarity",
     "span_similarity",
@@ -103,8 +120,6 @@ class ConfigSpec:
         names = [f.name for f in self.fields]
         if not names:
             return
-        from builder.release_format.metadata import V1_FIELD_NAMES  # here: metadata imports this module
-
         clash = sorted(set(names) & set(V1_FIELD_NAMES))
         if clash:
             raise ValueError(f"release config {self.name!r}: extra field(s) {clash} shadow v1 metadata fields")

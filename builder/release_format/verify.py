@@ -19,6 +19,14 @@ import re
 from pathlib import Path
 from typing import Any
 
+from builder.release_format.croissant import (
+    CROISSANT_NAME,
+    INDEX_DIR,
+    check_croissant,
+    index_path,
+    index_schema,
+    read_index_rows,
+)
 from builder.release_format.hub import card_yaml_expected, timm_info
 from builder.release_format.layout import (
     CARD_NAME,
@@ -30,7 +38,14 @@ from builder.release_format.layout import (
     is_valid_key,
     listed_path_problem,
 )
-from builder.release_format.manifest import Manifest, ManifestError, Tally, canonical_json, manifest_digest
+from builder.release_format.manifest import (
+    Manifest,
+    ManifestError,
+    Tally,
+    canonical_json,
+    first_difference,
+    manifest_digest,
+)
 from builder.release_format.metadata import metadata_json_schema
 from builder.release_format.shards import file_sha256, iter_shard
 from builder.release_format.yaml_text import load_yaml
@@ -249,23 +264,8 @@ def _check_card(path: Path, manifest: Manifest) -> list[str]:
         expected_yaml = {k: v for k, v in expected_yaml.items() if k in ("configs", "dataset_info")}
     for key, expected in expected_yaml.items():
         if header.get(key) != expected:
-            problems.append(f"{CARD_NAME}: YAML {key!r} {_first_difference(header.get(key), expected, key)}")
+            problems.append(f"{CARD_NAME}: YAML {key!r} {first_difference(header.get(key), expected, key)}")
     return problems
-
-
-def _first_difference(got: Any, expected: Any, where: str) -> str:
-    """Where two YAML values first differ, e.g. ``dataset_info[1].splits[0].num_examples is 5, manifest implies 6``."""
-    if isinstance(got, dict) and isinstance(expected, dict):
-        for key in [*expected, *[k for k in got if k not in expected]]:
-            if got.get(key) != expected.get(key):
-                return _first_difference(got.get(key), expected.get(key), f"{where}.{key}")
-    if isinstance(got, list) and isinstance(expected, list) and len(got) == len(expected):
-        for i, (a, b) in enumerate(zip(got, expected, strict=True)):
-            if a != b:
-                return _first_difference(a, b, f"{where}[{i}]")
-    shown = json.dumps(got, ensure_ascii=False)
-    shown = shown if len(shown) < 80 else shown[:77] + "..."
-    return f"does not match the manifest: {where} is {shown}, the manifest implies {json.dumps(expected)[:80]}"
 
 
 def _check_croissant(root: Path, manifest: Manifest, rows: dict[str, list[dict[str, Any]]]) -> list[str]:
@@ -273,16 +273,6 @@ def _check_croissant(root: Path, manifest: Manifest, rows: dict[str, list[dict[s
     the declaration; nothing else sits under ``index/``; ``croissant.json`` equals what the manifest implies."""
     if manifest.format_version < 2:
         return []
-    # lazy: builder.release_format.croissant leads back to this module at import time
-    from builder.release_format.croissant import (
-        CROISSANT_NAME,
-        INDEX_DIR,
-        check_croissant,
-        index_path,
-        index_schema,
-        read_index_rows,
-    )
-
     problems = []
     indexes: dict[str, tuple[str, int]] = {}
     for config in manifest.configs:
