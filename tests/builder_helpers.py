@@ -7,6 +7,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -231,3 +232,24 @@ def lock_held_by_another_process(directory: Path, command: str) -> Iterator[int]
         holder.stdin.close()  # end of input: the holder leaves the lock and exits
         holder.wait()
         holder.stdout.close()
+
+
+@contextlib.contextmanager
+def process_held_at(pipe: Path, process: subprocess.Popen) -> Iterator[None]:
+    """Returns when ``process`` has reached the named pipe ``pipe`` (a build whose fake caption stage has
+    ``hold: PIPE`` opens it in its first batch) and keeps it waiting there until the block ends: a barrier, with no
+    deadline and no poll. A process that exits before it gets there fails the test with its output."""
+
+    def release_if_it_exits() -> None:
+        process.wait()
+        with contextlib.suppress(FileNotFoundError):
+            os.close(os.open(pipe, os.O_RDONLY | os.O_NONBLOCK))  # lets the open below return
+
+    threading.Thread(target=release_if_it_exits, daemon=True).start()
+    writer = open(pipe, "w", encoding="utf-8")  # blocks until the process opens the pipe for reading
+    try:
+        assert process.poll() is None, f"the process exited before it reached {pipe}: {process.communicate()}"
+        yield
+    finally:
+        os.unlink(pipe)  # later batches find no pipe and do not wait
+        writer.close()  # end of input: the waiting batch goes on

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
+import functools
 import os
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +26,62 @@ if "LANCE_CF_CACHE" not in os.environ:
     _cache = tempfile.mkdtemp(prefix="lance-cf-test-cache-")
     os.environ["LANCE_CF_CACHE"] = _cache
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+
+
+# -- the Hub double (tests/hub_double.py) and the environment that points huggingface_hub at it ---------------------
+@pytest.fixture
+def hub(tmp_path: Path):
+    """A Hub double on 127.0.0.1 with a git repository per Hub repo; writes need ``hub_double.TOKEN``."""
+    from hub_double import TOKEN, HubDouble
+
+    double = HubDouble(tmp_path / "hub", token=TOKEN).start()
+    yield double
+    double.stop()
+
+
+@pytest.fixture
+def hub_env(hub, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """``hub``, with this process's huggingface_hub pointed at it: online, ``HF_ENDPOINT`` (the project's Hub client
+    reads it at call time; huggingface_hub's own ``constants.ENDPOINT`` was fixed at import), the double's token in ``HF_TOKEN``, an
+    empty ``HF_HOME``, no proxies, no Xet, no progress bars. Subprocesses get theirs from ``hub_double.client_env``."""
+    from hub_double import TOKEN
+    from huggingface_hub import constants
+
+    for key in [k for k in os.environ if k.lower().endswith("_proxy")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home_in_process"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_PROGRESS_BARS", True)
+    return hub
+
+
+# -- the lance-cf command line, run in this process -----------------------------------------------------------------
+class CliRunner:
+    """``lance-cf`` in this process: ``cli("eval", ...)`` parses with the real parser (``builder.cli.build_parser``,
+    every subcommand) and returns the command's exit code; ``cli.parse([...])`` gives the parsed arguments. Unlike
+    ``builder.cli.main`` nothing is caught: a test sees the exception a command raises."""
+
+    @functools.cached_property
+    def parser(self) -> argparse.ArgumentParser:
+        from builder.cli import build_parser
+
+        return build_parser()
+
+    def parse(self, argv: list[str]) -> argparse.Namespace:
+        return self.parser.parse_args([str(arg) for arg in argv])
+
+    def __call__(self, *argv: str) -> int:
+        args = self.parse(list(argv))
+        return int(args.func(args) or 0)
+
+
+@pytest.fixture(scope="session")
+def cli() -> CliRunner:
+    return CliRunner()
 
 
 # -- tiny Stable Diffusion shared by the image-stage tests -------------------------------------------------------------

@@ -17,9 +17,10 @@ class FakeCaptionStage:
     consumes = {"label_name": "str", "seed": "int"}
     produces = {"caption": "str"}
 
-    def __init__(self, delay: float = 0.0, fail_keys: list[str] | None = None):
+    def __init__(self, delay: float = 0.0, fail_keys: list[str] | None = None, hold: str | None = None):
         self.delay = delay
         self.fail_keys = set(fail_keys or [])
+        self.hold = hold
         self.calls = 0
 
     def load(self, device: str) -> None:
@@ -27,12 +28,25 @@ class FakeCaptionStage:
 
     def process(self, records):
         time.sleep(self.delay)
+        self._wait_at_hold()
         out = []
         for r in records:
             if r["key"] in self.fail_keys:
                 raise RuntimeError(f"cannot caption {r['key']}")  # the engine must isolate this sample
             out.append({"caption": f"a photo of a {r['label_name']} (seed {r['seed']})"})
         return out
+
+    def _wait_at_hold(self) -> None:
+        """With ``hold`` (a named pipe the test made), the build stops in its first batch until the test, which opens
+        the pipe for writing to know the build got here, removes the pipe and closes its end: a barrier, no delay."""
+        if self.hold is None:
+            return
+        hold, self.hold = self.hold, None
+        try:
+            with open(hold, encoding="utf-8") as pipe:
+                pipe.read()
+        except FileNotFoundError:
+            pass  # the test already let the build go
 
     def describe(self):
         return {"model": "fake-captioner", "revision": "0" * 40}

@@ -46,6 +46,31 @@ LFS_SIZE_THRESHOLD = 10 * 1024 * 1024
 REPO_TYPES = ("models", "datasets", "spaces")
 VALID_SIZE_CATEGORIES = ("n<1K", "1K<n<10K", "10K<n<100K", "100K<n<1M", "1M<n<10M", "10M<n<100M", "100M<n<1B")
 ZERO_SHA = "0" * 40
+# The double's write token (tests/conftest.py ``hub``): tests check it never reaches a log, a file or the Hub.
+TOKEN = "hf_double_secret_token_0123456789"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def client_env(url: str, home: Path, **extra: str) -> dict[str, str]:
+    """The environment of a client subprocess reading from (or writing to) the Hub at ``url``: this process's
+    environment without proxies or ``HF_*`` settings, online, no Xet, no telemetry or progress bars, its own
+    ``HF_HOME`` (an empty cache), this checkout first on ``PYTHONPATH``; ``extra`` adds or overrides variables."""
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy") and not k.startswith("HF_")}
+    env.update(
+        HF_ENDPOINT=url,
+        HF_HOME=str(home),
+        HF_HUB_OFFLINE="0",
+        HF_DATASETS_OFFLINE="0",
+        HF_UPDATE_DOWNLOAD_COUNTS="0",
+        HF_HUB_DISABLE_TELEMETRY="1",
+        HF_HUB_DISABLE_XET="1",
+        HF_HUB_DISABLE_PROGRESS_BARS="1",
+        NO_PROXY="127.0.0.1,localhost",
+        PYTHONPATH=str(REPO_ROOT),
+        OMP_NUM_THREADS="1",
+    )
+    env.update(extra)
+    return env
 
 
 @dataclass

@@ -11,11 +11,20 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 import uuid
 
 import pytest
-from builder_helpers import ALL_CONFIGS, FAKE_STAGES, REPO, cli, env, make_imagefolder, release_files, write_config
+from builder_helpers import (
+    ALL_CONFIGS,
+    FAKE_STAGES,
+    REPO,
+    cli,
+    env,
+    make_imagefolder,
+    process_held_at,
+    release_files,
+    write_config,
+)
 
 from builder.cli import main
 from builder.release_format.lock import lock_holder
@@ -29,8 +38,9 @@ def folder(tmp_path_factory):
     return make_imagefolder(tmp_path_factory.mktemp("src"), ["cat", "dog"], per_class=4, size=(64, 64))
 
 
-def _config(tmp_path, folder, delay: float = 0.0):
-    stages = [FAKE_STAGES[0] | {"options": {"delay": delay}}, FAKE_STAGES[1]]
+def _config(tmp_path, folder, delay: float = 0.0, hold: str | None = None):
+    caption_options = {"delay": delay} if hold is None else {"delay": delay, "hold": hold}
+    stages = [FAKE_STAGES[0] | {"options": caption_options}, FAKE_STAGES[1]]
     return str(
         write_config(tmp_path / "c.yaml", f"imagefolder:{folder}", stages=stages, configs=ALL_CONFIGS, batch_size=2)
     )
@@ -45,7 +55,9 @@ def _one_line(capsys) -> str:
 # -- the output-directory lock --------------------------------------------------------------------------------------
 @pytest.mark.e2e  # runs lance-cf as a process
 def test_a_second_build_verify_of_a_directory_in_use_is_refused_naming_the_pid(tmp_path, folder):
-    config = _config(tmp_path, folder, delay=1.0)  # 4 batches x 1 s: long enough to be caught in the act
+    hold = tmp_path / "hold"
+    os.mkfifo(hold)
+    config = _config(tmp_path, folder, hold=str(hold))  # the build waits in its first batch until the test is done
     out = tmp_path / "out"
     first = subprocess.Popen(
         [sys.executable, "-m", "builder.cli", "build", config, "--output", str(out), "--no-progress"],
@@ -56,17 +68,15 @@ def test_a_second_build_verify_of_a_directory_in_use_is_refused_naming_the_pid(t
         text=True,
     )
     try:
-        while lock_holder(out) is None:  # wait until the first build holds the directory
-            assert first.poll() is None, first.communicate()
-            time.sleep(0.05)
-        assert lock_holder(out) == {"pid": first.pid, "command": "build"}
-        for args in (["build", config, "--output", str(out)], ["verify", str(out)]):
-            proc = cli(*args, check=False)
-            assert proc.returncode == 2, proc.stderr
-            assert f"is in use by lance-cf pid {first.pid} (build)" in proc.stderr
-            assert len(proc.stderr.strip().splitlines()) == 1
+        with process_held_at(hold, first):  # the first build holds the directory and is inside a batch
+            assert lock_holder(out) == {"pid": first.pid, "command": "build"}
+            for args in (["build", config, "--output", str(out)], ["verify", str(out)]):
+                proc = cli(*args, check=False)
+                assert proc.returncode == 2, proc.stderr
+                assert f"is in use by lance-cf pid {first.pid} (build)" in proc.stderr
+                assert len(proc.stderr.strip().splitlines()) == 1
     finally:
-        stdout, stderr = first.communicate(timeout=600)
+        stdout, stderr = first.communicate()
     assert first.returncode == 0, stderr
     assert lock_holder(out) is None
     cli("verify", str(out))  # free again

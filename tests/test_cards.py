@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 
 import pytest
-from hub_double import HubDouble
 from PIL import Image
 from publish_fixture import make_release, make_results
 
@@ -73,25 +71,18 @@ def test_licence_follows_source_terms(tmp_path):
     assert meta["license"] == "cc-by-4.0" and "extra_gated_prompt" not in meta and "license_name" not in meta
 
 
-def test_card_passes_hub_metadata_validation(release, tmp_path, monkeypatch):
+def test_card_passes_hub_metadata_validation(release, hub_env, monkeypatch):
     """``DatasetCard.validate`` posts to ``/api/validate-yaml``: served by the double, which can also reject."""
     from huggingface_hub import DatasetCard, constants
 
     release_dir, manifest = release
     text = render_release_card(release_dir, manifest)
-    hub = HubDouble(tmp_path / "hub").start()
-    try:
-        for key in [k for k in os.environ if k.lower().endswith("_proxy")]:
-            monkeypatch.delenv(key)
-        monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-        monkeypatch.setattr(constants, "ENDPOINT", hub.url)
-        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-        DatasetCard(text).validate(repo_type="dataset")
-        broken = text.replace("- n<1K", "- tiny", 1)
-        with pytest.raises(ValueError, match="size_categories"):
-            DatasetCard(broken).validate(repo_type="dataset")
-    finally:
-        hub.stop()
+    hub = hub_env
+    monkeypatch.setattr(constants, "ENDPOINT", hub.url)  # fixed when huggingface_hub was imported
+    DatasetCard(text).validate(repo_type="dataset")
+    broken = text.replace("- n<1K", "- tiny", 1)
+    with pytest.raises(ValueError, match="size_categories"):
+        DatasetCard(broken).validate(repo_type="dataset")
     assert any(path == "/api/validate-yaml" for _, path, _ in hub.log)
 
 

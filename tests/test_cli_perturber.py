@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 
 import pytest
+from hub_double import TOKEN, client_env
 
 from builder.perturber import cli as cli_perturber
 from lance_pipeline.perturber.collect import load_dataset_split
@@ -27,20 +27,14 @@ def tiny_lm(tmp_path_factory: pytest.TempPathFactory):
     return create_tiny_causal_lm(tmp_path_factory.mktemp("tiny") / "tiny-causal-lm")
 
 
-def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="lance-cf")
-    cli_perturber.register(parser.add_subparsers(dest="command"))
-    return parser.parse_args(argv)
-
-
-def test_prints_edits_with_spans_and_scores(tiny_lm, monkeypatch, capsys) -> None:
+def test_prints_edits_with_spans_and_scores(tiny_lm, monkeypatch, capsys, cli) -> None:
     answer = (
         "1. a photo of a husky pulling a sled in a forest\n"
         "2. a photo of a husky pulling a dog sled in the snow\n"
         "3. a photo of a husky pulling a sled in the snow on a foggy morning"
     )
     monkeypatch.setattr(PromptPerturber, "generate", lambda self, prompts, seeds: [(answer, False)] * len(prompts))
-    args = _parse(
+    args = cli.parse(
         ["perturber", CAPTION, "--label", "dog sled", "--edit-types", "background", "--model", str(tiny_lm), "--n", "3",
          "--device", "cpu", "--stats"]
     )  # fmt: skip
@@ -61,8 +55,8 @@ def test_prints_edits_with_spans_and_scores(tiny_lm, monkeypatch, capsys) -> Non
     assert stats["perturb_stats"]["kept"] == 3 and stats["perturb_stats"]["generations"] == 1
 
 
-def test_tiny_model_end_to_end_without_label_check(tiny_lm, capsys) -> None:
-    args = _parse(
+def test_tiny_model_end_to_end_without_label_check(tiny_lm, capsys, cli) -> None:
+    args = cli.parse(
         ["perturber", CAPTION, "another caption of a dog", "--label", "dog sled", "--edit-types", "weather,domain",
          "--model", str(tiny_lm), "--max-new-tokens", "16", "--no-label-check", "--stats", "--device", "cpu"]
     )  # fmt: skip
@@ -92,9 +86,9 @@ def test_tiny_model_end_to_end_without_label_check(tiny_lm, capsys) -> None:
         ),
     ],
 )
-def test_nothing_surviving_exits_1_with_the_reason(tiny_lm, monkeypatch, capsys, answer, why) -> None:
+def test_nothing_surviving_exits_1_with_the_reason(tiny_lm, monkeypatch, capsys, answer, why, cli) -> None:
     monkeypatch.setattr(PromptPerturber, "generate", lambda self, prompts, seeds: [(answer, False)] * len(prompts))
-    args = _parse(["perturber", CAPTION, "--label", "dog sled", "--edit-types", "background", "--model", str(tiny_lm),
+    args = cli.parse(["perturber", CAPTION, "--label", "dog sled", "--edit-types", "background", "--model", str(tiny_lm),
                    "--device", "cpu"])  # fmt: skip
     assert args.func(args) == 1
     last = capsys.readouterr().err.splitlines()[-1]
@@ -134,8 +128,8 @@ def test_try_with_the_demo_model_and_the_installed_label_checker_needs_no_hub(tm
         (["--label", " "], "--label"),
     ],
 )
-def test_bad_values_are_value_errors(tiny_lm, extra, message) -> None:
-    args = _parse(["perturber", CAPTION, "--label", "dog sled", "--model", str(tiny_lm), *extra])
+def test_bad_values_are_value_errors(tiny_lm, extra, message, cli) -> None:
+    args = cli.parse(["perturber", CAPTION, "--label", "dog sled", "--model", str(tiny_lm), *extra])
     with pytest.raises(ValueError, match=message):
         args.func(args)
 
@@ -146,13 +140,13 @@ def test_module_import_is_light() -> None:
     assert out.strip() == "[]"
 
 
-def test_try_action_and_the_old_form_parse_alike(tiny_lm) -> None:
-    old = _parse(["perturber", CAPTION, "--label", "dog sled", "--model", str(tiny_lm)])
-    new = _parse(["perturber", "try", CAPTION, "--label", "dog sled", "--model", str(tiny_lm)])
-    options_first = _parse(["perturber", "--label", "dog sled", CAPTION])
+def test_try_action_and_the_old_form_parse_alike(tiny_lm, cli) -> None:
+    old = cli.parse(["perturber", CAPTION, "--label", "dog sled", "--model", str(tiny_lm)])
+    new = cli.parse(["perturber", "try", CAPTION, "--label", "dog sled", "--model", str(tiny_lm)])
+    options_first = cli.parse(["perturber", "--label", "dog sled", CAPTION])
     assert vars(old) == vars(new) and old.perturber_action == "try" and old.func is cli_perturber.run
     assert options_first.captions == [CAPTION]
-    assert _parse(["perturber", "eval", "--model", "m", "--data", "d"]).func is cli_perturber.run_eval
+    assert cli.parse(["perturber", "eval", "--model", "m", "--data", "d"]).func is cli_perturber.run_eval
 
 
 # -- collect against an OpenAI-compatible endpoint double ----------------------------------------------------
@@ -248,7 +242,7 @@ def chat_double(monkeypatch):
     double.stop()
 
 
-def test_collect_from_an_openai_endpoint_with_faults(chat_double, tmp_path, capsys) -> None:
+def test_collect_from_an_openai_endpoint_with_faults(chat_double, tmp_path, capsys, cli) -> None:
     from lance_pipeline.perturber.collect import load_dataset_split
 
     captions = tmp_path / "captions.txt"
@@ -261,7 +255,7 @@ def test_collect_from_an_openai_endpoint_with_faults(chat_double, tmp_path, caps
         "a photo of a horse in a field\thorse\n"
     )
     output = tmp_path / "perturber-data"
-    args = _parse(
+    args = cli.parse(
         ["perturber", "collect", "--captions-file", str(captions), "--teacher", "openai:teacher-model",
          "--edit-types", "domain,weather", "--output", str(output), "--retry-wait", "0", "--max-retries", "2",
          "--concurrency", "2", "--test-fraction", "0"]
@@ -318,7 +312,7 @@ def test_collect_stops_on_a_refused_key(chat_double, tmp_path, monkeypatch) -> N
         OpenAIChatTeacher("teacher-model")
 
 
-def test_collect_train_eval_end_to_end(chat_double, tiny_lm, tmp_path, capsys, single_thread_torch) -> None:
+def test_collect_train_eval_end_to_end(chat_double, tiny_lm, tmp_path, capsys, single_thread_torch, cli) -> None:
     captions = tmp_path / "captions.txt"
     captions.write_text("".join(f"a photo of a {s} in the {p}\t{s}\n" for s in ("dog", "cat", "boy") for p in
                                 ("snow", "park", "city", "forest")))  # fmt: skip
@@ -332,7 +326,7 @@ def test_collect_train_eval_end_to_end(chat_double, tiny_lm, tmp_path, capsys, s
          "domain,weather", "--max-new-tokens", "12", "--device", "cpu", "--output", str(tmp_path / "eval.json")],
     ]  # fmt: skip
     for step in steps:
-        args = _parse(["perturber", *step])
+        args = cli.parse(["perturber", *step])
         assert args.func(args) == 0, step
     out = capsys.readouterr().out
     assert "| perturber | parse_rate |" in out and "| base |" in out and "| adapter adapter |" in out
@@ -348,22 +342,21 @@ def test_collect_train_eval_end_to_end(chat_double, tiny_lm, tmp_path, capsys, s
     assert str(tmp_path) not in (tmp_path / "eval.json").read_text()
 
 
-def test_train_refuses_bad_values(tiny_lm, tmp_path) -> None:
-    args = _parse(["perturber", "train", "--model", str(tiny_lm), "--data", str(tmp_path / "nothing"), "--output",
+def test_train_refuses_bad_values(tiny_lm, tmp_path, cli) -> None:
+    args = cli.parse(["perturber", "train", "--model", str(tiny_lm), "--data", str(tmp_path / "nothing"), "--output",
                    str(tmp_path / "a"), "--batch-size", "100"])  # fmt: skip
     with pytest.raises(ValueError, match="not a multiple"):
         args.func(args)
-    args = _parse(["perturber", "train", "--model", "m", "--data", "d", "--output", "o", "--device", "cuda:1"])
+    args = cli.parse(["perturber", "train", "--model", "m", "--data", "d", "--output", "o", "--device", "cuda:1"])
     with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES"):
         args.func(args)
-    args = _parse(["perturber", "collect", "--teacher", "openai:m", "--output", str(tmp_path / "d")])
+    args = cli.parse(["perturber", "collect", "--teacher", "openai:m", "--output", str(tmp_path / "d")])
     with pytest.raises(ValueError, match="exactly one caption input"):
         args.func(args)
 
 
 # -- the Hub: push the data and the adapter, load the adapter by its Hub id ------------------------------------
 
-HUB_TOKEN = "hf_double_secret_token_perturber_42"
 HUB_LOAD_SCRIPT = r"""
 import json, sys
 import datasets
@@ -386,65 +379,40 @@ print("RESULT" + json.dumps({"rows": len(rows), "raw": raw, "style": perturber.d
 
 
 @pytest.mark.e2e  # real HTTP against the local Hub double, and a process loading from it
-def test_push_data_and_adapter_then_load_the_adapter_by_hub_id(chat_double, tiny_lm, tmp_path, monkeypatch) -> None:
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+def test_push_data_and_adapter_then_load_the_adapter_by_hub_id(chat_double, tiny_lm, tmp_path, hub_env, cli) -> None:
+    hub = hub_env
+    captions = tmp_path / "captions.txt"
+    captions.write_text("a photo of a dog in the snow\tdog\na photo of a cat in the city\tcat\n")
+    data, adapter = tmp_path / "data", tmp_path / "adapter"
+    for step in (
+        ["collect", "--captions-file", str(captions), "--teacher", "openai:m", "--edit-types", "domain",
+         "--output", str(data), "--test-fraction", "0", "--push-to-hub", "org/perturber-data"],
+        ["train", "--model", str(tiny_lm), "--data", str(data), "--output", str(adapter), "--batch-size", "2",
+         "--grad-accum", "1", "--steps", "2", "--warmup-steps", "0", "--save-steps", "1", "--lr", "0.05", "--device", "cpu",
+         "--no-progress", "--push-to-hub", "org/perturber-lora"],
+    ):  # fmt: skip
+        args = cli.parse(["perturber", *step])
+        assert args.func(args) == 0, step
+    pushed = sorted(hub.entries("models", "org/perturber-lora", hub.resolve("models", "org/perturber-lora", "main")))
+    assert not any(name.startswith("checkpoints") for name in pushed)
+    assert {"README.md", "adapter_config.json", "adapter_model.safetensors", "lance_training.json"} <= set(pushed)
 
-    from huggingface_hub import constants
+    local = PromptPerturber(model=str(tiny_lm), revision=None, adapter=str(adapter), edit_types=["domain"],
+                            max_new_tokens=12)  # fmt: skip
+    local.load("cpu")
+    expected = local.perturb_detailed(["a photo of a girl in the park"], None, ["girl"])[0]["raw"]
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from hub_double import HubDouble
-
-    hub = HubDouble(tmp_path / "hub", token=HUB_TOKEN).start()
-    try:
-        monkeypatch.setenv("HF_ENDPOINT", hub.url)
-        monkeypatch.setenv("HF_TOKEN", HUB_TOKEN)
-        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home_pusher"))
-        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-        monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
-        monkeypatch.setattr(constants, "HF_HUB_DISABLE_PROGRESS_BARS", True)
-        captions = tmp_path / "captions.txt"
-        captions.write_text("a photo of a dog in the snow\tdog\na photo of a cat in the city\tcat\n")
-        data, adapter = tmp_path / "data", tmp_path / "adapter"
-        for step in (
-            ["collect", "--captions-file", str(captions), "--teacher", "openai:m", "--edit-types", "domain",
-             "--output", str(data), "--test-fraction", "0", "--push-to-hub", "org/perturber-data"],
-            ["train", "--model", str(tiny_lm), "--data", str(data), "--output", str(adapter), "--batch-size", "2",
-             "--grad-accum", "1", "--steps", "2", "--warmup-steps", "0", "--save-steps", "1", "--lr", "0.05", "--device", "cpu",
-             "--no-progress", "--push-to-hub", "org/perturber-lora"],
-        ):  # fmt: skip
-            args = _parse(["perturber", *step])
-            assert args.func(args) == 0, step
-        pushed = sorted(
-            hub.entries("models", "org/perturber-lora", hub.resolve("models", "org/perturber-lora", "main"))
-        )
-        assert not any(name.startswith("checkpoints") for name in pushed)
-        assert {"README.md", "adapter_config.json", "adapter_model.safetensors", "lance_training.json"} <= set(pushed)
-
-        local = PromptPerturber(model=str(tiny_lm), revision=None, adapter=str(adapter), edit_types=["domain"],
-                                max_new_tokens=12)  # fmt: skip
-        local.load("cpu")
-        expected = local.perturb_detailed(["a photo of a girl in the park"], None, ["girl"])[0]["raw"]
-
-        env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy") and not k.startswith("HF_")}
-        env.update(HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf_home_reader"), HF_HUB_OFFLINE="0",
-                   HF_DATASETS_OFFLINE="0", HF_HUB_DISABLE_XET="1", HF_HUB_DISABLE_TELEMETRY="1",
-                   NO_PROXY="127.0.0.1,localhost", PYTHONPATH=str(Path(__file__).resolve().parents[1]),
-                   OMP_NUM_THREADS="1")  # fmt: skip
-        proc = subprocess.run(
-            [sys.executable, "-c", HUB_LOAD_SCRIPT, str(tiny_lm), "org/perturber-lora", "org/perturber-data"],
-            env=env, capture_output=True, text=True,
-        )  # fmt: skip
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        result = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))[len("RESULT") :])
-        assert result == {"rows": 2, "raw": expected, "style": "alpaca", "streamed": True}
-    finally:
-        hub.stop()
+    env = client_env(hub.url, tmp_path / "hf_home_reader")
+    proc = subprocess.run(
+        [sys.executable, "-c", HUB_LOAD_SCRIPT, str(tiny_lm), "org/perturber-lora", "org/perturber-data"],
+        env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))[len("RESULT") :])
+    assert result == {"rows": 2, "raw": expected, "style": "alpaca", "streamed": True}
 
 
-def test_collect_from_a_local_teacher_over_captioned_source_images(tiny_lm, tmp_path, monkeypatch, capsys) -> None:
+def test_collect_from_a_local_teacher_over_captioned_source_images(tiny_lm, tmp_path, monkeypatch, capsys, cli) -> None:
     from lance_pipeline.tiny.text_components import create_tiny_blip2
 
     blip2 = create_tiny_blip2(tmp_path / "tiny-blip2")
@@ -460,7 +428,7 @@ def test_collect_from_a_local_teacher_over_captioned_source_images(tiny_lm, tmp_
 
     monkeypatch.setattr(PromptPerturber, "generate", rule_generate)
     output = tmp_path / "data"
-    args = _parse(
+    args = cli.parse(
         ["perturber", "collect", "--source", "demo", "--captioner", str(blip2), "--limit", "3", "--teacher",
          str(tiny_lm), "--edit-types", "domain", "--n", "2", "--output", str(output), "--device", "cpu",
          "--test-fraction", "0"]
@@ -494,7 +462,7 @@ def test_a_client_error_fails_only_its_row_and_urls_are_redacted(chat_double) ->
     )
 
 
-def test_collect_reads_captions_and_class_names_from_a_datasets_dataset(chat_double, tmp_path, capsys) -> None:
+def test_collect_reads_captions_and_class_names_from_a_datasets_dataset(chat_double, tmp_path, capsys, cli) -> None:
     import datasets
 
     source = tmp_path / "my-captions"
@@ -505,7 +473,7 @@ def test_collect_reads_captions_and_class_names_from_a_datasets_dataset(chat_dou
          "label": [0, 1, 0]}, features=features,
     ).to_parquet(str(source / "train.parquet"))  # fmt: skip
     output = tmp_path / "data"
-    args = _parse(
+    args = cli.parse(
         ["perturber", "collect", "--captions-dataset", f"{source}:train", "--caption-column", "text", "--label-column",
          "label", "--limit", "2", "--teacher", "openai:m", "--edit-types", "domain", "--output", str(output),
          "--test-fraction", "0"]
@@ -517,7 +485,7 @@ def test_collect_reads_captions_and_class_names_from_a_datasets_dataset(chat_dou
         ("a photo of a cat on a sofa", "cat"),
     ]
     assert json.loads((output / "collect_stats.json").read_text())["captions_from"] == "the dataset `my-captions`"
-    bad = _parse(["perturber", "collect", "--captions-dataset", str(source), "--caption-column", "caption",
+    bad = cli.parse(["perturber", "collect", "--captions-dataset", str(source), "--caption-column", "caption",
                   "--teacher", "openai:m", "--output", str(output)])  # fmt: skip
     with pytest.raises(ValueError, match="no column 'caption'.*text, label"):
         bad.func(bad)
@@ -527,15 +495,15 @@ def test_push_refuses_text_holding_the_hub_token_or_the_teacher_key(tmp_path, mo
     folder = tmp_path / "adapter"
     (folder / "checkpoints").mkdir(parents=True)
     (folder / "README.md").write_text("fine\n")
-    (folder / "checkpoints" / "trainer_state.json").write_text(HUB_TOKEN)  # ignored: never uploaded
-    monkeypatch.setenv("HF_TOKEN", HUB_TOKEN)
+    (folder / "checkpoints" / "trainer_state.json").write_text(TOKEN)  # ignored: never uploaded
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens: a refusal must come first
     (folder / "lance_training.json").write_text(json.dumps({"note": f"key {KEY}"}))
     assert cli_perturber._push_folder("train", folder, "org/x", "model", False, ["checkpoints/*"]) == 1
     err = capsys.readouterr().err
     assert "lance_training.json holds the teacher key" in err and KEY not in err
-    (folder / "lance_training.json").write_text(json.dumps({"note": f"token {HUB_TOKEN}"}))
+    (folder / "lance_training.json").write_text(json.dumps({"note": f"token {TOKEN}"}))
     assert cli_perturber._push_folder("train", folder, "org/x", "model", False, ["checkpoints/*"]) == 1
     err = capsys.readouterr().err
-    assert "lance_training.json holds the Hugging Face token" in err and HUB_TOKEN not in err
+    assert "lance_training.json holds the Hugging Face token" in err and TOKEN not in err

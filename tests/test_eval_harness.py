@@ -8,7 +8,6 @@ model one image at a time and recomputes every metric with numpy.
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import tarfile
@@ -20,7 +19,6 @@ import torch
 from release_fixture import write_release
 
 from builder import release_format as rf
-from evaluation import cli
 from evaluation.harness import EvalOptions, OOMRetryForward, predict_release
 from evaluation.models import ModelSpec, expand_model_names
 from evaluation.release_reader import open_release
@@ -29,12 +27,6 @@ from lance_pipeline.stage import EDIT_TYPES
 NAMES = ["red square", "blue circle", "green square", "yellow circle"]
 REL = "lance-fixture"  # the fixture release's name: eval writes its results under OUTPUT/<release>/
 BOOT = 200
-
-
-def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    cli.register(parser.add_subparsers())
-    return parser.parse_args(argv)
 
 
 def read_release_images(root: Path) -> dict[str, list[tuple[dict, object]]]:
@@ -73,7 +65,7 @@ def independent_probs(model, samples, indices=None) -> dict[str, np.ndarray]:
 
 
 @pytest.fixture(scope="module")
-def scored(tmp_path_factory):
+def scored(tmp_path_factory, cli):
     """Release, fitted model + checkpoint, the harness output and the independent predictions."""
     import timm
     from safetensors.torch import save_file
@@ -107,7 +99,7 @@ def scored(tmp_path_factory):
     ckpt = tmp_path_factory.mktemp("ckpt") / "test_vit-4cls.safetensors"
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(ckpt))
     out = tmp_path_factory.mktemp("eval")
-    args = parse(
+    args = cli.parse(
         ["eval", "--release", str(root), "--model", "test_vit", "--checkpoint", str(ckpt), "--output", str(out)]
         + ["--batch-size", "5", "--workers", "2", "--bootstrap", str(BOOT), "--no-insights", "--no-report"]
     )
@@ -262,7 +254,7 @@ def test_results_record_release_model_and_packages(scored):
     assert sorted(preds["key"]) == sorted(scored["probs"])
 
 
-def test_rerun_skips_same_weights_and_reruns_new_weights(scored, tmp_path, caplog):
+def test_rerun_skips_same_weights_and_reruns_new_weights(scored, tmp_path, caplog, cli):
     from safetensors.torch import load_file, save_file
 
     base = ["eval", "--release", str(scored["root"]), "--model", "test_vit", "--output", str(scored["out"])]
@@ -270,7 +262,7 @@ def test_rerun_skips_same_weights_and_reruns_new_weights(scored, tmp_path, caplo
     opts = ["--workers", "0", "--batch-size", "3", "--bootstrap", str(BOOT), "--no-insights", "--no-report"]
     results_file = scored["out"] / REL / scored["slug"] / "results.json"
     before = results_file.stat().st_mtime_ns
-    args = parse([*base, "--checkpoint", str(scored["ckpt"]), *opts])
+    args = cli.parse([*base, "--checkpoint", str(scored["ckpt"]), *opts])
     caplog.set_level("INFO")
     assert args.func(args) == 0
     assert results_file.stat().st_mtime_ns == before
@@ -280,18 +272,18 @@ def test_rerun_skips_same_weights_and_reruns_new_weights(scored, tmp_path, caplo
     state["head.bias"] = state["head.bias"] + 1.0
     other = tmp_path / "other.safetensors"
     save_file(state, str(other))
-    args = parse([*base, "--checkpoint", str(other), *opts])
+    args = cli.parse([*base, "--checkpoint", str(other), *opts])
     assert args.func(args) == 0
     new = json.loads((scored["out"] / REL / ModelSpec("test_vit", checkpoint=other).slug / "results.json").read_text())
     assert new["model"]["weights"]["id"] != scored["results"]["model"]["weights"]["id"]
 
 
-def test_label_space_mismatch_errors_and_class_map_scores(scored, tmp_path):
+def test_label_space_mismatch_errors_and_class_map_scores(scored, tmp_path, cli):
     out = tmp_path / "out"
     common = ["--release", str(scored["root"]), "--output", str(out), "--no-pretrained", "--workers", "0"]
     common += ["--bootstrap", "0", "--no-insights", "--no-report"]
     # test_vit has 1000 outputs, the release 4 labels: an error row, and the run exits 1
-    args = parse(["eval", "--model", "test_vit", *common])
+    args = cli.parse(["eval", "--model", "test_vit", *common])
     assert args.func(args) == 1
     error = json.loads((out / REL / "test_vit__random" / "results.json").read_text())
     assert error["status"] == "error" and "--class-map" in error["error"] and "1000" in error["error"]
@@ -367,18 +359,18 @@ def test_model_name_expansion(tmp_path):
         expand_model_names(["no_such_arch_*"], pretrained=False)
 
 
-def test_bad_values_raise_value_error(scored, tmp_path):
+def test_bad_values_raise_value_error(scored, tmp_path, cli):
     base = ["eval", "--release", str(scored["root"]), "--model", "resnet10t", "--output", str(tmp_path)]
     with pytest.raises(ValueError, match="--batch-size"):
-        args = parse([*base, "--batch-size", "0"])
+        args = cli.parse([*base, "--batch-size", "0"])
         args.func(args)
     bad = tmp_path / "weights.pt"
     bad.write_bytes(b"x")
     with pytest.raises(ValueError, match="safetensors"):
-        args = parse([*base, "--checkpoint", str(bad)])
+        args = cli.parse([*base, "--checkpoint", str(bad)])
         args.func(args)
     with pytest.raises(ValueError, match="neither an existing directory"):
-        args = parse(
+        args = cli.parse(
             ["eval", "--release", str(tmp_path / "missing"), "--model", "resnet10t", "--output", str(tmp_path)]
         )
         args.func(args)
@@ -505,7 +497,7 @@ def test_without_the_insight_model_eval_scores_and_ranks_saying_insights_were_sk
     assert again["options"]["insights"] is False and again["metrics"] == results["metrics"]
 
 
-def test_random_weights_are_seeded_and_a_new_class_map_is_rescored(scored, tmp_path, caplog):
+def test_random_weights_are_seeded_and_a_new_class_map_is_rescored(scored, tmp_path, caplog, cli):
     """--no-pretrained draws its weights from --seed (two runs agree, another seed differs); re-running with another
     --class-map scores again instead of keeping results computed with the old map."""
     import pandas as pd
@@ -517,7 +509,7 @@ def test_random_weights_are_seeded_and_a_new_class_map_is_rescored(scored, tmp_p
     map_b.write_text("8\n99\n3\n512\n")
 
     def run(out: Path, *extra: str) -> tuple[dict, pd.DataFrame]:
-        args = parse(["eval", *common, "--output", str(out), *extra])
+        args = cli.parse(["eval", *common, "--output", str(out), *extra])
         assert args.func(args) == 0
         directory = out / REL / "test_vit__random"
         preds = pd.read_parquet(directory / "predictions.parquet").sort_values(["config", "key"])
@@ -550,25 +542,11 @@ def test_class_map_with_a_non_integer_entry_names_the_file(scored, tmp_path):
         load_class_map(bad_json, 2)
 
 
-def test_unknown_hub_release_or_revision_is_a_clear_error(tmp_path, monkeypatch):
+def test_unknown_hub_release_or_revision_is_a_clear_error(hub_env):
     """Against the Hub double over HTTP: a missing dataset or tag is a ValueError naming it, not a traceback."""
-    import os
-
-    from hub_double import HubDouble
-    from huggingface_hub import constants
-
-    hub = HubDouble(tmp_path / "hub").start()
-    try:
-        for key in [k for k in os.environ if k.lower().endswith("_proxy")]:
-            monkeypatch.delenv(key)
-        monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-        monkeypatch.setenv("HF_ENDPOINT", hub.url)  # read when the release is opened
-        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-        with pytest.raises(ValueError, match=r"'lance-org/missing'.*does not exist"):
-            open_release("lance-org/missing@v1.0.0")
-        hub.create("datasets", "lance-org/present")
-        with pytest.raises(ValueError, match=r"'lance-org/present'.*no revision 'v9.9.9'"):
-            open_release("lance-org/present@v9.9.9")
-    finally:
-        hub.stop()
+    hub = hub_env  # HF_ENDPOINT is read when the release is opened
+    with pytest.raises(ValueError, match=r"'lance-org/missing'.*does not exist"):
+        open_release("lance-org/missing@v1.0.0")
+    hub.create("datasets", "lance-org/present")
+    with pytest.raises(ValueError, match=r"'lance-org/present'.*no revision 'v9.9.9'"):
+        open_release("lance-org/present@v9.9.9")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -15,7 +14,6 @@ import pytest
 from PIL import Image
 from release_fixture import write_release
 
-from evaluation import cli
 from evaluation.leaderboard import TIMM_COLUMNS
 from lance_pipeline.tiny.clip_components import create_tiny_open_clip
 
@@ -24,14 +22,8 @@ pytestmark = pytest.mark.e2e  # CLI runs, leaderboards and a headless browser
 MODELS = ["test_vit", "test_efficientnet"]
 
 
-def parse(argv):
-    parser = argparse.ArgumentParser()
-    cli.register(parser.add_subparsers())
-    return parser.parse_args(argv)
-
-
 @pytest.fixture(scope="module")
-def evaluated(tmp_path_factory):
+def evaluated(tmp_path_factory, cli):
     base = tmp_path_factory.mktemp("outputs")
     root = write_release(base / "release", originals_per_class=1, edits_per_original=3)
     clip = create_tiny_open_clip(base / "clip")
@@ -40,10 +32,10 @@ def evaluated(tmp_path_factory):
     argv += ["--bootstrap", "100", "--clip-model", str(clip), "--clusters", "2", "--gallery-size", "4"]
     for model in [*MODELS, "definitely_not_a_model"]:
         argv += ["--model", model]
-    args = parse(argv)
+    args = cli.parse(argv)
     assert args.func(args) == 1  # one model failed; the others were still evaluated
     lb_out = base / "leaderboard"
-    args = parse(["leaderboard", str(out), "--output", str(lb_out)])
+    args = cli.parse(["leaderboard", str(out), "--output", str(lb_out)])
     assert args.func(args) == 0
     return {"root": root, "out": out / "lance-fixture", "lb": lb_out}  # eval writes under OUTPUT/<release>/
 
@@ -164,10 +156,10 @@ def test_report_renders_its_images_in_a_headless_browser(evaluated, tmp_path):
     assert not broken, f"images that did not render: {broken}"
 
 
-def test_leaderboard_of_overlapping_directories_lists_each_model_once(evaluated, tmp_path):
+def test_leaderboard_of_overlapping_directories_lists_each_model_once(evaluated, tmp_path, cli):
     model_dir = evaluated["out"] / f"{MODELS[0]}__random"
     paths = [str(evaluated["out"]), str(model_dir), str(model_dir / "results.json")]
-    args = parse(["leaderboard", *paths, "--output", str(tmp_path)])
+    args = cli.parse(["leaderboard", *paths, "--output", str(tmp_path)])
     assert args.func(args) == 0
     df = pd.read_csv(tmp_path / "leaderboard.csv")
     assert sorted(df["model"]) == sorted([*MODELS, "definitely_not_a_model"])

@@ -362,7 +362,6 @@ def test_card_of_a_demo_star_build_lists_shifts_thresholds_and_yields(releases, 
 
 
 # ---------------------------------------------------------------------------------------------------- push tokens
-HUB_TOKEN = "hf_double_secret_token_stareval_7"
 LOAD_TOKEN_SCRIPT = """
 import json, sys
 from diffusers import StableDiffusionPipeline
@@ -376,16 +375,14 @@ print("RESULT" + json.dumps(row.detach().tolist()))
 
 @pytest.mark.e2e
 def test_learn_tokens_push_to_hub_holds_tokens_index_and_card_and_loads_in_diffusers(
-    tiny_sd_dir, tmp_path, monkeypatch, capsys, single_thread_torch
+    tiny_sd_dir, tmp_path, capsys, single_thread_torch, hub_env
 ):
-    import os
     import subprocess
     import sys
 
     import torch
     from builder_helpers import make_imagefolder
-    from hub_double import HubDouble
-    from huggingface_hub import constants
+    from hub_double import client_env
 
     from builder.cli import main
     from lance_pipeline.interfaces.textual_inversion import load_token
@@ -396,61 +393,49 @@ def test_learn_tokens_push_to_hub_holds_tokens_index_and_card_and_loads_in_diffu
            "--model", str(tiny_sd_dir), "--no-progress", "--push-to-hub", "not a repo"]  # fmt: skip
     assert main(bad) == 2 and not out.exists()  # refused before any training, naming the option
     assert "--push-to-hub 'not a repo'" in capsys.readouterr().err
-    hub = HubDouble(tmp_path / "hub", token=HUB_TOKEN).start()
-    try:
-        monkeypatch.setenv("HF_ENDPOINT", hub.url)
-        monkeypatch.setenv("HF_TOKEN", HUB_TOKEN)
-        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home_pusher"))
-        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-        monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
-        monkeypatch.setattr(constants, "HF_HUB_DISABLE_PROGRESS_BARS", True)
-        args = ["interfaces", "learn-tokens", "--source", f"imagefolder:{photos}", "--output", str(out),
-                "--model", str(tiny_sd_dir), "--steps", "2", "--resolution", "32", "--no-progress", "--device", "cpu",
-                "--push-to-hub", "org/star-tokens"]  # fmt: skip
-        assert main(args) == 0
-        files = hub.entries("models", "org/star-tokens", hub.resolve("models", "org/star-tokens", "main"))
-        assert {"0.safetensors", "1.safetensors", "tokens.json", "README.md"} <= set(files)
-        assert not any(name.startswith(".hub") for name in files)
-        for label in ("0", "1"):
-            assert (
-                hub.read_file("models", "org/star-tokens", files[f"{label}.safetensors"])
-                == (out / f"{label}.safetensors").read_bytes()
-            )
-        index = json.loads(hub.read_file("models", "org/star-tokens", files["tokens.json"]))
-        card = hub.read_file("models", "org/star-tokens", files["README.md"]).decode()
-        assert {info["token"] for info in index["classes"].values()} == {"<tench-0>", "<goldfish-1>"}
-        assert "<tench-0>" in card and "<goldfish-1>" in card and "library_name: diffusers" in card
-        # nothing of this machine is published: the local model directory goes by its name only
-        for published in (json.dumps(index), card):
-            assert str(tmp_path) not in published and str(tiny_sd_dir) not in published
-        assert index["options"]["model"] == Path(tiny_sd_dir).name
-        assert json.loads((out / "tokens.json").read_text())["options"]["model"] == str(tiny_sd_dir)  # resume key kept
-        capsys.readouterr()
+    hub = hub_env
+    args = ["interfaces", "learn-tokens", "--source", f"imagefolder:{photos}", "--output", str(out),
+            "--model", str(tiny_sd_dir), "--steps", "2", "--resolution", "32", "--no-progress", "--device", "cpu",
+            "--push-to-hub", "org/star-tokens"]  # fmt: skip
+    assert main(args) == 0
+    files = hub.entries("models", "org/star-tokens", hub.resolve("models", "org/star-tokens", "main"))
+    assert {"0.safetensors", "1.safetensors", "tokens.json", "README.md"} <= set(files)
+    assert not any(name.startswith(".hub") for name in files)
+    for label in ("0", "1"):
+        assert (
+            hub.read_file("models", "org/star-tokens", files[f"{label}.safetensors"])
+            == (out / f"{label}.safetensors").read_bytes()
+        )
+    index = json.loads(hub.read_file("models", "org/star-tokens", files["tokens.json"]))
+    card = hub.read_file("models", "org/star-tokens", files["README.md"]).decode()
+    assert {info["token"] for info in index["classes"].values()} == {"<tench-0>", "<goldfish-1>"}
+    assert "<tench-0>" in card and "<goldfish-1>" in card and "library_name: diffusers" in card
+    # nothing of this machine is published: the local model directory goes by its name only
+    for published in (json.dumps(index), card):
+        assert str(tmp_path) not in published and str(tiny_sd_dir) not in published
+    assert index["options"]["model"] == Path(tiny_sd_dir).name
+    assert json.loads((out / "tokens.json").read_text())["options"]["model"] == str(tiny_sd_dir)  # resume key kept
+    capsys.readouterr()
 
-        # A lost index is rebuilt from the token files: the push holds every learned token, never "pushed 0".
-        (out / "tokens.json").unlink()
-        assert main([*args[:-1], "org/star-tokens-2"]) == 0
-        assert "pushed 2 token(s)" in capsys.readouterr().out
-        pushed = hub.entries("models", "org/star-tokens-2", hub.resolve("models", "org/star-tokens-2", "main"))
-        assert {"0.safetensors", "1.safetensors", "tokens.json"} <= set(pushed)
-        # An index that lists fewer tokens than the folder holds is never pushed.
-        from builder.interfaces.cli import push_tokens
+    # A lost index is rebuilt from the token files: the push holds every learned token, never "pushed 0".
+    (out / "tokens.json").unlink()
+    assert main([*args[:-1], "org/star-tokens-2"]) == 0
+    assert "pushed 2 token(s)" in capsys.readouterr().out
+    pushed = hub.entries("models", "org/star-tokens-2", hub.resolve("models", "org/star-tokens-2", "main"))
+    assert {"0.safetensors", "1.safetensors", "tokens.json"} <= set(pushed)
+    # An index that lists fewer tokens than the folder holds is never pushed.
+    from builder.interfaces.cli import push_tokens
 
-        short = json.loads((out / "tokens.json").read_text())
-        del short["classes"]["1"]
-        requests = len(hub.log)
-        with pytest.raises(ValueError, match=r"holds 2 learned token\(s\) but the push would publish 1 \(left out: 1"):
-            push_tokens(out, "org/star-tokens-3", short)
-        assert len(hub.log) == requests  # refused before any request
+    short = json.loads((out / "tokens.json").read_text())
+    del short["classes"]["1"]
+    requests = len(hub.log)
+    with pytest.raises(ValueError, match=r"holds 2 learned token\(s\) but the push would publish 1 \(left out: 1"):
+        push_tokens(out, "org/star-tokens-3", short)
+    assert len(hub.log) == requests  # refused before any request
 
-        env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy") and not k.startswith("HF_")}
-        env.update(HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf_home_reader"), HF_HUB_OFFLINE="0",
-                   HF_HUB_DISABLE_XET="1", HF_HUB_DISABLE_TELEMETRY="1", NO_PROXY="127.0.0.1,localhost",
-                   OMP_NUM_THREADS="1")  # fmt: skip
-        script = [sys.executable, "-c", LOAD_TOKEN_SCRIPT, str(tiny_sd_dir), "org/star-tokens", "1.safetensors"]
-        proc = subprocess.run([*script, "<goldfish-1>"], env=env, capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        row = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))[len("RESULT") :])
-        assert torch.equal(torch.tensor(row, dtype=torch.float32), load_token(out / "1.safetensors")[1].float())
-    finally:
-        hub.stop()
+    env = client_env(hub.url, tmp_path / "hf_home_reader")
+    script = [sys.executable, "-c", LOAD_TOKEN_SCRIPT, str(tiny_sd_dir), "org/star-tokens", "1.safetensors"]
+    proc = subprocess.run([*script, "<goldfish-1>"], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    row = json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT"))[len("RESULT") :])
+    assert torch.equal(torch.tensor(row, dtype=torch.float32), load_token(out / "1.safetensors")[1].float())

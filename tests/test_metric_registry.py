@@ -6,7 +6,6 @@ with its version; selection, unknown names, the declared contract and the docs t
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -17,7 +16,6 @@ import pandas as pd
 import pytest
 from release_fixture import write_release
 
-from evaluation import cli
 from evaluation.leaderboard import leaderboard_markdown
 from evaluation.metric_registry import (
     METRICS,
@@ -97,13 +95,7 @@ def fake_rows(seed: int = 0, sources: int = 12) -> list[dict]:
     return rows
 
 
-def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    cli.register(parser.add_subparsers())
-    return parser.parse_args(argv)
-
-
-def test_a_metric_registered_from_a_test_is_computed_by_eval_and_recorded(registered, tmp_path):
+def test_a_metric_registered_from_a_test_is_computed_by_eval_and_recorded(registered, tmp_path, cli):
     from evaluation.harness import EvalOptions, is_done, results_path
     from evaluation.models import ModelSpec
     from evaluation.release_reader import open_release
@@ -115,7 +107,7 @@ def test_a_metric_registered_from_a_test_is_computed_by_eval_and_recorded(regist
     argv += ["--workers", "0", "--bootstrap", "0", "--no-report"]
     # insights are a metric too: not selected, so their CLIP model (here one that does not exist) is never loaded
     argv += ["--clip-model", str(tmp_path / "no-such-clip")]
-    args = parse([*argv, "--metrics", "worst_class_accuracy,flip_rate"])
+    args = cli.parse([*argv, "--metrics", "worst_class_accuracy,flip_rate"])
     assert args.func(args) == 0
     path = results_path(out / release.name, ModelSpec("test_vit", pretrained=False))
     results = json.loads(path.read_text())
@@ -191,12 +183,12 @@ def test_a_registered_metric_reaches_results_leaderboard_card_report_and_publish
         assert rows[config]["worst_class_acc1"] == results["metrics"][config]["worst_class_acc1"]
 
 
-def test_unknown_metric_is_one_line_with_did_you_mean_before_anything_runs(tmp_path):
+def test_unknown_metric_is_one_line_with_did_you_mean_before_anything_runs(tmp_path, cli):
     with pytest.raises(ValueError, match=r"unknown metric 'flip_rat'.*did you mean 'flip_rate'") as error:
         parse_metric_names("accuracy,flip_rat")
     assert "\n" not in str(error.value)
     argv = ["eval", "--release", str(tmp_path / "none"), "--model", "x", "--output", str(tmp_path / "o")]
-    args = parse([*argv, "--metrics", "acuracy"])
+    args = cli.parse([*argv, "--metrics", "acuracy"])
     with pytest.raises(ValueError, match="did you mean 'accuracy'"):
         args.func(args)
     assert not (tmp_path / "o").exists()

@@ -14,13 +14,12 @@ from pathlib import Path
 
 import pytest
 from builder_helpers import REPO, make_imagefolder, write_config
-from hub_double import HubDouble
+from hub_double import TOKEN, HubDouble
 
 from builder.cli import main
 from lance_pipeline.models import hub_cache
 from lance_pipeline.models.needs import TRANSFORMERS_FILES, open_clip_weights, select_files
 
-TOKEN = "hf_models_double_token_0123456789"
 STAGE = "tests.fake_stages:HubModelCaptionStage"
 
 
@@ -44,11 +43,11 @@ NEEDED = select_files(list(TINY_LM), TRANSFORMERS_FILES)
 
 
 @pytest.fixture
-def hub(tmp_path, monkeypatch):
-    double = HubDouble(tmp_path / "hub", token=TOKEN, gate_reads=True).start()
-    _point_at(monkeypatch, tmp_path, double.url)
-    yield double
-    double.stop()
+def hub(hub, tmp_path, monkeypatch):
+    """The shared double (tests/conftest.py), serving a gated repo's files only to its token, as the Hub does."""
+    hub.gate_reads = True
+    _point_at(monkeypatch, tmp_path, hub.url)
+    return hub
 
 
 def _point_at(monkeypatch, tmp_path: Path, url: str) -> None:

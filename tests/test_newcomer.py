@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 from builder_helpers import REPO
+from hub_double import TOKEN
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-TOKEN = "hf_newcomer_double_token_0123456789"
 
 
 def readme_blocks(section: str) -> list[list[str]]:
@@ -63,9 +62,7 @@ def push_timm_weights(hub, name: str, tmp: Path) -> None:
         constants.HF_HUB_DISABLE_XET, constants.HF_HUB_OFFLINE = before
 
 
-def test_the_readme_first_steps_and_every_next_command_run(tmp_path):
-    from hub_double import HubDouble
-
+def test_the_readme_first_steps_and_every_next_command_run(tmp_path, hub):
     clone = fresh_copy(tmp_path / "lance-counterfactuals")
     # `make setup` creates .venv and installs the package (minutes, and the network): the environment this suite
     # runs in stands for it; the fresh copy's code is what runs (PYTHONPATH).
@@ -102,16 +99,12 @@ def test_the_readme_first_steps_and_every_next_command_run(tmp_path):
             next_commands.append(line.strip()[len("next: ") :])
     assert next_commands, printed
 
-    hub = HubDouble(tmp_path / "hub", token=TOKEN).start()
-    try:
-        for command in next_commands:
-            words = shlex.split(command)
-            online = {}
-            if words[:2] == ["lance-cf", "eval"]:  # its classifier's weights come from the Hub: the double has them
-                for i, word in enumerate(words):
-                    if word == "--model":
-                        push_timm_weights(hub, words[i + 1], tmp_path)
-                online = {"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_XET": "1"}
-            run(command, **online)
-    finally:
-        hub.stop()
+    for command in next_commands:
+        words = shlex.split(command)
+        online = {}
+        if words[:2] == ["lance-cf", "eval"]:  # its classifier's weights come from the Hub: the double has them
+            for i, word in enumerate(words):
+                if word == "--model":
+                    push_timm_weights(hub, words[i + 1], tmp_path)
+            online = {"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_XET": "1"}
+        run(command, **online)

@@ -7,18 +7,16 @@ Git-LFS batch path the double implements). ``datasets.load_dataset("ORG/NAME", .
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from hub_double import HubDouble
+from hub_double import TOKEN, HubDouble, client_env
 from publish_fixture import make_release, make_results
 
 from builder import release_format as rf
@@ -29,7 +27,6 @@ from dataset_cards import render_release_card
 pytestmark = pytest.mark.e2e  # real HTTP against the local Hub double
 
 ROOT = Path(__file__).resolve().parents[1]
-TOKEN = "hf_double_secret_token_0123456789"
 REPO = "lance-org/lance-demo"
 
 LOAD_SCRIPT = r"""
@@ -78,7 +75,7 @@ def split_card(text: str) -> tuple[dict, str]:
 def load_leaderboard_over_http(hub: HubDouble, tmp_path: Path) -> list[dict]:
     proc = subprocess.run(
         [sys.executable, "-c", LEADERBOARD_SCRIPT, REPO],
-        env=_client_env(hub, tmp_path),
+        env=client_env(hub.url, tmp_path / "hf_home"),
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -86,29 +83,12 @@ def load_leaderboard_over_http(hub: HubDouble, tmp_path: Path) -> list[dict]:
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT"))
     return json.loads(line[len("RESULT") :])
-
-
-def _client_env(hub: HubDouble, tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy") and not k.startswith("HF_")}
-    env.update(
-        HF_ENDPOINT=hub.url,
-        HF_HOME=str(tmp_path / "hf_home"),
-        HF_HUB_OFFLINE="0",
-        HF_DATASETS_OFFLINE="0",
-        HF_UPDATE_DOWNLOAD_COUNTS="0",
-        HF_HUB_DISABLE_TELEMETRY="1",
-        HF_HUB_DISABLE_XET="1",
-        HF_HUB_DISABLE_PROGRESS_BARS="1",
-        NO_PROXY="127.0.0.1,localhost",
-        PYTHONPATH=str(ROOT),
-    )
-    return env
 
 
 def load_over_http(hub: HubDouble, tmp_path: Path, *specs: str) -> list[dict]:
     proc = subprocess.run(
         [sys.executable, "-c", LOAD_SCRIPT, *specs],
-        env=_client_env(hub, tmp_path),
+        env=client_env(hub.url, tmp_path / "hf_home"),
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -116,30 +96,6 @@ def load_over_http(hub: HubDouble, tmp_path: Path, *specs: str) -> list[dict]:
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT"))
     return json.loads(line[len("RESULT") :])
-
-
-@pytest.fixture
-def hub(tmp_path):
-    double = HubDouble(tmp_path / "hub", token=TOKEN).start()
-    yield double
-    double.stop()
-
-
-@pytest.fixture
-def hub_env(hub, monkeypatch, tmp_path):
-    """Point this process's huggingface_hub at the double (endpoint read at call time, LFS path, token from env)."""
-    from huggingface_hub import constants
-
-    for key in [k for k in os.environ if k.lower().endswith("_proxy")]:
-        monkeypatch.delenv(key)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    monkeypatch.setenv("HF_ENDPOINT", hub.url)
-    monkeypatch.setenv("HF_TOKEN", TOKEN)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home_publisher"))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_PROGRESS_BARS", True)
-    return hub
 
 
 def built_release(tmp_path: Path, version: str, classes: list[str], per_class: int) -> tuple[Path, dict]:
@@ -194,14 +150,9 @@ def count(hub: HubDouble, method: str, fragment: str, status: int | None = None)
     return sum(1 for m, p, s in hub.log if m == method and fragment in p and (status is None or s == status))
 
 
-def test_dry_run_prints_plan_and_touches_no_network(hub_env, tmp_path, capsys):
-    from builder.cli_publish import register
-
+def test_dry_run_prints_plan_and_touches_no_network(hub_env, tmp_path, capsys, cli):
     release_dir, manifest = release(tmp_path)
-    parser = argparse.ArgumentParser()
-    register(parser.add_subparsers())
-    args = parser.parse_args(["publish", str(release_dir), "--repo-id", REPO, "--dry-run"])
-    assert args.func(args) == 0
+    assert cli("publish", str(release_dir), "--repo-id", REPO, "--dry-run") == 0
     out = capsys.readouterr().out
     assert hub_env.log == []  # not a single request
     plan = plan_release(release_dir, REPO)
@@ -292,8 +243,7 @@ def test_interrupted_publish_resumes_without_duplicates(hub_env, tmp_path):
     lfs_files |= {hashlib.sha256(p.read_bytes()).hexdigest() for p in (release_dir / rf.INDEX_DIR).glob("*.parquet")}
     # The server stops answering large-file uploads after two; the publishing process is then killed.
     hub.faults.hold_lfs_after = 2
-    env = _client_env(hub, tmp_path)
-    env["HF_TOKEN"] = TOKEN
+    env = client_env(hub.url, tmp_path / "hf_home", HF_TOKEN=TOKEN)
     script = "import sys; from builder.publish import publish_release; publish_release(sys.argv[1], sys.argv[2])"
     proc = subprocess.Popen([sys.executable, "-c", script, str(release_dir), REPO], env=env, cwd=ROOT)
     try:
@@ -346,9 +296,7 @@ def test_release_failing_verification_is_not_published(hub_env, tmp_path):
     assert hub_env.log == []
 
 
-def test_publish_results_adds_leaderboard_without_moving_tags(hub_env, tmp_path, capsys):
-    from evaluation.cli_publish import register
-
+def test_publish_results_adds_leaderboard_without_moving_tags(hub_env, tmp_path, capsys, cli):
     hub = hub_env
     release_dir, manifest = release(tmp_path)
     publish_release(release_dir, REPO)
@@ -363,13 +311,7 @@ def test_publish_results_adds_leaderboard_without_moving_tags(hub_env, tmp_path,
         (results_dir / slug / "results.json").write_text(json.dumps(result))
     (results_dir / "run-config.json").write_text(json.dumps({"batch_size": 64}))  # not a results file: ignored
 
-    def parse_cli(argv: list[str]) -> argparse.Namespace:
-        parser = argparse.ArgumentParser()
-        register(parser.add_subparsers())
-        return parser.parse_args(argv)
-
-    args = parse_cli(["publish-results", str(results_dir), "--repo-id", REPO])
-    assert args.func(args) == 0
+    assert cli("publish-results", str(results_dir), "--repo-id", REPO) == 0
     out = capsys.readouterr().out
     assert "results/v1.0.0/resnet18.json" in out and "results/v1.0.0/hf-hub-org_vit_tiny.json" in out
 
@@ -430,7 +372,7 @@ def test_publish_results_adds_leaderboard_without_moving_tags(hub_env, tmp_path,
 
     # Re-running with the same results is a no-op: no new commit.
     commits = len(hub.commits("datasets", REPO))
-    assert args.func(args) == 0
+    assert cli("publish-results", str(results_dir), "--repo-id", REPO) == 0
     assert len(hub.commits("datasets", REPO)) == commits
 
     # Results computed on other data, or on a version never published here, are refused and nothing is written.
@@ -442,35 +384,26 @@ def test_publish_results_adds_leaderboard_without_moving_tags(hub_env, tmp_path,
         other = tmp_path / f"stray-{message.split()[-1]}" / "results.json"
         other.parent.mkdir()
         other.write_text(json.dumps({**stray, "release": {**stray["release"], **release_fields}}))
-        args = parse_cli(["publish-results", str(other.parent), "--repo-id", REPO])
-        assert args.func(args) == 1
+        assert cli("publish-results", str(other.parent), "--repo-id", REPO) == 1
         assert message in capsys.readouterr().err
     assert len(hub.commits("datasets", REPO)) == commits
 
 
-def test_refused_token_is_one_clear_line_without_the_token(hub_env, tmp_path, monkeypatch, capsys):
-    from builder.cli_publish import register
-
+def test_refused_token_is_one_clear_line_without_the_token(hub_env, tmp_path, monkeypatch, capsys, cli):
     release_dir, _ = release(tmp_path)
     wrong = "hf_wrong_token_never_printed_42"
     monkeypatch.setenv("HF_TOKEN", wrong)
-    parser = argparse.ArgumentParser()
-    register(parser.add_subparsers())
-    args = parser.parse_args(["publish", str(release_dir), "--repo-id", REPO])
-    assert args.func(args) == 1
+    assert cli("publish", str(release_dir), "--repo-id", REPO) == 1
     err = capsys.readouterr().err
     assert "401" in err and "HF_TOKEN" in err and hub_env.url in err
     assert "Traceback" not in err and wrong not in err
     assert not hub_env.exists("datasets", REPO)  # refused before anything was created
 
 
-def test_real_eval_of_the_hub_release_publishes_to_its_leaderboard(hub_env, tmp_path, monkeypatch):
+def test_real_eval_of_the_hub_release_publishes_to_its_leaderboard(hub_env, tmp_path, monkeypatch, cli):
     """The whole chain over HTTP: builder release -> publish -> `lance-cf eval --release ORG/NAME@v1.0.0` (downloaded
     from the double) -> `publish-results` of that real output -> the card's leaderboard on main, tags unmoved."""
     from huggingface_hub import constants
-
-    from evaluation.cli import register as register_eval
-    from evaluation.cli_publish import register as register_publish
 
     hub = hub_env
     release_dir, manifest = built_release(tmp_path, "1.0.0", ["cat", "dog", "zebra"], per_class=2)
@@ -482,17 +415,26 @@ def test_real_eval_of_the_hub_release_publishes_to_its_leaderboard(hub_env, tmp_
         constants, "HUGGINGFACE_CO_URL_TEMPLATE", "http://127.0.0.1:9/{repo_id}/resolve/{revision}/{filename}"
     )
 
-    parser = argparse.ArgumentParser()
-    register_eval(parser.add_subparsers())
-    register_publish(parser._subparsers._group_actions[0])
     class_map = tmp_path / "map.txt"
     class_map.write_text("0\n1\n2\n")
     out = tmp_path / "eval-out"
-    args = parser.parse_args(
-        ["eval", "--release", f"{REPO}@v1.0.0", "--model", "test_vit", "--no-pretrained", "--class-map"]
-        + [str(class_map), "--workers", "0", "--bootstrap", "0", "--no-insights", "--no-report", "--output", str(out)]
+    assert (
+        cli(
+            *["eval", "--release", f"{REPO}@v1.0.0", "--model", "test_vit", "--no-pretrained", "--class-map"],
+            *[
+                str(class_map),
+                "--workers",
+                "0",
+                "--bootstrap",
+                "0",
+                "--no-insights",
+                "--no-report",
+                "--output",
+                str(out),
+            ],
+        )
+        == 0
     )
-    assert args.func(args) == 0
     result = json.loads((out / manifest["name"] / "test_vit__random" / "results.json").read_text())
     assert result["release"]["revision"] == "v1.0.0"
     assert result["release"]["manifest_sha256"] == manifest["manifest_sha256"]
@@ -500,8 +442,7 @@ def test_real_eval_of_the_hub_release_publishes_to_its_leaderboard(hub_env, tmp_
         c: manifest["counts"][c]["total"] for c in manifest["configs"]
     }
 
-    args = parser.parse_args(["publish-results", str(out), "--repo-id", REPO])
-    assert args.func(args) == 0
+    assert cli("publish-results", str(out), "--repo-id", REPO) == 0
     assert hub.refs("datasets", REPO)["tags"] == tags_before
     main = hub.entries("datasets", REPO, "main")
     assert json.loads(hub.read_file("datasets", REPO, main["results/v1.0.0/test_vit__random.json"])) == result

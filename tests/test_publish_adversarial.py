@@ -7,7 +7,6 @@ checked on the double's request log and its git repositories.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -18,9 +17,9 @@ from pathlib import Path
 
 import pytest
 from builder_helpers import lock_held_by_another_process
-from hub_double import HubDouble
+from hub_double import TOKEN, HubDouble, client_env
 from publish_fixture import make_release, make_results
-from test_publish import REPO, ROOT, TOKEN, _client_env, release, release_files
+from test_publish import REPO, ROOT, release, release_files
 
 from builder import release_format as rf
 from builder.publish import plan_release, publish_release
@@ -37,41 +36,6 @@ pytestmark = pytest.mark.e2e  # publishes over real HTTP against the local Hub d
 SECRET_TOKEN = "hf_private_token_in_a_dotenv_file_987"
 PRIVATE_KEY = b"-----BEGIN OPENSSH PRIVATE KEY-----\nnot-a-real-key-but-private-4242\n"
 ENDPOINT_PASSWORD = "endpoint-password-1729"
-
-
-@pytest.fixture
-def hub(tmp_path):
-    double = HubDouble(tmp_path / "hub", token=TOKEN).start()
-    yield double
-    double.stop()
-
-
-@pytest.fixture
-def hub_env(hub, monkeypatch, tmp_path):
-    from huggingface_hub import constants
-
-    for key in [k for k in os.environ if k.lower().endswith("_proxy")]:
-        monkeypatch.delenv(key)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    monkeypatch.setenv("HF_ENDPOINT", hub.url)
-    monkeypatch.setenv("HF_TOKEN", TOKEN)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home_publisher"))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_PROGRESS_BARS", True)
-    return hub
-
-
-def cli(*argv: str) -> int:
-    from builder.cli_publish import register
-    from evaluation.cli_publish import register as register_results
-
-    parser = argparse.ArgumentParser()
-    subparsers = parser.add_subparsers()
-    register(subparsers)
-    register_results(subparsers)
-    args = parser.parse_args(list(argv))
-    return args.func(args)
 
 
 def add_strays(release_dir: Path, outside: Path) -> None:
@@ -108,7 +72,7 @@ def expected_upload(manifest: dict) -> set[str]:
 
 
 # ------------------------------------------------------------------------------------ 1. only what the manifest lists
-def test_stray_files_and_links_never_reach_the_plan_or_the_hub(hub_env, tmp_path, capsys):
+def test_stray_files_and_links_never_reach_the_plan_or_the_hub(hub_env, tmp_path, capsys, cli):
     hub = hub_env
     release_dir, manifest = release(tmp_path)
     add_strays(release_dir, tmp_path / "home" / ".ssh")
@@ -175,7 +139,7 @@ def test_listed_file_behind_a_link_or_outside_the_release_is_refused(hub_env, tm
     assert hub.log == []
 
 
-def test_machine_paths_are_not_published(hub_env, tmp_path, capsys):
+def test_machine_paths_are_not_published(hub_env, tmp_path, capsys, cli):
     hub = hub_env
     release_dir, manifest = make_release(tmp_path / "r", source_spec="imagefolder:/home/alice/photos")
     render_release_card(release_dir, manifest, repo_id=REPO)
@@ -188,7 +152,7 @@ def test_machine_paths_are_not_published(hub_env, tmp_path, capsys):
     assert publish_release(release_dir, REPO, allow_local_paths=True).tag == "v1.0.0"
 
 
-def test_the_token_is_never_published(hub_env, tmp_path, capsys):
+def test_the_token_is_never_published(hub_env, tmp_path, capsys, cli):
     """The token a publish uploads with, found in the manifest or in a results JSON, stops it (never printed)."""
     hub = hub_env
     release_dir, manifest = make_release(tmp_path / "r", source_spec=f"hf:user/data?token={TOKEN}")
@@ -244,7 +208,7 @@ def test_redact_url():
     assert redact_url(text) == "GET http://***@h:1/a and https://***@hub.example.org/x, not mailto a@b or http://h/p@x"
 
 
-def test_endpoint_credentials_never_printed(hub_env, tmp_path, monkeypatch, capsys, caplog):
+def test_endpoint_credentials_never_printed(hub_env, tmp_path, monkeypatch, capsys, caplog, cli):
     import logging
 
     hub = hub_env
@@ -268,7 +232,7 @@ def test_endpoint_credentials_never_printed(hub_env, tmp_path, monkeypatch, caps
     assert not hub.exists("datasets", REPO)
 
 
-def test_offline_mode_is_one_line_and_the_dry_run_still_works(hub_env, tmp_path, monkeypatch, capsys):
+def test_offline_mode_is_one_line_and_the_dry_run_still_works(hub_env, tmp_path, monkeypatch, capsys, cli):
     from huggingface_hub import constants
 
     release_dir, _ = release(tmp_path)
@@ -282,7 +246,7 @@ def test_offline_mode_is_one_line_and_the_dry_run_still_works(hub_env, tmp_path,
 
 
 # ---------------------------------------------------------------------- 2. releases load_dataset could not open
-def test_empty_required_config_is_refused_before_any_remote_change(hub_env, tmp_path, capsys):
+def test_empty_required_config_is_refused_before_any_remote_change(hub_env, tmp_path, capsys, cli):
     hub = hub_env
     release_dir, manifest = make_release(tmp_path / "r", empty_configs=("counterfactual",))
     render_release_card(release_dir, manifest)
@@ -294,7 +258,7 @@ def test_empty_required_config_is_refused_before_any_remote_change(hub_env, tmp_
     assert hub.log == []
 
 
-def test_release_with_no_samples_is_refused(hub_env, tmp_path, capsys):
+def test_release_with_no_samples_is_refused(hub_env, tmp_path, capsys, cli):
     hub = hub_env
     release_dir, _ = make_release(tmp_path / "r", empty_configs=("original", "counterfactual"))
     assert cli("publish", str(release_dir), "--repo-id", REPO, "--dry-run") == 1
@@ -302,7 +266,7 @@ def test_release_with_no_samples_is_refused(hub_env, tmp_path, capsys):
     assert hub.log == []
 
 
-def test_release_load_dataset_cannot_open_is_refused(hub_env, tmp_path, monkeypatch, capsys):
+def test_release_load_dataset_cannot_open_is_refused(hub_env, tmp_path, monkeypatch, capsys, cli):
     """A card whose YAML points a config at no files (as a renderer bug would) never reaches the Hub."""
     import dataset_cards
 
@@ -339,7 +303,7 @@ def test_release_load_dataset_cannot_open_is_refused(hub_env, tmp_path, monkeypa
     assert "load_dataset cannot open config 'original'" in err and "tench" in err and err.count("\n") == 1
 
 
-def test_card_metadata_the_hub_refuses_stops_before_the_repo_is_created(hub_env, tmp_path, monkeypatch, capsys):
+def test_card_metadata_the_hub_refuses_stops_before_the_repo_is_created(hub_env, tmp_path, monkeypatch, capsys, cli):
     import dataset_cards
 
     hub = hub_env
@@ -407,8 +371,7 @@ def test_publish_from_a_read_only_directory(hub_env, tmp_path):
     if not runner:
         for path in [release_dir, *release_dir.rglob("*")]:
             path.chmod(path.stat().st_mode & ~0o222)
-    env = _client_env(hub, tmp_path)
-    env["HF_TOKEN"] = TOKEN
+    env = client_env(hub.url, tmp_path / "hf_home", HF_TOKEN=TOKEN)
     script = "import sys; from builder.cli import main; sys.exit(main(sys.argv[1:]))"
     proc = subprocess.run(
         [*runner, sys.executable, "-c", script, "publish", str(release_dir), "--repo-id", REPO],
@@ -424,7 +387,7 @@ def test_publish_from_a_read_only_directory(hub_env, tmp_path):
     assert f'load_dataset("{REPO}", "counterfactual"' in card and manifest["name"] in card
 
 
-def test_publish_is_refused_while_a_build_holds_the_directory(hub_env, tmp_path, capsys):
+def test_publish_is_refused_while_a_build_holds_the_directory(hub_env, tmp_path, capsys, cli):
     """A real second process holds the release directory as a build does (builder.release_format.lock, exclusive)."""
     hub = hub_env
     release_dir, _ = release(tmp_path)
@@ -462,7 +425,7 @@ def test_gated_card_gates_the_repo_before_any_data_lands(hub_env, tmp_path):
     assert hub.settings_calls[-1] == ("datasets", REPO, {"gated": "auto"})
 
 
-def test_gated_manual_option_and_ungated_cards(hub_env, tmp_path):
+def test_gated_manual_option_and_ungated_cards(hub_env, tmp_path, cli):
     hub = hub_env
     release_dir, _ = release(tmp_path)
     assert cli("publish", str(release_dir), "--repo-id", REPO, "--gated", "manual") == 0
@@ -476,7 +439,7 @@ def test_gated_manual_option_and_ungated_cards(hub_env, tmp_path):
     assert [call for call in hub.settings_calls if call[1] == other] == []
 
 
-def test_gating_that_does_not_hold_stops_before_the_upload(hub_env, tmp_path):
+def test_gating_that_does_not_hold_stops_before_the_upload(hub_env, tmp_path, cli):
     from builder.release_format.hub_client import create_api
 
     hub = hub_env
@@ -504,7 +467,7 @@ def write_results(directory: Path, *results: dict) -> Path:
     return directory
 
 
-def test_incomplete_or_invalid_results_are_refused(hub_env, tmp_path, capsys, caplog):
+def test_incomplete_or_invalid_results_are_refused(hub_env, tmp_path, capsys, caplog, cli):
     import logging
 
     hub = hub_env
@@ -541,7 +504,7 @@ def test_incomplete_or_invalid_results_are_refused(hub_env, tmp_path, capsys, ca
     assert len(hub.commits("datasets", REPO)) == commits
 
 
-def test_results_machine_paths_are_stripped(hub_env, tmp_path, caplog):
+def test_results_machine_paths_are_stripped(hub_env, tmp_path, caplog, cli):
     import logging
 
     hub = hub_env
@@ -565,7 +528,7 @@ def test_results_machine_paths_are_stripped(hub_env, tmp_path, caplog):
     assert b"/home/alice" not in hub_bytes(hub) and b"/srv/alice" not in hub_bytes(hub)
 
 
-def test_leaderboard_over_two_releases(hub_env, tmp_path):
+def test_leaderboard_over_two_releases(hub_env, tmp_path, cli):
     from test_publish import load_leaderboard_over_http, split_card
 
     hub = hub_env
