@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import tarfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -297,18 +296,22 @@ def test_a_build_interrupted_while_writing_its_plan_resumes(tmp_path, monkeypatc
     assert build(config, tmp_path / "out", progress=False)["counts"]["original"]["total"] == 6
 
 
-# Run the CLI with every rename of a finished temporary file (shards, _info.json, manifest.json, card) delayed, so
-# that a kill can land while a temporary file is complete but not yet in place, inside the release-writing phase.
-SLOW_WRITES = """
-import os, sys, time
+# Run the CLI with every rename of a finished temporary file (shards, _info.json, manifest.json, card) held until the
+# test says go (a line on stdin; the file's name goes out on fd 3 first): a kill lands while a temporary file is
+# complete but not yet in place, inside the release-writing phase, at a moment the test chose, on any machine speed.
+HELD_WRITES = """
+import os, sys
 replace = os.replace
-def slow_replace(src, dst, *a, **k):
+to_test = os.fdopen(int(sys.argv[1]), "w")
+def held_replace(src, dst, *a, **k):
     if str(src).endswith(".tmp"):
-        time.sleep(0.1)
+        to_test.write(os.fspath(dst) + "\\n")
+        to_test.flush()
+        sys.stdin.readline()
     return replace(src, dst, *a, **k)
-os.replace = slow_replace
+os.replace = held_replace
 from builder.cli import main
-sys.exit(main(sys.argv[1:]))
+sys.exit(main(sys.argv[2:]))
 """
 
 
@@ -325,7 +328,7 @@ def test_kills_while_writing_shards_and_manifest_resume_to_the_clean_bytes(tmp_p
     clean = tmp_path / "clean"
     build(load_config(str(cfg)), clean, progress=False)
     out = tmp_path / "killed"
-    command = [sys.executable, "-c", SLOW_WRITES, "build", str(cfg), "--output", str(out), "--no-progress"]
+    arguments = ["build", str(cfg), "--output", str(out), "--no-progress"]
 
     def names() -> set[str]:
         return {p.name for p in out.rglob("*")} if out.exists() else set()
@@ -337,13 +340,23 @@ def test_kills_while_writing_shards_and_manifest_resume_to_the_clean_bytes(tmp_p
         lambda n: any(x.startswith(".manifest.json.") and x.endswith(".tmp") for x in n),
     ]
     for moment in moments:
-        proc = subprocess.Popen(command, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        while proc.poll() is None and not moment(names()):  # no deadline: a busy machine only takes longer
-            time.sleep(0.002)
-        assert proc.poll() is None, "the build finished before the kill moment"
+        read_end, write_end = os.pipe()
+        command = [sys.executable, "-c", HELD_WRITES, str(write_end), *arguments]
+        proc = subprocess.Popen(command, env=env(), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, pass_fds=(write_end,), text=True)  # fmt: skip
+        os.close(write_end)
+        with os.fdopen(read_end) as held:
+            for _ in held:  # the build holds a finished temporary file until it reads a line
+                if moment(names()):
+                    break
+                proc.stdin.write("\n")
+                proc.stdin.flush()
+            else:
+                raise AssertionError("the build finished before the kill moment")
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    final = subprocess.run(command, env=env(), capture_output=True, text=True)
+        proc.stdin.close()
+    final = subprocess.run([sys.executable, "-m", "builder.cli", *arguments], env=env(), capture_output=True, text=True)
     assert final.returncode == 0, final.stderr
     assert verify_release(out) == []
     assert release_files(out) == release_files(clean)
