@@ -13,6 +13,15 @@ The exact file list of a repository at a commit never changes; once the Hub gave
 ``$LANCE_CF_CACHE/hub-files`` (with the sizes, the licence and the gating), so later checks are exact offline.
 Endpoint, cache and token are huggingface_hub's own (``HF_ENDPOINT``, ``HF_HOME``/``HF_HUB_CACHE``, ``HF_TOKEN`` or
 ``hf auth login``); the token is never printed.
+
+Everything that talks to the Hub goes through huggingface_hub's API: ``HfApi.model_info(files_metadata=True)`` for a
+repository's files, ``get_hf_file_metadata`` for a gated one's access, ``get_token``, ``hf_hub_download`` and
+``http_get``. Two things are this module's own: a large file is downloaded into a partial file kept across runs
+(huggingface_hub 2.x writes each download to a fresh temporary file, so an interrupted one starts over), and the
+cache check reads the cache's folders (``refs/``, ``snapshots/``) itself: huggingface_hub's cache functions
+(``try_to_load_from_cache``, ``scan_cache_dir``) live in modules that import its HTTP client (importing
+``huggingface_hub.file_download`` took 0.47 s of user CPU against 0.07 s for ``huggingface_hub.constants``, measured
+with ``/usr/bin/time`` on the 2-core development machine), paid by every build before it learns its models are there.
 """
 
 from __future__ import annotations
@@ -186,21 +195,9 @@ GATED = "gated: accept its conditions on the Hub, then log in (hf auth login, or
 def _describe_error(err: BaseException, where: str, timeout: float) -> str:
     """One short reason for a failed Hub request (never the token)."""
     import socket
-    import urllib.error
 
-    if isinstance(err, _HubAnswer):
-        if err.code == "GatedRepo" or (err.status in (401, 403) and err.code is None):
-            return GATED
-        if err.code == "RevisionNotFound":
-            return "this revision does not exist on the Hub"
-        if err.code == "RepoNotFound" or err.status in (401, 404):
-            return f"not found on {where} (a typo, or a private repo: log in)"
-        return str(err)
     if isinstance(err, TimeoutError | socket.timeout) or "timed out" in str(err):
         return f"no answer from {where} within {timeout:.0f} s"
-    if isinstance(err, urllib.error.URLError):
-        reason = err.reason
-        return f"cannot connect to {where} ({reason.strerror if isinstance(reason, OSError) and reason.strerror else reason})"
     from huggingface_hub import errors
 
     if isinstance(err, errors.OfflineModeIsEnabled):
@@ -227,90 +224,46 @@ def _describe_error(err: BaseException, where: str, timeout: float) -> str:
     return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}".strip()
 
 
-def _token(token: str | bool | None) -> str | None:
-    """The token a request carries: the one given, else huggingface_hub's (``HF_TOKEN``, then the file ``hf auth
-    login`` writes), read without importing its HTTP stack; ``False``: none."""
-    if token is False:
-        return None
-    if isinstance(token, str):
-        return token
-    if os.environ.get("HF_TOKEN"):
-        return os.environ["HF_TOKEN"].strip()
-    from huggingface_hub import constants
-
-    try:
-        return Path(constants.HF_TOKEN_PATH).read_text().strip() or None
-    except OSError:
-        return None
-
-
-class _HubAnswer(Exception):
-    """The Hub answered with an error status: ``status`` and its ``X-Error-Code``."""
-
-    def __init__(self, status: int, code: str | None, where: str) -> None:
-        super().__init__(f"{where} answered HTTP {status}" + (f" ({code})" if code else ""))
-        self.status, self.code = status, code
-
-
-def _request(url: str, token: str | None, timeout: float, method: str = "GET") -> bytes:
-    """One request with the standard library (``import httpx`` alone costs a second on a busy machine, and this is
-    the path every command takes before it starts); proxies from the environment as huggingface_hub's."""
-    import urllib.error
-    import urllib.request
-
-    headers = {"User-Agent": "lance-cf"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    request = urllib.request.Request(url, headers=headers, method=method)
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - the Hub endpoint
-            return response.read()
-    except urllib.error.HTTPError as err:
-        raise _HubAnswer(err.code, err.headers.get("X-Error-Code"), endpoint()) from None
-
-
 def _probe(need: ModelNeed, token: str | bool | None, timeout: float) -> dict[str, Any]:
-    """Ask the Hub for the repository's files at the revision (the request ``HfApi.model_info(files_metadata=True)``
-    makes; a HEAD more for a gated one, with the token).
+    """Ask the Hub for the repository's files at the revision (``HfApi.model_info(files_metadata=True)``: names,
+    sizes, LFS sha256, licence, gating, commit; and for a gated repo, with a token, ``get_hf_file_metadata`` of one
+    file, which a token without access is refused).
 
     Returns what it learnt: ``listing`` (files, licence, gating, commit) and ``problem`` (None when the files can
     be fetched).
     """
-    from urllib.parse import quote
+    from huggingface_hub import HfApi, get_hf_file_metadata, get_token, hf_hub_url
 
     where = endpoint()
     found: dict[str, Any] = {"listing": None, "problem": None}
-    secret = _token(token)
+    secret = None if token is False else token if isinstance(token, str) else get_token()
     try:
-        revision = quote(need.revision or "main", safe="")
-        url = f"{where}/api/models/{need.repo_id}/revision/{revision}?blobs=true"
-        info = json.loads(_request(url, secret, timeout))
-        siblings = info.get("siblings") or []
-        sizes = {s["rfilename"]: (s.get("lfs") or {}).get("size", s.get("size")) for s in siblings}
-        card = info.get("cardData") or {}
-        license_tag = next((t[len("license:") :] for t in info.get("tags") or [] if t.startswith("license:")), None)
+        info = HfApi(endpoint=where, library_name="lance-cf").model_info(
+            need.repo_id, revision=need.revision or "main", files_metadata=True, timeout=timeout, token=secret or False
+        )
+        siblings = info.siblings or []
+        card = info.card_data.to_dict() if info.card_data is not None else {}
+        license_tag = next((t[len("license:") :] for t in info.tags or [] if t.startswith("license:")), None)
         listing = {
-            "files": sizes,
-            # large files: their LFS oid, the sha256 of their content
-            "sha256": {s["rfilename"]: s["lfs"]["sha256"] for s in siblings if s.get("lfs")},
+            "files": {s.rfilename: s.lfs.size if s.lfs else s.size for s in siblings},
+            "sha256": {s.rfilename: s.lfs.sha256 for s in siblings if s.lfs},  # large files: their content's hash
             "license": card.get("license") or license_tag,
-            "gated": info.get("gated", False),
-            "commit": info.get("sha"),
+            "gated": info.gated or False,
+            "commit": info.sha,
         }
         found["listing"] = listing
         if is_commit(listing["commit"]):
             write_listing(need.repo_id, listing["commit"], listing)
-        files = select_files(sizes, need.files)
+        files = select_files(listing["files"], need.files)
         unmatched = [p for p in need.required if not any(matches(f, p) for f in files)]
         if unmatched:
             found["problem"] = f"the repo has no {', '.join(unmatched)} at this revision (not a model of this kind?)"
         elif listing["gated"]:
             if secret is None:
                 found["problem"] = GATED
-            elif files:  # a token without access to the repo gets 401/403 here
-                _request(
-                    f"{where}/{need.repo_id}/resolve/{listing['commit']}/{quote(files[0])}", secret, timeout, "HEAD"
-                )
+            elif files:  # a token without access to the repo is refused here
+                url = hf_hub_url(need.repo_id, files[0], revision=listing["commit"], endpoint=where)
+                get_hf_file_metadata(url, token=secret, timeout=timeout)
     except Exception as err:  # every failure is this model's reason, reported with the others
         found["problem"] = _describe_error(err, where, timeout)
     return found
@@ -400,10 +353,16 @@ def hub_answers(timeout: float | None = None) -> bool:
     result: list[bool] = []
 
     def ask() -> None:
+        import urllib.error
+        import urllib.request
+
+        request = urllib.request.Request(
+            endpoint() + "/api/whoami-v2", headers={"User-Agent": "lance-cf"}, method="HEAD"
+        )
         try:
-            _request(endpoint() + "/api/whoami-v2", None, timeout, "HEAD")
-            result.append(True)
-        except _HubAnswer:
+            with urllib.request.urlopen(request, timeout=timeout):  # noqa: S310 - the Hub endpoint
+                result.append(True)
+        except urllib.error.HTTPError:  # an answer, even a refusal
             result.append(True)
         except Exception:  # no answer: do not rely on it
             result.append(False)
