@@ -98,39 +98,132 @@ class _Lexicon:
                     out.setdefault(tokens[0], []).append((tokens, attribute, group))
         return {first: sorted(terms, key=lambda t: (-len(t[0]), t)) for first, terms in out.items()}
 
+    def persons(self, tokens: list[str]) -> list[bool]:
+        """Which tokens name a person: a person noun not directly followed by an animal or a thing (``a baby
+        elephant``, ``a mother duck`` name animals), and an ethnicity or religion word used as a noun (``a mexican
+        playing a guitar``: after a determiner, before a preposition, a verb in -ing or the end)."""
+        out = [
+            t in self.nouns and not (k + 1 < len(tokens) and tokens[k + 1] in terms.THINGS)
+            for k, t in enumerate(tokens)
+        ]
+        for k in range(1, len(tokens)):
+            if out[k] or tokens[k - 1] not in terms.DETERMINERS:
+                continue
+            match = self._match(tokens, k, self.descriptors)
+            if match is None or not any(a in ("race_ethnicity", "religion") for a, _ in match[1]):
+                continue
+            end = match[0]
+            if end == len(tokens) or tokens[end] in terms.NOUN_FOLLOWERS or tokens[end].endswith("ing"):
+                out[k] = True
+        return out
+
     def mentions(self, text: str) -> list[Mention]:
-        """Every attribute mention of ``text``: person nouns, descriptors attached to a person, markers."""
+        """Every attribute mention of ``text``: person nouns, descriptors attached to a person, markers, and the
+        general rules' phrases (skin tone, body parts, stated weight and height, decades of age)."""
         tokens = words_of(text)
-        has_person = any(t in self.nouns for t in tokens)
-        found: list[Mention] = []
-        for token in tokens:
-            for attribute, group in sorted(self.nouns.get(token, {}).items()):
-                found.append(Mention(attribute, group, token))
+        persons = self.persons(tokens)
+        has_person = any(persons)
+        found: dict[tuple[int, str, str], Mention] = {}  # one mention per (start, attribute, group): no double count
+
+        def add(start: int, end: int, hits: list[tuple[str, str]]) -> None:
+            for attribute, group in hits:
+                found.setdefault((start, attribute, group), Mention(attribute, group, " ".join(tokens[start:end])))
+
+        for k, token in enumerate(tokens):
+            if persons[k]:
+                add(k, k + 1, sorted(self.nouns.get(token, {}).items()))
         i = 0
         while i < len(tokens):
-            match = self._match(tokens, i, self.descriptors)
             age = self._age(tokens, i)
             if age is not None:
                 end, group = age
-                if self._person_within(tokens, end):
-                    found.append(Mention("age", group, " ".join(tokens[i:end])))
+                if self._attached(tokens, persons, i, end):
+                    add(i, end, [("age", group)])
                 i = end
                 continue
+            match = self._match(tokens, i, self.descriptors)
             if match is not None:
                 end, hits = match
-                if self._person_within(tokens, end):
-                    found += [Mention(a, g, " ".join(tokens[i:end])) for a, g in hits]
+                origin = end < len(tokens) and tokens[end] in terms.ORIGIN_WORDS and has_person
+                if persons[i] or origin or self._attached(tokens, persons, i, end):
+                    add(i, end, hits)
                 i = end
                 continue
             marker = self._match(tokens, i, self.markers)
             if marker is not None:
                 end, hits = marker
                 if has_person:
-                    found += [Mention(a, g, " ".join(tokens[i:end])) for a, g in hits]
+                    add(i, end, hits)
                 i = end
                 continue
             i += 1
-        return found
+        if has_person:
+            for k, token in enumerate(tokens):
+                for start, attribute, group in self._phrase_rules(tokens, k, token):
+                    if not self._of_a_thing(tokens, persons, start):
+                        add(start, k + 1, [(attribute, group)])
+        return [found[key] for key in sorted(found)]
+
+    def _phrase_rules(self, tokens: list[str], k: int, token: str) -> list[tuple[int, str, str]]:
+        """The general rules' mentions ending at token ``k`` (in a caption with a person): (start, attribute, group).
+
+        * skin tone: a tone word among the three words before a skin word (``deep brown skin``, ``fair skinned``, ``a
+          light complexion``) or among the three after ``skin is`` (``skin is porcelain white``);
+        * body: a size or shape word just before a body part, or before an intensifier before it (``a big belly``,
+          ``very large build``);
+        * stated weight and height: a number before a unit (``three hundred pounds``, ``seven feet tall``);
+        * age by decade: ``in his seventies``, ``in her early twenties``.
+        """
+        out = []
+        if token in terms.SKIN_WORDS:
+            before = [
+                (j, terms.SKIN_TONES[tokens[j]]) for j in range(max(0, k - 3), k) if tokens[j] in terms.SKIN_TONES
+            ]
+            after = []
+            if k + 1 < len(tokens) and tokens[k + 1] in ("is", "was", "looks"):
+                after = [(k, terms.SKIN_TONES[t]) for t in tokens[k + 2 : k + 5] if t in terms.SKIN_TONES]
+            out += [(j, "race_ethnicity", f"skin_{tone}") for j, tone in before + after]
+        if token in terms.BODY_PARTS and k > 0:
+            j = k - 1
+            if tokens[j] in terms.INTENSIFIERS and j > 0:
+                j -= 1
+            if tokens[j] in terms.BODY_MODIFIERS:
+                out.append((j, "body", terms.BODY_MODIFIERS[tokens[j]]))
+        number = k > 0 and any(self._is_number(t) for t in tokens[max(0, k - 3) : k])
+        if token in terms.WEIGHT_UNITS and number:
+            out.append((k, "body", "weight_stated"))
+        if token in terms.HEIGHT_UNITS and number and k + 1 < len(tokens) and tokens[k + 1] in ("tall", "high"):
+            out.append((k, "body", "height_stated"))
+        if token in terms.DECADES and k >= 2 and ("in" in tokens[max(0, k - 3) : k - 1]):
+            out.append((k, "age", terms.DECADES[token]))
+        return out
+
+    @staticmethod
+    def _of_a_thing(tokens: list[str], persons: list[bool], start: int) -> bool:
+        """Whether the nearest noun before a phrase (five words at most) is an animal or a thing, whose skin or belly
+        the phrase then describes (``a banana with brown skin``, ``a pig with a big belly``)."""
+        for k in range(start - 1, max(-1, start - 6), -1):
+            if persons[k]:
+                return False
+            if tokens[k] in terms.THINGS:
+                return True
+        return False
+
+    @staticmethod
+    def _is_number(token: str) -> bool:
+        return bool(_AGE_NUMBER.match(token)) or token in terms.NUMBER_WORDS
+
+    def _attached(self, tokens: list[str], persons: list[bool], start: int, end: int) -> bool:
+        """Whether the descriptor ``tokens[start:end]`` describes a person: a person noun follows within
+        ``DESCRIPTOR_WINDOW`` words before any animal or thing does (``a tall man``; not ``a black dog and a man``), or
+        it follows a linking word after a person noun (``a man who is blind``)."""
+        for k in range(end, min(end + terms.DESCRIPTOR_WINDOW, len(tokens))):
+            if persons[k]:
+                return True
+            if tokens[k] in terms.THINGS:
+                return False
+        linked = any(t in terms.LINKING_WORDS for t in tokens[max(0, start - 2) : start])
+        return linked and any(persons[max(0, start - 6) : start])
 
     @staticmethod
     def _match(tokens: list[str], i: int, table) -> tuple[int, list[tuple[str, str]]] | None:
@@ -158,18 +251,19 @@ class _Lexicon:
         group = "child" if number < 13 else "teen" if number < 20 else "young" if number < 45 else "middle_aged"
         return i + 3, (group if number < 65 else "old")
 
-    def _person_within(self, tokens: list[str], end: int) -> bool:
-        return any(t in self.nouns for t in tokens[end : end + terms.DESCRIPTOR_WINDOW])
-
     def has_person(self, text: str) -> bool:
-        return any(t in self.nouns for t in words_of(text))
+        return any(self.persons(words_of(text)))
 
     def covers(self, text: str) -> bool:
         """Whether ``text`` holds a word of the list: such a span is the list's to judge, with its attachment rule
         (``black`` of a dog is no person's race), not the embedding's."""
         tokens = words_of(text)
+        rules = terms.SKIN_WORDS | terms.BODY_PARTS | terms.WEIGHT_UNITS | terms.DECADES.keys()
         return any(
-            t in self.nouns or self._match(tokens, i, self.descriptors) or self._match(tokens, i, self.markers)
+            t in self.nouns
+            or t in rules
+            or self._match(tokens, i, self.descriptors)
+            or self._match(tokens, i, self.markers)
             for i, t in enumerate(tokens)
         )
 
