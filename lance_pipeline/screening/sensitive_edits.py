@@ -7,12 +7,15 @@ excluded 8 more. This stage does the first pass of that inspection on every coun
 
 An edit is marked for an attribute (``protected_terms.ATTRIBUTES``) when
 
-1. **the word list** (``protected_terms``: HolisticBias terms, source stated there) finds a different set of that
-   attribute's groups attached to the people of the caption and of the edited caption: a person noun that carries the
-   attribute (``woman`` is female; ``girl`` female and a child), a descriptor followed within a few words by a person
-   noun (``an elderly man``, not ``an old car``), or a marker worn or used in a caption with a person (``hijab``,
-   ``wheelchair``). Groups, not words, are compared: ``woman -> lady`` changes nothing, ``woman -> man`` changes
-   gender, ``girl -> woman`` age, ``woman -> lifeguard`` removes the gender;
+1. **the word list** (``protected_terms.yaml``, package data: HolisticBias terms, source stated there, and ours)
+   finds a different set of that attribute's groups attached to the people of the caption and of the edited caption:
+   a person noun that carries the attribute (``woman`` is female; ``girl`` female and a child), a descriptor followed
+   within a few words by a person noun (``an elderly man``, not ``an old car``) or after a linking word (``a man who
+   is blind``), an ethnicity or religion word used as a noun (``a mexican playing``), a marker worn or used in a
+   caption with a person (``hijab``, ``wheelchair``), or a phrase of the general rules (``_Lexicon._phrase_rules``:
+   skin tone, body parts, stated weight and height, age by decade). Groups, not words, are compared: ``woman ->
+   lady`` changes nothing, ``woman -> man`` changes gender, ``girl -> woman`` age, ``woman -> lifeguard`` removes the
+   gender. Precision and recall on hand-written held-out pairs: ``benchmarks/bench_sensitive_edits.py``;
 2. or **the sentence-embedding model** of the label check (all-MiniLM-L6-v2) finds a changed span as close as
    ``similarity_threshold`` to one of the attribute's anchor phrases (``protected_terms.ANCHORS``), in a caption
    that mentions a person, for spans without a word of the list: words the list lacks (``a man -> a bodybuilder``).
@@ -102,8 +105,10 @@ class _Lexicon:
         """Which tokens name a person: a person noun not directly followed by an animal or a thing (``a baby
         elephant``, ``a mother duck`` name animals), and an ethnicity or religion word used as a noun (``a mexican
         playing a guitar``: after a determiner, before a preposition, a verb in -ing or the end)."""
+        # a thing word in -ing after a person noun is a verb ("a man building a sandcastle"), not a compound noun
         out = [
-            t in self.nouns and not (k + 1 < len(tokens) and tokens[k + 1] in terms.THINGS)
+            t in self.nouns
+            and not (k + 1 < len(tokens) and tokens[k + 1] in terms.THINGS and not tokens[k + 1].endswith("ing"))
             for k, t in enumerate(tokens)
         ]
         for k in range(1, len(tokens)):
@@ -329,7 +334,7 @@ class SensitiveEditScreen:
     """
 
     name = "screen"
-    version = "1"
+    version = "2"  # 2: the phrase rules and the larger word list (docs/method.md, "Sensitive-edit screen")
     field = "counterfactuals"
     consumes = {"caption": "str", "counterfactuals": "list"}
     produces = {"counterfactuals": "list", "counterfactuals_sensitive_removed": "list"}
