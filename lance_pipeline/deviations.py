@@ -331,6 +331,21 @@ LANCE_ROWS = (
     ),
     Deviation(
         "lance",
+        "sensitive edits",
+        "the authors inspected the images of their human study by hand and excluded those whose edit changed a "
+        "person's perceived gender, race, age, religion or body (Ethical Issues)",
+        "an automatic first pass marks every edit that adds, removes or changes a perceived gender, race or skin tone, "
+        "age, religion, body or disability of a person (a word list with phrase rules, then a sentence model); "
+        "measured on 259 hand-written held-out caption pairs: 100.0% precision, 97.9% recall (word list) "
+        "(benchmarks/bench_sensitive_edits.py)",
+        "a build has no person in the loop; the marks show a reviewer where to look (`lance-cf review`), and misses "
+        "remain possible",
+        "`sensitive_edit_screen` stage: `screen` (`flag` or `drop`), `similarity_threshold`",
+        "a `sensitive_edit_screen` stage ran",
+        _has("sensitive_edit_screen"),
+    ),
+    Deviation(
+        "lance",
         "inversion",
         "null-text inversion (section 3.2)",
         "a cheaper inversion method",
