@@ -57,6 +57,7 @@ from builder.sources import Source, SourceSample, create_source
 from builder.stage_memory import format_bytes, measure_peak, merge, unmeasured_reason
 from builder.validation import ValidatedBuild, ValidatedStage, check_stages_against_source, validate_build
 from lance_pipeline.models.devices import resolve_device
+from lance_pipeline.readers import read_json
 from lance_pipeline.stage import (
     SAMPLE_INDEX,
     SOURCE_FIELDS,
@@ -282,7 +283,7 @@ def _check_output_dir(output: Path, config_hash: str) -> None:
         return  # the ledger decides, inside the transaction that records or checks the config (see _claim_ledger)
     if manifest_path.exists():
         try:
-            existing = json.loads(manifest_path.read_text()).get("config_hash")
+            existing = read_json(manifest_path).get("config_hash")
         except (OSError, ValueError):
             existing = None
         if existing != config_hash:

@@ -25,7 +25,6 @@ redacted from everything printed (:func:`redact_url`).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import tempfile
@@ -56,6 +55,7 @@ from builder.release_format.hub_client import (
     version_key,
 )
 from builder.release_format.lock import output_lock
+from lance_pipeline.readers import read_json
 
 logger = logging.getLogger(__name__)
 
@@ -690,4 +690,4 @@ def _previous_manifest(api: Any, repo_id: str, previous: str, tmp: Path) -> dict
         ),
     )
     logger.info("card changelog against %s", previous)
-    return json.loads(Path(path).read_text(encoding="utf-8"))
+    return read_json(path, what="the previous version's manifest.json")

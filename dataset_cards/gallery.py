@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import io
-import json
 import re
 from pathlib import Path
 from typing import Any
 
 from builder import release_format as rf
 from dataset_cards.markdown import md_escape
+from lance_pipeline.readers import load_json
 
 GALLERY_PREFIX = "gallery-"
 MAX_GALLERY_PAIRS = 6
@@ -31,7 +31,7 @@ def select_pairs(
     by_type: dict[str, list[tuple[dict[str, Any], bytes, bytes]]] = {}
     for key in sorted(counterfactuals):
         members = counterfactuals[key]
-        meta = json.loads(members.get(rf.METADATA_EXT, b"{}"))
+        meta = load_json(members.get(rf.METADATA_EXT, b"{}"), f"{key}.json")
         source = originals.get(meta.get("source_key", ""))
         cf_image = next((members[e] for e in rf.IMAGE_FORMATS if e in members), None)
         orig_image = next((source[e] for e in rf.IMAGE_FORMATS if e in source), None) if source else None

@@ -43,6 +43,7 @@ from evaluation.release_reader import open_release
 from evaluation.results import model_label
 from lance_pipeline.clip.gates import ClipScorer
 from lance_pipeline.models.needs import clip_need
+from lance_pipeline.readers import load_json, read_json
 
 logger = logging.getLogger(__name__)
 
@@ -159,8 +160,8 @@ def counterfactual_metadata(release) -> dict[str, dict[str, Any]]:
             if not isinstance(sample, dict) or rf.METADATA_EXT not in sample:
                 continue
             try:
-                meta = json.loads(sample[rf.METADATA_EXT])
-            except (UnicodeDecodeError, json.JSONDecodeError):
+                meta = load_json(sample[rf.METADATA_EXT], f"{key}.json")
+            except ValueError:
                 continue
             if isinstance(meta, dict) and meta.get("source_key"):
                 out[key] = meta
@@ -241,7 +242,7 @@ def _decode(release, config: str, ext: str, keys: set[str] | None = None) -> dic
             logger.warning("%s: %s/%s has no .%s or .json member; left out", release.name, config, key, ext)
             continue
         with Image.open(io.BytesIO(members[ext])) as image:
-            out[key] = (json.loads(members["json"]), image.convert("RGB"))
+            out[key] = (load_json(members["json"], f"{config}/{key}.json"), image.convert("RGB"))
     return out
 
 
@@ -301,7 +302,7 @@ def load_results(paths: list[Path]) -> list[dict[str, Any]]:
         if not files:
             raise ValueError(f"--results {path}: no results.json found (run `lance-cf eval` first)")
         for file in files:
-            data = json.loads(file.read_text())
+            data = read_json(file)
             if data.get("status", "ok") == "ok" and data.get("sensitivity"):
                 found.append(data)
     return found

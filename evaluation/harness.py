@@ -33,6 +33,7 @@ from evaluation.plots import plot_strength_model
 from evaluation.release_reader import Release, ReleaseIntegrityError, integrity_error
 from evaluation.report import write_model_report
 from evaluation.results import AMP_DTYPES, MODEL_DTYPES, RESULTS_SCHEMA, RESULTS_SCHEMA_VERSION  # noqa: F401 - re-exported
+from lance_pipeline.readers import load_json, read_json
 from lance_pipeline.release_kinds import metric_applies_to
 
 logger = logging.getLogger(__name__)
@@ -201,9 +202,9 @@ class ShardSampleDataset(torch.utils.data.IterableDataset):
     def _decode(self, sample: dict[str, bytes], config: str, shard: str, image_module: Any):
         meta_bytes = sample.get(rf.METADATA_EXT)
         try:
-            meta = json.loads(meta_bytes.decode("utf-8")) if meta_bytes is not None else None
+            meta = load_json(meta_bytes, f"{shard}: metadata") if meta_bytes is not None else None
             key = meta["key"] if isinstance(meta, dict) else "?"
-        except (UnicodeDecodeError, json.JSONDecodeError, KeyError) as error:
+        except (ValueError, KeyError) as error:
             return self._failed(config, shard, "?", f"unreadable metadata ({error})")
         try:
             if self.image_ext not in sample:
@@ -427,7 +428,7 @@ def predict_release(
                 if problem.startswith(ShardSampleDataset.INTEGRITY_PREFIX):
                     raise ReleaseIntegrityError(problem.split(ShardSampleDataset.INTEGRITY_PREFIX, 1)[1])
                 if problem:
-                    meta = json.loads(metas[i])
+                    meta = load_json(metas[i], "a sample's metadata")
                     logger.warning("sample failed: %s", problem)
                     failures.append(
                         {"config": configs[i], "shard": meta["shard"], "key": meta["key"], "reason": problem}
@@ -447,7 +448,7 @@ def predict_release(
             top_prob, top_idx = probs.topk(min(TOPK, probs.shape[1]), dim=1)
             p_gt = probs.gather(1, labels.view(-1, 1)).squeeze(1)
             for i in range(len(labels)):
-                meta = json.loads(metas[i])
+                meta = load_json(metas[i], "a sample's metadata")
                 label = int(labels[i])
                 top = top_idx[i].tolist()
                 rows.append(
@@ -660,8 +661,8 @@ def claim_release_folder(output_dir: Path, release: Release, force: bool = False
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        data = read_json(path)
+    except ValueError:
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -676,8 +677,8 @@ def is_done(path: Path, release: Release, spec: ModelSpec, options: EvalOptions)
     if not path.is_file():
         return False
     try:
-        previous = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+        previous = read_json(path)
+    except ValueError:
         return False
     if previous.get("status") != "ok" or (previous.get("run") or {}).get("key") != run_key(release, spec, options):
         return False
@@ -876,7 +877,7 @@ def run_evaluation(
         if not options.force and is_done(path, release, spec, options):
             logger.info("%s: results with the same release, weights and options exist at %s; skipping", spec.name, path)
             summary = {"model": spec.name, "slug": spec.slug, "status": "skipped", "path": str(path)}
-            summary["results"] = json.loads(path.read_text(encoding="utf-8"))
+            summary["results"] = read_json(path)
             summaries.append(summary)
             if on_result is not None:
                 on_result(summary)

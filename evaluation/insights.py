@@ -12,7 +12,6 @@ Clustering depends on the release only, so it is computed once per ``lance-cf ev
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from builder import release_format as rf
 from evaluation.metric_registry import Metric, MetricContext
 from evaluation.release_reader import Release
 from lance_pipeline.clip.loader import load_clip
+from lance_pipeline.readers import load_json
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +56,8 @@ def read_edits(release: Release, config: str = "counterfactual") -> list[dict[st
             if not isinstance(sample, dict) or rf.METADATA_EXT not in sample:
                 continue
             try:
-                edits.append(json.loads(sample[rf.METADATA_EXT]))
-            except (UnicodeDecodeError, json.JSONDecodeError):
+                edits.append(load_json(sample[rf.METADATA_EXT], "a sample's metadata"))
+            except ValueError:
                 continue
     return edits
 

@@ -44,6 +44,7 @@ from evaluation.results import (
 from evaluation.robustness import effective_robustness, shift_correlations, timm_model_name
 from evaluation.strength import rank_stability
 from evaluation.timm_results import SHIFTS, load_shift_table
+from lance_pipeline.readers import read_json
 from lance_pipeline.release_kinds import kind_of_results, resolve_target
 
 logger = logging.getLogger(__name__)
@@ -126,8 +127,8 @@ def find_results(paths: list[str | Path]) -> list[dict[str, Any]]:
                 continue
             seen.add(file.resolve())
             try:
-                data = json.loads(file.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+                data = read_json(file)
+            except ValueError:
                 continue
             if not is_results(data):
                 continue

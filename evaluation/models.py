@@ -7,12 +7,13 @@ Names are what timm accepts (``resnet50.a1_in1k``, ``hf-hub:org/repo``); a wildc
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from lance_pipeline.readers import expect_int, expect_mapping, load_json, read_text
 
 logger = logging.getLogger(__name__)
 
@@ -129,23 +130,21 @@ def load_class_map(path: Path, num_release_classes: int) -> list[int]:
     Formats: a text file with one integer a line (line ``i`` is the model index of release label ``i``), or a JSON
     object ``{"<release label>": <model index>, ...}`` covering every release label.
     """
-    text = Path(path).read_text(encoding="utf-8")
+    where = f"class map {str(path)!r}"
+    text = read_text(path, what=where)
     if Path(path).suffix == ".json":
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"class map {str(path)!r} is not valid JSON ({error})") from error
-        if not isinstance(raw, dict):
-            raise ValueError(f"class map {str(path)!r} must be a JSON object {{release label: model index}}")
-        try:
-            mapping = {int(k): int(v) for k, v in raw.items()}
-        except (TypeError, ValueError) as error:
-            raise ValueError(
-                f"class map {str(path)!r} must map integer release labels to integer model indices ({error})"
-            ) from error
+        raw = expect_mapping(load_json(text, where), where)
+        mapping = {}
+        for label, index in raw.items():
+            # "1" and "01" would name one label twice; 1.0 and true are not indices (no coercion)
+            if not re.fullmatch(r"0|[1-9][0-9]*", label) or int(label) >= num_release_classes:
+                raise ValueError(
+                    f"{where}: key {label!r} is not a release label (0 to {num_release_classes - 1}, written plainly)"
+                )
+            mapping[int(label)] = expect_int(index, f"{where}: label {label}", minimum=0)
         missing = [i for i in range(num_release_classes) if i not in mapping]
         if missing:
-            raise ValueError(f"class map {str(path)!r} has no model index for release labels {missing[:10]}")
+            raise ValueError(f"{where} has no model index for release labels {missing[:10]}")
         return [mapping[i] for i in range(num_release_classes)]
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
     if len(lines) != num_release_classes:
@@ -153,7 +152,7 @@ def load_class_map(path: Path, num_release_classes: int) -> list[int]:
             f"class map {str(path)!r} has {len(lines)} lines; expected one model index for each of the "
             f"{num_release_classes} release labels"
         )
-    bad = [(i, ln) for i, ln in enumerate(lines) if not re.fullmatch(r"\d+", ln)]
+    bad = [(i, ln) for i, ln in enumerate(lines) if not re.fullmatch(r"[0-9]+", ln)]
     if bad:
         raise ValueError(
             f"class map {str(path)!r}: entry {bad[0][0]} ({bad[0][1]!r}) is not a model output index (a non-negative "

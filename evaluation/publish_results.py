@@ -31,6 +31,7 @@ from builder.release_format.hub_client import (
 from builder.release_format.yaml_text import dump_yaml
 from evaluation.leaderboard import build_leaderboard_by_config, leaderboard_markdown, replace_leaderboard_section
 from evaluation.results import is_complete, is_results, missing_default_metrics, validate_results
+from lance_pipeline.readers import InputError, read_json
 
 logger = logging.getLogger(__name__)
 
@@ -57,9 +58,9 @@ def load_results(results_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
     loaded = []
     for path in paths:
         try:
-            result = json.loads(path.read_text(encoding="utf-8"))
-        except ValueError as exc:
-            raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+            result = read_json(path)
+        except InputError as exc:
+            raise ValueError(str(exc)) from None
         if is_results(result) or path.name == "results.json" or results_dir.is_file():
             try:
                 validate_results(result)
@@ -316,14 +317,14 @@ def publish_results(
         for path in remote:
             if path.startswith(f"{RESULTS_DIR}/") and path.endswith(".json") and path not in new_paths:
                 local = api.hf_hub_download(repo_id, path, repo_type=REPO_TYPE, revision=head, local_dir=tmp)
-                results[path] = json.loads(Path(local).read_text(encoding="utf-8"))
+                results[path] = read_json(local, what=f"{repo_id}: {path}")
         results.update(new_paths)
         readme_path = api.hf_hub_download(repo_id, rf.CARD_NAME, repo_type=REPO_TYPE, revision=head, local_dir=tmp)
         readme = Path(readme_path).read_text(encoding="utf-8")
         manifest_path = api.hf_hub_download(
             repo_id, rf.MANIFEST_NAME, repo_type=REPO_TYPE, revision=head, local_dir=tmp
         )
-        branch_release = json.loads(Path(manifest_path).read_text(encoding="utf-8")).get("manifest_sha256")
+        branch_release = read_json(manifest_path, what=f"{repo_id}: {rf.MANIFEST_NAME}").get("manifest_sha256")
     ordered = [results[p] for p in sorted(results)]
     table = leaderboard_table(ordered, repo_id)
     # The card on the branch describes one release: its leaderboard lists the results on that release only.
@@ -371,7 +372,7 @@ def _check_results_match_releases(
             f"download manifest of {tag}",
             lambda tag=tag: api.hf_hub_download(repo_id, rf.MANIFEST_NAME, repo_type=REPO_TYPE, revision=tag),
         )
-        published = json.loads(Path(path).read_text(encoding="utf-8"))
+        published = read_json(path, what=f"{repo_id}@{tag}: {rf.MANIFEST_NAME}")
         for result_path, result in items:
             release = result["release"]
             if release.get("manifest_sha256") != published.get("manifest_sha256") or (

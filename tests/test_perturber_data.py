@@ -45,7 +45,7 @@ def _train(*args: str) -> list[str]:
         ([{**GOOD, "caption": None}], "data.jsonl:1: field 'caption' must be a non-empty string, got null"),
         (
             [GOOD, "", GOOD, "{not json"],
-            "data.jsonl:4: not a JSON object (Expecting property name enclosed in double quotes at column 2)",
+            "data.jsonl:4: not valid JSON (Expecting property name enclosed in double quotes at line 1 column 2)",
         ),
         (
             [GOOD, {**GOOD, "variations": ["ok", 3]}],

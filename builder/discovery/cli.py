@@ -27,6 +27,7 @@ from lance_pipeline.discovery.search import ClassTarget, DiscoveryComponents, Di
 from lance_pipeline.interfaces.generation import GenerationOptions, ShiftGenerator
 from lance_pipeline.models.devices import resolve_device
 from lance_pipeline.models.needs import SD_PIPELINE_FILES, TRANSFORMERS_FILES, clip_need, reference_need, timm_need
+from lance_pipeline.readers import read_json
 from lance_pipeline.release_kinds import kind_of_manifest
 from lance_pipeline.text.captioning import DEFAULT_CAPTIONER, DEFAULT_CAPTIONER_REVISION, LabelConditionedCaptioner
 from lance_pipeline.text.perturbation import PromptPerturber
@@ -281,7 +282,7 @@ def check_release_arguments(args: argparse.Namespace) -> None:
     path = args.output / "discoveries.json"
     if path.is_file():
         try:
-            previous = json.loads(path.read_text(encoding="utf-8"))
+            previous = read_json(path)
         except (ValueError, OSError):
             previous = {}  # unreadable: not a discovery this command may replace
         same = previous.get("release", {}).get("manifest_sha256") == read_manifest_dict(args.release)[

@@ -29,6 +29,7 @@ from lance_pipeline.discovery.search import (
     FailureSearch,
     describe_failures,
 )
+from lance_pipeline.readers import load_json
 
 DISCOVERIES_SCHEMA = "lance-cf/discoveries"
 # 2: hypotheses (one per distinct description) with a target-label and a total-failure test, clustering over all
@@ -218,7 +219,7 @@ def describe_release_failures(
         paths = [Path(release_dir) / s.path for s in manifest.shards if s.config == config_name]
         out = {}
         for key, members in rf.read_samples(paths).items():
-            meta = json.loads(members["json"])
+            meta = load_json(members["json"], f"{config_name}/{key}.json")
             out[key] = (meta, Image.open(io.BytesIO(members[ext])).convert("RGB"))
         return out
 

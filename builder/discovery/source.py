@@ -8,7 +8,6 @@ release is like every other (verify, publish, ``lance-cf eval`` on other models:
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 from builder.discovery.run import LEDGER, DiscoveryLedger
 from builder.sources import Source, SourceSample, imagenet_label_space
 from lance_pipeline.discovery.search import discovered
+from lance_pipeline.readers import read_json
 from lance_pipeline.stage import MetadataField, ReleaseOutput
 
 DISCOVERY_FIELDS = {
@@ -87,7 +87,7 @@ class DiscoverySource(Source):
         document_path = root / "discoveries.json"
         if not document_path.is_file() or not (root / LEDGER).is_file():
             raise ValueError(f"source {spec!r}: {path} is not a lance-cf discover output (no discoveries.json)")
-        document = json.loads(document_path.read_text(encoding="utf-8"))
+        document = read_json(document_path)
         self.label_space = imagenet_label_space()
         self.license = "Generated images; the generator's licence applies."
         import threading

@@ -46,6 +46,7 @@ from lance_pipeline.interfaces.textual_inversion import (
 )
 from lance_pipeline.models.devices import resolve_device
 from lance_pipeline.models.needs import SD_COMPONENT_FILES, clip_need, reference_need
+from lance_pipeline.readers import read_json
 
 logger = logging.getLogger(__name__)
 
@@ -373,7 +374,7 @@ def rebuild_index(output: Path, settings: dict[str, Any]) -> dict[str, Any]:
 
 def _read_index(output: Path) -> dict[str, Any] | None:
     try:
-        return json.loads((output / TOKENS_INDEX).read_text())
+        return read_json(output / TOKENS_INDEX)
     except (OSError, ValueError):
         return None
 

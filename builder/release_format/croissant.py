@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import os
 import typing
 from pathlib import Path
@@ -33,6 +32,7 @@ from builder.release_format.layout import METADATA_EXT, SPLIT
 from builder.release_format.manifest import Manifest, canonical_json, first_difference
 from builder.release_format.metadata import _scalar, _v1_fields
 from builder.release_format.spec import ReleaseSpec
+from lance_pipeline.readers import load_json
 
 CROISSANT_NAME = "croissant.json"
 INDEX_DIR = "index"
@@ -177,7 +177,7 @@ def write_indexes(root: Path, manifest: Manifest) -> dict[str, tuple[str, int]]:
         for shard in manifest.shards_of(config):
             for _key, members in iter_shard(root / shard.path, wanted={METADATA_EXT}):
                 assert members is not None  # no select: every sample is read
-                rows.append(json.loads(members[METADATA_EXT]))
+                rows.append(load_json(members[METADATA_EXT], f"{shard.path}: {_key}.json"))
         data = index_bytes(rows, manifest.release_spec, config if spec_config else None)
         _atomic_write(root / index_path(config), data)
         out[config] = (hashlib.sha256(data).hexdigest(), len(data))

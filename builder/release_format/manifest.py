@@ -16,6 +16,7 @@ from typing import Any
 
 from builder.release_format.layout import DEFAULT_IMAGE_FORMAT, MANIFEST_NAME
 from builder.release_format.spec import V1_SPEC, ReleaseSpec
+from lance_pipeline.readers import InputError, read_json
 
 FORMAT_VERSION = 2
 READABLE_FORMAT_VERSIONS = (1, 2)
@@ -240,7 +241,7 @@ def load_manifest(path: Path | str) -> Manifest:
     if not path.is_file():
         raise ManifestError(f"{path}: missing; is this a lance-cf release directory?")
     try:
-        data = json.loads(path.read_bytes())
-    except ValueError as err:
-        raise ManifestError(f"{path}: not valid JSON ({err})") from err
+        data = read_json(path)
+    except InputError as err:
+        raise ManifestError(str(err)) from None
     return Manifest.from_dict(data, where=str(path))

@@ -15,6 +15,7 @@ from typing import Any
 
 from builder.release_format.layout import DEFAULT_IMAGE_FORMAT, KEY_PATTERN, LABEL_EXT, METADATA_EXT
 from builder.release_format.spec import V1_FIELD_NAMES, V1_SPEC, ReleaseSpec
+from lance_pipeline.readers import load_json
 
 SCHEMA_ID = "https://github.com/lance-counterfactuals/lance-counterfactuals/docs/metadata.schema.json"
 
@@ -254,9 +255,9 @@ def encode_metadata(meta: dict[str, Any], spec: ReleaseSpec = V1_SPEC, config: s
 def decode_metadata(data: bytes, spec: ReleaseSpec = V1_SPEC, config: str | None = None) -> SampleMetadata:
     """Parse and validate a ``KEY.json`` member (raises ValueError naming the problem)."""
     try:
-        obj = json.loads(data)
+        obj = load_json(data, "its metadata")
     except ValueError as err:
-        raise ValueError(f"not valid JSON ({err})") from err
+        raise ValueError(str(err)) from None
     if not isinstance(obj, dict):
         raise ValueError("not a JSON object")
     return SampleMetadata.from_dict(obj, spec, config)

@@ -49,6 +49,7 @@ from builder.release_format.manifest import (
 from builder.release_format.metadata import metadata_json_schema
 from builder.release_format.shards import file_sha256, iter_shard
 from builder.release_format.yaml_text import load_yaml
+from lance_pipeline.readers import load_json, read_json
 
 MAX_PROBLEMS = 50
 
@@ -68,9 +69,9 @@ def verify_release(release_dir: Path | str, *, check_images: bool = True) -> lis
         return [f"{manifest_path}: missing"]
     raw = manifest_path.read_bytes()
     try:
-        data = json.loads(raw)
+        data = load_json(raw, MANIFEST_NAME)
     except ValueError as err:
-        return [f"{MANIFEST_NAME}: not valid JSON ({err})"]
+        return [str(err)]
     if not isinstance(data, dict) or "shards" not in data or "configs" not in data:
         return [f"{MANIFEST_NAME}: not a lance-cf manifest (no shards/configs)"]
     if data.get("manifest_sha256") != manifest_digest(data):
@@ -86,7 +87,7 @@ def verify_release(release_dir: Path | str, *, check_images: bool = True) -> lis
 
     rows = _check_shards(root, manifest, problems, check_images)
     try:
-        if json.loads((root / TIMM_INFO_NAME).read_bytes()) != timm_info(manifest):
+        if read_json(root / TIMM_INFO_NAME, what=TIMM_INFO_NAME) != timm_info(manifest):
             problems.add(f"{TIMM_INFO_NAME}: does not match the manifest's shards")
     except (OSError, ValueError) as err:
         problems.add(f"{TIMM_INFO_NAME}: unreadable ({err})")
@@ -156,9 +157,9 @@ def _check_shards(
                     problems.add(f"{where}: duplicate key in config {config}")
                 keys_by_config[config].add(key)
                 try:
-                    meta = json.loads(members[METADATA_EXT])
+                    meta = load_json(members[METADATA_EXT], f"{where}.json")
                 except ValueError as err:
-                    problems.add(f"{where}.json: not valid JSON ({err})")
+                    problems.add(str(err))
                     continue
                 error = next(iter(validator.iter_errors(meta)), None)
                 if error is not None:
@@ -307,9 +308,9 @@ def _check_croissant(root: Path, manifest: Manifest, rows: dict[str, list[dict[s
     if not path.is_file():
         return [*problems, f"{CROISSANT_NAME}: missing (a release built before croissant.json existed: rebuild it)"]
     try:
-        document = json.loads(path.read_bytes())
+        document = read_json(path, what=CROISSANT_NAME)
     except ValueError as err:
-        return [*problems, f"{CROISSANT_NAME}: not valid JSON ({err})"]
+        return [*problems, str(err)]
     if len(indexes) == len(manifest.configs):
         problems += check_croissant(document, manifest, indexes)
     return problems

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from lance_pipeline.interfaces.shifts import OBJECT_CAPTION, STYLE_OBJECT_CAPTION
+from lance_pipeline.readers import read_json
 
 FORMAT = "lance-cf object thresholds"
 # Version 1 keyed classes by name (one of two same-named classes overwrote the other); it is refused, not converted.
@@ -120,12 +121,9 @@ class ObjectThresholds:
         """Read and check a thresholds file; every problem is one ``ValueError`` line naming the file."""
         path = Path(path)
         where = f"object thresholds {path}"
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ValueError(f"{where}: no such file; make it with `lance-cf interfaces calibrate`") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise ValueError(f"{where}: not a thresholds file ({type(err).__name__}: {err})") from None
+        if not path.exists():
+            raise ValueError(f"{where}: no such file; make it with `lance-cf interfaces calibrate`")
+        data = read_json(path, what=where)
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError(f"{where}: not a thresholds file of `lance-cf interfaces calibrate`")
         if data.get("format_version") == 1:

@@ -34,6 +34,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lance_pipeline.readers import load_json
+
 logger = logging.getLogger(__name__)
 
 # Stable Diffusion 2 (768 px, v-prediction), the base model of ImageNet*. MadryLab's code loads the `fp16` branch;
@@ -361,7 +363,7 @@ def token_metadata(path: str | Path) -> dict[str, Any]:
 
     with safe_open(str(path), framework="pt") as handle:
         raw = (handle.metadata() or {}).get(TOKEN_METADATA_KEY)
-    return json.loads(raw) if raw else {}
+    return load_json(raw, f"{path}: metadata {TOKEN_METADATA_KEY!r}") if raw else {}
 
 
 def save_token(path: str | Path, learned: LearnedToken, metadata: dict[str, Any] | None = None) -> Path:

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from lance_pipeline.models.needs import ModelNeed, is_commit, matches, merge_needs, select_files
+from lance_pipeline.readers import read_json
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +145,7 @@ def read_listing(repo_id: str, commit: str | None) -> dict[str, Any] | None:
     if not is_commit(commit):
         return None
     try:
-        return json.loads(_listing_path(repo_id, commit).read_text())
+        return read_json(_listing_path(repo_id, commit))
     except (OSError, ValueError):
         return None
 
@@ -584,10 +585,10 @@ class LocalCopy:
 def local_copy(directory: str | os.PathLike) -> LocalCopy:
     """Whether ``directory`` is an unchanged copy of a Hub model made by ``models download --local-dir``."""
     path = Path(os.path.expanduser(os.fspath(directory)))
-    try:
-        data = json.loads((path / LOCAL_MARKER).read_text())
-    except FileNotFoundError:
+    if not (path / LOCAL_MARKER).exists():
         return LocalCopy(None, None, False, f"it carries no {LOCAL_MARKER}")
+    try:
+        data = read_json(path / LOCAL_MARKER)
     except (OSError, ValueError) as err:
         return LocalCopy(None, None, False, f"its {LOCAL_MARKER} cannot be read ({err})")
     repo_id = data.get("repo_id") if isinstance(data, dict) else None

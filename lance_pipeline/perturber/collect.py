@@ -38,6 +38,7 @@ from typing import Any
 
 from lance_pipeline.edit_types import CHECKS, validate_edit_types
 from lance_pipeline.edit_types import edit_type as edit_type_row
+from lance_pipeline.readers import load_json
 from lance_pipeline.text.edit_spans import SpanDiff, diff_captions
 from lance_pipeline.text.label_checks import label_names_of
 from lance_pipeline.text.perturbation import (
@@ -494,7 +495,7 @@ def _read_answer_log(path: str | Path | None) -> dict[str, TeacherAnswer]:
         return known
     for line in Path(path).read_text(encoding="utf-8").splitlines():
         try:
-            record = json.loads(line)
+            record = load_json(line, f"{Path(path).name}: a line")
             known[record["id"]] = TeacherAnswer(str(record["text"]), bool(record.get("truncated", False)))
         except (ValueError, KeyError, TypeError):
             logger.warning("skipping an unreadable line of the answer log %s", Path(path).name)

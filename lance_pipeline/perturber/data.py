@@ -17,12 +17,12 @@ naming the file, the line (or row) and the field, before any model is loaded.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from lance_pipeline.edit_types import edit_type as edit_type_row
+from lance_pipeline.readers import InputError, load_json
 
 # A perturber row is a caption and a few short variations (plus, in collected data, the teacher's raw answer and the
 # rejected variations): a few kilobytes. A row beyond this is not perturber data, and is refused unread.
@@ -92,13 +92,9 @@ def _jsonl_rows(file: Path, shown: str) -> Iterator[tuple[str, Any]]:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line.decode("utf-8"))
-            except UnicodeDecodeError as error:
-                raise InstructionDataError(f"{where}: not UTF-8 text ({error.reason} at byte {error.start})") from None
-            except json.JSONDecodeError as error:
-                raise InstructionDataError(
-                    f"{where}: not a JSON object ({error.msg} at column {error.colno})"
-                ) from None
+                row = load_json(line, where, max_bytes=MAX_ROW_BYTES)
+            except InputError as error:
+                raise InstructionDataError(str(error)) from None
             yield where, row
 
 

@@ -34,6 +34,7 @@ from lance_pipeline.edit_types import edit_type as edit_type_row
 from lance_pipeline.edit_types import validate_edit_types
 from lance_pipeline.perturber.collect import judge_variation
 from lance_pipeline.perturber.data import count_instruction_rows, iter_instruction_rows
+from lance_pipeline.readers import read_json
 from lance_pipeline.text.perturbation import alpaca_prompt
 
 logger = logging.getLogger(__name__)
@@ -474,7 +475,7 @@ def _is_complete_checkpoint(checkpoint: Path) -> bool:
     if not state.is_file() or not (checkpoint / "adapter_model.safetensors").is_file():
         return False
     try:
-        return "global_step" in json.loads(state.read_text(encoding="utf-8"))
+        return "global_step" in read_json(state)
     except (OSError, ValueError):
         return False
 
@@ -488,7 +489,7 @@ def _normalise_adapter_config(output: Path, model: str) -> None:
     # PEFT writes target_modules from a set (order varies with PYTHONHASHSEED) and the base as given, which for a
     # local directory is a private absolute path; PEFT's own README stub names it too and is replaced by our card.
     config_file = output / "adapter_config.json"
-    adapter_config = json.loads(config_file.read_text())
+    adapter_config = read_json(config_file)
     adapter_config["target_modules"] = sorted(adapter_config["target_modules"])
     adapter_config["base_model_name_or_path"] = _public_name(model)
     config_file.write_text(json.dumps(adapter_config, indent=2, sort_keys=True) + "\n")

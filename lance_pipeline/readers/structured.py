@@ -178,11 +178,11 @@ def read_yaml(path: str | Path, *, max_bytes: int = MAX_INPUT_BYTES, what: str |
 
 # -- JSON ---------------------------------------------------------------------------------------------------------------
 def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _Refused(f"the key {_shown(key)} is given twice")
-        out[key] = value
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise _Refused(f"the key {_shown(twice)} is given twice")
     return out
 
 
@@ -237,30 +237,32 @@ def read_json_lines(path: str | Path, *, max_bytes: int = MAX_INPUT_BYTES, what:
 
 
 # -- the value's shape ------------------------------------------------------------------------------------------------
-def _field(path: tuple[Any, ...]) -> str:
-    """A field's place as errors name it: ``stages.0.options.seed``."""
-    return ".".join(_one_line(str(part), 60) for part in path)
+def _field(path: Any) -> str:
+    """A field's place as errors name it (``stages.0.options.seed``), from the walk's (parent, key) chain."""
+    parts = []
+    while path is not None:
+        path, key = path
+        parts.append(_one_line(str(key), 60))
+    return ".".join(reversed(parts))
 
 
 def _check_value(value: Any, origin: str) -> None:
     """Refuse a parsed value that expands past ``MAX_VALUES``, nests deeper than ``MAX_DEPTH``, refers to itself, or
     holds an oversized integer or a non-finite float (naming its field). Shared values (YAML aliases) are measured
-    once each."""
+    once each, so a bomb costs its distinct values, not its expansion."""
     memo: dict[int, tuple[int, int]] = {}  # id -> (expanded size, height)
     open_ids: set[int] = set()
+    int_bits = MAX_INT_DIGITS * 10 // 3
+    containers = (dict, list, tuple, set)
 
-    def scalar(item: Any, path: tuple[Any, ...]) -> None:
-        where = f"{origin}: '{_field(path)}'" if path else origin
+    def scalar(item: Any, path: Any) -> None:
+        where = f"{origin}: '{_field(path)}'" if path is not None else origin
         if isinstance(item, float) and not math.isfinite(item):
             raise InputError(f"{where} is {item}; only finite numbers are accepted")
-        if isinstance(item, int) and not isinstance(item, bool) and item.bit_length() > MAX_INT_DIGITS * 10 // 3:
+        if isinstance(item, int) and not isinstance(item, bool) and item.bit_length() > int_bits:
             raise InputError(f"{where} is an integer of more than {MAX_INT_DIGITS} digits")
 
-    def measure(item: Any, path: tuple[Any, ...]) -> tuple[int, int]:
-        depth = len(path)
-        if not isinstance(item, dict | list | tuple | set):
-            scalar(item, path)
-            return 1, 0
+    def measure(item: Any, path: Any, depth: int) -> tuple[int, int]:
         key = id(item)
         if key in memo:
             size, height = memo[key]
@@ -275,12 +277,32 @@ def _check_value(value: Any, origin: str) -> None:
             open_ids.add(key)
             size, height = 1, 0
             if isinstance(item, dict):
-                children = [(k, (*path, k)) for k in item] + [(v, (*path, k)) for k, v in item.items()]
+                size += len(item)  # the keys: scalars (YAML's complex keys are walked below)
+                named = item.items()
+                if not all(type(k) is str for k in item):
+                    named = [*((k, k) for k in item if type(k) is not str), *named]
             else:
-                children = [(child, (*path, i)) for i, child in enumerate(item)]
-            for child, child_path in children:
-                child_size, child_height = measure(child, child_path)
-                size, height = size + child_size, max(height, child_height + 1)
+                named = enumerate(item)
+            for name, child in named:
+                kind = type(child)
+                if kind is str or kind is bool or child is None:
+                    size += 1
+                elif kind is int:
+                    size += 1
+                    if child.bit_length() > int_bits:
+                        scalar(child, (path, name))
+                elif kind is float:
+                    size += 1
+                    if child - child != 0.0:  # inf - inf and nan - nan are nan: not finite
+                        scalar(child, (path, name))
+                elif isinstance(child, containers):
+                    child_size, child_height = measure(child, (path, name), depth + 1)
+                    size += child_size
+                    if child_height + 1 > height:
+                        height = child_height + 1
+                else:
+                    size += 1
+                    scalar(child, (path, name))
                 if size > MAX_VALUES:
                     break
             open_ids.discard(key)
@@ -294,7 +316,10 @@ def _check_value(value: Any, origin: str) -> None:
             )
         return size, height
 
-    measure(value, ())
+    if isinstance(value, containers):
+        measure(value, None, 0)
+    else:
+        scalar(value, None)
 
 
 def check_expansion(value: Any, origin: str) -> None:
