@@ -9,12 +9,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import shlex
 import sys
 import textwrap
 from importlib import resources
 from pathlib import Path
 
+from builder.cli_types import bound_numeric_options
 from builder.config import apply_overrides, list_presets, load_config, preset_path
 from builder.config_docs import commented_yaml
 from builder.dispatch import parse_stage_settings
@@ -477,6 +479,7 @@ def build_parser() -> argparse.ArgumentParser:
     # A subcommand that parses another command's arguments (``models list COMMAND ...``) reads the whole parser
     # from here instead of importing this module back (the subcommand modules import nothing of the CLI's root).
     parser.set_defaults(root_parser=parser)
+    bound_numeric_options(parser)  # every number option of every command: bounded integers, finite floats
     return parser
 
 
@@ -502,12 +505,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except ImportError as err:  # a missing optional extra: the message carries the install command
         if "pip install" not in str(err):
-            raise
+            return report_unexpected(args.command, err)
         sys.stderr.write(f"lance-cf {args.command}: error: {err}\n")
         return 2
     except RuntimeError as err:
         if not isinstance(err, StageNotWorking):
-            raise
+            return report_unexpected(args.command, err)
         sys.stderr.write(
             f"lance-cf {args.command}: error: {err}\n"
             "  nothing was recorded against the data: fix the stage or its environment, then re-run the same command\n"
@@ -515,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except OSError as err:
         if not _is_model_download_error(err):
-            raise
+            return report_unexpected(args.command, err)
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         sys.stderr.write(
             f"lance-cf {args.command}: error: a model could not be loaded ({first}); connect to the Hub once "
@@ -525,6 +528,44 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("lance-cf: interrupted; re-run the same command to resume\n")
         return 130
+    except Exception as err:  # noqa: BLE001 - anything else is a bug: one line here, the traceback in a file
+        return report_unexpected(args.command, err)
+
+
+def traceback_dir() -> Path:
+    """Where unexpected errors' tracebacks are written: ``$LANCE_CF_TRACEBACK_DIR``, else the user's cache
+    (``$XDG_CACHE_HOME/lance-cf/tracebacks``, by default ``~/.cache/lance-cf/tracebacks``)."""
+    if os.environ.get("LANCE_CF_TRACEBACK_DIR"):
+        return Path(os.environ["LANCE_CF_TRACEBACK_DIR"])
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "lance-cf" / "tracebacks"
+
+
+def report_unexpected(command: str, err: BaseException) -> int:
+    """An exception no command expected: one line naming it and the file its full traceback went to; exit 1."""
+    import datetime
+    import tempfile
+    import traceback
+
+    text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    name = f"{stamp}-{command}-{os.getpid()}.txt"
+    where = None
+    for folder in (traceback_dir(), Path(tempfile.gettempdir()) / "lance-cf-tracebacks"):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_text(f"lance-cf {shlex.join(sys.argv[1:])}\n\n{text}", encoding="utf-8")
+            where = folder / name
+            break
+        except OSError:
+            continue
+    first = " ".join(str(err).split())[:300] or "no message"
+    shown = f"the full traceback is in {where}" if where else "the traceback could not be written to a file"
+    sys.stderr.write(
+        f"lance-cf {command}: error: unexpected {type(err).__name__} ({first}); {shown}; this is a bug, please "
+        "report it with that file\n"
+    )
+    return 1
 
 
 def _run_with_models(args: argparse.Namespace, argv: list[str]) -> int:

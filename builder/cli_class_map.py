@@ -28,7 +28,13 @@ def register(subparsers) -> None:
         "name matches filled in, the others marked CHOOSE with the closest ImageNet classes as comments.",
     )
     parser.add_argument("release", type=Path, metavar="RELEASE", help="release directory (its manifest.json)")
-    parser.add_argument("--output", "-o", type=Path, help="file to write (default: RELEASE-name.classmap.txt here)")
+    parser.add_argument(
+        "--output",
+        "-o",
+        type=Path,
+        help="file to write (default: RELEASE-name.classmap.txt here, or the next free RELEASE-name.classmap-N.txt)",
+    )
+    parser.add_argument("--force", action="store_true", help="overwrite --output if it exists (your edits are lost)")
     parser.set_defaults(func=run_class_map)
 
 
@@ -51,6 +57,32 @@ def imagenet_candidates(name: str, limit: int = 5) -> tuple[int | None, list[int
     return None, list(dict.fromkeys(exact + containing + close))[:limit]
 
 
+def free_name(path: Path) -> Path:
+    """``path`` if nothing is there, else the first free ``stem-N.suffix`` (N = 2, 3, ...): a map the user edited is
+    never the default target."""
+    candidate, number = path, 1
+    while candidate.exists() or candidate.is_symlink():
+        number += 1
+        candidate = path.with_name(f"{path.stem}-{number}{path.suffix}")
+    return candidate
+
+
+def write_new_file(path: Path, text: str, *, force: bool, what: str) -> None:
+    """Write ``text`` to ``path``, which must not exist unless ``force``: created exclusively (``open(..., "x")``),
+    so a file that appears between the check and the write is not overwritten either."""
+    if path.is_dir():
+        raise ValueError(f"{what} {path} is a directory; give a file name")
+    if force and (path.exists() or path.is_symlink()):
+        path.unlink()
+    try:
+        with path.open("x", encoding="utf-8") as handle:
+            handle.write(text)
+    except FileExistsError:
+        raise ValueError(
+            f"{what} {path} exists (it may hold your edits); give another --output, or --force to overwrite it"
+        ) from None
+
+
 def run_class_map(args: argparse.Namespace) -> int:
     if not (args.release / "manifest.json").is_file():
         raise ValueError(f"{args.release} is not a release directory (no manifest.json); build it first")
@@ -60,7 +92,7 @@ def run_class_map(args: argparse.Namespace) -> int:
         sys.stdout.write(f"{args.release}: its labels are ImageNet-1k indices already; eval needs no --class-map\n")
         return 0
     names = class_names()
-    output = args.output or Path(f"{manifest.name}.classmap.txt")
+    output = args.output or free_name(Path(f"{manifest.name}.classmap.txt"))
     lines = [
         f"# Class map for `lance-cf eval --release {args.release} --class-map {output}`.",
         "# Line i (comments aside) is the ImageNet-1k index that scores release label i. Replace every CHOOSE by the",
@@ -75,7 +107,7 @@ def run_class_map(args: argparse.Namespace) -> int:
         to_choose.append(name)
         listed = "; ".join(f"{i} {names[i]!r}" for i in candidates) or "none close by name"
         lines += [f"# {label} {name!r}: no ImageNet class of this name; closest: {listed}", "CHOOSE"]
-    output.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_new_file(output, "\n".join(lines) + "\n", force=args.force, what="--output")
     total = len(manifest.label_names)
     write = sys.stdout.write
     write(f"wrote {output}: {total - len(to_choose)} of {total} classes matched an ImageNet-1k class by name\n")

@@ -114,7 +114,7 @@ def test_presets_show_comments_every_key_and_build_help_names_every_preset(capsy
     assert all(re.search(rf"^  {re.escape(name)}\s+\S", text, re.M) for name in list_presets())
 
 
-def test_class_map_for_a_label_space_of_ones_own(tmp_path, capsys):
+def test_class_map_for_a_label_space_of_ones_own(tmp_path, capsys, monkeypatch):
     from evaluation.models import load_class_map
 
     photos = make_imagefolder(tmp_path / "photos", ["cat", "tabby cat", "golden retriever"], per_class=1)
@@ -131,6 +131,17 @@ def test_class_map_for_a_label_space_of_ones_own(tmp_path, capsys):
         load_class_map(class_map, 3)
     class_map.write_text(re.sub(r"^CHOOSE$", "285", class_map.read_text(), flags=re.M))  # the user's choice
     assert load_class_map(class_map, 3) == [285, 207, 281]
+    # running it again never overwrites the edited map: refused for an --output that exists, a new name by default
+    assert main(["class-map", str(out), "--output", str(class_map)]) == 2
+    assert "exists (it may hold your edits)" in capsys.readouterr().err
+    assert load_class_map(class_map, 3) == [285, 207, 281]
+    monkeypatch.chdir(tmp_path)
+    assert main(["class-map", str(out)]) == 0 and main(["class-map", str(out)]) == 0
+    made = sorted(p.name for p in tmp_path.glob("*.classmap*.txt") if p != class_map)
+    assert made == ["test-release.classmap-2.txt", "test-release.classmap.txt"], made
+    capsys.readouterr()
+    assert main(["class-map", str(out), "--output", str(class_map), "--force"]) == 0  # asked for: overwritten
+    assert "CHOOSE" in class_map.read_text()
 
     synsets = make_imagefolder(tmp_path / "synsets", ["n02123045", "n02099601"], per_class=1)
     build(load_config(str(write_config(tmp_path / "s.yaml", f"imagefolder:{synsets}"))), tmp_path / "s",

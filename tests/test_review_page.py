@@ -244,7 +244,7 @@ def test_two_reviewers_at_once_on_two_servers(release):
         first.kill()
         second.kill()
     store = JudgementStore(release, rf.load_manifest(release).manifest_sha256)
-    latest = store.latest("pair")
+    latest = store.latest(Study.from_dict(store.study_spec("pair")))
     assert sorted({r for r, *_ in latest}) == ["carol", "dave"] and len(latest) == 2 * items
 
 

@@ -13,7 +13,7 @@ from release_fixture import write_release
 from builder.review.index import ReleaseIndex, marked_words
 from builder.review.server import ReviewSession
 from builder.review.store import JudgementStore
-from builder.review.study import Study, aggregate, agreement, reviewer_order, select
+from builder.review.study import QUESTIONS, Study, aggregate, agreement, reviewer_order, select
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_the_store_appends_counts_the_latest_ignores_other_builds_and_exports(in
     store.record("s", "alice", config, key, {"verdict": "reject"}, "the class changed")
     store.record("s", "alice", config, key, {"verdict": "accept"})  # went back and changed her mind
     JudgementStore(release, "0" * 64).record("s", "alice", config2, key2, {"verdict": "flag"})  # another build
-    latest = store.latest("s")
+    latest = store.latest(Study(name="s"))
     assert [(k, j.answer) for k, j in latest.items()] == [(("alice", config, key, "verdict"), "accept")]
     assert store.other_release_rows("s") == 1
     assert len(store.history("s")) == 3  # nothing is overwritten
@@ -108,7 +108,7 @@ def test_agreement_equals_an_independent_computation(index, release):
             reason = "the class changed" if verdicts[reviewer][i] == "reject" else None
             answers = {"still_class": ratings[reviewer][i], "verdict": verdicts[reviewer][i]}
             store.record("k", reviewer, config, key, answers, reason)
-    latest = store.latest("k")
+    latest = store.latest(Study(name="k", questions=[QUESTIONS["still_class"]]))
     stats = agreement(latest, ["still_class"], items)
     for question, table in (("still_class", ratings), ("verdict", verdicts)):
         rows = [[table[r][i] for r in ("alice", "bob", "carol")] for i in range(len(items))]

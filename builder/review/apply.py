@@ -87,7 +87,7 @@ def apply_review(
     store = JudgementStore(release, index.manifest_sha)
     study = choose_study(store, study_name)
     items = select(study, index)
-    latest = store.latest(study.name)
+    latest = store.latest(study)
     if not any(q == "verdict" for (_, _, _, q) in latest):
         ignored = store.other_release_rows(study.name)
         hint = f" ({ignored} judgement(s) were of another build of this release)" if ignored else ""

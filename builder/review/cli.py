@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from builder import release_format as rf
+from builder.cli_types import port_number
 from builder.release_format.lock import output_lock
 from builder.review.apply import apply_review, choose_study
 from builder.review.index import ReleaseIndex
@@ -53,7 +54,7 @@ def register(subparsers) -> None:
     study.add_argument("--hide-originals", action="store_true", help="show the counterfactual alone")
     review.add_argument("--reviewer", metavar="NAME", help="the page's reviewer (else the page asks)")
     review.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine)")
-    review.add_argument("--port", type=int, default=0, help="port (default: a free one)")
+    review.add_argument("--port", type=port_number, default=0, help="port (default: a free one)")
     review.set_defaults(func=run_review)
 
 
@@ -152,7 +153,7 @@ def _agreement(args: argparse.Namespace, release: Path) -> int:
     store = JudgementStore(release, index.manifest_sha)
     study = choose_study(store, args.study_name)
     items = select(study, index)
-    latest = store.latest(study.name)
+    latest = store.latest(study)
     verdicts: dict[str, int] = {}
     for review in aggregate(latest, items).values():
         verdicts[review.verdict] = verdicts.get(review.verdict, 0) + 1

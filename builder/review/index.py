@@ -9,13 +9,13 @@ by item numbers of the study, which map to (config, key) here.
 from __future__ import annotations
 
 import difflib
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from builder import release_format as rf
+from lance_pipeline.readers import load_json
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class ReleaseIndex:
             for sample in rf.index_shard(path, read={rf.METADATA_EXT}, expected_sha256=shard.sha256):
                 if ext not in sample.spans or rf.METADATA_EXT not in sample.members:
                     raise ValueError(f"{shard.path}:{sample.key}: no {ext} image or metadata")
-                meta = json.loads(sample.members[rf.METADATA_EXT])
+                meta = load_json(sample.members[rf.METADATA_EXT], f"{shard.path}:{sample.key}.json")
                 self.samples[(shard.config, sample.key)] = ReviewSample(
                     shard.config, sample.key, int(meta["label"]), meta, path, sample.spans[ext]
                 )

@@ -22,14 +22,16 @@ from pathlib import Path
 from typing import Any
 
 from builder.review.index import ReleaseIndex, marked_words
-from builder.review.store import VERDICTS, JudgementStore
+from builder.review.store import MAX_REASON, VERDICTS, JudgementStore, check_reviewer
 from builder.review.study import REJECT_REASONS, Study, reviewer_order, select
+from lance_pipeline.readers import load_json
 
 logger = logging.getLogger(__name__)
 
 COOKIE = "lance_cf_review"
-REVIEWER_PATTERN = re.compile(r"^[\w][\w .@-]{0,63}$")
-MAX_REASON = 500
+# A judgement is a few hundred bytes (a reason is at most MAX_REASON characters): a larger body is refused unread.
+MAX_BODY_BYTES = 16 * 1024
+ITEM_PATTERN = re.compile(r"[0-9]{1,9}")
 STATIC = {"review.js": "text/javascript", "review.css": "text/css"}
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
@@ -51,6 +53,11 @@ class ReviewSession:
             raise ValueError(f"study {study.name!r} selects no sample of {index.root}")
         self.questions = {q.id: q for q in study.questions}
 
+    def check_state(self) -> None:
+        """Read every stored judgement of the study once, so a database changed outside the page is refused (one
+        line naming the row) before the page is served, not on a reviewer's first request."""
+        self.store.latest(self.study)
+
     # -- reading ----------------------------------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
         m = self.index.manifest
@@ -70,7 +77,7 @@ class ReviewSession:
 
     def queue(self, reviewer: str) -> dict[str, Any]:
         """The reviewer's order of items and their latest judgements."""
-        latest = self.store.latest(self.study.name, reviewer)
+        latest = self.store.latest(self.study, reviewer)
         position = {item: i for i, item in enumerate(self.items)}
         judged: dict[int, dict[str, Any]] = {}
         for (_, config, key, question), judgement in latest.items():
@@ -140,7 +147,7 @@ class ReviewSession:
         """Validate and store one judgement; ``ValueError`` names what is wrong."""
         if not isinstance(body, dict):
             raise ValueError("expected a JSON object")
-        reviewer = check_reviewer(body.get("reviewer"))
+        reviewer = self.check_reviewer(body.get("reviewer"))
         item = body.get("item")
         if not isinstance(item, int) or isinstance(item, bool) or not 0 <= item < len(self.items):
             raise ValueError(f"item must be an item number of this study (0 to {len(self.items) - 1})")
@@ -164,11 +171,16 @@ class ReviewSession:
         logger.info("judged item %d (%s) as %s", item, reviewer, verdict)
         return {"saved": True, "left": self.queue(reviewer)["left"]}
 
+    def check_reviewer(self, name: Any) -> str:
+        """A well-formed name, and one of the study's reviewers when the study names them."""
+        name = check_reviewer(name)
+        if self.study.reviewers and name not in self.study.reviewers:
+            raise NotAReviewer(f"reviewer {name!r} is not one of study {self.study.name!r}'s reviewers")
+        return name
 
-def check_reviewer(name: Any) -> str:
-    if not isinstance(name, str) or not REVIEWER_PATTERN.match(name.strip()):
-        raise ValueError("reviewer: a name of 1-64 letters, digits, spaces, '.', '@' or '-'")
-    return name.strip()
+
+class NotAReviewer(ValueError):
+    """A name the study's list of reviewers does not hold (HTTP 403)."""
 
 
 def _static_files() -> dict[str, bytes]:
@@ -215,8 +227,15 @@ def create_app(session: ReviewSession, token: str, allowed_hosts: list[str]):
                 return _forbidden()
             try:
                 return await handler(request)
-            except ValueError as err:
-                return JSONResponse({"error": str(err)}, status_code=400, headers=headers)
+            except _TooLarge as err:
+                return JSONResponse({"error": str(err)}, status_code=413, headers=headers)
+            except NotAReviewer as err:
+                return JSONResponse({"error": str(err)}, status_code=403, headers=headers)
+            except ValueError as err:  # a malformed request, or a store that cannot be read: named, no traceback
+                return JSONResponse({"error": " ".join(str(err).split())[:500]}, status_code=400, headers=headers)
+            except Exception as err:  # noqa: BLE001 - a bug must not print a traceback on the reviewer's terminal
+                logger.error("review page: %s %s failed (%s)", request.method, request.url.path, type(err).__name__)
+                return JSONResponse({"error": "internal error"}, status_code=500, headers=headers)
 
         return endpoint
 
@@ -235,10 +254,16 @@ def create_app(session: ReviewSession, token: str, allowed_hosts: list[str]):
         return JSONResponse(session.describe(), headers=headers)
 
     async def queue(request: Request) -> Response:
-        return JSONResponse(session.queue(check_reviewer(request.query_params.get("reviewer"))), headers=headers)
+        return JSONResponse(
+            session.queue(session.check_reviewer(request.query_params.get("reviewer"))), headers=headers
+        )
 
     def _item(request: Request) -> int | None:
-        item = request.path_params["item"]
+        """The item number of the path, or None (not found) for anything but a number of this study's items."""
+        text = request.path_params["item"]
+        if not ITEM_PATTERN.fullmatch(text):
+            return None
+        item = int(text)
         return item if 0 <= item < len(session.items) else None
 
     async def item_view(request: Request) -> Response:
@@ -260,20 +285,24 @@ def create_app(session: ReviewSession, token: str, allowed_hosts: list[str]):
     async def judge(request: Request) -> Response:
         if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
             raise ValueError("send the judgement as application/json")
-        try:
-            body = await request.json()
-        except ValueError as err:
-            raise ValueError(f"not JSON ({err})") from err
-        return JSONResponse(session.judge(body), headers=headers)
+        declared = request.headers.get("content-length", "")
+        if declared and (not declared.isdigit() or len(declared) > 12 or int(declared) > MAX_BODY_BYTES):
+            raise _TooLarge(f"a judgement is at most {MAX_BODY_BYTES:,} bytes")
+        body = bytearray()
+        async for chunk in request.stream():  # a body without a length is counted as it arrives, never held whole
+            body += chunk
+            if len(body) > MAX_BODY_BYTES:
+                raise _TooLarge(f"a judgement is at most {MAX_BODY_BYTES:,} bytes")
+        return JSONResponse(session.judge(load_json(bytes(body), "the judgement")), headers=headers)
 
     routes = [
         Route("/", page),
         Route("/static/{name}", gated(static)),
         Route("/api/session", gated(describe)),
         Route("/api/queue", gated(queue)),
-        Route("/api/item/{item:int}", gated(item_view)),
-        Route("/image/{item:int}", gated(image_endpoint(False))),
-        Route("/image/{item:int}/original", gated(image_endpoint(True))),
+        Route("/api/item/{item}", gated(item_view)),
+        Route("/image/{item}", gated(image_endpoint(False))),
+        Route("/image/{item}/original", gated(image_endpoint(True))),
         Route("/api/judgement", gated(judge), methods=["POST"]),
     ]
     app = Starlette(routes=routes, middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)])
@@ -283,6 +312,10 @@ def create_app(session: ReviewSession, token: str, allowed_hosts: list[str]):
 
     app.add_exception_handler(404, not_found)
     return app
+
+
+class _TooLarge(ValueError):
+    """A request body over ``MAX_BODY_BYTES`` (HTTP 413)."""
 
 
 def serve(session: ReviewSession, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> None:
@@ -330,6 +363,8 @@ def open_session(
         stored = store.study_spec(name)
         study = Study.from_dict(stored, where=f"study {name!r}") if stored else Study(name=name)
     store.save_study(study.name, study.to_dict())
+    session = ReviewSession(index, store, study)
     if reviewer is not None:
-        reviewer = check_reviewer(reviewer)
-    return ReviewSession(index, store, study, reviewer), store
+        session.default_reviewer = session.check_reviewer(reviewer)
+    session.check_state()
+    return session, store

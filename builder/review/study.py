@@ -20,9 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from builder.review.index import ReleaseIndex, ReviewSample
-from builder.review.store import VERDICT, VERDICTS, Judgement
+from builder.review.store import VERDICT, VERDICTS, Judgement, check_reviewer
+from lance_pipeline.readers import expect_bool, expect_int, expect_list, expect_str, read_yaml
 
 GROUP_BY = ("edit_type", "shift", "config")
+MAX_STUDY_BYTES = 1 << 20  # a study is a few hundred bytes of settings
+MAX_TEXT = 500  # a question's text, an answer
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,8 @@ class Study:
         blind: hide what the filters said (scores, screens, config and key) and the other reviewers.
         shuffle: each reviewer sees the samples in an order of their own (from the seed and their name).
         show_original: show the original beside the counterfactual.
+        reviewers: who may judge (empty: anyone who opens the page, under a name of their choice); judgements of
+            anyone else are refused by the page and, found in the database, refused on load.
     """
 
     name: str = "review"
@@ -83,10 +88,12 @@ class Study:
     blind: bool = False
     shuffle: bool = False
     show_original: bool = True
+    reviewers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "questions", tuple(self.questions))
         object.__setattr__(self, "configs", tuple(self.configs))
+        object.__setattr__(self, "reviewers", tuple(check_reviewer(r) for r in self.reviewers))
         if not self.name or not all(c.isalnum() or c in "-_." for c in self.name):
             raise ValueError(f"study name {self.name!r}: use letters, digits, '-', '_' or '.'")
         if self.group_by not in GROUP_BY:
@@ -101,6 +108,9 @@ class Study:
         data = asdict(self)
         data["questions"] = [asdict(q) | {"answers": list(q.answers)} for q in self.questions]
         data["configs"] = list(self.configs)
+        data["reviewers"] = list(self.reviewers)
+        if not self.reviewers:
+            del data["reviewers"]  # the spec of a study without a list is the one stored before lists existed
         return data
 
     @classmethod
@@ -108,11 +118,15 @@ class Study:
         if not isinstance(data, dict):
             raise ValueError(f"{where}: expected a mapping of study settings")
         known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(data) - known)
+        unknown = sorted((str(k) for k in set(data) - known), key=str)
         if unknown:
-            raise ValueError(f"{where}: unknown setting(s) {unknown}; settings are {', '.join(sorted(known))}")
-        values = dict(data)
-        values["questions"] = tuple(_question(q, where) for q in data.get("questions") or ())
+            shown = [repr(u)[:40] for u in unknown[:5]]
+            raise ValueError(f"{where}: unknown setting(s) {', '.join(shown)}; settings are {', '.join(sorted(known))}")
+        values = _typed(data, where)
+        values["questions"] = tuple(
+            _question(q, f"{where}: questions.{i}")
+            for i, q in enumerate(expect_list(data.get("questions") or [], f"{where}: questions"))
+        )
         try:
             return cls(**values)
         except TypeError as err:
@@ -120,13 +134,30 @@ class Study:
 
     @classmethod
     def from_file(cls, path: Path) -> Study:
-        import yaml
+        data = read_yaml(path, max_bytes=MAX_STUDY_BYTES, what=f"study {path}")
+        return cls.from_dict(data if data is not None else {}, where=f"study {path}")
 
-        try:
-            data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError) as err:
-            raise ValueError(f"{path}: cannot read the study ({err})") from err
-        return cls.from_dict(data or {}, where=str(path))
+
+def _typed(data: dict[str, Any], where: str) -> dict[str, Any]:
+    """The study's settings with each one's type checked, none coerced (``seed: [1, 2]`` and ``blind: 1`` are
+    refused, naming the setting)."""
+    values = dict(data)
+    for name in ("name", "group_by"):
+        if name in values:
+            expect_str(values[name], f"{where}: {name}", max_chars=MAX_TEXT)
+    for name in ("blind", "shuffle", "show_original"):
+        if name in values:
+            expect_bool(values[name], f"{where}: {name}")
+    if "seed" in values:
+        expect_int(values["seed"], f"{where}: seed", minimum=0, maximum=2**63 - 1)
+    if values.get("per_group") is not None:
+        expect_int(values["per_group"], f"{where}: per_group", minimum=1, maximum=2**31 - 1)
+    for name in ("configs", "reviewers"):
+        if name in values:
+            items = expect_list(values[name], f"{where}: {name}")
+            for i, item in enumerate(items):
+                expect_str(item, f"{where}: {name}.{i}", max_chars=MAX_TEXT)
+    return values
 
 
 def _question(value: Any, where: str) -> Question:
@@ -135,8 +166,13 @@ def _question(value: Any, where: str) -> Question:
             raise ValueError(f"{where}: unknown question {value!r}; built in: {', '.join(QUESTIONS)}, or give id+text")
         return QUESTIONS[value]
     if isinstance(value, dict) and {"id", "text"} <= set(value) and set(value) <= {"id", "text", "answers"}:
-        return Question(str(value["id"]), str(value["text"]), tuple(value.get("answers") or ("yes", "no", "unsure")))
-    raise ValueError(f"{where}: a question is a built-in id or {{id, text, answers}}, got {value!r}")
+        answers = expect_list(value.get("answers") or ["yes", "no", "unsure"], f"{where}: answers")
+        return Question(
+            expect_str(value["id"], f"{where}: id", max_chars=64),
+            expect_str(value["text"], f"{where}: text", max_chars=MAX_TEXT),
+            tuple(expect_str(a, f"{where}: answers.{i}", max_chars=MAX_TEXT) for i, a in enumerate(answers)),
+        )
+    raise ValueError(f"{where}: a question is a built-in id or {{id, text, answers}}, got {repr(value)[:80]}")
 
 
 def default_configs(index: ReleaseIndex) -> list[str]:
