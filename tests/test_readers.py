@@ -286,7 +286,7 @@ def _has_nan(value) -> bool:
         ('{"0": 281, "01": 207}', "key '01' is not a release label"),
         ('{"0": 281, "1": 207, "2": 3}', "key '2' is not a release label"),
         ('{"0": 281, "1": -4}', "expected an integer in 0 to"),
-        ('[281, 207]', "expected a mapping"),
+        ("[281, 207]", "expected a mapping"),
     ],
 )
 def test_a_json_class_map_is_read_strictly(tmp_path, text, expected):
@@ -315,3 +315,34 @@ def test_fuzz_a_json_class_map_gives_integers_or_one_line(tmp_path_factory, mapp
         return
     assert all(type(i) is int and i >= 0 for i in indices) and len(indices) == 2
     assert indices == [mapping["0"], mapping["1"]]
+
+
+STUDY_KEYS = ["name", "questions", "configs", "per_group", "group_by", "seed", "blind", "shuffle", "show_original",
+              "reviewers", "colour"]  # fmt: skip
+QUESTION = st.fixed_dictionaries(
+    {"id": st.sampled_from(["q", "1q", "verdict", 5]), "text": JSON_VALUES},
+    optional={"answers": st.lists(JSON_VALUES, max_size=4)},
+)
+
+
+@FUZZ
+@given(st.dictionaries(st.sampled_from(STUDY_KEYS), JSON_VALUES | st.lists(QUESTION, max_size=2), max_size=6))
+def test_fuzz_a_study_is_built_with_its_types_or_refused_in_one_line(tmp_path_factory, settings_given):
+    """The review's study reader: settings of any type give a Study whose fields have their declared types, or one
+    ``ValueError`` line (through the YAML file too)."""
+    import yaml
+
+    from builder.review.study import Study
+
+    path = tmp_path_factory.mktemp("study") / "study.yaml"
+    path.write_text(yaml.safe_dump(settings_given))
+    for read in (lambda: Study.from_dict(settings_given, "s"), lambda: Study.from_file(path)):
+        try:
+            study = read()
+        except ValueError as err:
+            assert "\n" not in str(err) and len(str(err)) < 1000, str(err)[:300]
+            continue
+        assert type(study.seed) is int and type(study.blind) is bool and type(study.shuffle) is bool
+        assert study.per_group is None or type(study.per_group) is int
+        assert all(type(c) is str for c in study.configs) and all(type(r) is str for r in study.reviewers)
+        assert all(type(q.text) is str and all(type(a) is str for a in q.answers) for q in study.questions)

@@ -10,6 +10,8 @@ import logging
 import sqlite3
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from release_fixture import write_release
 
 from builder import release_format as rf
@@ -216,3 +218,35 @@ def test_a_study_stored_before_reviewer_lists_continues(fresh):
     store.save_study("old", spec)
     session, _ = open_session(fresh, None, "old", None)
     assert isinstance(session, ReviewSession) and session.study.seed == 3
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=10,
+)
+JUDGEMENT = st.fixed_dictionaries(
+    {},
+    optional={
+        "reviewer": st.sampled_from(["al", "", " ", "<b>", "x" * 70]) | JSON_VALUES,
+        "item": st.integers(-3, 10**30) | JSON_VALUES,
+        "verdict": st.sampled_from(["accept", "reject", "flag", "maybe"]) | JSON_VALUES,
+        "reason": st.text(max_size=600) | JSON_VALUES,
+        "answers": JSON_VALUES,
+    },
+)
+
+
+_APPS: dict = {}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=JUDGEMENT | JSON_VALUES)
+def test_fuzz_the_judgement_endpoint_answers_200_or_4xx(release, body):
+    """Any JSON body: stored (200) or refused (4xx) with a short message; never a 500."""
+    if release not in _APPS:
+        _APPS[release] = _app(release, Study(name="fuzz"))[1]
+    app = _APPS[release]
+    code, answer = _post(app, json.dumps(body).encode())
+    assert code == 200 or 400 <= code < 500, (code, answer[:300])
+    assert len(answer) < 1000

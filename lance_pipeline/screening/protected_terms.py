@@ -12,6 +12,8 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from lance_pipeline.readers import load_yaml
+
 DATA_FILE = "protected_terms.yaml"
 
 
@@ -19,14 +21,11 @@ DATA_FILE = "protected_terms.yaml"
 def load_word_list() -> dict[str, Any]:
     """The parsed ``protected_terms.yaml``, checked for the keys the screen reads.
 
-    This is our own package data, shipped with lance_pipeline (pyproject's package-data), never user input: it is read
-    with PyYAML's safe loader here rather than through the release format's reader of user files, which
-    lance_pipeline may not import.
+    Our own package data, shipped with lance_pipeline (pyproject's package-data), read through the one reader of
+    structured input like every other YAML (a term listed twice under one key is refused, not silently merged).
     """
-    import yaml
-
     text = resources.files("lance_pipeline.screening").joinpath(DATA_FILE).read_text(encoding="utf-8")
-    data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    data = load_yaml(text, f"lance_pipeline/screening/{DATA_FILE}")
     expected = {"source", "attributes", "person_nouns", "descriptor_window", "descriptors", "markers", "anchors"}
     expected |= {"more_person_nouns", "more_descriptors", "more_markers", "things", "nationalities", "skin_words"}
     expected |= {"skin_tones", "skin_tone_descriptors", "body_parts", "body_part_modifiers", "intensifiers"}
