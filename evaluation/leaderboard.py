@@ -128,7 +128,9 @@ def find_results(paths: list[str | Path]) -> list[dict[str, Any]]:
             seen.add(file.resolve())
             try:
                 data = read_json(file)
-            except ValueError:
+            except ValueError as error:
+                if file.name == "results.json" or path.is_file():  # results the reader refused: named, not skipped
+                    raise ValueError(str(error)) from None
                 continue
             if not is_results(data):
                 continue

@@ -68,7 +68,6 @@ def test_typo_in_the_last_stage_fails_before_any_model_is_built(tmp_path, monkey
         ("perturb", "do_sample", "yes", "option do_sample = 'yes': expected true or false"),
         ("perturb", "do_sample", 1, "option do_sample = 1: expected true or false"),
         ("edit", "self_replace_sweep", [0.4, "x"], "a list (of numbers) (Input should be a valid number (item [1])"),
-        ("edit", "guidance_scale", float("nan"), "guidance_scale = nan: expected a number (Input should be a finite"),
         ("label_check", "label_threshold", 2.0, "cosine similarity threshold"),  # the stage's own range check
         ("invert", "num_inference_steps", 0, "option num_inference_steps = 0: expected an integer in [1, 1000]"),
         ("invert", "image_size", 10**9, "option image_size = 1000000000: expected an integer in [8, 16384]"),
@@ -79,6 +78,12 @@ def test_wrong_option_values_name_the_stage_and_the_option(tmp_path, stage, opti
     with pytest.raises(ValueError, match=f"stage '{stage}'") as info:
         validate_build(config)
     assert expected in str(info.value)
+
+
+def test_a_non_finite_option_in_yaml_is_refused_by_the_reader_naming_the_option(tmp_path):
+    """``.nan`` in a config file is refused when it is read (finite numbers only), naming the option's place."""
+    with pytest.raises(ValueError, match=r"'stages\.\d+\.options\.guidance_scale' is nan; only finite numbers"):
+        load_config(_demo_with(tmp_path, "edit", guidance_scale=float("nan")))
 
 
 def test_options_type_is_derived_from_the_signature_or_declared():
