@@ -308,6 +308,10 @@ def doc_table() -> dict[str, set[str]]:
         room = re.fullmatch(r"`([a-z_.]+)`( \(core\))?", room_cell)
         assert room, f"docs/architecture.md: a row's room is one `name`: {room_cell!r}"
         table[room.group(1)] = set() if may_cell == "no other room" else set(re.findall(r"`([a-z_.]+)`", may_cell))
+    # The reader's row says every room below it may import it; the other rows do not repeat it.
+    for room in table:
+        if room != "lance_pipeline.readers":
+            table[room].add("lance_pipeline.readers")
     return table
 
 

@@ -61,8 +61,7 @@ NOT_USER_INPUT: dict[tuple[str, str], str] = {
     # Tiny random-weight components built for the tests and demos by the same module.
     ("lance_pipeline/tiny/image_components.py", "create_tiny_stable_diffusion"): "a vocabulary this module wrote",
     ("lance_pipeline/tiny/text_components.py", "create_tiny_lora_adapter"): "an adapter config this module wrote",
-    # A server's own JSON response (the Hub's API, a chat-completions server), not a file a user passes.
-    ("lance_pipeline/models/hub_cache.py", "_probe"): "the Hub API's JSON response",
+    # A server's own JSON response (a chat-completions server), not a file a user passes.
     ("lance_pipeline/perturber/collect.py", "_chat_content"): "the chat-completions server's JSON response",
     # A language model's reply, parsed leniently (JSON, else a Python literal) and validated field by field after.
     ("lance_pipeline/dillema/text_stages.py", "parse_json_answer"): "a language model's reply, checked field by field",

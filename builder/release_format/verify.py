@@ -14,7 +14,6 @@ metadata index holds exactly its shards' metadata, and ``croissant.json`` equals
 from __future__ import annotations
 
 import io
-import json
 import re
 from pathlib import Path
 from typing import Any
