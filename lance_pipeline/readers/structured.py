@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -162,7 +163,8 @@ def load_yaml(text: str | bytes, origin: str, *, max_bytes: int = MAX_INPUT_BYTE
     try:
         data = yaml.load(text, Loader=_yaml_loader())
     except yaml.YAMLError as err:
-        raise InputError(f"{origin}: not valid YAML ({_one_line(str(err))})") from None
+        where = re.sub(r'\s+in "<(unicode|byte) string>",', " at", str(err))
+        raise InputError(f"{origin}: not valid YAML ({_one_line(where)})") from None
     except RecursionError:
         raise InputError(f"{origin}: the YAML nests too deeply to read (at most {MAX_DEPTH} levels)") from None
     except ValueError as err:  # an integer past Python's digit limit, raised by int() inside the constructor
