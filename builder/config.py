@@ -28,8 +28,8 @@ from builder.sources import _path_name, public_spec
 from lance_pipeline.models.hub_cache import content_digest, local_copy
 from lance_pipeline.models.needs import LOCAL_PREFIXES as MODEL_PREFIXES
 from lance_pipeline.models.needs import local_model_inputs
-from lance_pipeline.option_types import ImageSide, Interval, check_value, describe_type
-from lance_pipeline.stage import options_type
+from lance_pipeline.option_types import ImageSide, Interval, check_value, describe_type, plain_value
+from lance_pipeline.stage import StageContractError, check_options, option_values, options_type
 
 logger = logging.getLogger(__name__)
 
@@ -162,13 +162,25 @@ class BuildConfig:
         data["stages"] = [public_stage_dict(s) for s in self.stages]
         return data
 
-    def config_hash(self) -> str:
-        """Hash of everything that decides the release's content. Inactive stages are left out."""
-        canonical = json.dumps(hashed_view(self), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-        return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+    def config_hash(self, typed: dict[str, Any] | None = None) -> str:
+        """Hash of everything that decides the release's content (``hashed_view``): the options by their effective
+        value, so that writing an option at its default changes nothing. ``typed``: the stages' typed options by stage
+        name, when validation has them (``ValidatedBuild``), so that they are not constructed again; a stage type
+        that names code (``module:attr``) is not imported here, so its options count as written unless given)."""
+        return view_hash(hashed_view(self, typed))
+
+    def config_hash_as_written(self) -> str:
+        """The hash releases and ledgers made before options were hashed by value record: of the options as written
+        (a default written out changed it). A build directory holding it is resumed as one holding ``config_hash``."""
+        return view_hash(hashed_view(self, as_written=True))
 
 
-def public_stage_dict(stage: StageConfig) -> dict[str, Any]:
+def view_hash(view: dict[str, Any]) -> str:
+    canonical = json.dumps(view, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def public_stage_dict(stage: StageConfig, options: dict[str, Any] | None = None) -> dict[str, Any]:
     """A stage as a release records it, with no path of the build machine in it.
 
     Every option that names something on this machine is recorded by its name, as sources are, and its content by a
@@ -177,8 +189,11 @@ def public_stage_dict(stage: StageConfig) -> dict[str, Any]:
     metadata ``local_path``, e.g. a folder of class tokens) and the model options it declares (``model_options``)
     whose value is a local directory. A model directory that is an unchanged copy of a Hub model (its
     ``models download --local-dir`` marker matches its files) is also recorded, under ``local_copies``, as the Hub id
-    and commit it is a copy of, so the release names the real model."""
+    and commit it is a copy of, so the release names the real model. ``options``: the options to record instead of
+    those written (``effective_options``: what the hash covers)."""
     data = stage.to_dict()
+    if options is not None:
+        data["options"] = dict(options)
     local_inputs, local_copies = {}, {}
     for name, (path, is_model) in local_stage_inputs(stage).items():
         data["options"][name] = _path_name(path)
@@ -354,24 +369,57 @@ def config_changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     return changes
 
 
-def hashed_view(config: BuildConfig) -> dict[str, Any]:
-    """What the config hash covers: the public config with the active stages only (local inputs by name and digest)."""
+def hashed_view(config: BuildConfig, typed: dict[str, Any] | None = None, as_written: bool = False) -> dict[str, Any]:
+    """What the config hash covers: the public config with the active stages only (local inputs by name and digest),
+    each stage's options by their effective value (``effective_options``; ``typed``: the stages' typed options by
+    name, when the caller has them). ``as_written``: the options as the config writes them, as releases made before
+    options were hashed by value hashed them (``BuildConfig.config_hash_as_written``)."""
     data = config.public_dict()
-    data["stages"] = [public_stage_dict(s) for s in config.active_stages()]
+    data["stages"] = [
+        public_stage_dict(s, None if as_written else effective_options(s, (typed or {}).get(s.name)))
+        for s in config.active_stages()
+    ]
     return data
 
 
+def effective_options(stage: StageConfig, typed: Any = None) -> dict[str, Any]:
+    """The stage's options as they take effect: every option of its typed options (``check_options``), defaults filled
+    in, each value as its annotation reads it (a list for a tuple, 1.0 for a float written 1), so that a default written
+    out, or left out, is the same config. A stage whose typed options cannot be made here (a ``module:attr`` code
+    type not given as ``typed``, options that validation refuses) gives its options as written."""
+    if typed is None:
+        cls = _stage_class(stage.type)
+        if cls is None:
+            return dict(stage.options)
+        try:
+            typed = check_options(cls, stage.options, f"stage {stage.name!r} ({stage.type})")
+        except (TypeError, ValueError, StageContractError):
+            return dict(stage.options)
+    hints = typing.get_type_hints(type(typed), include_extras=True)
+    return {name: plain_value(value, hints.get(name, Any)) for name, value in option_values(typed).items()}
+
+
 def explain_config_change(
-    stored: dict[str, Any], config: BuildConfig, stored_view: dict[str, Any] | None = None
+    stored: dict[str, Any],
+    config: BuildConfig,
+    stored_view: dict[str, Any] | None = None,
+    typed: dict[str, Any] | None = None,
 ) -> str:
     """Why a build directory refuses ``config``: what changed since the config it was started with (``stored``, a
     ``to_dict``/``public_dict`` as the ledger or manifest keeps it, or better ``stored_view``, its ``hashed_view``
-    from then: local files that changed since are only seen there), and what to do, in one sentence."""
+    from then: local files that changed since are only seen there), and what to do, in one sentence. ``typed``: the
+    stages' typed options, when the stored view holds options by value; without them, the options are compared as
+    written (a build directory from before options were hashed by value)."""
+    as_written = typed is None
     try:
-        before = stored_view if stored_view is not None else hashed_view(_from_dict(stored, "the stored config"))
+        before = (
+            stored_view
+            if stored_view is not None
+            else hashed_view(_from_dict(stored, "the stored config"), as_written=as_written)
+        )
     except (TypeError, ValueError):
         before = stored
-    changes = config_changes(before, hashed_view(config))
+    changes = config_changes(before, hashed_view(config, typed, as_written=as_written))
     if not changes:
         return "it was started with another config; resume with that config, or use a new --output directory"
     if [c.split(":")[0] for c in changes] == ["version"]:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from builder import images
-from builder.config import BuildConfig, explain_config_change, hashed_view, local_stage_inputs
+from builder.config import BuildConfig, explain_config_change, local_stage_inputs
 from builder.ledger import Ledger
 from builder.model_check import build_needs, check_cpu, models_ready, resolve_models
 from builder.model_refs import local_path_references, resolve_model_references, restore_model_references
@@ -65,6 +65,9 @@ from lance_pipeline.stage import (
     SampleFailure,
     StageContractError,
     check_update,
+    create_stage,
+    option_values,
+    with_values,
 )
 
 logger = logging.getLogger(__name__)
@@ -157,12 +160,15 @@ class _StageRunner:
     @property
     def stage(self):
         if self._stage is None:
-            options, self._references = resolve_model_references(self.config.options)
+            # The typed options validation made, with demo:/pkg: model references resolved to their local directories.
+            values = option_values(self.validated.options)
+            resolved, self._references = resolve_model_references(values)
+            changed = {k: v for k, v in resolved.items() if v is not values[k]}
             # Local model directories and token folders: described by the name the config records them by.
             paths = [path for path, _ in local_stage_inputs(self.config).values()]
             self._references.update(local_path_references(paths))
             try:
-                self._stage = self.validated.cls(**options)
+                self._stage = create_stage(self.validated.cls, with_values(self.validated.options, **changed))
             except TypeError as err:
                 raise ValueError(f"stage {self.name!r} ({self.config.type}): bad options: {err}") from err
         return self._stage
@@ -276,7 +282,9 @@ def _output_problem(output: Path) -> str | None:
     return output_problem(output)
 
 
-def _check_output_dir(output: Path, config_hash: str) -> None:
+def _check_output_dir(output: Path, validated: ValidatedBuild) -> None:
+    """Refuse an output directory holding something else: a release holds this config's hash (by value; or as
+    written, if it was made before options were hashed by value)."""
     ledger_path = output / WORK_DIR / LEDGER_NAME
     manifest_path = output / "manifest.json"
     if ledger_path.exists():
@@ -286,7 +294,7 @@ def _check_output_dir(output: Path, config_hash: str) -> None:
             existing = read_json(manifest_path).get("config_hash")
         except (OSError, ValueError):
             existing = None
-        if existing != config_hash:
+        if existing != validated.config_hash and existing != validated.config_hash_as_written:
             raise BuildRefused(f"{output} holds a release of a different config; use a new --output directory")
     elif output.exists() and any(p.name != WORK_DIR for p in output.iterdir()):
         raise BuildRefused(f"{output} is not empty and holds no lance-cf build; choose an empty or new directory")
@@ -294,35 +302,45 @@ def _check_output_dir(output: Path, config_hash: str) -> None:
 
 def _claim_ledger(
     ledger: Ledger,
-    config: BuildConfig,
-    config_hash: str,
+    validated: ValidatedBuild,
     plan: list[tuple[str, int, int, str, int]],
     env: dict[str, Any],
     allow_version_change: bool,
 ) -> list[dict[str, Any]]:
     """Record (new ledger) or check (resume) config hash, plan and environment, in one transaction.
 
-    Returns every environment change accepted over the build's life (``--allow-version-change``).
+    Returns every environment change accepted over the build's life (``--allow-version-change``). A ledger started
+    before options were hashed by value holds the hash of the options as written: that hash of this config is
+    accepted too, and the ledger then records the hash by value (a default written out no longer matters).
     """
+    config, config_hash = validated.config, validated.config_hash
     with ledger.transaction():
         existing = ledger.get_meta("config_hash")
-        if existing is None:
+        if existing is None or (existing != config_hash and existing == validated.config_hash_as_written):
             ledger.set_meta("config_hash", config_hash)
             ledger.set_meta("config", json.dumps(config.to_dict(), sort_keys=True))
-            ledger.set_meta("hashed_config", json.dumps(hashed_view(config), sort_keys=True))
+            ledger.set_meta("hashed_config", json.dumps(validated.hashed_view, sort_keys=True))
+            ledger.set_meta("options_hashed", "by value")
+        if existing is None:
             ledger.set_meta("environment", json.dumps(env, sort_keys=True))
             ledger.write_plan(plan)
             return []
-        if existing != config_hash:
+        if existing != config_hash and existing != validated.config_hash_as_written:
             stored = json.loads(ledger.get_meta("config") or "{}")
             view = ledger.get_meta("hashed_config")  # absent in ledgers from before it was kept
-            why = explain_config_change(stored, config, json.loads(view) if view else None)
+            # A ledger from before options were hashed by value holds their view as written: compared with that.
+            by_value = ledger.get_meta("options_hashed") == "by value"
+            why = explain_config_change(
+                stored, config, json.loads(view) if view else None, validated.written_options if by_value else None
+            )
             raise BuildRefused(f"{ledger.path.parent.parent} holds a build of a different config: {why}")
         if ledger.plan() != sorted(plan, key=lambda r: (r[1], r[0])):
             raise BuildRefused(
                 f"source {config.source!r} no longer gives the samples this build started with; "
                 "use a new --output directory"
             )
+        if existing != config_hash:
+            logger.info("resuming a build whose ledger hashed the options as written; it now holds their values' hash")
         stored = ledger.get_meta("environment")
         before = json.loads(stored) if stored else {"tool": "unknown (a ledger from before environments were kept)"}
         accepted = json.loads(ledger.get_meta("environment_changes") or "[]")
@@ -555,7 +573,7 @@ def build(config: BuildConfig, output: Path, options: BuildOptions | None = None
     requested_device = options.device
     if validated.active:  # a build of `original` alone never imports torch
         options = replace(options, device=resolve_device(options.device))
-    _check_output_dir(output, config.config_hash())  # before creating anything in a directory that is not ours
+    _check_output_dir(output, validated)  # before creating anything in a directory that is not ours
     # The source is listed before anything is written: a bad source leaves no half-made output behind.
     source = create_source(config.source, config.source_options)
     check_stages_against_source(validated, source)  # e.g. a token for every class to generate, before any model
@@ -629,15 +647,14 @@ def _build_locked(
 ) -> dict[str, Any]:
     """Steps 1 to 3 of the module docstring, holding the output's lock: claim the ledger, run the engine, write."""
     config = validated.config
-    config_hash = config.config_hash()
-    _check_output_dir(output, config_hash)  # again, now that no other process can change it
+    _check_output_dir(output, validated)  # again, now that no other process can change it
     _remove_dead_writers_temp_files(output)
     env = environment(options.torch_threads)
     ledger = Ledger(output / WORK_DIR / LEDGER_NAME)
     if not options.keep_inversions:
         ledger.drop_when_done = tuple(s.config.name for s in validated.active if "inversion" in s.contract.produces)
     try:
-        accepted_changes = _claim_ledger(ledger, config, config_hash, plan, env, options.allow_version_change)
+        accepted_changes = _claim_ledger(ledger, validated, plan, env, options.allow_version_change)
         run = BuildRun(validated, source, plan, ledger, _stage_runners(validated, ledger, options), options)
         determinism = _run_engine(run, run_engine)
         # Stage descriptions without loading models (a resumed build may have loaded none).
@@ -647,7 +664,7 @@ def _build_locked(
         return write_release(
             output,
             config,
-            config_hash,
+            validated.config_hash,
             source,
             ledger,
             stage_info,

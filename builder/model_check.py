@@ -33,7 +33,6 @@ from lance_pipeline.models.hub_cache import (
     inspect_models,
 )
 from lance_pipeline.models.needs import ModelNeed, needs_of
-from lance_pipeline.stage import check_options
 
 logger = logging.getLogger(__name__)
 
@@ -42,9 +41,7 @@ def build_needs(validated: Any) -> list[ModelNeed]:
     """Every model the active stages of a validated build will load, in stage order."""
     needs: list[ModelNeed] = []
     for stage in validated.active:
-        where = f"stage {stage.config.name!r} ({stage.config.type})"
-        typed = check_options(stage.cls, stage.config.options, where)
-        needs += needs_of(stage.cls, typed, stage.config.name)
+        needs += needs_of(stage.cls, stage.options, stage.config.name)
     return needs
 
 
@@ -167,18 +164,14 @@ def unet_evaluations(validated: Any) -> dict[str, float]:
     edits = 0
     if "llm_perturber" in stages:
         stage = stages["llm_perturber"]
-        options = check_options(stage.cls, stage.config.options, "perturb")
-        edits = len(stage.cls(**stage.config.options).edit_types) * options.n_per_type
+        edits = len(stage.create().edit_types) * stage.options.n_per_type
     elif "dillema_counterfactual" in stages:
         stage = stages["dillema_counterfactual"]
-        edits = check_options(stage.cls, stage.config.options, "rewrite").n_counterfactuals
+        edits = stage.options.n_counterfactuals
     counts: dict[str, float] = {}
     for stage in validated.active:
         kind = stage.config.type
-        try:
-            options = check_options(stage.cls, stage.config.options, kind)
-        except ValueError:
-            continue
+        options = stage.options
         steps = getattr(options, "num_inference_steps", None)
         if not steps:
             continue

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import logging
 import os
 from dataclasses import dataclass
 from typing import Any
 
 from builder import release_format as rf
-from builder.config import BuildConfig, StageConfig
+from builder.config import BuildConfig, StageConfig, hashed_view, view_hash
 from builder.registry import SOURCES, STAGES
 from lance_pipeline.edit_types import release_edit_types
 from lance_pipeline.stage import (
@@ -34,6 +35,8 @@ from lance_pipeline.stage import (
     StageContractError,
     check_options,
     contract_of,
+    create_stage,
+    with_values,
 )
 
 ALLOW_CODE_ENV = "LANCE_CF_ALLOW_CODE"
@@ -51,6 +54,14 @@ class ValidatedStage:
     cls: type
     contract: StageContract
     is_code: bool  # named by ``module:attr`` instead of a registered name (ran only with --allow-code)
+    # The typed options (``options_type``, defaults filled in), constructed and checked once, here: the engine creates
+    # the stage from them (``create_stage``), the model check and the cost estimate read them. For this build: an
+    # output switched off (``_switch_outputs``) is off here.
+    options: Any = None
+
+    def create(self) -> Any:
+        """The stage object (nothing loaded), from the typed options."""
+        return create_stage(self.cls, self.options)
 
 
 @dataclass(frozen=True)
@@ -61,6 +72,24 @@ class ValidatedBuild:
     outputs: tuple[ReleaseOutput, ...]  # how records become samples of the selected configs
     known_configs: tuple[str, ...]  # every config this config's stages can write
     release_spec: Any  # builder.release_format.ReleaseSpec of the selected configs (declared fields included)
+    # Every stage's typed options as the config writes them (before outputs are switched off for this build), by
+    # stage name: what the config hash covers.
+    written_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @functools.cached_property
+    def hashed_view(self) -> dict[str, Any]:
+        """What the config hash covers (``builder.config.hashed_view``), from the options validated here."""
+        return hashed_view(self.config, self.written_options)
+
+    @functools.cached_property
+    def config_hash(self) -> str:
+        """The config hash: of the effective options, so that writing a default changes nothing."""
+        return view_hash(self.hashed_view)
+
+    @functools.cached_property
+    def config_hash_as_written(self) -> str:
+        """The hash a build directory made before options were hashed by value holds for this config."""
+        return self.config.config_hash_as_written()
 
     @property
     def code_targets(self) -> list[str]:
@@ -103,12 +132,14 @@ def validate_build(config: BuildConfig, *, allow_code: bool | None = None) -> Va
             contract = contract_of(cls)
         except StageContractError as err:
             raise ValueError(f"{where}: {err}") from err
-        check_options(cls, stage.options, where)
-        try:
-            cls(**stage.options)  # the stage's own range checks; loads nothing
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"{where}: {err}") from err
-        stages.append(ValidatedStage(stage, cls, contract, is_code))
+        typed = check_options(cls, stage.options, where)  # the only place a build constructs them
+        if getattr(cls, "options_class", None) is None:  # a custom stage whose constructor is its options' checks
+            try:
+                create_stage(cls, typed)  # loads nothing
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"{where}: {err}") from err
+        stages.append(ValidatedStage(stage, cls, contract, is_code, typed))
+    written = {s.config.name: s.options for s in stages}
 
     generates, source_fields, declared_outputs = source_declaration(config.source)
     # A source that generates (no image to read) releases nothing itself and gives its own fields instead of `image`;
@@ -167,7 +198,7 @@ def validate_build(config: BuildConfig, *, allow_code: bool | None = None) -> Va
         outputs.append(output)
     outputs = _with_screen_fields(outputs, active)
     spec = _release_spec(config, outputs, writers)
-    return ValidatedBuild(config, tuple(stages), tuple(active), tuple(outputs), tuple(known), spec)
+    return ValidatedBuild(config, tuple(stages), tuple(active), tuple(outputs), tuple(known), spec, written)
 
 
 def _switch_outputs(stage: ValidatedStage, selected: set[str]) -> ValidatedStage:
@@ -181,8 +212,7 @@ def _switch_outputs(stage: ValidatedStage, selected: set[str]) -> ValidatedStage
     for output in stage.contract.outputs:
         if output.enabled_by is None:
             continue
-        typed = check_options(stage.cls, stage.config.options, f"stage {stage.config.name!r} ({stage.config.type})")
-        enabled = getattr(typed, output.enabled_by)
+        enabled = getattr(stage.options, output.enabled_by)
         if output.config in selected and not enabled:
             raise ValueError(
                 f"config {output.config!r} is written by stage {stage.config.name!r} only with its option "
@@ -198,7 +228,11 @@ def _switch_outputs(stage: ValidatedStage, selected: set[str]) -> ValidatedStage
             off[output.enabled_by] = False
     if not off:
         return stage
-    return dataclasses.replace(stage, config=dataclasses.replace(stage.config, options={**stage.config.options, **off}))
+    return dataclasses.replace(
+        stage,
+        config=dataclasses.replace(stage.config, options={**stage.config.options, **off}),
+        options=with_values(stage.options, **off),
+    )
 
 
 def _with_screen_fields(outputs: list[ReleaseOutput], active: list[ValidatedStage]) -> list[ReleaseOutput]:
@@ -349,6 +383,6 @@ def check_stages_against_source(validated: ValidatedBuild, source: Any) -> None:
     classes = {label: names[label] if label < len(names) else str(label) for label in labels}
     for stage in checked:
         try:
-            stage.cls(**stage.config.options).check_classes(classes)
+            stage.create().check_classes(classes)
         except ValueError as err:
             raise ValueError(f"stage {stage.config.name!r} ({stage.config.type}): {err}") from None

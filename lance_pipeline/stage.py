@@ -42,6 +42,7 @@ landed in.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import functools
@@ -51,7 +52,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from lance_pipeline.edit_types import EDIT_TYPES, MULTI_EDIT_TYPE
-from lance_pipeline.option_types import check_value, describe_type
+from lance_pipeline.option_types import Options, check_value, describe_type
 
 Record = dict[str, Any]
 
@@ -244,10 +245,9 @@ def contract_of(cls: type) -> StageContract:
 # -- options -----------------------------------------------------------------------------------------------------------
 @functools.cache
 def options_type(cls: type) -> type:
-    """The stage's options as a dataclass: ``cls.options_class`` if declared, else derived from ``__init__``'s signature.
-
-    The derived dataclass has one field per keyword parameter, with its annotation and default: one definition of the
-    options (the constructor), one typed structure that validation checks before any weight is loaded.
+    """The stage's options as a dataclass: ``cls.options_class`` as declared (an ``Options`` subclass, whose field
+    annotations are its value checks), or, for a stage that declares none (a custom stage), one derived from
+    ``__init__``'s signature, with a field per keyword parameter, its annotation and default.
     """
     declared = getattr(cls, "options_class", None)
     if declared is not None:
@@ -265,14 +265,21 @@ def options_type(cls: type) -> type:
         else:
             default = parameter.default
             fields.append((name, annotation, dataclasses.field(default_factory=lambda d=default: d)))
-    return dataclasses.make_dataclass(f"{cls.__name__}Options", fields)
+    # Pickled as (stage class, values): a derived class is found through its stage, not by a module attribute.
+    namespace = {"__reduce__": lambda self: (_derived_options, (cls, option_values(self)))}
+    return dataclasses.make_dataclass(f"{cls.__name__}Options", fields, bases=(Options,), namespace=namespace)
+
+
+def _derived_options(cls: type, values: dict[str, Any]) -> Any:
+    return options_type(cls)(**values)
 
 
 def check_options(cls: type, options: dict[str, Any], where: str) -> Any:
-    """Check ``options`` against the stage's options type; returns the typed options (defaults filled in).
+    """The stage's typed options from a config's ``options`` mapping, defaults filled in: constructed, and so checked
+    (``Options``: each value against its field's annotation, then the relations between fields), once.
 
-    Raises ``ValueError`` naming ``where`` and the option: unknown names (with "did you mean"), missing required ones
-    and values of the wrong type. Nothing is loaded.
+    Raises ``ValueError`` naming ``where`` and the option: unknown names (with "did you mean"), missing required ones,
+    values of the wrong type or out of range. Nothing is loaded.
     """
     if not isinstance(options, dict):
         raise ValueError(f"{where}: options must be a mapping of name: value, got {type(options).__name__}")
@@ -283,12 +290,15 @@ def check_options(cls: type, options: dict[str, Any], where: str) -> Any:
             close = difflib.get_close_matches(str(name), list(fields), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else f"; options are {', '.join(fields)}"
             raise ValueError(f"{where}: unknown option {name!r}{hint}")
-    hints = typing.get_type_hints(kind, include_extras=True)
-    for name, value in options.items():
-        annotation = hints.get(name, Any)
-        problem = check_value(value, annotation)
-        if problem is not None:
-            raise ValueError(f"{where}: option {name} = {value!r}: expected {describe_type(annotation)} ({problem})")
+    if not issubclass(kind, Options):  # a plain dataclass of a custom stage: its values checked here
+        hints = typing.get_type_hints(kind, include_extras=True)
+        for name, value in options.items():
+            annotation = hints.get(name, Any)
+            problem = check_value(value, annotation)
+            if problem is not None:
+                raise ValueError(
+                    f"{where}: option {name} = {value!r}: expected {describe_type(annotation)} ({problem})"
+                )
     required = [
         n
         for n, f in fields.items()
@@ -300,6 +310,42 @@ def check_options(cls: type, options: dict[str, Any], where: str) -> Any:
         return kind(**options)
     except (TypeError, ValueError) as err:
         raise ValueError(f"{where}: {err}") from err
+
+
+def option_values(options: Any) -> dict[str, Any]:
+    """Every option of typed ``options`` by name, defaults filled in (the constructor's fields, in declared order)."""
+    return {f.name: getattr(options, f.name) for f in dataclasses.fields(options) if f.init}
+
+
+def with_values(options: Any, **values: Any) -> Any:
+    """``options`` with some values replaced by values already checked (a model reference resolved to its directory,
+    an output switched off for this build), without constructing the options again."""
+    if not values:
+        return options
+    changed = copy.copy(options)
+    for name, value in values.items():
+        object.__setattr__(changed, name, value)
+    return changed
+
+
+def create_stage(cls: type, options: Any) -> Any:
+    """The stage of class ``cls`` from its typed options (``check_options``), which are not constructed again: a stage
+    that declares ``options_class`` takes the options object (``cls(options)``), one whose options are derived from
+    its constructor takes their values as keywords."""
+    if getattr(cls, "options_class", None) is not None:
+        return cls(options)
+    return cls(**option_values(options))
+
+
+def stage_options(cls: type, options: Any, values: dict[str, Any]) -> Any:
+    """For a stage's ``__init__(self, options=None, /, **values)``: the typed options given (by the builder, checked
+    once), or constructed (and so checked) from keyword values, as tests and Python callers write them."""
+    declared = cls.options_class
+    if options is None:
+        return declared(**values)
+    if values or not isinstance(options, declared):
+        raise TypeError(f"{cls.__name__} takes its options as one {declared.__name__} or as keywords, not both")
+    return options
 
 
 # -- records at run time -----------------------------------------------------------------------------------------------

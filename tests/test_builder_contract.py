@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 
 import pytest
 from builder_helpers import ALL_CONFIGS, FAKE_STAGES, cli, make_imagefolder, write_config
@@ -12,6 +13,7 @@ from builder.cli import main
 from builder.config import load_config
 from builder.engine import build
 from builder.validation import validate_build
+from lance_pipeline.option_types import Options
 from lance_pipeline.stage import StageContractError, check_options, options_type
 
 
@@ -89,12 +91,18 @@ def test_a_non_finite_option_in_yaml_is_refused_by_the_reader_naming_the_option(
 def test_options_type_is_derived_from_the_signature_or_declared():
     from lance_pipeline.editing.stages import ImageEditorOptions, InversionStage
     from lance_pipeline.text.captioning import LabelConditionedCaptioner
+    from tests.fake_stages import FakeCaptionStage
 
     assert options_type(InversionStage) is ImageEditorOptions
-    typed = check_options(LabelConditionedCaptioner, {"max_new_tokens": 7}, "stage caption")
-    assert typed.max_new_tokens == 7 and typed.num_beams == 5  # defaults filled in from the signature
+    typed = check_options(LabelConditionedCaptioner, {"max_new_tokens": 70}, "stage caption")
+    assert typed.max_new_tokens == 70 and typed.num_beams == 5  # defaults filled in from the declaration
+    # A custom stage that declares no options class: derived from its constructor, checked the same way.
+    derived = check_options(FakeCaptionStage, {"delay": 0.5}, "stage fake")
+    assert (derived.delay, derived.fail_keys) == (0.5, None) and isinstance(derived, Options)
+    with pytest.raises(ValueError, match="stage fake: option delay = 'soon': expected a number"):
+        check_options(FakeCaptionStage, {"delay": "soon"}, "stage fake")
+    assert pickle.loads(pickle.dumps(derived)) == derived  # crosses to device workers
     with pytest.raises(ValueError, match="missing option"):
-        from tests.fake_stages import FakeCaptionStage  # noqa: F401 - a class with only optional options
 
         class Needy:
             def __init__(self, model: str) -> None: ...

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lance_pipeline.edit_types import MULTI_EDIT_TYPE, edit_type_names
-from lance_pipeline.stage import Record, SampleFailure
+from lance_pipeline.stage import Record, SampleFailure, stage_options
 from lance_pipeline.text.edit_spans import STRIP_CHARS, diff_captions, tokenize_caption
 from lance_pipeline.text.perturbation import (
     DEFAULT_PERTURBER,
@@ -389,9 +389,9 @@ class _DillemaStage:
     options_class = DillemaLLMOptions
     model_options = PromptPerturber.model_options
 
-    def __init__(self, **options: Any) -> None:
+    def __init__(self, options: DillemaLLMOptions | None = None, /, **values: Any) -> None:
         try:
-            o = self.options_class(**options)
+            o = stage_options(type(self), options, values)
         except TypeError as err:
             known = ", ".join(f.name for f in dataclasses.fields(self.options_class))
             raise ValueError(f"{type(self).__name__}: {err}; known options: {known}") from err

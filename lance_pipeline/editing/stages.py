@@ -52,7 +52,7 @@ from lance_pipeline.editing.sd_components import (  # noqa: F401
 from lance_pipeline.editing.strength import STRENGTH_DEFINITION, STRENGTH_FIELD, STRENGTH_OUTPUT, strength_samples
 from lance_pipeline.models.needs import SD_COMPONENT_FILES, ModelOption, clip_option
 from lance_pipeline.registry import EDITORS
-from lance_pipeline.stage import SCORE_NAMES, MetadataField, Record, ReleaseOutput, SampleFailure
+from lance_pipeline.stage import SCORE_NAMES, MetadataField, Record, ReleaseOutput, SampleFailure, stage_options
 
 # Which editor rendered a sample (``lance_pipeline.registry.EDITORS``): one field, so releases of two editors compare.
 EDITOR_FIELD = MetadataField("editor", "string", description="the editor that rendered the sample")
@@ -78,9 +78,9 @@ class _ImageStage:
     version = STAGE_VERSION
     model_options = (ModelOption("model", SD_COMPONENT_FILES, cache_dir="cache_dir", role="Stable Diffusion"),)
 
-    def __init__(self, scorer=None, **options: Any) -> None:
+    def __init__(self, options: ImageEditorOptions | None = None, /, scorer=None, **values: Any) -> None:
         try:
-            self.options = self.options_class(**options)
+            self.options = stage_options(type(self), options, values)
         except TypeError as err:
             known = ", ".join(f.name for f in dataclasses.fields(self.options_class))
             raise ValueError(f"{type(self).__name__}: {err}; known options: {known}") from err

@@ -25,7 +25,7 @@ from lance_pipeline.interfaces.shifts import TOKEN_PLACEHOLDER, object_caption
 from lance_pipeline.interfaces.textual_inversion import check_tokens_for_encoder, read_token_dir
 from lance_pipeline.models.needs import SD_PIPELINE_FILES, ModelOption, clip_option
 from lance_pipeline.option_types import DiffusionSteps, ImageSide
-from lance_pipeline.stage import MetadataField, ReleaseOutput, SampleFailure
+from lance_pipeline.stage import MetadataField, ReleaseOutput, SampleFailure, stage_options
 
 logger = logging.getLogger(__name__)
 
@@ -234,8 +234,8 @@ class ShiftGenerationStage:
     options_class = GenerationOptions
     model_options = (ModelOption("model", SD_PIPELINE_FILES, role="Stable Diffusion 2 (generation)"),)
 
-    def __init__(self, **options: Any) -> None:
-        self.options = GenerationOptions(**options)
+    def __init__(self, options: GenerationOptions | None = None, /, **values: Any) -> None:
+        self.options = stage_options(type(self), options, values)
         self.generator: ShiftGenerator | None = None
 
     def load(self, device: str) -> None:
@@ -354,8 +354,8 @@ class ShiftFilterStage:
     options_class = ShiftFilterOptions
     model_options = (clip_option("CLIP of the shift filter"),)
 
-    def __init__(self, **options: Any) -> None:
-        self.options = ShiftFilterOptions(**options)
+    def __init__(self, options: ShiftFilterOptions | None = None, /, **values: Any) -> None:
+        self.options = stage_options(type(self), options, values)
         self.scorer = None
         self.thresholds = None
         if self.options.object_thresholds is not None:

@@ -31,7 +31,7 @@ from typing import Any
 from lance_pipeline.editing.strength import STRENGTH_FIELD
 from lance_pipeline.models.needs import ModelOption
 from lance_pipeline.models.shared import shared_model
-from lance_pipeline.stage import SAMPLE_INDEX, MetadataField, OutputScreen, Record, SampleFailure
+from lance_pipeline.stage import SAMPLE_INDEX, MetadataField, OutputScreen, Record, SampleFailure, stage_options
 
 logger = logging.getLogger(__name__)
 
@@ -200,8 +200,8 @@ class SafetyCheckStage:
         ),
     )
 
-    def __init__(self, **options: Any) -> None:
-        self.options = SafetyCheckOptions(**options)
+    def __init__(self, options: SafetyCheckOptions | None = None, /, **values: Any) -> None:
+        self.options = stage_options(type(self), options, values)
         self.checker: SafetyChecker | None = None
 
     @property

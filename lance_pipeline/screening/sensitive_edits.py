@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 from lance_pipeline.editing.strength import STRENGTH_FIELD
 from lance_pipeline.screening import protected_terms as terms
-from lance_pipeline.stage import SAMPLE_INDEX, MetadataField, OutputScreen, Record, SampleFailure
+from lance_pipeline.stage import SAMPLE_INDEX, MetadataField, OutputScreen, Record, SampleFailure, stage_options
 from lance_pipeline.text.label_checks import (
     DEFAULT_SENTENCE_MODEL,
     DEFAULT_SENTENCE_MODEL_REVISION,
@@ -344,8 +344,8 @@ class SensitiveEditScreen:
         replace(LabelPreservationCheck.model_options[0], role="sentence encoder of the sensitive-edit screen"),
     )
 
-    def __init__(self, **options: Any) -> None:
-        self.options = SensitiveScreenOptions(**options)
+    def __init__(self, options: SensitiveScreenOptions | None = None, /, **values: Any) -> None:
+        self.options = stage_options(type(self), options, values)
         self.source: str | None = None
         self._model = None
         self._anchor_embeddings = None

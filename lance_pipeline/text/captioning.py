@@ -34,10 +34,20 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 from lance_pipeline.models.needs import ModelOption
-from lance_pipeline.stage import Record, SampleFailure
+from lance_pipeline.option_types import (
+    Interval,
+    NonNegativeInt,
+    Options,
+    Phrase,
+    PositiveInt,
+    Probability,
+    TorchDtype,
+)
+from lance_pipeline.stage import Record, SampleFailure, stage_options
 from lance_pipeline.text.perturbation import SeededGumbelSampler
 
 logger = logging.getLogger(__name__)
@@ -51,8 +61,6 @@ DOMAIN_PHRASE = "a photo of"
 NUM_BEAMS = 5
 MIN_NEW_TOKENS = 20
 MAX_NEW_TOKENS = 100
-
-_DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
 def _article(word: str) -> str:
@@ -86,6 +94,45 @@ def join_caption(prompt: str, continuation: str) -> str:
     return f"{prompt} {text}"
 
 
+@dataclass
+class CaptionOptions(Options):
+    """The captioner's options (documented on ``LabelConditionedCaptioner``); bounds and choices are their annotations."""
+
+    model: str = DEFAULT_CAPTIONER
+    revision: str | None = DEFAULT_CAPTIONER_REVISION
+    batch_size: PositiveInt = 8
+    num_beams: PositiveInt = NUM_BEAMS
+    min_new_tokens: NonNegativeInt = MIN_NEW_TOKENS
+    max_new_tokens: NonNegativeInt = MAX_NEW_TOKENS
+    repetition_penalty: Annotated[float, Interval(gt=0.0)] = 1.0
+    label_conditioned: bool = True
+    domain_phrase: Annotated[Phrase, "a phrase such as 'a photo of'"] = DOMAIN_PHRASE
+    dtype: TorchDtype = "auto"
+    num_captions: PositiveInt = 1
+    do_sample: bool = False
+    top_p: Probability = 0.9
+    temperature: Annotated[float, Interval(gt=0.0)] = 1.0
+    caption_separator: str = ". "
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # Relations between options, which no annotation of one option can say.
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ValueError(
+                f"need min_new_tokens <= max_new_tokens, got min_new_tokens={self.min_new_tokens}, "
+                f"max_new_tokens={self.max_new_tokens}"
+            )
+        if self.do_sample and self.num_beams != 1:
+            raise ValueError(
+                "do_sample draws each caption from its own seed, one sequence each: set num_beams: 1 "
+                f"(got {self.num_beams})"
+            )
+        if not self.do_sample and self.num_captions > self.num_beams:
+            raise ValueError(
+                f"num_captions ({self.num_captions}) must not exceed num_beams ({self.num_beams}): the best beams"
+            )
+
+
 class LabelConditionedCaptioner:
     """The ``caption`` stage: BLIP-2 (or any image-to-text checkpoint) prompted with the class name.
 
@@ -113,65 +160,26 @@ class LabelConditionedCaptioner:
     produces = {"caption": "str"}
     model_options = (ModelOption("model", role="captioner (BLIP-2)"),)
 
-    def __init__(
-        self,
-        model: str = DEFAULT_CAPTIONER,
-        revision: str | None = DEFAULT_CAPTIONER_REVISION,
-        batch_size: int = 8,
-        num_beams: int = NUM_BEAMS,
-        min_new_tokens: int = MIN_NEW_TOKENS,
-        max_new_tokens: int = MAX_NEW_TOKENS,
-        repetition_penalty: float = 1.0,
-        label_conditioned: bool = True,
-        domain_phrase: str = DOMAIN_PHRASE,
-        dtype: str = "auto",
-        num_captions: int = 1,
-        do_sample: bool = False,
-        top_p: float = 0.9,
-        temperature: float = 1.0,
-        caption_separator: str = ". ",
-    ) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if num_beams < 1:
-            raise ValueError(f"num_beams must be >= 1, got {num_beams}")
-        if not 0 <= min_new_tokens <= max_new_tokens:
-            raise ValueError(
-                f"need 0 <= min_new_tokens <= max_new_tokens, got min_new_tokens={min_new_tokens}, "
-                f"max_new_tokens={max_new_tokens}"
-            )
-        if repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {repetition_penalty}")
-        if dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
-        if not domain_phrase.strip():
-            raise ValueError("domain_phrase must be a non-empty phrase such as 'a photo of'")
-        if num_captions < 1:
-            raise ValueError(f"num_captions must be >= 1, got {num_captions}")
-        if do_sample:
-            if num_beams != 1:
-                raise ValueError(
-                    f"do_sample draws each caption from its own seed, one sequence each: set num_beams: 1 (got {num_beams})"
-                )
-            if temperature <= 0 or not 0 < top_p <= 1:
-                raise ValueError(f"sampling needs temperature > 0 and top_p in (0, 1], got {temperature}, {top_p}")
-        elif num_captions > num_beams:
-            raise ValueError(f"num_captions ({num_captions}) must not exceed num_beams ({num_beams}): the best beams")
-        self.model_id = str(model)
-        self.revision = revision
-        self.batch_size = batch_size
-        self.num_beams = num_beams
-        self.min_new_tokens = min_new_tokens
-        self.max_new_tokens = max_new_tokens
-        self.repetition_penalty = repetition_penalty
-        self.label_conditioned = label_conditioned
-        self.domain_phrase = " ".join(domain_phrase.split())
-        self.dtype = dtype
-        self.num_captions = num_captions
-        self.do_sample = do_sample
-        self.top_p = top_p
-        self.temperature = temperature
-        self.caption_separator = caption_separator
+    options_class = CaptionOptions
+
+    def __init__(self, options: CaptionOptions | None = None, /, **values: Any) -> None:
+        o = stage_options(type(self), options, values)
+        self.options = o
+        self.model_id = str(o.model)
+        self.revision = o.revision
+        self.batch_size = o.batch_size
+        self.num_beams = o.num_beams
+        self.min_new_tokens = o.min_new_tokens
+        self.max_new_tokens = o.max_new_tokens
+        self.repetition_penalty = o.repetition_penalty
+        self.label_conditioned = o.label_conditioned
+        self.domain_phrase = " ".join(o.domain_phrase.split())
+        self.dtype = o.dtype
+        self.num_captions = o.num_captions
+        self.do_sample = o.do_sample
+        self.top_p = o.top_p
+        self.temperature = o.temperature
+        self.caption_separator = o.caption_separator
         self.device: str | None = None
         self._model = None
         self._processor = None

@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from lance_pipeline.models.needs import SENTENCE_TRANSFORMERS_FILES, SENTENCE_TRANSFORMERS_REQUIRED, ModelOption
 from lance_pipeline.models.shared import shared_model
-from lance_pipeline.stage import Record, SampleFailure
+from lance_pipeline.option_types import CosineThreshold, Options, PositiveInt
+from lance_pipeline.stage import Record, SampleFailure, stage_options
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +107,17 @@ def label_names_of(label_name: str) -> list[str]:
     return [n for n in names if n] or [str(label_name)]
 
 
+@dataclass
+class LabelCheckOptions(Options):
+    """The label check's options (documented on ``LabelPreservationCheck``); bounds are their annotations."""
+
+    model: str = DEFAULT_SENTENCE_MODEL
+    revision: str | None = DEFAULT_SENTENCE_MODEL_REVISION
+    label_threshold: CosineThreshold | None = LABEL_THRESHOLD
+    span_threshold: CosineThreshold | None = SPAN_THRESHOLD
+    batch_size: PositiveInt = 64
+
+
 class LabelPreservationCheck:
     """The ``label_check`` stage: score every edit against the class name and against itself.
 
@@ -133,24 +146,16 @@ class LabelPreservationCheck:
         ),
     )
 
-    def __init__(
-        self,
-        model: str = DEFAULT_SENTENCE_MODEL,
-        revision: str | None = DEFAULT_SENTENCE_MODEL_REVISION,
-        label_threshold: float | None = LABEL_THRESHOLD,
-        span_threshold: float | None = SPAN_THRESHOLD,
-        batch_size: int = 64,
-    ) -> None:
-        for name, value in (("label_threshold", label_threshold), ("span_threshold", span_threshold)):
-            if value is not None and not -1.0 <= value <= 1.0:
-                raise ValueError(f"{name} is a cosine similarity threshold in [-1, 1] (or None: off), got {value}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.model_id = str(model)
-        self.revision = revision
-        self.label_threshold = None if label_threshold is None else float(label_threshold)
-        self.span_threshold = None if span_threshold is None else float(span_threshold)
-        self.batch_size = batch_size
+    options_class = LabelCheckOptions
+
+    def __init__(self, options: LabelCheckOptions | None = None, /, **values: Any) -> None:
+        o = stage_options(type(self), options, values)
+        self.options = o
+        self.model_id = str(o.model)
+        self.revision = o.revision
+        self.label_threshold = None if o.label_threshold is None else float(o.label_threshold)
+        self.span_threshold = None if o.span_threshold is None else float(o.span_threshold)
+        self.batch_size = o.batch_size
         self.source: str | None = None
         self._model = None
 

@@ -34,12 +34,13 @@ import re
 import weakref
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from lance_pipeline.edit_types import edit_type as edit_type_row
 from lance_pipeline.edit_types import validate_edit_types
 from lance_pipeline.models.needs import PEFT_ADAPTER_FILES, ModelOption
-from lance_pipeline.stage import Record, SampleFailure
+from lance_pipeline.option_types import Fraction, Interval, Options, PositiveInt, Probability, TorchDtype
+from lance_pipeline.stage import Record, SampleFailure, stage_options
 from lance_pipeline.text.edit_spans import diff_captions
 
 logger = logging.getLogger(__name__)
@@ -288,6 +289,41 @@ def alpaca_prompt(instruction: str, caption: str, label_name: str | None, n: int
     return ALPACA_TEMPLATE.format(instruction=instruction, caption=caption)
 
 
+@dataclass
+class PerturbOptions(Options):
+    """The perturber's options (documented on ``PromptPerturber``); bounds and choices are their annotations.
+    ``edit_types`` is kept as the checked tuple of type names (every type for ``None``), the keys of ``instructions``
+    are checked edit types too."""
+
+    model: str = DEFAULT_PERTURBER
+    revision: str | None = DEFAULT_PERTURBER_REVISION
+    adapter: str | None = None
+    adapter_revision: str | None = None
+    edit_types: list[str] | tuple[str, ...] | str | None = None
+    n_per_type: PositiveInt = 3
+    prompt_style: Literal["auto", "chat", "alpaca"] = "auto"
+    few_shot: bool = True
+    instructions: dict[str, str] | None = None
+    batch_size: PositiveInt = 8
+    max_new_tokens: PositiveInt = 256
+    do_sample: bool = False
+    temperature: float = 0.7
+    top_p: Probability = 0.9
+    repetition_penalty: Annotated[float, Interval(gt=0.0)] = 1.0
+    max_span_words: PositiveInt = 12
+    min_shared_fraction: Fraction = 0.5
+    dtype: TorchDtype = "auto"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # Edit types are a registry (lance_pipeline.edit_types), not a fixed choice: an unknown one gets "did you mean".
+        self.edit_types = validate_edit_types(self.edit_types)
+        if self.instructions:
+            self.instructions = {validate_edit_types([k])[0]: v for k, v in self.instructions.items()}
+        if self.do_sample and self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 when do_sample is on, got {self.temperature}")
+
+
 class PromptPerturber:
     """The ``perturb`` stage: an LLM (optionally with a LoRA adapter) proposes one-aspect caption edits.
 
@@ -323,62 +359,30 @@ class PromptPerturber:
         ModelOption("adapter", PEFT_ADAPTER_FILES, revision="adapter_revision", role="LoRA adapter of the perturber"),
     )
 
-    def __init__(
-        self,
-        model: str = DEFAULT_PERTURBER,
-        revision: str | None = DEFAULT_PERTURBER_REVISION,
-        adapter: str | None = None,
-        adapter_revision: str | None = None,
-        edit_types: list[str] | tuple[str, ...] | str | None = None,
-        n_per_type: int = 3,
-        prompt_style: str = "auto",
-        few_shot: bool = True,
-        instructions: dict[str, str] | None = None,
-        batch_size: int = 8,
-        max_new_tokens: int = 256,
-        do_sample: bool = False,
-        temperature: float = 0.7,
-        top_p: float = 0.9,
-        repetition_penalty: float = 1.0,
-        max_span_words: int = 12,
-        min_shared_fraction: float = 0.5,
-        dtype: str = "auto",
-    ) -> None:
-        if n_per_type < 1:
-            raise ValueError(f"n_per_type must be >= 1, got {n_per_type}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if prompt_style not in PROMPT_STYLES:
-            raise ValueError(f"prompt_style must be one of {PROMPT_STYLES}, got {prompt_style!r}")
-        if do_sample and temperature <= 0:
-            raise ValueError(f"temperature must be > 0 when do_sample is on, got {temperature}")
-        if not 0 < top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-        if dtype not in ("auto", "float32", "float16", "bfloat16"):
-            raise ValueError(f"dtype must be auto, float32, float16 or bfloat16, got {dtype!r}")
-        self.model_id = str(model)
-        self.revision = revision
-        self.adapter = None if adapter is None else str(adapter)
-        self.adapter_revision = adapter_revision
-        self.edit_types = validate_edit_types(edit_types)
-        self.n_per_type = n_per_type
-        self.prompt_style = prompt_style
-        self.few_shot = few_shot
+    options_class = PerturbOptions
+
+    def __init__(self, options: PerturbOptions | None = None, /, **values: Any) -> None:
+        o = stage_options(type(self), options, values)
+        self.options = o
+        self.model_id = str(o.model)
+        self.revision = o.revision
+        self.adapter = None if o.adapter is None else str(o.adapter)
+        self.adapter_revision = o.adapter_revision
+        self.edit_types = o.edit_types
+        self.n_per_type = o.n_per_type
+        self.prompt_style = o.prompt_style
+        self.few_shot = o.few_shot
         # Overrides of the table's instructions (e.g. the exact wording an adapter was trained on).
-        self.instruction_overrides = {
-            validate_edit_types([key])[0]: str(value) for key, value in (instructions or {}).items()
-        }
-        self.batch_size = batch_size
-        self.max_new_tokens = max_new_tokens
-        self.do_sample = do_sample
-        self.temperature = temperature
-        self.top_p = top_p
-        self.repetition_penalty = repetition_penalty
-        self.max_span_words = max_span_words
-        self.min_shared_fraction = min_shared_fraction
-        self.dtype = dtype
+        self.instruction_overrides = dict(o.instructions or {})
+        self.batch_size = o.batch_size
+        self.max_new_tokens = o.max_new_tokens
+        self.do_sample = o.do_sample
+        self.temperature = o.temperature
+        self.top_p = o.top_p
+        self.repetition_penalty = o.repetition_penalty
+        self.max_span_words = o.max_span_words
+        self.min_shared_fraction = o.min_shared_fraction
+        self.dtype = o.dtype
         self.device: str | None = None
         self._model = None
         self._tokenizer = None

@@ -27,10 +27,12 @@ import hashlib
 import logging
 import random
 import re
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 from lance_pipeline.models.needs import ModelOption
-from lance_pipeline.stage import Record, SampleFailure
+from lance_pipeline.option_types import Interval, Options, PositiveInt
+from lance_pipeline.stage import Record, SampleFailure, stage_options
 from lance_pipeline.text.edit_spans import STRIP_CHARS, tokenize_caption
 
 logger = logging.getLogger(__name__)
@@ -88,6 +90,18 @@ def _sample_seed(seed: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{int(seed)}:lance_r".encode()).digest()[:8], "little")
 
 
+@dataclass
+class RandomEditOptions(Options):
+    """LANCE-R's options (documented on ``RandomWordEditor``); bounds are their annotations."""
+
+    model: str = DEFAULT_MASKED_LM
+    revision: str | None = DEFAULT_MASKED_LM_REVISION
+    n_edits: PositiveInt = 1
+    top_k: Annotated[int, Interval(ge=2), "candidates per mask (the first may be the masked word)"] = 20
+    protect_label: bool = True
+    batch_size: PositiveInt = 32
+
+
 class RandomWordEditor:
     """The ``random_edit`` stage (LANCE-R text part): mask one random non-stop word, fill it with a masked LM.
 
@@ -106,27 +120,17 @@ class RandomWordEditor:
     produces = {"random_edits": "list"}
     model_options = (ModelOption("model", role="masked language model of LANCE-R"),)
 
-    def __init__(
-        self,
-        model: str = DEFAULT_MASKED_LM,
-        revision: str | None = DEFAULT_MASKED_LM_REVISION,
-        n_edits: int = 1,
-        top_k: int = 20,
-        protect_label: bool = True,
-        batch_size: int = 32,
-    ) -> None:
-        if n_edits < 1:
-            raise ValueError(f"n_edits must be >= 1, got {n_edits}")
-        if top_k < 2:
-            raise ValueError(f"top_k must be >= 2 (the first candidate may be the masked word), got {top_k}")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.model_id = str(model)
-        self.revision = revision
-        self.n_edits = n_edits
-        self.top_k = top_k
-        self.protect_label = protect_label
-        self.batch_size = batch_size
+    options_class = RandomEditOptions
+
+    def __init__(self, options: RandomEditOptions | None = None, /, **values: Any) -> None:
+        o = stage_options(type(self), options, values)
+        self.options = o
+        self.model_id = str(o.model)
+        self.revision = o.revision
+        self.n_edits = o.n_edits
+        self.top_k = o.top_k
+        self.protect_label = o.protect_label
+        self.batch_size = o.batch_size
         self._fill = None
 
     def load(self, device: str) -> None:

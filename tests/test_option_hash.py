@@ -1,0 +1,138 @@
+"""Options hashed by value: a default written out is the same config (same hash, same bytes, resumed), a changed value
+is refused naming its key, an out-of-range value is refused by ``lance-cf validate`` in one line, and a build
+directory made before options were hashed by value (tests/data/pre-value-hash: a release and its ledger built by the
+previous version of lance-cf) is resumed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+import yaml
+from builder_helpers import ALL_CONFIGS, FAKE_STAGES, make_imagefolder, release_files, write_config
+
+from builder.cli import main
+from builder.config import load_config, preset_path
+from builder.engine import BuildRefused, build
+from builder.validation import validate_build
+
+OLD = Path(__file__).parent / "data" / "pre-value-hash"
+
+
+def _demo(tmp_path: Path, name: str, stage: str, **options) -> Path:
+    """The demo preset as a file, with options of one stage set."""
+    data = yaml.safe_load(Path(preset_path("demo")).read_text())
+    for s in data["stages"]:
+        if s["name"] == stage:
+            s["options"] = {**s["options"], **options}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_a_default_written_out_is_the_same_config_hash(tmp_path):
+    plain = load_config("demo")
+    # Defaults of three stages written out, one of them as an integer where the option is a float.
+    written = _demo(tmp_path, "a", "perturb", few_shot=True, top_p=0.9, repetition_penalty=1)
+    written = load_config(str(written))
+    written.stages[2].options["batch_size"] = 64  # label_check's default
+    written.stages[4].options["guidance_scale"] = 7.5  # invert's default
+    assert written.to_dict() != plain.to_dict()
+    assert written.config_hash() == plain.config_hash()
+    # Hashed as written (what releases before this change record), they differed: the reason for the change.
+    assert written.config_hash_as_written() != plain.config_hash_as_written()
+    # A value that is not the default is another config.
+    changed = load_config(str(_demo(tmp_path, "b", "perturb", top_p=0.8)))
+    assert changed.config_hash() != plain.config_hash()
+
+
+def test_a_default_written_out_gives_the_same_bytes_and_resumes_and_a_changed_value_is_refused(tmp_path):
+    folder = make_imagefolder(tmp_path / "src", ["cat", "dog"], per_class=2)
+    plain = write_config(tmp_path / "plain.yaml", f"imagefolder:{folder}", stages=FAKE_STAGES, configs=ALL_CONFIGS)
+    explicit = [dict(FAKE_STAGES[0], options={"delay": 0, "fail_keys": None}), FAKE_STAGES[1]]
+    written = write_config(tmp_path / "written.yaml", f"imagefolder:{folder}", stages=explicit, configs=ALL_CONFIGS)
+    first = build(load_config(str(plain)), tmp_path / "a", progress=False, allow_code=True)
+    second = build(load_config(str(written)), tmp_path / "b", progress=False, allow_code=True)
+    assert first["config_hash"] == second["config_hash"]
+    # The same samples, byte for byte; the manifest (and the card made from it) records the config as written.
+    assert _data(tmp_path / "a") == _data(tmp_path / "b") != {}
+    assert first["config"]["stages"][0]["options"] == {} != second["config"]["stages"][0]["options"]
+    # The directory built without the defaults is resumed with them written out (and the bytes stay).
+    build(load_config(str(written)), tmp_path / "a", progress=False, allow_code=True)
+    assert _data(tmp_path / "a") == _data(tmp_path / "b")
+    # A value that is not the default is refused, naming the option and both values.
+    slow = [dict(FAKE_STAGES[0], options={"delay": 0.5}), FAKE_STAGES[1]]
+    other = write_config(tmp_path / "other.yaml", f"imagefolder:{folder}", stages=slow, configs=ALL_CONFIGS)
+    with pytest.raises(BuildRefused, match=r"stages\[caption\]\.options\.delay: 0\.0 -> 0\.5"):
+        build(load_config(str(other)), tmp_path / "a", progress=False, allow_code=True)
+
+
+def test_an_option_out_of_its_range_is_refused_by_validate_in_one_line(tmp_path, capsys):
+    config = _demo(tmp_path, "bad", "perturb", top_p=1.5)
+    assert main(["validate", str(config)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "stage 'perturb' (llm_perturber): option top_p = 1.5: expected a number in (0.0, 1.0]" in err
+
+
+def _data(release: Path) -> dict[str, str]:
+    """sha256 of the release's shards and indexes: its samples."""
+    return {k: v for k, v in release_files(release).items() if k.startswith(("data/", "index/"))}
+
+
+def _old_build(tmp_path: Path, monkeypatch) -> Path:
+    """The fixture's photos, config and build directory (made by the previous version) in ``tmp_path``, which becomes
+    the working directory: its config names the photos by a relative path, as its ledger's plan records them."""
+    root = tmp_path / "old"
+    shutil.copytree(OLD, root)
+    monkeypatch.chdir(root)
+    return root
+
+
+def _ledger_hash(release: Path) -> str:
+    with sqlite3.connect(release / ".lance-cf" / "ledger.sqlite") as db:
+        return db.execute("SELECT value FROM meta WHERE name = 'config_hash'").fetchone()[0]
+
+
+def test_a_build_directory_of_the_previous_version_is_resumed(tmp_path, monkeypatch):
+    root = _old_build(tmp_path, monkeypatch)
+    old_manifest = json.loads((root / "release" / "manifest.json").read_text())
+    config = load_config("config.yaml")  # writes two options at their defaults (delay: 0.0, refuse_keys: null)
+    # The previous version hashed the options as written: that hash is still computed, and is the one it recorded.
+    validated = validate_build(config, allow_code=True)  # its stages are code (tests.fake_stages), imported here
+    assert old_manifest["config_hash"] == validated.config_hash_as_written == _ledger_hash(root / "release")
+    assert validated.config_hash != validated.config_hash_as_written
+    old_shards = _data(root / "release")
+
+    # Resumed (the environment it recorded is this machine's when it was made: other versions are accepted here).
+    manifest = build(config, root / "release", progress=False, allow_code=True, allow_version_change=True)
+    assert {k: v for k, v in _data(root / "release").items() if k.startswith("data/")} == old_shards
+    # The ledger and the manifest now hold the hash by value, so the defaults may be left out from now on.
+    assert manifest["config_hash"] == validated.config_hash == _ledger_hash(root / "release")
+    bare = yaml.safe_load(Path("config.yaml").read_text())
+    for stage in bare["stages"]:
+        stage["options"] = {}
+    Path("bare.yaml").write_text(yaml.safe_dump(bare))
+    build(load_config("bare.yaml"), root / "release", progress=False, allow_code=True, allow_version_change=True)
+    assert {k: v for k, v in _data(root / "release").items() if k.startswith("data/")} == old_shards
+
+
+def test_a_changed_value_on_a_build_directory_of_the_previous_version_is_refused(tmp_path, monkeypatch):
+    root = _old_build(tmp_path, monkeypatch)
+    data = yaml.safe_load(Path("config.yaml").read_text())
+    data["stages"][0]["options"]["delay"] = 0.25
+    Path("changed.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(BuildRefused, match=r"stages\[caption\]\.options\.delay: 0\.0 -> 0\.25"):
+        build(load_config("changed.yaml"), root / "release", progress=False, allow_code=True, allow_version_change=True)
+
+
+def test_a_release_of_the_previous_version_without_its_ledger_is_rebuilt_in_place(tmp_path, monkeypatch):
+    """A finished release whose work directory was deleted is recognised by its manifest's (old-style) hash."""
+    root = _old_build(tmp_path, monkeypatch)
+    shutil.rmtree(root / "release" / ".lance-cf")
+    old_shards = _data(root / "release")
+    build(load_config("config.yaml"), root / "release", progress=False, allow_code=True)
+    assert {k: v for k, v in _data(root / "release").items() if k.startswith("data/")} == old_shards
