@@ -11,6 +11,7 @@ import dataclasses
 import datetime
 import difflib
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -21,7 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
 
-from builder.registry import STAGES
+from builder.registry import SOURCES, STAGES
 from builder.release_format import CONFIG_NAMES, IMAGE_FORMATS, is_release_version
 from builder.release_format.yaml_text import check_expansion, load_yaml
 from builder.sources import _path_name, public_spec
@@ -176,6 +177,7 @@ class BuildConfig:
 
 
 def view_hash(view: dict[str, Any]) -> str:
+    """The config hash of a ``hashed_view``: sha256 of its canonical JSON."""
     canonical = json.dumps(view, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -379,7 +381,33 @@ def hashed_view(config: BuildConfig, typed: dict[str, Any] | None = None, as_wri
         public_stage_dict(s, None if as_written else effective_options(s, (typed or {}).get(s.name)))
         for s in config.active_stages()
     ]
+    if not as_written:
+        data["source_options"] = effective_source_options(config.source, config.source_options)
     return data
+
+
+def effective_source_options(spec: Any, options: Any) -> Any:
+    """The source's options as they take effect: every keyword option of the source's constructor (its options: see
+    ``builder.sources.create_source``), defaults filled in, each value as its annotation reads it; as written for a
+    scheme that is not registered or a source whose constructor cannot be read (validation reports those)."""
+    scheme = spec.partition(":")[0] if isinstance(spec, str) else None
+    if scheme not in SOURCES.names() or not isinstance(options, dict):
+        return options
+    try:
+        init = SOURCES.resolve(scheme).__init__
+        hints = typing.get_type_hints(init, include_extras=True)
+        parameters = inspect.signature(init).parameters
+    except Exception:  # as in _stage_class: validation names a source that cannot be imported
+        return options
+    effective = dict(options)  # an unknown name stays (validation refuses it)
+    for name, parameter in parameters.items():
+        if name in ("self", "spec", "path") or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        if name in options:
+            effective[name] = plain_value(options[name], hints.get(name, Any))
+        elif parameter.default is not parameter.empty:
+            effective[name] = plain_value(parameter.default, hints.get(name, Any))
+    return effective
 
 
 def effective_options(stage: StageConfig, typed: Any = None) -> dict[str, Any]:

@@ -133,11 +133,10 @@ def validate_build(config: BuildConfig, *, allow_code: bool | None = None) -> Va
         except StageContractError as err:
             raise ValueError(f"{where}: {err}") from err
         typed = check_options(cls, stage.options, where)  # the only place a build constructs them
-        if getattr(cls, "options_class", None) is None:  # a custom stage whose constructor is its options' checks
-            try:
-                create_stage(cls, typed)  # loads nothing
-            except (TypeError, ValueError) as err:
-                raise ValueError(f"{where}: {err}") from err
+        try:
+            create_stage(cls, typed)  # from the typed options; what the stage checks itself (a file it reads)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{where}: {err}") from err
         stages.append(ValidatedStage(stage, cls, contract, is_code, typed))
     written = {s.config.name: s.options for s in stages}
 

@@ -88,7 +88,7 @@ def test_options_default_to_dillema_and_refuse_what_cannot_be_loaded(tmp_path):
         ControlNetEditorOptions(canny_low_threshold=250, canny_high_threshold=200)
     with pytest.raises(ValueError, match="conditioning_scales has duplicates"):
         ControlNetEditorOptions(conditioning_scales=[1.0, 1.0])
-    with pytest.raises(ValueError, match="images_per_edit must be a positive int"):
+    with pytest.raises(ValueError, match="option images_per_edit = 0: expected an integer >= 1"):
         ControlNetEditorOptions(images_per_edit=0)
     with pytest.raises(ValueError, match="controlnet directory not found"):
         ControlNetEditorOptions(controlnet=str(tmp_path / "missing"))

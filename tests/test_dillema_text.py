@@ -357,9 +357,9 @@ def test_three_stages_on_a_real_tiny_llm_are_seeded_and_share_one_model(tiny_lm,
 
 
 def test_options_are_checked_without_loading(tiny_lm):
-    with pytest.raises(ValueError, match="max_attempts must be a positive int"):
+    with pytest.raises(ValueError, match="option max_attempts = 0: expected an integer >= 1"):
         DillemaKeywordStage(max_attempts=0)
-    with pytest.raises(ValueError, match="n_alternatives must be a positive int"):
+    with pytest.raises(ValueError, match="option n_alternatives = 0: expected an integer >= 1"):
         DillemaAlternativesStage(n_alternatives=0)
     with pytest.raises(ValueError, match="min_shared_fraction"):
         DillemaCounterfactualStage(min_shared_fraction=2)

@@ -24,6 +24,7 @@ from lance_pipeline.editing.candidate_selection import Candidate, Editor, SweepR
 from lance_pipeline.editing.options import ClipGateOptions, EditorOptions
 from lance_pipeline.editing.stages import CounterfactualEditStage
 from lance_pipeline.models.needs import clip_option
+from lance_pipeline.option_types import PositiveInt
 from lance_pipeline.registry import EDITORS
 
 
@@ -32,9 +33,7 @@ class GreyOptions(EditorOptions):
     """The recipe's only new option; ``model`` is redeclared for its default (no weights behind it)."""
 
     model: str = "grey-editor"
-    shade: int = 128
-
-    positive_ints = ("shade",)
+    shade: PositiveInt = 128  # its bound is its annotation, checked on construction
 
     def describe(self):
         return {**super().describe(), "shade": self.shade}
@@ -135,7 +134,7 @@ def test_an_editor_registered_from_a_test_builds_a_release(grey_editor_registere
     assert {f for f in ClipGateOptions.__dataclass_fields__} <= set(GreyOptions.__dataclass_fields__)
     with pytest.raises(ValueError, match="unknown option 'shdae'; did you mean 'shade'"):
         validate_build(_config(tmp_path / "typo", {"shdae": 3}))
-    with pytest.raises(ValueError, match="shade must be a positive int"):
+    with pytest.raises(ValueError, match="option shade = 0: expected an integer >= 1"):
         validate_build(_config(tmp_path / "zero", {"shade": 0}))
 
     options = {"shade": 90, "clip_model": "demo:tiny-open-clip", "clip_pretrained": None, **GATES_OFF}

@@ -418,7 +418,7 @@ def test_auto_replaces_only_in_place_swaps_and_reweights_only_new_tokens(record,
 def test_float16_null_text_is_refused_at_validation(sd_dir):
     with pytest.raises(ValueError, match="dtype 'float16' cannot run inversion 'null_text'.*float32"):
         InversionStage(model=sd_dir, dtype="float16")
-    with pytest.raises(ValueError, match="selection must be one of"):
+    with pytest.raises(ValueError, match="option selection = .*: expected one of .best_directional., .largest_passing."):
         CounterfactualEditStage(model=sd_dir, selection="best")
 
 
@@ -611,7 +611,7 @@ def test_bf16_sampling_stays_close_to_fp32(record, sd_dir):
     # as much as an edit does (docs/performance.md); what a real checkpoint does needs the GPU benchmark. Here: bf16
     # really ran, and its images are sane (finite, no saturation to a constant).
     assert edit_difference > 0 and edit_size > 0 and recon_error < 0.05
-    with pytest.raises(ValueError, match="precision must be one of"):
+    with pytest.raises(ValueError, match="option precision = .*: expected one of .fp32., .bf16."):
         CounterfactualEditStage(model=sd_dir, precision="fp16")
 
 
@@ -639,5 +639,5 @@ def test_compile_option_compiles_the_unet_blocks_of_its_own_copy_and_is_recorded
     edit = CounterfactualEditStage(**options(sd_dir, compile="default"), scorer=StubScorer())
     edit.load("cpu")
     assert edit.editor.components is compiled.editor.components  # one compiled copy per process and mode
-    with pytest.raises(ValueError, match="compile must be one of"):
+    with pytest.raises(ValueError, match="option compile = .*: expected one of .none."):
         InversionStage(**options(sd_dir, compile="reduce-overhead"))

@@ -136,3 +136,21 @@ def test_a_release_of_the_previous_version_without_its_ledger_is_rebuilt_in_plac
     old_shards = _data(root / "release")
     build(load_config("config.yaml"), root / "release", progress=False, allow_code=True)
     assert {k: v for k, v in _data(root / "release").items() if k.startswith("data/")} == old_shards
+
+
+def test_a_source_option_written_at_its_default_is_the_same_config_hash(tmp_path):
+    from builder.sources import MAX_IMAGE_BYTES
+
+    folder = make_imagefolder(tmp_path / "src", ["cat"], per_class=1)
+    plain = load_config(str(write_config(tmp_path / "a.yaml", f"imagefolder:{folder}")))
+    written = load_config(
+        str(
+            write_config(
+                tmp_path / "b.yaml", f"imagefolder:{folder}", source_options={"max_image_bytes": MAX_IMAGE_BYTES}
+            )
+        )
+    )
+    halved = load_config(
+        str(write_config(tmp_path / "c.yaml", f"imagefolder:{folder}", source_options={"max_image_bytes": 1 << 20}))
+    )
+    assert plain.config_hash() == written.config_hash() != halved.config_hash()

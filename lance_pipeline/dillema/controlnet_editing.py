@@ -42,14 +42,14 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from lance_pipeline.editing.candidate_selection import Candidate, CandidateSelector, EditRequest, SweepResult
-from lance_pipeline.editing.options import EditorOptions, check_model_reference
+from lance_pipeline.editing.options import EditorOptions, GuidanceScale, check_model_reference
 from lance_pipeline.editing.sd_components import load_stable_diffusion_components
 from lance_pipeline.editing.stages import CounterfactualEditStage
 from lance_pipeline.models.needs import DIFFUSERS_MODEL_FILES, SD_COMPONENT_FILES, ModelOption, clip_option
-from lance_pipeline.option_types import DiffusionSteps
+from lance_pipeline.option_types import DiffusionSteps, Interval, MinLen, PositiveInt
 from lance_pipeline.stage import SCORE_NAMES, MetadataField, Record, ReleaseOutput, SampleFailure
 
 logger = logging.getLogger(__name__)
@@ -73,6 +73,8 @@ DILLEMA_GUIDANCE = 7.5
 # The thresholds of ControlNet's Canny annotator and of the diffusers ControlNet examples.
 CANNY_LOW_THRESHOLD = 100
 CANNY_HIGH_THRESHOLD = 200
+CannyThreshold = Annotated[int, Interval(ge=0, le=255 * 8), "a gradient threshold"]  # Sobel magnitudes reach 8 x 255
+ConditioningScale = Annotated[float, Interval(ge=0.0, le=4.0)]
 DTYPES = ("float32", "float16", "bfloat16")
 
 # Conditions this editor can compute, and why the others are refused.
@@ -184,20 +186,18 @@ class ControlNetEditorOptions(EditorOptions):
     controlnet: str = DEFAULT_CONTROLNET
     controlnet_revision: str | None = DEFAULT_CONTROLNET_REVISION
     condition: str = "canny"
-    canny_low_threshold: int = CANNY_LOW_THRESHOLD
-    canny_high_threshold: int = CANNY_HIGH_THRESHOLD
+    canny_low_threshold: CannyThreshold = CANNY_LOW_THRESHOLD
+    canny_high_threshold: CannyThreshold = CANNY_HIGH_THRESHOLD
     depth_model: str | None = None
     depth_revision: str | None = None
     num_inference_steps: DiffusionSteps = DILLEMA_STEPS
-    guidance_scale: float = DILLEMA_GUIDANCE
+    guidance_scale: GuidanceScale = DILLEMA_GUIDANCE
     negative_prompt: str = DILLEMA_NEGATIVE_PROMPT
-    images_per_edit: int = 1
-    conditioning_scales: tuple[float, ...] = (1.0,)
-    keep_per_edit: int = 1
-    batch_size: int = 4
-
-    dtypes = DTYPES
-    positive_ints = ("num_inference_steps", "images_per_edit", "keep_per_edit", "batch_size")
+    images_per_edit: PositiveInt = 1
+    # One scale may be written as a number; the options hold a tuple of floats.
+    conditioning_scales: ConditioningScale | Annotated[tuple[ConditioningScale, ...], MinLen(1)] = (1.0,)
+    keep_per_edit: PositiveInt = 1
+    batch_size: PositiveInt = 4
     # Why the conditioning scale is not mapped onto LANCE's strength axis (lance_pipeline.editing.strength).
     not_a_strength_series = (
         "the ControlNet editor's candidates are separate regenerations from noise (one per seed and conditioning "
@@ -206,8 +206,9 @@ class ControlNetEditorOptions(EditorOptions):
     )
 
     def __post_init__(self) -> None:
-        self.model = check_model_reference("model", self.model)
+        super().__post_init__()  # each option against its annotation, the model reference
         self.controlnet = check_model_reference("controlnet", self.controlnet)
+        # A condition refused for a reason says it (a Literal could only list the known ones).
         if self.condition in REFUSED_CONDITIONS:
             raise ValueError(REFUSED_CONDITIONS[self.condition])
         if self.condition not in CONDITIONS:
@@ -226,28 +227,15 @@ class ControlNetEditorOptions(EditorOptions):
                 )
         elif self.depth_model is not None:
             raise ValueError(f"depth_model is only used with condition 'depth', not {self.condition!r}")
-        super().__post_init__()
-        for name in ("canny_low_threshold", "canny_high_threshold"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 255 * 8:
-                raise ValueError(f"{name} must be an int gradient threshold >= 0, got {value!r}")
         if self.canny_low_threshold > self.canny_high_threshold:
             raise ValueError(
                 f"canny_low_threshold ({self.canny_low_threshold}) must not exceed canny_high_threshold "
                 f"({self.canny_high_threshold})"
             )
         scales = self.conditioning_scales
-        if isinstance(scales, (int, float)) and not isinstance(scales, bool):
-            scales = (scales,)
-        self.conditioning_scales = tuple(float(s) for s in scales)
-        if not self.conditioning_scales or any(not 0.0 <= s <= 4.0 for s in self.conditioning_scales):
-            raise ValueError(f"conditioning_scales must be 1+ values in [0, 4], got {self.conditioning_scales!r}")
+        self.conditioning_scales = tuple(float(s) for s in (scales if isinstance(scales, tuple | list) else (scales,)))
         if len(set(self.conditioning_scales)) != len(self.conditioning_scales):
             raise ValueError(f"conditioning_scales has duplicates: {self.conditioning_scales!r}")
-        if self.guidance_scale < 1.0:
-            raise ValueError(f"guidance_scale must be >= 1, got {self.guidance_scale!r}")
-        if not isinstance(self.negative_prompt, str):
-            raise ValueError(f"negative_prompt must be a string ('' for none), got {self.negative_prompt!r}")
 
     @property
     def candidates_per_edit(self) -> int:

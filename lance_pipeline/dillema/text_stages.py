@@ -46,9 +46,18 @@ import random
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from lance_pipeline.edit_types import MULTI_EDIT_TYPE, edit_type_names
+from lance_pipeline.option_types import (
+    Fraction,
+    Interval,
+    Options,
+    Phrase,
+    PositiveInt,
+    Probability,
+    TorchDtype,
+)
 from lance_pipeline.stage import Record, SampleFailure, stage_options
 from lance_pipeline.text.edit_spans import STRIP_CHARS, diff_captions, tokenize_caption
 from lance_pipeline.text.perturbation import (
@@ -284,13 +293,8 @@ def _count_drops(stats: dict[str, Any], dropped: Counter) -> None:
 # ---------------------------------------------------------------------------------------------- options
 
 
-def _positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-
-
 @dataclass
-class DillemaLLMOptions:
+class DillemaLLMOptions(Options):
     """The LLM options the three stages share (their backend is ``perturbation.PromptPerturber``).
 
     Attributes:
@@ -309,72 +313,54 @@ class DillemaLLMOptions:
     revision: str | None = DEFAULT_PERTURBER_REVISION
     adapter: str | None = None
     adapter_revision: str | None = None
-    prompt_style: str = "auto"
-    task: str = DILLEMA_TASK
+    prompt_style: Literal["auto", "chat", "alpaca"] = "auto"
+    task: Annotated[Phrase, "the classification task, in words"] = DILLEMA_TASK
     do_sample: bool = True
     temperature: float = DILLEMA_TEMPERATURE
-    top_p: float = DILLEMA_TOP_P
-    repetition_penalty: float = 1.0
-    max_new_tokens: int = 128
-    batch_size: int = 8
-    dtype: str = "auto"
-    max_attempts: int = 3
+    top_p: Probability = DILLEMA_TOP_P
+    repetition_penalty: Annotated[float, Interval(gt=0.0)] = 1.0
+    max_new_tokens: PositiveInt = 128
+    batch_size: PositiveInt = 8
+    dtype: TorchDtype = "auto"
+    max_attempts: PositiveInt = 3
 
     def __post_init__(self) -> None:
-        _positive_int("max_attempts", self.max_attempts)
-        if not isinstance(self.task, str) or not self.task.strip():
-            raise ValueError(f"task must be a non-empty string naming the classification task, got {self.task!r}")
+        super().__post_init__()
+        if self.do_sample and self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 when do_sample is on, got {self.temperature}")
 
 
 @dataclass
 class DillemaKeywordOptions(DillemaLLMOptions):
     """Options of ``dillema_keywords`` (see ``DillemaKeywordStage``)."""
 
-    max_new_tokens: int = 128
-    max_keywords: int = 8
-    max_keyword_words: int = 3
+    max_new_tokens: PositiveInt = 128
+    max_keywords: PositiveInt = 8
+    max_keyword_words: PositiveInt = 3
     fallback_to_caption_words: bool = False
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _positive_int("max_keywords", self.max_keywords)
-        _positive_int("max_keyword_words", self.max_keyword_words)
 
 
 @dataclass
 class DillemaAlternativesOptions(DillemaLLMOptions):
     """Options of ``dillema_alternatives`` (see ``DillemaAlternativesStage``)."""
 
-    max_new_tokens: int = 64
-    n_alternatives: int = 4
-    max_alternative_words: int = 5
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _positive_int("n_alternatives", self.n_alternatives)
-        _positive_int("max_alternative_words", self.max_alternative_words)
+    max_new_tokens: PositiveInt = 64
+    n_alternatives: PositiveInt = 4
+    max_alternative_words: PositiveInt = 5
 
 
 @dataclass
 class DillemaCounterfactualOptions(DillemaLLMOptions):
     """Options of ``dillema_counterfactual`` (see ``DillemaCounterfactualStage``)."""
 
-    max_new_tokens: int = 96
-    n_counterfactuals: int = 1
-    max_keywords_per_edit: int = DILLEMA_MAX_KEYWORDS_PER_EDIT
+    max_new_tokens: PositiveInt = 96
+    n_counterfactuals: PositiveInt = 1
+    max_keywords_per_edit: PositiveInt = DILLEMA_MAX_KEYWORDS_PER_EDIT
     vary_keyword_count: bool = False
     require_alternatives: bool = True
     require_class_kept: bool = True
-    max_span_words: int = 24
-    min_shared_fraction: float = 0.3
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _positive_int("n_counterfactuals", self.n_counterfactuals)
-        _positive_int("max_keywords_per_edit", self.max_keywords_per_edit)
-        _positive_int("max_span_words", self.max_span_words)
-        if not 0.0 <= float(self.min_shared_fraction) <= 1.0:
-            raise ValueError(f"min_shared_fraction must be in [0, 1], got {self.min_shared_fraction!r}")
+    max_span_words: PositiveInt = 24
+    min_shared_fraction: Fraction = 0.3
 
 
 # ---------------------------------------------------------------------------------------------- the stages

@@ -10,11 +10,21 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 from lance_pipeline.clip.gates import ClipGateThresholds
-from lance_pipeline.editing.sd_components import COMPILE_MODES, DEFAULT_MODEL, DEFAULT_REVISION, DTYPES
-from lance_pipeline.option_types import DiffusionSteps, ImageSide
+from lance_pipeline.editing.sd_components import DEFAULT_MODEL, DEFAULT_REVISION
+from lance_pipeline.option_types import (
+    CosineThreshold,
+    DiffusionSteps,
+    Fraction,
+    ImageSide,
+    Interval,
+    MinLen,
+    NonNegativeInt,
+    Options,
+    PositiveInt,
+)
 from lance_pipeline.registry import INVERSIONS
 
 # LANCE's paper sweep (section 3.2); the authors' code sweeps only up to 0.8.
@@ -26,6 +36,8 @@ SELECTIONS = ("best_directional", "largest_passing")  # candidate_selection.SELE
 # zero and the embeddings become inf/NaN; these run with float32 weights only.
 OPTIMISING_INVERSIONS = ("null_text",)
 PRECISIONS = ("fp32", "bf16")
+# Classifier-free guidance: 1 is none (the conditional prediction alone); below 1 would push away from the prompt.
+GuidanceScale = Annotated[float, Interval(ge=1.0)]
 
 
 def steps_of(fraction: float, num_steps: int) -> int:
@@ -41,16 +53,8 @@ def check_model_reference(name: str, value) -> str:
     return value
 
 
-def check_positive_ints(options, names) -> None:
-    """Raise ``ValueError`` naming the first of ``names`` that is not a positive int (bools are not ints here)."""
-    for name in names:
-        value = getattr(options, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-
-
 @dataclass
-class ClipGateOptions:
+class ClipGateOptions(Options):
     """The CLIP scorer and LANCE's quality gates (section 3.2): one part that every editor's options include.
 
     Attributes:
@@ -62,10 +66,10 @@ class ClipGateOptions:
     clip_model: str = "ViT-L-14"
     clip_pretrained: str | None = "openai"
     clip_revision: str | None = None
-    clip_batch_size: int = 32
-    clip_directional_threshold: float = 0.2
-    clip_image_threshold: float = 0.7
-    clip_text_threshold: float = 0.2
+    clip_batch_size: PositiveInt = 32
+    clip_directional_threshold: CosineThreshold = 0.2
+    clip_image_threshold: CosineThreshold = 0.7
+    clip_text_threshold: CosineThreshold = 0.2
     require_edited_closer: bool = True
 
     def gate_thresholds(self):
@@ -81,8 +85,9 @@ class ClipGateOptions:
 class EditorOptions(ClipGateOptions):
     """What every editor's options hold: the model it renders with, its dtype and image size, the CLIP scorer and gates
     (``ClipGateOptions``) and the Hugging Face cache. An editor's own options subclass this and add only their fields
-    (redeclaring a shared field changes its default, not its place); ``describe`` gives what the manifest records of
-    them, and the image stage describes itself from it, whatever the editor renders with.
+    (redeclaring a shared field changes its default, not its place; its annotation says its bounds and choices, which
+    are checked on construction: ``Options``); ``describe`` gives what the manifest records of them, and the image
+    stage describes itself from it, whatever the editor renders with.
 
     Attributes:
         model: Hub id or local directory of the editor's model.
@@ -97,27 +102,20 @@ class EditorOptions(ClipGateOptions):
 
     model: str = ""
     revision: str | None = None
-    dtype: str = "float32"
+    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
     image_size: ImageSide = 512
     cache_dir: str | None = None
     keep_candidates: bool = False
 
-    # Class attributes, not options (unannotated or ClassVar): the dtypes an editor accepts, and its own options that
-    # must be positive ints (image_size and clip_batch_size are checked for every editor).
-    dtypes: ClassVar[tuple[str, ...]] = ("float32", "float16", "bfloat16")
-    positive_ints: ClassVar[tuple[str, ...]] = ()
-    # Whether the editor's candidates of one edit are that edit at graded strengths, each with a ``self_replace``
-    # fraction (strength = 1 - self_replace); if not, why not (the refusal of ``keep_candidates: true`` says it).
+    # Class attributes, not options (ClassVar): whether the editor's candidates of one edit are that edit at graded
+    # strengths, each with a ``self_replace`` fraction (strength = 1 - self_replace); if not, why not (the refusal of
+    # ``keep_candidates: true`` says it).
     candidates_are_strength_series: ClassVar[bool] = False
     not_a_strength_series: ClassVar[str] = "this editor's candidates are not one edit at graded strengths"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         self.model = check_model_reference("model", self.model)
-        if self.dtype not in self.dtypes:
-            raise ValueError(f"dtype must be one of {self.dtypes}, got {self.dtype!r}")
-        check_positive_ints(self, ("image_size", *self.positive_ints, "clip_batch_size"))
-        if not isinstance(self.keep_candidates, bool):
-            raise ValueError(f"keep_candidates must be true or false, got {self.keep_candidates!r}")
         if self.keep_candidates and not self.candidates_are_strength_series:
             raise ValueError(
                 f"keep_candidates: {self.not_a_strength_series}, so they have no place on the strength axis; "
@@ -181,66 +179,35 @@ class ImageEditorOptions(EditorOptions):
 
     model: str = DEFAULT_MODEL
     revision: str | None = DEFAULT_REVISION
-    precision: str = "fp32"
+    precision: Literal["fp32", "bf16"] = "fp32"  # PRECISIONS
     allow_tf32: bool = True
     cudnn_benchmark: bool = False
-    compile: str = "none"
+    compile: Literal["none", "default", "max-autotune-no-cudagraphs"] = "none"  # sd_components.COMPILE_MODES
     num_inference_steps: DiffusionSteps = 50
-    guidance_scale: float = 7.5
+    guidance_scale: GuidanceScale = 7.5
     inversion: str = "null_text"
-    num_inner_steps: int = 10
+    num_inner_steps: NonNegativeInt = 10
     early_stop_epsilon: float = 1e-5
-    cross_replace: float = 0.8
-    self_replace_sweep: tuple[float, ...] = DEFAULT_SELF_REPLACE_SWEEP
+    cross_replace: Annotated[Fraction, "a fraction of the steps"] = 0.8
+    self_replace_sweep: Annotated[tuple[Fraction, ...], MinLen(1), "fractions of the steps"] = (
+        DEFAULT_SELF_REPLACE_SWEEP
+    )
     edit_word_weight: float = 2.0
-    attention_edit: str = "auto"
-    refine_padding: str = "source_order"
-    self_replace_max_tokens: int = 32**2
-    edit_batch_size: int | None = None
-    selection: str = "best_directional"
+    attention_edit: Literal["auto", "refine"] = "auto"  # ATTENTION_EDITS
+    refine_padding: Literal["source_order", "same_position"] = "source_order"  # REFINE_PADDINGS
+    self_replace_max_tokens: PositiveInt = 32**2
+    edit_batch_size: Annotated[PositiveInt | None, "rows per run, or null (by memory)"] = None
+    selection: Literal["best_directional", "largest_passing"] = "best_directional"  # SELECTIONS
     lance_r_word_check: bool = True
 
-    dtypes = DTYPES
-    positive_ints = ("num_inference_steps", "self_replace_max_tokens")
     candidates_are_strength_series = True  # one edit rendered at every self_replace fraction of the sweep
 
     def __post_init__(self) -> None:
-        self.self_replace_sweep = tuple(float(f) for f in self.self_replace_sweep)
         super().__post_init__()
-        if self.edit_batch_size is not None and (
-            isinstance(self.edit_batch_size, bool)
-            or not isinstance(self.edit_batch_size, int)
-            or self.edit_batch_size < 1
-        ):
-            raise ValueError(
-                f"edit_batch_size must be a positive int or null (by memory), got {self.edit_batch_size!r}"
-            )
-        if (
-            isinstance(self.num_inner_steps, bool)
-            or not isinstance(self.num_inner_steps, int)
-            or self.num_inner_steps < 0
-        ):
-            raise ValueError(f"num_inner_steps must be an int >= 0, got {self.num_inner_steps!r}")
-        if not self.self_replace_sweep:
-            raise ValueError("self_replace_sweep must hold at least one fraction")
-        for name, values in (("cross_replace", (self.cross_replace,)), ("self_replace_sweep", self.self_replace_sweep)):
-            if any(not 0.0 <= v <= 1.0 for v in values):
-                raise ValueError(f"{name} must be fraction(s) of the steps in [0, 1], got {getattr(self, name)!r}")
+        self.self_replace_sweep = tuple(float(f) for f in self.self_replace_sweep)
+        # Relations and registries, which no annotation of one option can say.
         if len(set(self.self_replace_sweep)) != len(self.self_replace_sweep):
             raise ValueError(f"self_replace_sweep has duplicates: {self.self_replace_sweep!r}")
-        if self.attention_edit not in ATTENTION_EDITS:
-            raise ValueError(f"attention_edit must be one of {ATTENTION_EDITS}, got {self.attention_edit!r}")
-        for name, allowed in (
-            ("refine_padding", REFINE_PADDINGS),
-            ("selection", SELECTIONS),
-            ("precision", PRECISIONS),
-            ("compile", COMPILE_MODES),
-        ):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        if self.guidance_scale < 1.0:
-            raise ValueError(f"guidance_scale must be >= 1, got {self.guidance_scale!r}")
-
         if ":" not in self.inversion:  # "package.module:attr" names a custom method directly
             INVERSIONS.target(self.inversion)  # an unknown name fails here, with "did you mean"
         if self.inversion in OPTIMISING_INVERSIONS and self.dtype != "float32":

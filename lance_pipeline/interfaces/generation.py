@@ -16,7 +16,7 @@ import logging
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from lance_pipeline.clip.gates import ClipScorer
 from lance_pipeline.clip.loader import ClipModelRef
@@ -24,7 +24,7 @@ from lance_pipeline.interfaces.object_thresholds import ObjectThresholds
 from lance_pipeline.interfaces.shifts import TOKEN_PLACEHOLDER, object_caption
 from lance_pipeline.interfaces.textual_inversion import check_tokens_for_encoder, read_token_dir
 from lance_pipeline.models.needs import SD_PIPELINE_FILES, ModelOption, clip_option
-from lance_pipeline.option_types import DiffusionSteps, ImageSide
+from lance_pipeline.option_types import CosineThreshold, DiffusionSteps, ImageSide, Options, PositiveInt
 from lance_pipeline.stage import MetadataField, ReleaseOutput, SampleFailure, stage_options
 
 logger = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ SCHEDULERS = {"euler": "EulerDiscreteScheduler", "ddim": "DDIMScheduler", "unipc
 
 
 @dataclass
-class GenerationOptions:
+class GenerationOptions(Options):
     """Text-to-image settings (ImageNet*'s as defaults).
 
     Attributes:
@@ -55,25 +55,18 @@ class GenerationOptions:
     revision: str | None = DEFAULT_REVISION
     tokens: str | None = field(default=None, metadata={"local_path": True})
     plain_prompt: bool = False
-    scheduler: str = "euler"
+    scheduler: Literal["euler", "ddim", "unipc"] = "euler"  # the keys of SCHEDULERS
     num_inference_steps: DiffusionSteps = 50
     guidance_scale: float = 7.5
     generation_size: ImageSide | None = None
     image_size: ImageSide = 512
-    batch_size: int = 4
-    dtype: str = "float32"
+    batch_size: PositiveInt = 4
+    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
 
     def __post_init__(self) -> None:
-        if self.scheduler not in SCHEDULERS:
-            raise ValueError(f"scheduler {self.scheduler!r}: expected one of {', '.join(SCHEDULERS)}")
-        if self.dtype not in ("float32", "float16", "bfloat16"):
-            raise ValueError(f"dtype {self.dtype!r}: expected float32, float16 or bfloat16")
+        super().__post_init__()
         if self.tokens is None and not self.plain_prompt:
             raise ValueError("tokens: give the directory of learned class tokens, or set plain_prompt: true")
-        for name in ("num_inference_steps", "image_size", "batch_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} {value!r}: expected a positive integer")
 
 
 class ShiftGenerator:
@@ -286,7 +279,7 @@ class ShiftGenerationStage:
 
 
 @dataclass
-class ShiftFilterOptions:
+class ShiftFilterOptions(Options):
     """The CLIP filter of dataset interfaces (§3.1, Appendix A.3).
 
     Object presence is judged per class, as in the paper: ``object_thresholds`` names a file of per-class thresholds
@@ -306,17 +299,12 @@ class ShiftFilterOptions:
     clip_pretrained: str | None = "laion2b_s32b_b79k"
     clip_revision: str | None = None
     object_thresholds: str | None = field(default=None, metadata={"local_path": True})
-    object_threshold: float | None = None
+    object_threshold: CosineThreshold | None = None
     object_filter: bool = True
     keep_rejected: bool = False
 
     def __post_init__(self) -> None:
-        if self.object_threshold is not None and (
-            isinstance(self.object_threshold, bool)
-            or not isinstance(self.object_threshold, int | float)
-            or not -1.0 <= self.object_threshold <= 1.0
-        ):
-            raise ValueError(f"object_threshold {self.object_threshold!r}: expected a cosine similarity in [-1, 1]")
+        super().__post_init__()
         if not self.object_filter:
             if self.object_thresholds is not None or self.object_threshold is not None:
                 raise ValueError("object_filter is false: leave object_thresholds and object_threshold unset")

@@ -31,6 +31,7 @@ from typing import Any
 from lance_pipeline.editing.strength import STRENGTH_FIELD
 from lance_pipeline.models.needs import ModelOption
 from lance_pipeline.models.shared import shared_model
+from lance_pipeline.option_types import Options, PositiveInt
 from lance_pipeline.stage import SAMPLE_INDEX, MetadataField, OutputScreen, Record, SampleFailure, stage_options
 
 logger = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ SAFETY_FIELDS = (
 
 
 @dataclass
-class SafetyCheckOptions:
+class SafetyCheckOptions(Options):
     """Options of the safety-checker stages.
 
     Attributes:
@@ -69,12 +70,8 @@ class SafetyCheckOptions:
 
     model: str = DEFAULT_SAFETY_CHECKER
     revision: str | None = DEFAULT_SAFETY_CHECKER_REVISION
-    batch_size: int = 16
+    batch_size: PositiveInt = 16
     cache_dir: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
 
     @property
     def is_local(self) -> bool:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from lance_pipeline.editing.strength import STRENGTH_FIELD
+from lance_pipeline.option_types import CosineThreshold, Options, PositiveInt
 from lance_pipeline.screening import protected_terms as terms
 from lance_pipeline.stage import SAMPLE_INDEX, MetadataField, OutputScreen, Record, SampleFailure, stage_options
 from lance_pipeline.text.label_checks import (
@@ -300,7 +301,7 @@ def list_changes(caption: str, edited_caption: str) -> dict[str, str]:
 
 
 @dataclass
-class SensitiveScreenOptions:
+class SensitiveScreenOptions(Options):
     """Options of the sensitive-edit screen.
 
     Attributes:
@@ -313,17 +314,9 @@ class SensitiveScreenOptions:
 
     model: str = DEFAULT_SENTENCE_MODEL
     revision: str | None = DEFAULT_SENTENCE_MODEL_REVISION
-    similarity_threshold: float | None = SIMILARITY_THRESHOLD
+    similarity_threshold: CosineThreshold | None = SIMILARITY_THRESHOLD
     screen: Literal["flag", "drop"] = "flag"
-    batch_size: int = 64
-
-    def __post_init__(self) -> None:
-        if self.screen not in ("flag", "drop"):
-            raise ValueError(f"screen must be 'flag' or 'drop', got {self.screen!r}")
-        if self.similarity_threshold is not None and not -1.0 <= self.similarity_threshold <= 1.0:
-            raise ValueError(f"similarity_threshold is a cosine in [-1, 1] (or None), got {self.similarity_threshold}")
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+    batch_size: PositiveInt = 64
 
 
 class SensitiveEditScreen:
