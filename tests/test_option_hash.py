@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 import sqlite3
+import typing
 from pathlib import Path
 
 import pytest
@@ -154,3 +155,24 @@ def test_a_source_option_written_at_its_default_is_the_same_config_hash(tmp_path
         str(write_config(tmp_path / "c.yaml", f"imagefolder:{folder}", source_options={"max_image_bytes": 1 << 20}))
     )
     assert plain.config_hash() == written.config_hash() != halved.config_hash()
+
+
+def test_the_choices_an_annotation_lists_are_the_ones_the_code_knows():
+    """A ``Literal`` annotation is an option's only check of its choices: it lists what the code that reads it knows."""
+    from lance_pipeline.dillema.text_stages import DillemaLLMOptions
+    from lance_pipeline.editing import attention_control, candidate_selection, options, sd_components
+    from lance_pipeline.interfaces.generation import SCHEDULERS, GenerationOptions
+    from lance_pipeline.text.perturbation import PROMPT_STYLES, PerturbOptions
+
+    def choices(cls, name):
+        return typing.get_args(typing.get_type_hints(cls, include_extras=True)[name])
+
+    editor = options.ImageEditorOptions
+    assert choices(editor, "compile") == sd_components.COMPILE_MODES
+    assert choices(editor, "precision") == options.PRECISIONS
+    assert choices(editor, "attention_edit") == options.ATTENTION_EDITS
+    assert choices(editor, "refine_padding") == attention_control.REFINE_PADDINGS == options.REFINE_PADDINGS
+    assert choices(editor, "selection") == candidate_selection.SELECTIONS == options.SELECTIONS
+    assert choices(editor, "dtype") == sd_components.DTYPES
+    assert choices(GenerationOptions, "scheduler") == tuple(SCHEDULERS)
+    assert choices(PerturbOptions, "prompt_style") == choices(DillemaLLMOptions, "prompt_style") == PROMPT_STYLES
