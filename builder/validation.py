@@ -1,9 +1,12 @@
 """Validate a build config against the stage contract before anything is loaded or written.
 
-``lance-cf validate`` and every ``lance-cf build`` run this first. It constructs every stage from its options (stages
-load no weights when constructed; ``demo:``/``pkg:`` model references stay unresolved) and checks:
+``lance-cf validate`` and every ``lance-cf build`` run this first. It constructs every stage's typed options once
+(``check_options``), creates the stage from them (stages load no weights when constructed; ``demo:``/``pkg:`` model
+references stay unresolved) and passes them on in ``ValidatedStage.options``; the config hash is computed from them
+(``ValidatedBuild.config_hash``). It checks:
 
-1. every stage's options against its typed options (unknown names with "did you mean", wrong types);
+1. every stage's options against its typed options (unknown names with "did you mean", types, bounds and choices as
+   the options' annotations say them, then the relations between options);
 2. the field graph of the active stages, in order: each consumed field is a source field or produced by an earlier
    active stage, with the same kind;
 3. the release configs: each selected config is written by exactly one active stage (or is the source's
