@@ -69,8 +69,25 @@ def test_typo_in_the_last_stage_fails_before_any_model_is_built(tmp_path, monkey
         ("caption", "max_new_tokens", 12.0, "option max_new_tokens = 12.0: expected an integer"),
         ("perturb", "do_sample", "yes", "option do_sample = 'yes': expected true or false"),
         ("perturb", "do_sample", 1, "option do_sample = 1: expected true or false"),
-        ("edit", "self_replace_sweep", [0.4, "x"], "a list (of numbers) (Input should be a valid number (item [1])"),
-        ("label_check", "label_threshold", 2.0, "cosine similarity threshold"),  # the stage's own range check
+        (
+            "edit",
+            "self_replace_sweep",
+            [0.4, "x"],
+            "(a list (of numbers in [0.0, 1.0]) (at least 1 item)) (Input should be a valid number (item [1]))",
+        ),
+        (
+            "edit",
+            "self_replace_sweep",
+            [0.4, 1.5],
+            "expected fractions of the steps (a list (of numbers in [0.0, 1.0])",
+        ),
+        ("perturb", "top_p", 0.0, "option top_p = 0.0: expected a number in (0.0, 1.0]"),
+        (
+            "label_check",
+            "label_threshold",
+            2.0,
+            "expected a cosine similarity threshold (a number in [-1.0, 1.0]) or null",
+        ),
         ("invert", "num_inference_steps", 0, "option num_inference_steps = 0: expected an integer in [1, 1000]"),
         ("invert", "image_size", 10**9, "option image_size = 1000000000: expected an integer in [8, 16384]"),
     ],
