@@ -195,7 +195,7 @@ def test_fields_are_checked_without_coercion():
 
 
 # -- fuzzing (hypothesis): a reader returns a value or raises InputError, whatever it is given ---------------------------
-FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5),
@@ -345,3 +345,38 @@ def test_fuzz_a_study_is_built_with_its_types_or_refused_in_one_line(tmp_path_fa
         assert study.per_group is None or type(study.per_group) is int
         assert all(type(c) is str for c in study.configs) and all(type(r) is str for r in study.reviewers)
         assert all(type(q.text) is str and all(type(a) is str for a in q.answers) for q in study.questions)
+
+
+MANIFEST_KEYS = ["format_version", "name", "version", "configs", "shards", "label_space", "manifest_sha256", "counts",
+                 "release_spec", "kind", "build", "colour"]  # fmt: skip
+
+
+@FUZZ
+@given(st.dictionaries(st.sampled_from(MANIFEST_KEYS), JSON_VALUES, max_size=8) | JSON_VALUES)
+def test_fuzz_a_manifest_loads_or_is_refused_in_one_line(tmp_path_factory, data):
+    from builder.release_format.manifest import load_manifest
+
+    root = tmp_path_factory.mktemp("release")
+    (root / "manifest.json").write_text(json.dumps(data))
+    try:
+        load_manifest(root)
+    except ValueError as err:
+        assert "\n" not in str(err) and "manifest.json" in str(err), str(err)[:300]
+
+
+@FUZZ
+@given(
+    st.dictionaries(st.sampled_from(["repo_id", "revision", "commit", "files", "sha256", "x"]), JSON_VALUES)
+    | JSON_VALUES
+)
+def test_fuzz_a_model_marker_is_trusted_or_not_never_a_crash(tmp_path_factory, data):
+    """``.lance-cf-model.json`` of any content: ``local_copy`` says whether the directory is a copy, or refuses in one
+    line; it never raises anything else."""
+    from lance_pipeline.models.hub_cache import LOCAL_MARKER, local_copy
+
+    root = tmp_path_factory.mktemp("copy")
+    (root / LOCAL_MARKER).write_text(json.dumps(data))
+    try:
+        local_copy(root)
+    except ValueError as err:
+        assert "\n" not in str(err)
