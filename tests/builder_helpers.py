@@ -82,18 +82,79 @@ def env() -> dict[str, str]:
     return e
 
 
-def cli(*args: str, check: bool = True, timeout: float | None = None) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        [sys.executable, "-m", "builder.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env(),
-        cwd=REPO,
-        timeout=timeout,
-    )
+def cli(
+    *args: str, check: bool = True, process: bool = False, timeout: float | None = None
+) -> subprocess.CompletedProcess:
+    """``lance-cf ARGS`` as the user runs it (``builder.cli.main``): its exit code, stdout and stderr (with its log
+    lines, as its ``logging.basicConfig`` writes them), offline, from the repository's root.
+
+    In this process by default: a new interpreter costs seconds of imports (torch alone: 4.4 s of CPU on the 2-core
+    development machine) and most tests are about the command, not the process. ``process=True`` runs
+    ``python -m builder.cli`` in a new process (``timeout`` applies there), for tests about processes.
+    An exception the command does not turn into an exit code is exit code 1 with its traceback on stderr, as in a
+    process."""
+    if process:
+        proc = subprocess.run(
+            [sys.executable, "-m", "builder.cli", *args],
+            capture_output=True,
+            text=True,
+            env=env(),
+            cwd=REPO,
+            timeout=timeout,
+        )
+    else:
+        proc = _in_process(list(args))
     if check and proc.returncode != 0:
         raise AssertionError(f"lance-cf {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def _in_process(args: list[str]) -> subprocess.CompletedProcess:
+    import io
+    import logging
+    import traceback
+
+    from huggingface_hub import constants
+
+    from builder.cli import main
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    handler = logging.StreamHandler(stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    saved_env, saved_offline, cwd = os.environ.get("HF_HUB_OFFLINE"), constants.HF_HUB_OFFLINE, os.getcwd()
+    os.environ["HF_HUB_OFFLINE"], constants.HF_HUB_OFFLINE = "1", True
+    root.addHandler(handler)
+    os.chdir(REPO)
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                code = main(args)
+            except SystemExit as exit_:  # argparse: --help, a usage error
+                code = exit_.code if isinstance(exit_.code, int) else 1
+            except Exception:
+                traceback.print_exc()
+                code = 1
+    finally:
+        os.chdir(cwd)
+        root.removeHandler(handler)
+        constants.HF_HUB_OFFLINE = saved_offline
+        if saved_env is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+        else:
+            os.environ["HF_HUB_OFFLINE"] = saved_env
+    return subprocess.CompletedProcess(["lance-cf", *args], code, stdout.getvalue(), stderr.getvalue())
+
+
+def counting_loads(counts: Path, *args: str, unshared: bool = False) -> dict[str, dict[str, int]]:
+    """``lance-cf ARGS`` in a process that counts every model load (tests/load_counter.py); the counts per model."""
+    import json
+
+    command = [sys.executable, str(REPO / "tests" / "load_counter.py"), str(counts)]
+    command += [*(["--unshared"] if unshared else []), "--", *args]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env(), cwd=REPO)
+    assert proc.returncode == 0, f"lance-cf {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    return json.loads(counts.read_text())
 
 
 def release_files(root: Path) -> dict[str, str]:

@@ -14,7 +14,7 @@ import pytest
 from builder_helpers import photo, write_config
 from publish_fixture import make_results
 from test_publish import REPO
-from test_publish_adversarial import cli, hub, hub_env, write_results  # noqa: F401, F811 (pytest fixtures)
+from test_publish_adversarial import write_results
 
 from builder import release_format as rf
 from builder.config import load_config
@@ -35,7 +35,7 @@ def _open_images_release(tmp_path):
 
 
 @pytest.mark.e2e  # publishes over real HTTP against the local Hub double
-def test_path_shaped_class_names_are_published_as_they_are(hub_env, tmp_path, caplog):  # noqa: F811
+def test_path_shaped_class_names_are_published_as_they_are(hub_env, tmp_path, caplog, cli):
     import logging
 
     double = hub_env
