@@ -370,33 +370,61 @@ STRENGTH_NOTE = (
 )
 
 
+STABILITY_NOTE = (
+    "Kendall's τ-b between the models' acc@1 at adjacent strengths, per edit type, over the edits with a candidate at "
+    "every strength (1 = the same order at both strengths); 95% bootstrap interval over source images."
+)
+STABILITY_HEADER = ["edit type", "strengths", "Kendall τ [95% CI]", "images (edits)"]
+
+
+def _stability_rows(stability: dict[str, Any]) -> list[list[str]]:
+    """The rank-stability table's cells (plain text: the caller escapes for its format)."""
+    rows = []
+    for group, entry in stability["groups"].items():
+        name = "all edits" if group == "overall" else str(group)
+        if entry["reason"]:
+            rows.append([name, "—", f"not computed: {entry['reason']}", "—"])
+            continue
+        for pair in entry["pairs"]:
+            ci = pair["ci"] or [None, None]
+            rows.append(
+                [
+                    name,
+                    f"{fmt_number(pair['from'])} → {fmt_number(pair['to'])}",
+                    _with_ci(pair["tau"], ci[0], ci[1]),
+                    f"{entry['n_images']} ({entry['n_series']})",
+                ]
+            )
+    return rows
+
+
 def strength_stability_markdown(results: list[dict[str, Any]], n_boot: int = 1000, seed: int = 0) -> str:
     """Rank stability of the models across edit strength (``evaluation.strength.rank_stability``) as a paragraph and
     a table, "" when no result has a strength section. No heading: the card embeds it inside its leaderboard section."""
     if not any(r.get("status") == "ok" and r.get("strength") for r in results):
         return ""
     stability = rank_stability(results, n_boot=n_boot, seed=seed)
-    lines = [
-        "**Rank stability across edit strength.** Kendall's τ-b between the models' acc@1 at adjacent strengths, per "
-        "edit type, over the edits with a candidate at every strength (1 = the same order at both strengths); 95% "
-        "bootstrap interval over source images.",
-        "",
-    ]
+    lines = [f"**Rank stability across edit strength.** {STABILITY_NOTE}", ""]
     if stability["reason"]:
         return "\n".join([*lines, f"Not computed: {stability['reason']}.", ""])
-    lines += ["| edit type | strengths | Kendall τ [95% CI] | images (edits) |", "|:---|:---|---:|---:|"]
-    for group, entry in stability["groups"].items():
-        name = "all edits" if group == "overall" else _md_escape(group)
-        if entry["reason"]:
-            lines.append(f"| {name} | — | not computed: {_md_escape(entry['reason'])} | — |")
-            continue
-        for pair in entry["pairs"]:
-            ci = pair["ci"] or [None, None]
-            lines.append(
-                f"| {name} | {fmt_number(pair['from'])} → {fmt_number(pair['to'])} | "
-                f"{_with_ci(pair['tau'], ci[0], ci[1])} | {entry['n_images']} ({entry['n_series']}) |"
-            )
+    lines += ["| " + " | ".join(STABILITY_HEADER) + " |", "|:---|:---|---:|---:|"]
+    # the edit type is data; the other cells are numbers and our own words (brackets of intervals kept)
+    lines += ["| " + " | ".join([_md_escape(row[0]), *row[1:]]) + " |" for row in _stability_rows(stability)]
     return "\n".join([*lines, ""])
+
+
+def strength_stability_section(results: list[dict[str, Any]], n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
+    """The rank-stability table as a section of ``leaderboard.html`` (``leaderboard_sections.html.jinja``)."""
+    stability = rank_stability(results, n_boot=n_boot, seed=seed)
+    note = STABILITY_NOTE + (f" Not computed: {stability['reason']}." if stability["reason"] else "")
+    return {
+        "title": "Rank stability across edit strength",
+        "note": note,
+        "header": STABILITY_HEADER,
+        "rows": [] if stability["reason"] else _stability_rows(stability),
+        "image": None,
+        "image_alt": None,
+    }
 
 
 def strength_stability_table(results: list[dict[str, Any]], n_boot: int = 1000, seed: int = 0) -> Any:
@@ -835,12 +863,20 @@ def _write_one(results: list[dict[str, Any]], output_dir: Path, n_boot: int, see
     written["shift_correlation_plot"] = plot_shift_correlation(correlations, output_dir / "shift_correlation.png")
     if with_strength:
         written["strength_plot"] = plot_strength_models(results, output_dir / "strength.png")
-    written["html"].write_text(_html_page(release, df, fit, correlations, written), encoding="utf-8")
+    sections = [strength_stability_section(results, n_boot, seed)] if with_strength else []
+    written["html"].write_text(_html_page(release, df, fit, correlations, written, sections), encoding="utf-8")
     logger.debug("leaderboard of %d rows written to %s", len(df), output_dir)
     return written
 
 
-def _html_page(release: dict[str, Any], df: Any, fit: dict[str, Any], correlations: dict[str, Any], written) -> str:
+def _html_page(
+    release: dict[str, Any],
+    df: Any,
+    fit: dict[str, Any],
+    correlations: dict[str, Any],
+    written,
+    sections: list[dict[str, Any]] | None = None,
+) -> str:
     """``leaderboard.html`` (``templates/leaderboard.html.jinja``, autoescaped): the compact table, the fits, the plots."""
     extra = extra_columns(df)
     rows = []
@@ -884,7 +920,7 @@ def _html_page(release: dict[str, Any], df: Any, fit: dict[str, Any], correlatio
         name=f"{release.get('name')} {release.get('version')}",
         manifest=str(release.get("manifest_sha256"))[:16],
         paired=paired,
-        sections=[],
+        sections=sections or [],
     )
 
 

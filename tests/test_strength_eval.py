@@ -490,3 +490,6 @@ def test_the_card_and_the_leaderboard_carry_the_rank_stability(tmp_path):
     assert got["kendall_tau"].tolist() == pytest.approx([p["tau"] for p in want])
     assert got["ci_low"].tolist() == pytest.approx([p["ci"][0] for p in want])
     assert "## Rank stability across edit strength" in written["markdown"].read_text(encoding="utf-8")
+    page = written["html"].read_text(encoding="utf-8")
+    tau = want[0]["tau"]
+    assert "Rank stability across edit strength" in page and f"<td>{tau:.2f} [" in page

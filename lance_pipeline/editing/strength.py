@@ -17,7 +17,9 @@ Each ``strength`` sample carries its ``self_replace`` and ``strength``, every sc
 renders (``edit_index`` among the record's kept edits), whether it is the selected candidate (``selected``), and two
 links: ``source_key`` is its ``original`` (as for every derived sample) and ``counterfactual_key`` the key of the
 edit's selected sample in the ``counterfactual`` config. Only candidates that passed every gate are kept, so an edit
-may be represented at some strengths only (a single one when one candidate passed).
+may be represented at some strengths only (a single one when one candidate passed); evaluation's headline curve
+therefore uses only the edits seen at every strength, so that each strength scores the same images
+(``evaluation.strength``), and keeps the curve pooled over every candidate as a second view.
 
 The ControlNet editor (DILLEMA, ``lance_pipeline.dillema.controlnet_editing``) is not mapped onto this axis: its
 candidates are separate regenerations from noise (per seed and conditioning scale). The conditioning scale sets how
