@@ -559,7 +559,9 @@ def report_unexpected(command: str, err: BaseException) -> int:
             break
         except OSError:
             continue
-    first = " ".join(str(err).split())[:300] or "no message"
+    # The exception's notes say where it was raised (a build names the stage and the sample): kept in the one line.
+    said = " ".join([str(err), *(str(n) for n in getattr(err, "__notes__", ()))])
+    first = " ".join(said.split())[:400] or "no message"
     shown = f"the full traceback is in {where}" if where else "the traceback could not be written to a file"
     sys.stderr.write(
         f"lance-cf {command}: error: unexpected {type(err).__name__} ({first}); {shown}; this is a bug, please "

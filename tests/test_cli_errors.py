@@ -63,7 +63,8 @@ def test_an_unexpected_error_is_one_line_and_a_traceback_file(tmp_path):
     the line names, under $LANCE_CF_TRACEBACK_DIR (else the user's cache)."""
     code = (
         "import sys, builder.cli_class_map as m\n"
-        "def broken(args):\n    return {}['planted']\n"
+        "def broken(args):\n    err = KeyError('planted')\n    err.add_note('raised by stage caption on sample k1')\n"
+        "    raise err\n"
         "m.run_class_map = broken\n"
         "from builder.cli import main\n"
         "sys.exit(main(['class-map', 'somewhere']))\n"
@@ -74,7 +75,9 @@ def test_an_unexpected_error_is_one_line_and_a_traceback_file(tmp_path):
     assert done.returncode == 1, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
-    assert lines[0].startswith("lance-cf class-map: error: unexpected KeyError ('planted')"), lines[0]
+    assert lines[0].startswith(
+        "lance-cf class-map: error: unexpected KeyError ('planted' raised by stage caption on"
+    ), lines[0]
     written = list(folder.iterdir())
     assert len(written) == 1 and str(written[0]) in lines[0]
     text = written[0].read_text()
