@@ -31,13 +31,14 @@ line is ``precision=P recall=R n=N``.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lance_pipeline.readers import load_json  # noqa: E402 (after the path insertion that makes it importable)
 
 HERE = Path(__file__).resolve().parent
 HELDOUT = HERE / "sensitive_edits_heldout.jsonl"
@@ -46,7 +47,8 @@ DEV = HERE / "sensitive_edits_dev.jsonl"
 
 def read_pairs(path: Path) -> list[dict[str, Any]]:
     """The pairs of a set (a benchmark file of this folder, not user input)."""
-    pairs = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    pairs = [load_json(line, f"{path}:{n}") for n, line in enumerate(lines, 1) if line.strip()]
     for pair in pairs:
         missing = {"id", "caption", "edited_caption", "sensitive"} - set(pair)
         if missing:
