@@ -14,13 +14,15 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
+
+from lance_pipeline.option_types import Options, PositiveInt
 
 CLUSTERING_METHOD = "kmeans_silhouette_over_all_failures"
 
 
 @dataclass
-class ClusteringSettings:
+class ClusteringSettings(Options):
     """How failures are grouped (recorded in discoveries.json).
 
     Attributes:
@@ -29,18 +31,10 @@ class ClusteringSettings:
         seed: k-means seed.
     """
 
-    method: str = CLUSTERING_METHOD
-    min_cluster_size: int = 2
-    max_clusters: int = 8
+    method: Literal["kmeans_silhouette_over_all_failures"] = CLUSTERING_METHOD  # the one method: CLUSTERING_METHOD
+    min_cluster_size: PositiveInt = 2
+    max_clusters: PositiveInt = 8
     seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.method != CLUSTERING_METHOD:
-            raise ValueError(f"clustering method {self.method!r}: expected {CLUSTERING_METHOD!r}")
-        for name in ("min_cluster_size", "max_clusters"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"clustering {name} {value!r}: expected a positive integer")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -31,7 +31,9 @@ import hashlib
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
+
+from annotated_types import Predicate
 
 from lance_pipeline.discovery.clustering import ClusteringSettings, cluster_failures
 from lance_pipeline.discovery.descriptions import KeywordCaptionMerger, sub_descriptions
@@ -42,6 +44,7 @@ from lance_pipeline.discovery.statistics import (
     clopper_pearson,
     rate_increase_test,
 )
+from lance_pipeline.option_types import Interval, Options, PositiveInt
 
 BASE_TEMPLATE = "a realistic photograph of a {class_name} ({superclass})"
 DESCRIPTION_TEMPLATE = "{base}, {description}"
@@ -52,31 +55,28 @@ TOTAL_TEST = "total"
 TESTS = (TARGET_LABEL_TEST, TOTAL_TEST)
 
 
+def has_placeholders(template: str) -> bool:
+    """Holds ``{...}`` placeholders (``BASE_TEMPLATE``, ``DESCRIPTION_TEMPLATE``); pydantic names this function."""
+    return "{" in template
+
+
+Template = Annotated[str, Predicate(has_placeholders), "a template with placeholders such as {class_name}"]
+
+
 @dataclass
-class DiscoverySettings:
-    """Everything that decides a discovery's result (recorded in discoveries.json)."""
+class DiscoverySettings(Options):
+    """Everything that decides a discovery's result (recorded in discoveries.json); bounds are the annotations."""
 
-    n_base: int = 200
-    n_test: int = 100
-    alpha: float = 0.05
+    n_base: PositiveInt = 200
+    n_test: PositiveInt = 100
+    alpha: Annotated[float, Interval(gt=0.0, lt=1.0), "a significance level"] = 0.05
     refine: bool = True
-    base_template: str = BASE_TEMPLATE
-    description_template: str = DESCRIPTION_TEMPLATE
+    base_template: Template = BASE_TEMPLATE
+    description_template: Template = DESCRIPTION_TEMPLATE
     clustering: ClusteringSettings = field(default_factory=ClusteringSettings)
-    max_descriptions_per_class: int = 5
+    max_descriptions_per_class: PositiveInt = 5
     seed: int = 0
-    batch_size: int = 8
-
-    def __post_init__(self) -> None:
-        for name in ("n_base", "n_test", "max_descriptions_per_class", "batch_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} {value!r}: expected a positive integer")
-        if not isinstance(self.alpha, int | float) or not 0 < self.alpha < 1:
-            raise ValueError(f"alpha {self.alpha!r}: expected a level in (0, 1)")
-        for name in ("base_template", "description_template"):
-            if "{" not in getattr(self, name):
-                raise ValueError(f"{name}: needs placeholders ({BASE_TEMPLATE!r}, {DESCRIPTION_TEMPLATE!r})")
+    batch_size: PositiveInt = 8
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
