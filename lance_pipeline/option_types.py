@@ -20,7 +20,7 @@ import types
 import typing
 from typing import Any
 
-from annotated_types import Ge, Gt, Interval, Le, Lt, MinLen, Predicate
+from annotated_types import Ge, Gt, Interval, Le, Lt, MinLen, MultipleOf, Predicate
 
 __all__ = [
     "CosineThreshold",
@@ -30,6 +30,7 @@ __all__ = [
     "Interval",
     "MAX_IMAGE_SIDE",
     "MinLen",
+    "MultipleOf",
     "NonNegativeInt",
     "Options",
     "Phrase",
@@ -213,7 +214,7 @@ def _describe_bounds(metadata: tuple[Any, ...]) -> str:
     """`` in [8, 8192]``, `` in (0.0, 1.0]``, `` >= 1``, `` (at least 1 item)``: an annotation's bounds, for errors."""
     low = high = None
     low_open = high_open = False
-    least = None
+    least = multiple = None
     for item in metadata:
         if isinstance(item, Interval | Ge | Gt):
             if getattr(item, "ge", None) is not None:
@@ -227,6 +228,8 @@ def _describe_bounds(metadata: tuple[Any, ...]) -> str:
                 high, high_open = item.lt, True
         if isinstance(item, MinLen):
             least = item.min_length
+        if isinstance(item, MultipleOf):
+            multiple = item.multiple_of
     text = ""
     if low is not None and high is not None:
         text = f" in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
@@ -234,6 +237,8 @@ def _describe_bounds(metadata: tuple[Any, ...]) -> str:
         text = f" {'>' if low_open else '>='} {low}"
     elif high is not None:
         text = f" {'<' if high_open else '<='} {high}"
+    if multiple:
+        text += f", a multiple of {multiple}"
     if least:
         text += f" (at least {least} item{'s' if least > 1 else ''})"
     return text

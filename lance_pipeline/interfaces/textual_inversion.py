@@ -32,8 +32,11 @@ import random
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
+from annotated_types import Predicate
+
+from lance_pipeline.option_types import Fraction, Interval, MinLen, MultipleOf, Options, PositiveInt
 from lance_pipeline.readers import load_json
 
 logger = logging.getLogger(__name__)
@@ -79,8 +82,16 @@ OBJECT_TEMPLATES = (
 NORM_CONSTRAINTS = ("reparameterize", "rescale", "none")
 
 
+def has_token_slot(template: str) -> bool:
+    """Holds the ``{}`` the token goes into (pydantic names this function when it fails)."""
+    return "{}" in template
+
+
+TokenTemplate = Annotated[str, Predicate(has_token_slot), "a prompt template with one '{}' for the token"]
+
+
 @dataclass
-class TextualInversionOptions:
+class TextualInversionOptions(Options):
     """Training settings; every one is recorded with the learned token.
 
     Attributes:
@@ -100,33 +111,20 @@ class TextualInversionOptions:
 
     model: str = DEFAULT_MODEL
     revision: str | None = DEFAULT_REVISION
-    steps: int = 3000
+    steps: PositiveInt = 3000
     learning_rate: float = 5e-4
-    batch_size: int = 1
-    resolution: int = 768
+    batch_size: PositiveInt = 1
+    resolution: Annotated[int, Interval(ge=8), MultipleOf(8), "a training crop side"] = 768
     center_crop: bool = True
-    flip_p: float = 0.5
-    templates: tuple[str, ...] = OBJECT_TEMPLATES
+    flip_p: Fraction = 0.5
+    templates: Annotated[tuple[TokenTemplate, ...], MinLen(1)] = OBJECT_TEMPLATES
     weight_decay: float = 1e-2
-    norm_constraint: str = "reparameterize"
+    norm_constraint: Literal["reparameterize", "rescale", "none"] = "reparameterize"  # NORM_CONSTRAINTS
     seed: int = 0
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         self.templates = tuple(self.templates)
-        if self.norm_constraint not in NORM_CONSTRAINTS:
-            raise ValueError(
-                f"textual inversion norm_constraint {self.norm_constraint!r}: expected one of {', '.join(NORM_CONSTRAINTS)}"
-            )
-        for name in ("steps", "batch_size", "resolution"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"textual inversion {name} {value!r}: expected a positive integer")
-        if self.resolution % 8:
-            raise ValueError(f"textual inversion resolution {self.resolution}: must be a multiple of 8")
-        if not 0.0 <= self.flip_p <= 1.0:
-            raise ValueError(f"textual inversion flip_p {self.flip_p!r}: expected a probability in [0, 1]")
-        if not self.templates or any("{}" not in t for t in self.templates):
-            raise ValueError("textual inversion templates: each template needs one '{}' for the token")
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
