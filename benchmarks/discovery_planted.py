@@ -34,7 +34,7 @@ CLASSES = [ClassTarget(0, "tench", "fish", "tench"), ClassTarget(1, "goldfish", 
 def planted_colour(scenario) -> str | None:
     """The colour whose rule differs from the others (None for the null model)."""
     rules = parse_failure_rules(scenario.failures)
-    named = [c for c in rules if c != "*"]
+    named = [rule.colour for rule in rules.values() if rule.colour != "*"]
     return named[0] if named else None
 
 

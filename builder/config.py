@@ -59,7 +59,7 @@ class StageConfig:
 
 
 # Top-level keys added after releases were made: recorded (and hashed) only when set, so older configs keep their hash.
-KEYS_RECORDED_WHEN_SET = ("release_date",)
+KEYS_RECORDED_WHEN_SET = ("release_date", "safety")
 
 
 @dataclass
@@ -86,6 +86,16 @@ class BuildConfig:
     # The release's date (YYYY-MM-DD), Croissant's datePublished. An input like ``version``, never the build's clock,
     # so identical configs give identical bytes on any day; recorded (and hashed) only when set.
     release_date: str | None = None
+    # ``off``: release generated images that no safety-checker stage screened (refused otherwise, builder.validation);
+    # the card says so. Unset (on) is not recorded, so configs hash as before the key existed.
+    safety: str | None = None
+
+    def __post_init__(self) -> None:
+        # YAML reads `safety: off` as false and `on` as true
+        if self.safety is False:
+            self.safety = "off"
+        elif self.safety is True or self.safety == "on":
+            self.safety = None
 
     def validate(self) -> None:
         """Check the config's own fields (types and ranges). Stages and configs: ``builder.validation``."""
@@ -95,6 +105,8 @@ class BuildConfig:
             raise ValueError(
                 f'release_date {self.release_date!r}: expected a date as YYYY-MM-DD (quote it in YAML: "2026-11-26")'
             )
+        if self.safety not in (None, "off"):
+            raise ValueError(f"safety {self.safety!r}: leave it out (on), or say `safety: off`")
         if not is_release_version(self.version):  # semver, parsed by packaging.version (release_format)
             raise ValueError(
                 f'version {self.version!r}: expected a semantic version such as 1.0.0 (quote it in YAML: "1.0.0")'

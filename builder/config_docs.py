@@ -42,6 +42,10 @@ KEY_DOCS: dict[str, tuple[str, str]] = {
     "license": ("licence note on the card; overrides the source's", "yours"),
     "source_hint": ("what --source a preset without a source expects (shown in the error)", "tool"),
     "stages": ("the method stages, in order; see the stage table in docs/config.md", "paper Algorithm 1"),
+    "safety": (
+        "off: release generated images without a safety-checker stage (refused otherwise; the card says so)",
+        "tool",
+    ),
     "release_date": ("the release's date, YYYY-MM-DD: croissant.json's datePublished (absent: none)", "yours"),
 }
 

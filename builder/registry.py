@@ -40,6 +40,7 @@ STAGES = Registry(
         "safety_check_strength": "lance_pipeline.screening.safety_checker:StrengthSafetyCheckStage",
         "safety_check_reconstruction": "lance_pipeline.screening.safety_checker:ReconstructionSafetyCheckStage",
         "safety_check_generated": "lance_pipeline.screening.safety_checker:GeneratedSafetyCheckStage",
+        "safety_check_discovery": "lance_pipeline.screening.safety_checker:DiscoverySafetyCheckStage",
     },
 )
 
@@ -69,6 +70,8 @@ DISCOVERY_DEMOS = Registry(
         "target-shift": "lance_pipeline.tiny.discovery_components:TARGET_SHIFT",
         "scattered-blue": "lance_pipeline.tiny.discovery_components:SCATTERED_BLUE",
         "null": "lance_pipeline.tiny.discovery_components:NULL",
+        "red-and-striped": "lance_pipeline.tiny.discovery_components:RED_AND_STRIPED",
+        "red-striped-rippled": "lance_pipeline.tiny.discovery_components:RED_STRIPED_RIPPLED",
     },
 )
 

@@ -199,8 +199,51 @@ def validate_build(config: BuildConfig, *, allow_code: bool | None = None) -> Va
             )
         outputs.append(output)
     outputs = _with_screen_fields(outputs, active)
+    _check_generated_images_screened(config, active, source_outputs, selected)
     spec = _release_spec(config, outputs, writers)
     return ValidatedBuild(config, tuple(stages), tuple(active), tuple(outputs), tuple(known), spec, written)
+
+
+def _is_safety_screen(screen: Any) -> bool:
+    return any(f.name == "safety_nsfw" for f in screen.fields)
+
+
+def _check_generated_images_screened(
+    config: BuildConfig, active: list[ValidatedStage], source_outputs: tuple, selected: set[str]
+) -> None:
+    """Every generated or edited image a build releases passes Stable Diffusion's safety checker first: each (config,
+    field) that a registered stage writes, or a source that declares its images generated (``generated_images``),
+    needs a safety stage (an ``OutputScreen`` adding ``safety_nsfw``) on that field serving that config, unless the
+    config says ``safety: off``. Stages named by code (``--allow-code``) declare nothing about their images."""
+    if config.safety == "off":
+        return
+    released: list[tuple[str, str, str]] = []  # (config, field, writer)
+    for stage in active:
+        if stage.is_code:
+            continue
+        for output in stage.contract.outputs:
+            names = [output.config] if output.config_field is None else list(stage.config.configs)
+            released += [(name, output.field, f"stage {stage.config.name!r}") for name in names if name in selected]
+    scheme = (config.source or "").partition(":")[0]
+    if scheme in SOURCES.names() and getattr(SOURCES.resolve(scheme), "generated_images", False):
+        released += [(o.config, o.field, f"source {scheme}:") for o in source_outputs if o.config in selected]
+    screened = {
+        (name, screen.field)
+        for stage in active
+        for screen in stage.contract.screens
+        if _is_safety_screen(screen)
+        for name in stage.config.configs
+    }
+    missing = [(name, field, writer) for name, field, writer in released if (name, field) not in screened]
+    if missing:
+        shown = "; ".join(f"config {n!r} (field {f!r}, from {w})" for n, f, w in missing[:3])
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise ValueError(
+            f"generated images of {shown}{more} would be released without Stable Diffusion's safety checker: add the "
+            "safety_check stage of that field for that config (safety_check, safety_check_lance_r, "
+            "safety_check_strength, safety_check_reconstruction, safety_check_generated, safety_check_discovery), "
+            "or say `safety: off` in the config (the card then says the images were not screened)"
+        )
 
 
 def _switch_outputs(stage: ValidatedStage, selected: set[str]) -> ValidatedStage:

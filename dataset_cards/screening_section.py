@@ -59,4 +59,9 @@ def screening_section(manifest: dict[str, Any]) -> str:
         )
     else:
         lines.append("- **Safety checker.** No safety checker ran on this release's images.")
+    if (manifest.get("config") or {}).get("safety") == "off":
+        lines.append(
+            "- **Safety checking is off** (`safety: off` in the build config): generated or edited images of this "
+            "release may have been released without Stable Diffusion's safety checker screening them."
+        )
     return "\n".join(lines) + "\n"

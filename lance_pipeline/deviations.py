@@ -416,6 +416,35 @@ DILLEMA_ROWS = (
     ),
     Deviation(
         "dillema",
+        "caption length and prefix",
+        "LAVIS `Blip2OPT.generate` defaults, which DILLEMA's call leaves alone: at most 30 new tokens (`max_length=30`, "
+        'passed as `max_new_tokens`), no minimum (`min_length=1` counts the prompt), the prompt "a photo of" decoded '
+        "away (code: salesforce-lavis `blip2_opt.py`, `blip2_caption_opt6.7b.yaml`)",
+        'LANCE\'s: 20 to 100 new tokens, each caption starting with the prompt "a photo of"',
+        "the LANCE-filtered preset captions as LANCE does, so both editors start from the same text",
+        "`caption` stage: `max_new_tokens: 30`, `min_new_tokens: 0`, `keep_prompt: false` (preset "
+        "`hardimagenet-dillema`)",
+        "the captions differ from LAVIS's defaults in length or prefix",
+        lambda m: any(
+            int(d.get("max_new_tokens") or 0) != 30
+            or int(d.get("min_new_tokens") or 0) != 0
+            or d.get("keep_prompt", True)
+            for d in described(m, "blip2_captioner")
+        ),
+    ),
+    Deviation(
+        "dillema",
+        "captions over 77 tokens",
+        "rendered cut at the text encoder's 77 tokens (diffusers' pipeline truncates the prompt and logs the cut words)",
+        "refused before rendering, each listed among its sample's edit candidates with its length as the reason "
+        "(their change may lie past the cut)",
+        "an edit whose changed words the encoder never reads would be rendered for nothing",
+        "`edit` stage: `long_captions: truncate` (preset `hardimagenet-dillema`)",
+        "the ControlNet stage refuses long captions",
+        lambda m: any((d.get("long_captions") or "refuse") == "refuse" for d in described(m, "controlnet_edit")),
+    ),
+    Deviation(
+        "dillema",
         "captioner model",
         "BLIP-2 OPT-6.7B fine-tuned on COCO captions (LAVIS `caption_coco_opt6.7b`)",
         "BLIP-2 OPT-2.7B (`Salesforce/blip2-opt-2.7b`, the pinned captioner of every preset)",
@@ -738,9 +767,13 @@ DISCOVERY_ROWS = (
         "discovery",
         "refinement",
         "the description is edited word by word, by hand or automatically (Figure 2)",
-        "every word-dropped variant tested on the test(s) that found the failure, in a Benjamini-Hochberg family of "
-        "its own; the shortest significant one is reported beside the original",
-        "which words carry the failure is a question of its own, corrected as such",
+        "every word-dropped variant tested on the test(s) that found the failure, against base and against the full "
+        "description (one-sided Fisher exact tests, all in one Benjamini-Hochberg family of their own); the shortest "
+        "variant significant against base and not significantly lower than the full description is reported beside "
+        "it, both with their rates and q-values",
+        "which words carry the failure is a question of its own, corrected as such; a word the failure needs takes "
+        "part of the rate with it when dropped, so a variant still significant against base may not replace the "
+        "description (the paper prunes to keep what the failure needs)",
         "`discover --no-refine`",
         "refinement ran",
         lambda m: _discovery(m).get("refine", True) is not False,

@@ -216,7 +216,10 @@ def contract_of(cls: type) -> StageContract:
         for name, kind in fields.items():
             if kind not in FIELD_KINDS:
                 raise StageContractError(f"{where}: {what}[{name!r}] = {kind!r}; kinds are {', '.join(FIELD_KINDS)}")
-    clobbered = sorted(set(produces) & set(SOURCE_FIELDS))
+    # A screen produces the field it screens again; of a source's own image (a source of generated images, e.g.
+    # discovery:) that is the one source field a stage may produce.
+    rescreened = {s.field for s in getattr(cls, "screens", ()) if isinstance(s, OutputScreen)}
+    clobbered = sorted((set(produces) - rescreened) & set(SOURCE_FIELDS))
     if clobbered:
         raise StageContractError(f"{where} produces source field(s) {clobbered}; stages may only add fields")
     for output in outputs:

@@ -115,6 +115,37 @@ def test_dillemas_two_sampled_captions_are_seeded_per_sample(tiny_blip2, images)
     assert "num_captions" not in LabelConditionedCaptioner().describe()
 
 
+def test_dillemas_captions_drop_the_prompt_as_lavis_decodes(tiny_blip2, images) -> None:
+    """``keep_prompt: false`` (preset hardimagenet-dillema): each caption is the continuation alone, the same text
+    the prompt-keeping captioner appends to "a photo of"; at most ``max_new_tokens`` words (word-level tokenizer)."""
+    options = {"num_captions": 2, "do_sample": True, "num_beams": 1, "label_conditioned": False,
+               "min_new_tokens": 0, "max_new_tokens": 5}  # fmt: skip
+    seeds = [11, 12, 13, 14]
+    kept = _captioner(tiny_blip2, **options).caption(images, LABELS, seeds)
+    dropped_stage = _captioner(tiny_blip2, keep_prompt=False, **options)
+    dropped = dropped_stage.caption(images, LABELS, seeds)
+    for with_prompt, without in zip(kept, dropped, strict=True):
+        halves = with_prompt.split(". a photo of")
+        expected = [" ".join(h.removeprefix("a photo of").split()) for h in halves]
+        assert without == ". ".join(expected)
+        assert not without.startswith("a photo of")
+        assert all(len(part.split()) <= 5 for part in expected)
+    assert dropped_stage.describe()["keep_prompt"] is False
+    assert "keep_prompt" not in LabelConditionedCaptioner().describe()  # the default form's description is unchanged
+
+
+def test_the_dillema_preset_captions_with_lavis_defaults() -> None:
+    from builder.config import load_config
+
+    config = load_config("hardimagenet-dillema")
+    (caption,) = [s for s in config.stages if s.type == "blip2_captioner"]
+    options = caption.options
+    assert (options["max_new_tokens"], options["min_new_tokens"], options["keep_prompt"]) == (30, 0, False)
+    assert (options["num_captions"], options["do_sample"], options["top_p"]) == (2, True, 0.9)
+    (edit,) = [s for s in config.stages if s.type == "controlnet_edit"]
+    assert edit.options["long_captions"] == "truncate"
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [

@@ -280,6 +280,19 @@ def test_records_that_cannot_be_edited(tiny_sd_dir, tiny_controlnet_dir, tiny_cl
     assert "more than the text encoder's 77" in results[1]["edit_candidates"][0]["reject_reason"]
     with pytest.raises(ValueError, match="has no edited_caption"):
         stage.process([{**_record(), "edits": [{"kept": True, "edited_caption": " "}]}])
+    # DILLEMA's behaviour: the pipeline cuts the prompt at 77 tokens and renders it; same image as the cut caption
+    truncating = _stage(tiny_sd_dir, tiny_controlnet_dir, tiny_clip_dir, long_captions="truncate")
+    (result,) = truncating.process([long_edit])
+    (sample,) = result["counterfactuals"]
+    tokenizer = truncating.editor.components.tokenizer
+    ids = tokenizer(long_edit["edits"][0]["edited_caption"]).input_ids
+    assert len(ids) > 77
+    cut = tokenizer.decode(ids[1:76])  # what the pipeline keeps: BOS, 75 tokens, EOS
+    (same,) = truncating.process([{**_record(), "edits": [{**EDITS[0], "edited_caption": cut}]}])
+    assert _bytes(sample["image"]) == _bytes(same["counterfactuals"][0]["image"])
+    assert truncating.describe()["long_captions"] == "truncate" and stage.describe()["long_captions"] == "refuse"
+    with pytest.raises(ValueError, match="long_captions = 'drop'"):
+        _stage(tiny_sd_dir, tiny_controlnet_dir, tiny_clip_dir, long_captions="drop")
 
 
 # -- depth condition ----------------------------------------------------------------------------------------------------

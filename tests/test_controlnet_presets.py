@@ -53,11 +53,12 @@ def test_hardimagenet_dillema_differs_from_the_filtered_preset_only_in_dillemas_
     assert dillema.source_options == filtered.source_options and dillema.image_size == filtered.image_size
     stages = {s.name: s.options for s in filtered.stages}
     changed = {
-        "caption": {"num_captions": 2, "do_sample": True, "num_beams": 1, "top_p": 0.9, "label_conditioned": False},
+        "caption": {"num_captions": 2, "do_sample": True, "num_beams": 1, "top_p": 0.9, "label_conditioned": False,
+                    "max_new_tokens": 30, "min_new_tokens": 0, "keep_prompt": False},  # LAVIS's defaults
         "rewrite": {"n_counterfactuals": 1, "max_span_words": 48},
         "label_check": {"label_threshold": None, "span_threshold": None},
         "edit": {"keep_per_edit": 5, "clip_directional_threshold": -1.0, "clip_image_threshold": -1.0,
-                 "clip_text_threshold": -1.0, "require_edited_closer": False},
+                 "clip_text_threshold": -1.0, "require_edited_closer": False, "long_captions": "truncate"},
     }  # fmt: skip
     for stage in dillema.stages:
         assert stage.options == {**stages[stage.name], **changed.get(stage.name, {})}, stage.name

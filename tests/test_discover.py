@@ -146,7 +146,16 @@ def test_discover_demo_command_writes_discoveries_and_a_report_that_renders(tmp_
     # ... and a table of the discovered failures, one row per config, from the manifest
     section = card.split("## Discovered failures", 1)[1].split("\n## ", 1)[0]
     assert section.count("| `planted_colour_classifier_") == 2
-    assert "| red pond | red | target label and total | goldfish (1): 100% (" in section
+    assert (
+        "| red pond | red (total 100%, q " in section
+        and "; vs full q 1) | target label and total | goldfish (1)" in (section)
+    )
+    # every image passed the safety checker before its shard was written (the demo's tiny checker flags nothing)
+    assert manifest["screening"]["safety"] | {"fields": None} == {
+        "fields": None, "kind": "safety_checker", "checked": 60, "flagged": 0, "removed": {"image": 0},
+    }  # fmt: skip
+    assert all(row["json"]["safety_nsfw"] is False and row["json"]["safety_score"] <= 0 for row in rows)
+    _check_discovery_release_safety(out, tmp_path)
     assert manifest["kind"] == "discovery"
     from croissant_check import assert_croissant_matches_datasets
 
@@ -360,3 +369,32 @@ def test_the_card_section_of_a_discovery_release_escapes_what_comes_from_data():
     assert "<b>" not in section and "\n# heading" not in section
     assert "| total | x \\| y &lt;b&gt; \\# heading (3): 25% (5%), 0.012 | 70% (20%), 1e-09 | 100 |" in table_row
     assert discovery_section({"source": {"kind": "discovery"}}) == ""
+
+
+def _check_discovery_release_safety(out, tmp_path):
+    """A discovery release without a safety stage is refused unless it says `safety: off` (then the card says so);
+    with a checker that flags everything, no image is released and each is a failure with its reason."""
+    from builder.config import BuildConfig, StageConfig
+    from builder.discovery.source import DiscoverySource
+    from builder.engine import build
+    from builder.validation import validate_build
+    from lance_pipeline.tiny.safety_components import create_tiny_safety_checker
+
+    spec = f"discovery:{out}"
+    configs = DiscoverySource(spec, str(out)).config_names
+
+    def config(**given):
+        return BuildConfig(name="d", source=spec, configs=configs, image_size=None, **given)
+
+    with pytest.raises(ValueError, match=r"generated images of config 'planted_colour_classifier_.*safety: off"):
+        validate_build(config())
+    unscreened = build(config(safety=False), tmp_path / "off", progress=False, device="cpu")
+    assert unscreened["config"]["safety"] == "off" and "screening" not in unscreened or not unscreened["screening"]
+    assert "**Safety checking is off** (`safety: off`" in (tmp_path / "off" / "README.md").read_text()
+    flags = create_tiny_safety_checker(tmp_path / "flags", flag_everything=True)
+    stage = StageConfig("safety", "safety_check_discovery", list(configs), {"model": str(flags)})
+    manifest = build(config(stages=[stage]), tmp_path / "flagged", progress=False, device="cpu")
+    assert sorted(manifest["empty_configs"]) == sorted(configs)
+    assert len(manifest["failures"]) == 60
+    assert all(f["stage"] == "safety" and f["reason"].startswith("flagged by the safety checker") for f in
+               manifest["failures"])  # fmt: skip

@@ -16,6 +16,7 @@ import math
 import pytest
 
 from builder.discovery.run import Discovery
+from lance_pipeline.discovery.descriptions import merge_captions
 from lance_pipeline.discovery.search import ClassTarget, DiscoverySettings, derive_seed, description_key, discovered
 from lance_pipeline.tiny.discovery_components import (
     DEMO_SCENARIOS,
@@ -123,12 +124,20 @@ def test_a_partial_failure_is_found_by_both_tests_and_refined_to_its_word(partia
     for row in found.values():
         assert row["discovered_by"] == ["target_label", "total"]
         assert 0.35 <= row["rate"] <= 0.65 and row["base_rate"] < 0.25  # partial: about half, not all
-        assert row["refined_description"] == "red"
         assert row["q_value"] < 1e-3 and row["target_q_value"] < 1e-3
+    # 'red' is all the failure needs, and at seed 0 the goldfish description is refined to it. For tench, the 100 'red'
+    # images happened to fail 42 times against the full description's 57 (both about half by the planted rule):
+    # one-sided Fisher p = 0.024, below the refinement family's BH cutoff, so 'red' counts as failing less and the
+    # full description stays. The rule errs that way: it keeps a word it cannot show is unneeded.
+    assert found["goldfish", "red pond"]["refined_description"] == "red"
+    tench = found["tench", "red pond"]
+    assert tench["refined_description"] == "red pond" and tench["refined"]["shortened"] is False
+    assert tench["refined"]["tests"]["total"]["rate"] == tench["rate"]
 
 
 def test_refinements_are_their_own_corrected_family(partial):
-    """Every variant of every discovery is tested on the test(s) that found it; BH over those alone."""
+    """Every variant of every discovery is tested on the test(s) that found it, against base and against the full
+    description (is its rate lower?); BH over those alone."""
     document, predictions = partial
     result = document["models"][MODEL]
     family = []
@@ -139,16 +148,32 @@ def test_refinements_are_their_own_corrected_family(partial):
                 assert "refinement" not in h
                 continue
             assert [v["description"] for v in h["refinement"]] == ["red", "pond"]
+            full = [predictions[k] for k in h["keys"]]
             for variant in h["refinement"]:
-                assert set(variant["tests"]) == set(h["discovered_by"])
+                assert set(variant["tests"]) == set(variant["versus_full"]) == set(h["discovered_by"])
                 described = [predictions[k] for k in _variant_keys(entry, variant["description"])]
                 test = variant["tests"]["total"]
                 wrong = sum(p != entry["label"] for p in described)
                 assert test["count"] == wrong and test["base_count"] == sum(p != entry["label"] for p in base)
-                family += list(variant["tests"].values())
+                lower = variant["versus_full"]["total"]
+                full_wrong = sum(p != entry["label"] for p in full)
+                assert (lower["count"], lower["full_count"]) == (wrong, full_wrong)
+                # P(variant count <= observed) = P(full count >= its observed), the same one-sided Fisher p-value
+                assert lower["p_value"] == pytest.approx(_fisher_greater(full_wrong, N_TEST, wrong, N_TEST), rel=1e-9)
+                family += list(variant["tests"].values()) + list(variant["versus_full"].values())
             significant = {v["description"]: v["significant"] for v in h["refinement"]}
             assert significant == {"red": True, "pond": False}
-    assert result["families"]["refinements"]["tests"] == len(family) == 8  # 2 classes x 2 variants x 2 tests
+            red, pond = h["refinement"]
+            assert pond["lower_than_full"] and not pond["keeps_failure"]
+            assert red["keeps_failure"] == (not red["lower_than_full"])
+            if red["keeps_failure"]:
+                assert h["refined"]["description"] == "red" and h["refined"]["shortened"] is True
+                assert h["refined"]["tests"]["total"]["q_value"] == red["tests"]["total"]["q_value"]
+                assert h["refined"]["versus_full"]["total"]["q_value"] == red["versus_full"]["total"]["q_value"]
+            else:
+                assert h["refined"]["description"] == "red pond" and h["refined"]["shortened"] is False
+    # 2 classes x 2 variants x 2 tests, each against base and against the full description
+    assert result["families"]["refinements"]["tests"] == len(family) == 16
     for test, q in zip(family, _bh([t["p_value"] for t in family]), strict=True):
         assert test["q_value"] == pytest.approx(q, rel=1e-9)
 
@@ -238,3 +263,86 @@ def test_the_same_description_from_several_clusters_is_one_hypothesis(tmp_path):
         ("goldfish", "red pond"),
         ("tench", "red pond"),
     ]
+
+
+class FourWordMerge:
+    """The keyword merge keeping up to four words (the default keeps three), so that the description of a failure
+    that needs three attributes still carries a word it does not need."""
+
+    def describe(self):
+        return {"kind": "keyword_frequency", "max_words": 4}
+
+    def merge(self, captions, class_name, superclass=None):
+        return merge_captions(captions, class_name, superclass, max_words=4)
+
+
+NEEDS = {
+    ("red",): DemoScenario("red-among-attributes", "red=0.8>+1", "", attributes=("pattern", "ripple")),
+    ("red", "striped"): DEMO_SCENARIOS["red-and-striped"],
+    ("red", "striped", "rippled"): DEMO_SCENARIOS["red-striped-rippled"],
+}
+
+
+def _refinement_case(tmp_path, needed, seed):
+    """One discovery of the planted failure that needs ``needed``, on tench; the rows whose full description holds
+    every needed word, and the class's entry."""
+    target = CLASSES[0]
+    components = create_demo_components(NEEDS[needed], [target.name], [target.label])
+    components.merger = FourWordMerge()
+    run = Discovery(tmp_path / f"run-{seed}", [target], components, DiscoverySettings(seed=seed))
+    try:
+        document = run.run()
+    finally:
+        run.close()
+    rows = [r for r in discovered(document) if set(needed) <= set(r["description"].split())]
+    return rows, document["models"][MODEL]["classes"][0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("needed", list(NEEDS), ids=["one", "two", "three"])
+def test_refinement_keeps_every_word_the_failure_needs_and_drops_the_others(tmp_path, needed):
+    """A failure that needs one, two or three attributes together (80% of the images showing all of them fail; the
+    stand-in paints stripes and ripples, each on about half the images, besides the colour), seeds 0, 1 and 2. The
+    full description is found with words the failure does not need (the scene's 'pond', the other attribute); the
+    refined one keeps every needed word, always, and drops the rest. With two needed words one alone is still
+    significant against base at about half the pair's rate: the old rule (the shortest significant variant) dropped
+    a needed word there.
+
+    Dropping an unneeded word can fail: the variant of exactly the needed words is then held significantly lower
+    than the full description by chance (a type I error of that test at the family's level; both rates are about
+    80%). Such a case keeps a longer description, never a shorter one; it must be rare: at most one seed in three
+    (benchmarks/discovery_refinement.py counts it over more seeds)."""
+    exact = 0  # seeds whose every refinement is exactly the needed words
+    for seed in (0, 1, 2):
+        rows, entry = _refinement_case(tmp_path, needed, seed)
+        all_exact = True
+        assert rows, f"seed {seed}: the planted failure's full description was not found"
+        for row in rows:
+            assert len(row["description"].split()) > len(needed)  # there is something to drop
+            words = row["refined_description"].split()
+            assert set(needed) <= set(words), (seed, row["description"], row["refined_description"])
+            refined = row["refined"]
+            assert refined["description"] == row["refined_description"]
+            if refined["shortened"]:
+                for kind in row["discovered_by"]:
+                    assert refined["tests"][kind]["q_value"] < 0.05 <= refined["versus_full"][kind]["q_value"]
+            else:  # no variant kept the failure: the full description stands
+                assert row["refined_description"] == row["description"]
+            # a longer refinement only because the exact variant was judged lower than the full description
+            if sorted(words) != sorted(needed):
+                h = next(h for h in entry["hypotheses"] if h["description"] == row["description"])
+                (variant,) = [v for v in h["refinement"] if sorted(v["description"].split()) == sorted(needed)]
+                assert variant["significant"] and variant["lower_than_full"], (seed, row["description"])
+                all_exact = False
+        exact += all_exact
+        for h in entry["hypotheses"]:
+            for variant in h.get("refinement", []):
+                if set(needed) - set(variant["description"].split()):
+                    # without a needed word the rate falls: refused, whether or not it is still above base
+                    assert variant["lower_than_full"] and not variant["keeps_failure"], (seed, variant["description"])
+        if len(needed) == 2:  # the case the old rule got wrong: one needed word alone is significant against base
+            h = next(h for h in entry["hypotheses"] if h["discovered"] and set(needed) <= set(h["description"].split()))
+            red = next(v for v in h["refinement"] if v["description"] == "red")
+            assert red["significant"] and red["lower_than_full"]
+            assert 0.25 < red["tests"]["total"]["rate"] < 0.55 < 0.65 < h["tests"]["total"]["rate"]
+    assert exact >= 2, f"the needed words alone in only {exact} of the seeds' refinements"

@@ -51,6 +51,7 @@ def _config(tmp_path, tiny_sd_dir, clip_dir, tokens, shift_name="in_the_snow"):
     configs = ["base", shift_name]
     data = {
         "name": "tokens-test",
+        "safety": False,  # tiny random images; the safety stage is tested elsewhere
         "source": "generate:imagenet",
         "source_options": {"classes": CLASSES, "per_class": 1, "shifts": [], "custom_shifts": shifts},
         "configs": configs,

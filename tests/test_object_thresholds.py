@@ -136,6 +136,7 @@ def test_the_filter_rejects_exactly_what_an_independent_per_class_percentile_say
 def _star_config(tmp_path, clip_dir, **filter_options):
     data = {
         "name": "star-test",
+        "safety": False,  # the object filter is what is tested here
         "source": "generate:imagenet",
         "source_options": {"classes": list(CLASSES), "per_class": 2, "shifts": ["base", "in_the_snow"]},
         "configs": ["base", "in_the_snow"],

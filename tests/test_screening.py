@@ -255,3 +255,29 @@ def test_a_build_marks_drops_records_and_counts_what_the_screens_decided(tmp_pat
     assert {m["edited_caption"].split(" holding")[0] for m in metas} == {"a woman"}
     assert {m["key"].rsplit("_", 1)[1] for m in metas} == {"cf001"}  # the survivor keeps its key: no renumbering
     assert all(m["sensitive_edit"] is False and m["safety_nsfw"] is False for m in metas)
+
+
+def test_a_config_that_releases_generated_images_unscreened_is_refused_unless_it_says_safety_off(tmp_path):
+    """The demo without its counterfactual safety stage: validate names the config and field; `safety: off` is
+    accepted and recorded (the card then says the images were not screened, tests/test_discover.py)."""
+    import yaml
+
+    from builder.validation import validate_build
+
+    data = load_config("demo").to_dict()
+    data["stages"] = [s for s in data["stages"] if s["name"] != "safety"]
+    path = tmp_path / "unscreened.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(ValueError) as refused:
+        validate_build(load_config(str(path)))
+    message = str(refused.value)
+    assert "config 'counterfactual' (field 'counterfactuals', from stage 'edit')" in message
+    assert "safety: off" in message and "\n" not in message
+    path.write_text(yaml.safe_dump({**data, "safety": False}, sort_keys=False))
+    assert path.read_text().count("safety: false") == 1
+    config = load_config(str(path))
+    assert config.safety == "off" and config.to_dict()["safety"] == "off"
+    validate_build(config)
+    assert "safety" not in load_config("demo").to_dict()  # on (unset) is not recorded: configs hash as before
+    with pytest.raises(ValueError, match="safety 'maybe'"):
+        validate_build(load_config(str(path)).__class__(**{**config.__dict__, "safety": "maybe"}))

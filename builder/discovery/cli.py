@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from builder import imagenet
-from builder.config import BuildConfig
+from builder.config import BuildConfig, StageConfig
 from builder.discovery.report import write_discovery_report
 from builder.discovery.run import LEDGER, Discovery, describe_release_failures
 from builder.discovery.source import DiscoverySource
@@ -242,9 +242,15 @@ def build_discovery_release(output: Path, document: dict[str, Any]) -> Path:
         description += (
             " Made by the offline demo's stand-ins with a planted failure: it says nothing about real models."
         )
+    # Every generated image passes Stable Diffusion's safety checker before a shard is written (the stand-ins of the
+    # demo: the tiny random checker, as the demo presets).
+    demo = bool(document["generator"].get("stand_in"))
+    # (a real run: the stage's default, the pinned CompVis checker, which the build checks before it loads anything)
+    checker = {"model": "demo:tiny-safety-checker"} if demo else {}
+    safety = StageConfig(name="safety", type="safety_check_discovery", configs=list(configs), options=checker)
     config = BuildConfig(
         name="discovered-failures", version="1.0.0", description=description, seed=document["settings"]["seed"],
-        source=spec, configs=configs, image_size=None, stages=[],
+        source=spec, configs=configs, image_size=None, stages=[safety],
     )  # fmt: skip
     release = output / "release"
     build(config, release, progress=False, device="cpu")

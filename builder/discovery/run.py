@@ -34,7 +34,9 @@ from lance_pipeline.readers import load_json
 DISCOVERIES_SCHEMA = "lance-cf/discoveries"
 # 2: hypotheses (one per distinct description) with a target-label and a total-failure test, clustering over all
 # failures of a class, refinements in their own corrected family.
-DISCOVERIES_SCHEMA_VERSION = 2
+# 3: each refinement variant also tested against the full description (``versus_full``, ``lower_than_full``,
+# ``keeps_failure``); the hypothesis's ``refined`` reports the chosen variant's rates and q-values.
+DISCOVERIES_SCHEMA_VERSION = 3
 LEDGER = ".lance-cf/discovery.sqlite"
 
 

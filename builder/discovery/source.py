@@ -51,6 +51,8 @@ class DiscoverySource(Source):
     """Discovered-failure images from a ``lance-cf discover`` output directory (PNG bytes from its ledger)."""
 
     fields = DISCOVERY_FIELDS
+    # Its images are generated: a build releases them only through a safety-checker stage (or says `safety: off`).
+    generated_images = True
     outputs = (
         ReleaseOutput(
             config="discovery",
@@ -60,7 +62,12 @@ class DiscoverySource(Source):
             description="generated images of a failure discovered by lance-cf discover (Wiles et al.)",
             fields=(
                 MetadataField("discovery", "string", description="the description that was tested"),
-                MetadataField("refined_description", "string", description="the shortest significant description"),
+                MetadataField(
+                    "refined_description",
+                    "string",
+                    description="the shortest word-dropped variant still significant and not significantly less "
+                    "often failed than the description (the description itself when none is)",
+                ),
                 MetadataField("probe_model", "string", description="the model the failure was discovered for"),
                 MetadataField("probe_prediction", "int64", description="that model's prediction for this image"),
                 MetadataField(
@@ -109,7 +116,7 @@ class DiscoverySource(Source):
                 "discovered_by": list(row["discovered_by"]), "target_label": int(row["target_label"]),
                 "target_rate": row["target_rate"], "target_base_rate": row["target_base_rate"],
                 "target_q_value": row["target_q_value"], "rate": row["rate"], "base_rate": row["base_rate"],
-                "q_value": row["q_value"], "n": row["n"],
+                "q_value": row["q_value"], "n": row["n"], "refined": row.get("refined"),
             })  # fmt: skip
             predictions = self._ledger.predictions(row["model"], row["keys"])
             prompts = dict(

@@ -42,7 +42,7 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from lance_pipeline.editing.candidate_selection import Candidate, CandidateSelector, EditRequest, SweepResult
 from lance_pipeline.editing.options import EditorOptions, GuidanceScale, check_model_reference
@@ -178,6 +178,9 @@ class ControlNetEditorOptions(EditorOptions):
         conditioning_scales: ControlNet conditioning scales rendered per seed (each is one more candidate).
         keep_per_edit: Passing candidates kept per edit, best CLIP directional similarity first.
         batch_size: Candidates per pipeline call (candidates of one sample only).
+        long_captions: An edited caption longer than the text encoder's context (77 tokens): ``"refuse"`` it before
+            rendering (as the LANCE editor does: its change may lie past the cut), or ``"truncate"``: render it,
+            cut at 77 tokens by diffusers' pipeline, as DILLEMA's script does (preset ``hardimagenet-dillema``).
         clip_*, require_edited_closer, cache_dir: shared by every editor (``EditorOptions``, ``ClipGateOptions``).
     """
 
@@ -198,6 +201,10 @@ class ControlNetEditorOptions(EditorOptions):
     conditioning_scales: ConditioningScale | Annotated[tuple[ConditioningScale, ...], MinLen(1)] = (1.0,)
     keep_per_edit: PositiveInt = 1
     batch_size: PositiveInt = 4
+    # An edited caption over the text encoder's 77 tokens: refuse it before rendering, or render it cut at 77 tokens
+    # (diffusers' StableDiffusionControlNetPipeline.encode_prompt truncates and logs the cut words: what DILLEMA's
+    # imagegen script gets).
+    long_captions: Literal["refuse", "truncate"] = "refuse"
     # Why the conditioning scale is not mapped onto LANCE's strength axis (lance_pipeline.editing.strength).
     not_a_strength_series = (
         "the ControlNet editor's candidates are separate regenerations from noise (one per seed and conditioning "
@@ -253,6 +260,7 @@ class ControlNetEditorOptions(EditorOptions):
             "controlnet": Path(self.controlnet).name if local else self.controlnet,
             "controlnet_revision": None if local else self.controlnet_revision,
             **shared,
+            "long_captions": self.long_captions,
         }
 
     def describe_condition(self) -> dict[str, Any]:
@@ -656,6 +664,13 @@ class ControlNetEditStage(CounterfactualEditStage):
     def _selector(self) -> ControlNetSelector:
         o = self.options
         return ControlNetSelector(self.scorer, o.gate_thresholds(), o.keep_per_edit, o.condition)
+
+    def _split_by_length(self, edits: list[dict]) -> tuple[list[int], list[dict]]:
+        """``long_captions: truncate``: every edit is rendered, a long one cut at the encoder's context by the
+        pipeline (DILLEMA's behaviour); ``refuse``: the inherited check."""
+        if self.options.long_captions == "truncate":
+            return list(range(len(edits))), []
+        return super()._split_by_length(edits)
 
     editing_section = "controlnet_editing"
 

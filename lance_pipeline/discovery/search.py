@@ -16,9 +16,13 @@ this is the method with open components and a corrected test. ``FailureSearch.ru
    reasoning, Figures 3 and 5: a description can change *which* wrong label is predicted without changing how often
    the model is wrong) and the total failure rate. Both tests of every hypothesis of one model form one
    Benjamini-Hochberg family; a hypothesis is *discovered* when either test's q-value is below ``alpha``.
-5. **Refine** each discovery: every shorter variant of its description (words dropped, ``sub_descriptions``) is tested
-   on the test(s) that discovered it; these tests are a second Benjamini-Hochberg family of their own, per model.
-   The refined description is the shortest variant significant in that family (the description itself when none).
+5. **Refine** each discovery (Wiles et al. prune a description to the words the failure needs, Figure 2): every
+   shorter variant of its description (words dropped, ``sub_descriptions``) is tested on the test(s) that
+   discovered it twice: against base (is its rate still above base?) and against the full description (is its rate
+   significantly *lower*?). All these tests are a second Benjamini-Hochberg family of their own, per model. A variant
+   can replace the description only when it is significant against base and not significantly lower than the full
+   description on any discovering test: a word the failure needs takes part of the rate with it when dropped. The
+   refined description is the shortest such variant (the description itself when none); both are reported.
 
 The store (``DiscoveryStore``) keeps images, predictions and captions: ``builder.discovery`` gives a resumable SQLite
 one. Every image's seed derives from (seed, key) and keys are made from names, never from order, so the same inputs
@@ -42,6 +46,7 @@ from lance_pipeline.discovery.statistics import (
     benjamini_hochberg,
     bh_cutoff,
     clopper_pearson,
+    rate_decrease_test,
     rate_increase_test,
 )
 from lance_pipeline.option_types import Interval, Options, PositiveInt
@@ -263,39 +268,57 @@ class FailureSearch:
         }
 
     def _refine(self, model: str, found: list[tuple[ClassTarget, dict[str, int], dict[str, Any]]]) -> dict[str, Any]:
-        """Step 5: the refinement family of one model (every variant of every discovery, on its discovering tests)."""
+        """Step 5: the refinement family of one model: every variant of every discovery on its discovering tests,
+        against base and against the full description."""
         s = self.settings
-        family: dict[tuple, dict[str, Any]] = {}  # one test per (class, variant, kind[, target label])
+        family: dict[tuple, dict[str, Any]] = {}  # one test per (class, variant, kind[, target label][, full])
         for target, base, hypothesis in found:
             hypothesis["refinement"] = []
+            kinds = hypothesis["discovered_by"]
             for variant in sub_descriptions(hypothesis["description"]):
-                kinds = hypothesis["discovered_by"]
                 result = self._test(model, target, variant, hypothesis["target_label"], base, kinds)
-                entry = {"description": variant, "tests": {}}
+                entry: dict[str, Any] = {"description": variant, "tests": {}, "versus_full": {}}
                 for kind in kinds:
-                    key = (
-                        target.label,
-                        variant,
-                        kind,
-                        hypothesis["target_label"] if kind == TARGET_LABEL_TEST else None,
-                    )
+                    label = hypothesis["target_label"] if kind == TARGET_LABEL_TEST else None
+                    key = (target.label, variant, kind, label)
                     family.setdefault(key, result["tests"][kind])
                     entry["tests"][kind] = family[key]
+                    full = hypothesis["tests"][kind]
+                    lower = rate_decrease_test(
+                        EventCounts(result["tests"][kind]["count"], result["tests"][kind]["n"]),
+                        EventCounts(full["count"], full["n"]),
+                    )
+                    family.setdefault((*key, hypothesis["description"]), lower)
+                    entry["versus_full"][kind] = family[(*key, hypothesis["description"])]
                 hypothesis["refinement"].append(entry)
         tests = list(family.values())
         q_values = benjamini_hochberg([t["p_value"] for t in tests])
         for test, q in zip(tests, q_values, strict=True):
             test["q_value"] = q
         for _, _, hypothesis in found:
-            best: tuple[int, float, int, str] | None = None
+            best: tuple[int, float, int] | None = None
             for position, entry in enumerate(hypothesis["refinement"]):
                 passed = [t for t in entry["tests"].values() if t["q_value"] < s.alpha and t["rate"] > t["base_rate"]]
+                lower = [
+                    t for t in entry["versus_full"].values() if t["q_value"] < s.alpha and t["rate"] < t["full_rate"]
+                ]
                 entry["significant"] = bool(passed)
-                if passed:
+                entry["lower_than_full"] = bool(lower)
+                entry["keeps_failure"] = bool(passed) and not lower
+                if entry["keeps_failure"]:
                     candidate = (len(entry["description"].split()), min(t["q_value"] for t in passed), position)
-                    if best is None or candidate < best[:3]:
-                        best = (*candidate, entry["description"])
-            hypothesis["refined_description"] = best[3] if best else hypothesis["description"]
+                    if best is None or candidate < best:
+                        best = candidate
+            chosen = hypothesis["refinement"][best[2]] if best else None
+            hypothesis["refined_description"] = chosen["description"] if chosen else hypothesis["description"]
+            hypothesis["refined"] = {
+                "description": hypothesis["refined_description"],
+                "shortened": chosen is not None,
+                "tests": {kind: _rate_summary(chosen["tests"][kind] if chosen else hypothesis["tests"][kind])
+                          for kind in hypothesis["discovered_by"]},
+                "versus_full": {kind: _rate_summary(chosen["versus_full"][kind]) for kind in hypothesis["discovered_by"]}
+                if chosen else {},
+            }  # fmt: skip
         return {
             "tests": len(tests),
             "bh_cutoff_p": bh_cutoff([t["p_value"] for t in tests], q_values, s.alpha),
@@ -352,6 +375,10 @@ class FailureSearch:
                 refinements = {"tests": 0, "bh_cutoff_p": 0.0}
                 for _, _, hypothesis in found:
                     hypothesis["refined_description"] = hypothesis["description"]
+                    hypothesis["refined"] = {
+                        "description": hypothesis["description"], "shortened": False, "versus_full": {},
+                        "tests": {kind: _rate_summary(hypothesis["tests"][kind]) for kind in hypothesis["discovered_by"]},
+                    }  # fmt: skip
             results[model] = {
                 "classes": per_class,
                 "families": {
@@ -361,6 +388,12 @@ class FailureSearch:
                 },
             }  # fmt: skip
         return {"models": results}
+
+
+def _rate_summary(test: dict[str, Any]) -> dict[str, Any]:
+    """The figures of one test that a summary reports (rate, the rate it is compared with, p and q)."""
+    compared = "full_rate" if "full_rate" in test else "base_rate"
+    return {"rate": test["rate"], compared: test[compared], "p_value": test["p_value"], "q_value": test["q_value"]}
 
 
 def discovered(document: dict[str, Any]) -> list[dict[str, Any]]:
@@ -380,7 +413,7 @@ def discovered(document: dict[str, Any]) -> list[dict[str, Any]]:
                     "target_q_value": target["q_value"], "target_p_value": target["p_value"],
                     "rate": total["rate"], "base_rate": total["base_rate"], "interval": total["interval"],
                     "q_value": total["q_value"], "p_value": total["p_value"], "n": total["n"],
-                    "keys": hypothesis["keys"],
+                    "refined": hypothesis.get("refined"), "keys": hypothesis["keys"],
                 })  # fmt: skip
     return rows
 

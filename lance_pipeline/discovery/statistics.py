@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 FISHER_TEST = "fisher_exact_one_sided_greater"
+FISHER_LOWER_TEST = "fisher_exact_one_sided_less"
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,29 @@ def rate_increase_test(described: EventCounts, base: EventCounts) -> dict[str, A
         "base_rate": base.rate,
         "p_value": float(p_value),
         "test": FISHER_TEST,
+    }
+
+
+def rate_decrease_test(variant: EventCounts, full: EventCounts) -> dict[str, Any]:
+    """One-sided Fisher exact test: is the event *less* frequent under a shorter description than under the full one?
+
+    Refinement's second question (after "is the variant's rate above base?"): a word may be dropped only when the
+    rate does not fall significantly without it. Both rates are estimates from their own images, hence Fisher's
+    test on the 2x2 table of (variant, full) x (event, no event). Returns the counts, both rates and the raw p-value.
+    """
+    from scipy.stats import fisher_exact
+
+    table = [[variant.count, variant.n - variant.count], [full.count, full.n - full.count]]
+    _, p_value = fisher_exact(table, alternative="less")
+    return {
+        "count": variant.count,
+        "n": variant.n,
+        "rate": variant.rate,
+        "full_count": full.count,
+        "full_n": full.n,
+        "full_rate": full.rate,
+        "p_value": float(p_value),
+        "test": FISHER_LOWER_TEST,
     }
 
 

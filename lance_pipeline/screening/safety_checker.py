@@ -18,7 +18,8 @@ Each screened image gets ``safety_nsfw`` (False on every released image) and ``s
 ``cosine(image, concept) - threshold + adjustment`` over the concepts (6 decimals), with forward's adjustment. A
 released image's score can be at most 0.0005 (rounded to 0.000 by ``forward``, so not flagged). One stage per kind of generated image (the stage contract declares its
 fields per class): ``safety_check`` (counterfactuals), ``safety_check_lance_r``, ``safety_check_reconstruction`` and
-``safety_check_generated`` (dataset-interfaces images).
+``safety_check_generated`` (dataset-interfaces images), ``safety_check_discovery`` (the generated images of a
+discovery release, ``lance-cf discover``).
 """
 
 from __future__ import annotations
@@ -352,4 +353,29 @@ class GeneratedSafetyCheckStage(_SingleImageSafetyCheck):
     def _update(self, record: Record, results: list[tuple[bool, float]]) -> Record:
         update = super()._update(record, results)
         update["release_config"] = record.get("release_config") if update[self.field] is not None else None
+        return update
+
+
+class DiscoverySafetyCheckStage(_SingleImageSafetyCheck):
+    """``safety_check_discovery``: the checker on each image of a discovery release (``discovery:`` source, whose
+    images are generated); a flagged one is routed to no config and recorded as a failure."""
+
+    name = "safety"
+    field = "image"
+    consumes = {"image": "image", "discovery_config": "str", "prompt": "str"}
+    produces = {
+        "image": "image",
+        "discovery_config": "any",
+        "image_safety_removed": "list",
+        "safety_nsfw": "bool",
+        "safety_score": "float",
+    }
+    screens = (OutputScreen("image", SAFETY_FIELDS, removed="image_safety_removed"),)
+
+    def _what(self, record: Record) -> str:
+        return f"generated image of {record.get('prompt')!r}"
+
+    def _update(self, record: Record, results: list[tuple[bool, float]]) -> Record:
+        update = super()._update(record, results)
+        update["discovery_config"] = record.get("discovery_config") if update[self.field] is not None else None
         return update

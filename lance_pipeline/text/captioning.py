@@ -26,7 +26,11 @@ Decoding is deterministic (beam search, no sampling), batched with left padding.
 DILLEMA's form (Baresi et al., arXiv 2502.04378, code ``captioning/DILLEMA_captioning_imagenet.py``): two captions per
 image drawn with nucleus sampling and joined with ``". "``. ``num_captions: 2`` with ``do_sample: true`` and
 ``num_beams: 1`` gives it; each caption draws its own noise from (sample seed, caption index) only, so the captions do
-not depend on the batch. Without sampling, ``num_captions`` returns the best beams.
+not depend on the batch. Without sampling, ``num_captions`` returns the best beams. DILLEMA's captions are LAVIS's
+``Blip2OPT.generate`` with its defaults (``max_length=30``, passed to ``generate`` as ``max_new_tokens``; ``min_length=1``,
+which counts the prompt, so no minimum of new tokens) and its decoding from the prompt's length on, so the model's
+prompt "a photo of" (``blip2_caption_opt6.7b.yaml``) is not part of the caption: ``max_new_tokens: 30``,
+``min_new_tokens: 0`` and ``keep_prompt: false`` give that.
 """
 
 from __future__ import annotations
@@ -113,6 +117,7 @@ class CaptionOptions(Options):
     top_p: Probability = 0.9
     temperature: Annotated[float, Interval(gt=0.0)] = 1.0
     caption_separator: str = ". "
+    keep_prompt: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -152,6 +157,8 @@ class LabelConditionedCaptioner:
             ``num_beams: 1``; DILLEMA samples).
         top_p, temperature: Sampling's nucleus mass and temperature (LAVIS's defaults, DILLEMA's: 0.9 and 1.0).
         caption_separator: What joins several captions (DILLEMA: ``". "``).
+        keep_prompt: Start each caption with the decoder prompt (LANCE); ``False`` keeps the continuation alone,
+            as LAVIS decodes it for DILLEMA.
     """
 
     name = "caption"
@@ -180,6 +187,7 @@ class LabelConditionedCaptioner:
         self.top_p = o.top_p
         self.temperature = o.temperature
         self.caption_separator = o.caption_separator
+        self.keep_prompt = o.keep_prompt
         self.device: str | None = None
         self._model = None
         self._processor = None
@@ -226,6 +234,8 @@ class LabelConditionedCaptioner:
                 if self.do_sample
                 else {}
             ),
+            # only when off: a release that keeps the prompt keeps the description it always had
+            **({"keep_prompt": False} if not self.keep_prompt else {}),
         }
 
     # -- work ---------------------------------------------------------------------------------------
@@ -238,7 +248,8 @@ class LabelConditionedCaptioner:
             seeds: Per-image seeds (used only when sampling).
 
         Returns:
-            One caption per image, each starting with the domain phrase (``num_captions`` of them joined).
+            One caption per image, each starting with the domain phrase unless ``keep_prompt`` is off
+            (``num_captions`` of them joined).
         """
         if self._model is None:
             raise RuntimeError("LabelConditionedCaptioner.load(device) must be called before caption()")
@@ -296,7 +307,10 @@ class LabelConditionedCaptioner:
         texts = self._processor.batch_decode(out, skip_special_tokens=True)
         # Rows come image by image, ``n`` per image (the sampled copies, or the best beams in order).
         row_prompts = [p for p in prompts for _ in range(n)]
-        rows = [join_caption(prompt, _drop_echo(prompt, text)) for prompt, text in zip(row_prompts, texts, strict=True)]
+        if self.keep_prompt:
+            rows = [join_caption(p, _drop_echo(p, text)) for p, text in zip(row_prompts, texts, strict=True)]
+        else:  # the continuation alone (LAVIS decodes from the prompt's length on)
+            rows = [" ".join(_drop_echo(p, text).split()) for p, text in zip(row_prompts, texts, strict=True)]
         return [self.caption_separator.join(rows[i * n : (i + 1) * n]) for i in range(len(prompts))]
 
     def process(self, records: list[Record]) -> list[Record | SampleFailure]:

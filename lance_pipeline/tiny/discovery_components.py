@@ -19,6 +19,12 @@ anything about a real classifier:
   a tench in a pond"), so merged descriptions carry a word ("pond") that says nothing about the failure.
 * ``colour_histogram_embedder``: the mean colour, the stand-in's image embedding.
 
+A scenario may also paint **attributes** besides the colour (``ATTRIBUTES``: column stripes, row ripples), each named
+in the prompt or drawn from the seed, each with two values, written as a zero-mean pattern (so the mean colour, the
+embedding and the colour decisions stay those of the colour alone); the captioner names them and a failure rule can
+need several together (``red+striped=0.8>+1``: only red images that are striped), the case refinement must keep
+every needed word of.
+
 ``DEMO_SCENARIOS`` are the planted cases the demo and the tests run (``lance-cf discover --demo NAME``; registered in
 ``builder.registry.DISCOVERY_DEMOS``): each is a failure rule and what a correct discovery reports for it; calling
 one with the run's class names gives its components.
@@ -40,6 +46,13 @@ PALETTE: dict[str, tuple[int, int, int]] = {
     "purple": (140, 40, 170),
 }
 
+# Attributes a scenario can paint besides the colour: axis -> (the value that shows a pattern, the one that does not).
+# "pattern" alternates columns, "ripple" alternates rows, each by +-ATTRIBUTE_AMPLITUDE grey levels: a zero-mean
+# pattern, so the image's mean colour (the dominant colour, the embedding) does not depend on it.
+ATTRIBUTES: dict[str, tuple[str, str]] = {"pattern": ("striped", "plain"), "ripple": ("rippled", "calm")}
+ATTRIBUTE_AMPLITUDE = 12.0
+ATTRIBUTE_WORDS = {value: axis for axis, values in ATTRIBUTES.items() for value in values}
+
 # The stand-in classifier's label space in the demo: the run's classes first, then other labels a wrong prediction
 # can go to (so that scattered errors have somewhere to scatter).
 DEMO_NUM_LABELS = 12
@@ -59,11 +72,15 @@ def _class_level(label: int) -> int:
 class PaletteGenerator:
     """Stand-in text-to-image generator: colour named in the prompt (or drawn from the seed) + seeded texture."""
 
-    def __init__(self, class_names: list[str], size: int = 32) -> None:
+    def __init__(self, class_names: list[str], size: int = 32, attributes: tuple[str, ...] = ()) -> None:
         if len(class_names) > 12:
             raise ValueError("the palette stand-in encodes at most 12 classes")
+        unknown = [a for a in attributes if a not in ATTRIBUTES]
+        if unknown:
+            raise ValueError(f"attributes {unknown}: expected axes of {sorted(ATTRIBUTES)}")
         self.class_names = list(class_names)
         self.size = size
+        self.attributes = tuple(attributes)
 
     def class_in(self, prompt: str) -> int:
         """The class whose name the prompt contains (the longest match)."""
@@ -84,6 +101,14 @@ class PaletteGenerator:
         names = sorted(PALETTE)
         return names[int(_seeded_rng(seed).integers(len(names)))]
 
+    def attribute_for(self, prompt: str, seed: int, axis: str) -> str:
+        """The value of ``axis`` the prompt names, or one drawn from the seed (each about half the time)."""
+        for word in prompt.lower().replace(",", " ").split():
+            if word in ATTRIBUTES[axis]:
+                return word
+        digest = hashlib.sha256(f"attribute:{axis}:{seed}".encode()).digest()
+        return ATTRIBUTES[axis][digest[0] % 2]
+
     def generate(self, prompts: list[str], seeds: list[int]) -> list[Any]:
         import numpy as np
         from PIL import Image
@@ -92,16 +117,53 @@ class PaletteGenerator:
         for prompt, seed in zip(prompts, seeds, strict=True):
             colour = np.array(PALETTE[self.colour_for(prompt, seed)], dtype=np.float32)
             noise = _seeded_rng(seed + 1).normal(0.0, 18.0, size=(self.size, self.size, 3))
+            for axis in self.attributes:
+                if self.attribute_for(prompt, seed, axis) == ATTRIBUTES[axis][0]:
+                    noise = noise + _attribute_pattern(axis, self.size)
             pixels = np.clip(colour + noise, 0, 255).astype(np.uint8)
             pixels[:CLASS_ROW_HEIGHT] = _class_level(self.class_in(prompt))
             images.append(Image.fromarray(pixels))
         return images
 
     def describe(self) -> dict[str, Any]:
-        return {"model": "demo:palette-generator", "stand_in": True, "palette": sorted(PALETTE)}
+        described = {"model": "demo:palette-generator", "stand_in": True, "palette": sorted(PALETTE)}
+        if self.attributes:
+            described["attributes"] = {axis: list(ATTRIBUTES[axis]) for axis in self.attributes}
+        return described
 
 
 CLASS_ROW_HEIGHT = 2
+
+
+def _attribute_pattern(axis: str, size: int) -> Any:
+    """The zero-mean pattern that shows an attribute: alternating columns (pattern) or rows (ripple)."""
+    import numpy as np
+
+    signs = np.where(np.arange(size) % 2 == 0, ATTRIBUTE_AMPLITUDE, -ATTRIBUTE_AMPLITUDE)
+    if axis == "pattern":
+        return np.broadcast_to(signs[None, :, None], (size, size, 3))
+    return np.broadcast_to(signs[:, None, None], (size, size, 3))
+
+
+def image_attributes(pixels: Any) -> set[str]:
+    """The attribute values an image shows, from its pixels (H x W x 3, 0-255; below the class row): a column
+    (row) alternation of more than half the amplitude is ``striped`` (``rippled``)."""
+    import numpy as np
+
+    body = np.asarray(pixels, dtype=np.float32)[CLASS_ROW_HEIGHT:]
+    found = set()
+    columns = body.mean(axis=(0, 2))
+    rows = body.mean(axis=(1, 2))
+    if columns[0::2].mean() - columns[1::2].mean() > ATTRIBUTE_AMPLITUDE:
+        found.add(ATTRIBUTES["pattern"][0])
+    else:
+        found.add(ATTRIBUTES["pattern"][1])
+    # rows below the class row start at an even row (CLASS_ROW_HEIGHT is even), so even rows are the raised ones
+    if rows[0::2].mean() - rows[1::2].mean() > ATTRIBUTE_AMPLITUDE:
+        found.add(ATTRIBUTES["ripple"][0])
+    else:
+        found.add(ATTRIBUTES["ripple"][1])
+    return found
 
 
 def dominant_colour(image: Any) -> str:
@@ -119,47 +181,78 @@ class ColourCaptioner:
     to do with a failure: the merged description then carries a word that refinement must drop.
     """
 
-    def __init__(self, scene: str = "") -> None:
+    def __init__(self, scene: str = "", attributes: tuple[str, ...] = ()) -> None:
         self.scene = scene
+        self.attributes = tuple(attributes)
 
     def caption(self, images: list[Any], class_names: list[str]) -> list[str]:
         tail = f" {self.scene}" if self.scene else ""
-        return [
-            f"a {dominant_colour(im)} photo of a {name}{tail}" for im, name in zip(images, class_names, strict=True)
-        ]
+        out = []
+        for im, name in zip(images, class_names, strict=True):
+            words = [dominant_colour(im)]
+            if self.attributes:
+                shown = image_attributes(im.convert("RGB"))
+                words += [value for axis in self.attributes for value in ATTRIBUTES[axis] if value in shown]
+            out.append(f"a {' '.join(words)} photo of a {name}{tail}")
+        return out
 
     def describe(self) -> dict[str, Any]:
-        return {"model": "demo:colour-captioner", "stand_in": True, "scene": self.scene}
+        described = {"model": "demo:colour-captioner", "stand_in": True, "scene": self.scene}
+        if self.attributes:
+            described["attributes"] = list(self.attributes)
+        return described
 
 
 @dataclass(frozen=True)
 class FailureRule:
-    """A fraction ``rate`` of the images of one dominant colour is misclassified, towards ``target``."""
+    """A fraction ``rate`` of the images of one dominant colour (showing every attribute value of ``attributes``) is
+    misclassified, towards ``target``."""
 
     colour: str  # a PALETTE name, or "*" for every colour no other rule names
     rate: float
     target: str  # "+k" (true label + k, modulo the number of labels) or "scatter"
+    attributes: tuple[str, ...] = ()  # attribute values (ATTRIBUTES) the image must also show
 
 
 def parse_failure_rules(spec: str) -> dict[str, FailureRule]:
-    """``"red=0.5>+1,*=0.05>+1"`` -> {colour: rule}; one line naming the bad part otherwise."""
+    """``"red=0.5>+1,*=0.05>+1"`` (or ``"red+striped=1>+1"``) -> {condition: rule}; one line naming the bad part
+    otherwise."""
     rules: dict[str, FailureRule] = {}
     for part in (p.strip() for p in spec.split(",")):
-        colour, _, rest = part.partition("=")
+        condition, _, rest = part.partition("=")
         rate, _, target = rest.partition(">")
-        colour = colour.strip()
+        colour, *attributes = condition.strip().split("+")
         try:
             value = float(rate)
         except ValueError:
             value = -1.0
         ok_target = target == "scatter" or (target[:1] == "+" and target[1:].isdigit() and int(target[1:]) > 0)
-        if colour not in (*PALETTE, "*") or not 0.0 <= value <= 1.0 or not ok_target or colour in rules:
+        axes = [ATTRIBUTE_WORDS.get(a) for a in attributes]
+        ok_attributes = None not in axes and len(set(axes)) == len(axes) and (not attributes or colour != "*")
+        key = "+".join([colour, *sorted(attributes)])
+        if (
+            colour not in (*PALETTE, "*")
+            or not ok_attributes
+            or not 0.0 <= value <= 1.0
+            or not ok_target
+            or key in rules
+        ):
             raise ValueError(
-                f"failure rule {part!r}: expected COLOUR=RATE>TARGET, COLOUR one of {sorted(PALETTE)} or '*' (once "
-                "each), RATE in [0, 1], TARGET +k or scatter"
+                f"failure rule {part!r}: expected COLOUR[+ATTRIBUTE...]=RATE>TARGET, COLOUR one of {sorted(PALETTE)} "
+                f"or '*' (once each), ATTRIBUTE one value per axis of {sorted(ATTRIBUTE_WORDS)}, RATE in [0, 1], "
+                "TARGET +k or scatter"
             )
-        rules[colour] = FailureRule(colour, value, target)
+        rules[key] = FailureRule(colour, value, target, tuple(sorted(attributes)))
     return rules
+
+
+def matching_rule(rules: dict[str, FailureRule], colour: str, attributes: set[str]) -> FailureRule | None:
+    """The rule of an image: the colour's rule that needs the most attributes, all of which the image shows; else
+    the ``*`` rule."""
+    candidates = [r for r in rules.values() if r.colour == colour and set(r.attributes) <= attributes]
+    if candidates:
+        return max(candidates, key=lambda r: len(r.attributes))
+    return rules.get("*")
 
 
 def _unit(digest: bytes, offset: int) -> float:
@@ -171,6 +264,7 @@ def _make_planted_module(num_classes: int, failures: str):
     from torch import nn
 
     rules = parse_failure_rules(failures)
+    needs_attributes = any(rule.attributes for rule in rules.values())
     names = sorted(PALETTE)
     palette = torch.tensor([PALETTE[name] for name in names], dtype=torch.float32) / 255.0
 
@@ -197,7 +291,10 @@ def _make_planted_module(num_classes: int, failures: str):
             nearest = torch.cdist(rgb, self.palette).argmin(dim=1)
             predicted = true_label.clone()
             for i in range(x.shape[0]):
-                rule = rules.get(names[int(nearest[i])]) or rules.get("*")
+                shown = (
+                    image_attributes((pixels[i] * 255.0).permute(1, 2, 0).cpu().numpy()) if needs_attributes else set()
+                )
+                rule = matching_rule(rules, names[int(nearest[i])], shown)
                 if rule is None or rule.rate == 0.0:
                     continue
                 # the same image always gets the same answer: a hash of its pixels decides
@@ -267,6 +364,7 @@ class DemoScenario:
     failures: str
     expect: str
     scene: str = "in a pond"
+    attributes: tuple[str, ...] = ()  # axes of ATTRIBUTES the generator paints and the captioner names
 
     def __call__(self, class_names: list[str], labels: list[int] | None = None):
         return create_demo_components(self, class_names, labels)
@@ -288,7 +386,23 @@ SCATTERED_BLUE = DemoScenario(
     "70% of blue images fail, their wrong labels spread over every other label: finds 'blue' on the total test",
 )
 NULL = DemoScenario("null", "*=0.25>+1", "25% of every colour fails the same way: a correct discovery finds nothing")
-DEMO_SCENARIOS = {s.name: s for s in (PLANTED_RED, PARTIAL_RED, TARGET_SHIFT, SCATTERED_BLUE, NULL)}
+RED_AND_STRIPED = DemoScenario(
+    "red-and-striped",
+    "red+striped=0.8>+1",
+    "80% of the images that are red and striped fail (red alone: about 40%): finds 'red striped', which refinement "
+    "keeps whole",
+    attributes=("pattern", "ripple"),
+)
+RED_STRIPED_RIPPLED = DemoScenario(
+    "red-striped-rippled",
+    "red+striped+rippled=0.8>+1",
+    "80% of the images that are red, striped and rippled fail: finds all three words, which refinement keeps",
+    attributes=("pattern", "ripple"),
+)
+DEMO_SCENARIOS = {
+    s.name: s
+    for s in (PLANTED_RED, PARTIAL_RED, TARGET_SHIFT, SCATTERED_BLUE, NULL, RED_AND_STRIPED, RED_STRIPED_RIPPLED)
+}
 
 
 def create_demo_components(scenario: DemoScenario, class_names: list[str], labels: list[int] | None = None):
@@ -310,9 +424,9 @@ def create_demo_components(scenario: DemoScenario, class_names: list[str], label
         return [index_to_label[i] for i in inner(images)]
 
     return DiscoveryComponents(
-        generator=PaletteGenerator(class_names),
+        generator=PaletteGenerator(class_names, attributes=scenario.attributes),
         classifiers={"planted_colour_classifier": classify},
-        captioner=ColourCaptioner(scenario.scene),
+        captioner=ColourCaptioner(scenario.scene, attributes=scenario.attributes),
         embedder=colour_histogram_embedder,
         classifier_info={"planted_colour_classifier": {"stand_in": True, "scenario": scenario.name,
                                                        "failures": scenario.failures}},
