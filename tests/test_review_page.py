@@ -156,8 +156,12 @@ def test_judging_with_the_keyboard_survives_a_killed_server(release, browser):
         _keys(browser, "1", "3", "f")  # yes; unsure; flag
         _text(browser, "left", str(int(total) - 3))
         _keys(browser, "a")  # no answers given: refused, nothing saved
-        _text(browser, "message", "Answer every question first (still_class, realistic), or press f to flag the sample.")
-        help_shown = "return !document.getElementById('help').hidden && document.getElementById('help').offsetHeight > 0"
+        _text(
+            browser, "message", "Answer every question first (still_class, realistic), or press f to flag the sample."
+        )
+        help_shown = (
+            "return !document.getElementById('help').hidden && document.getElementById('help').offsetHeight > 0"
+        )
         _keys(browser, "?")  # the help the footer and the terminal advertise
         WebDriverWait(browser, WAIT).until(lambda b: b.execute_script(help_shown))
         assert "flag it for a second look" in browser.find_element(By.ID, "help").text
