@@ -99,7 +99,7 @@ class ModelsMissing(ValueError):
             lines.append(f"  {self.then}")
         else:
             command = self.command or "lance-cf models download PRESET_OR_CONFIG"
-            lines.append(f"  or fetch them where the Hub is reachable: {command}")
+            lines.append(f"  {'or ' if ways else ''}fetch them where the Hub is reachable: {command}")
         return "\n".join(lines)
 
     def __str__(self) -> str:
