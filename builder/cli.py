@@ -30,6 +30,7 @@ from builder.release_format.verify import verify_release
 from builder.sources import create_source
 from builder.validation import allow_code_from_env, check_stages_against_source, describe_validation, validate_build
 from lance_pipeline.models.devices import resolve_device as _resolve_device
+from lance_pipeline.models.hub_cache import offline_by_user
 from lance_pipeline.release_kinds import kind_of_manifest
 
 ENGINE_NAMES = tuple(ENGINES.names())
@@ -498,6 +499,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     for package in ("builder", "lance_pipeline", "dataset_cards", "evaluation"):
         logging.getLogger(package).setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    previous = _stop_on_sigterm()
     try:
         return _run_with_models(args, argv)
     except ValueError as err:  # bad input: one line, no traceback
@@ -520,16 +522,23 @@ def main(argv: list[str] | None = None) -> int:
         if not _is_model_download_error(err):
             return report_unexpected(args.command, err)
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        connect = "unset HF_HUB_OFFLINE and connect to the Hub once" if offline_by_user() else "connect to the Hub once"
         sys.stderr.write(
-            f"lance-cf {args.command}: error: a model could not be loaded ({first}); connect to the Hub once "
-            "(unset HF_HUB_OFFLINE) to cache it, or give a local model directory instead of the Hub id\n"
+            f"lance-cf {args.command}: error: a model could not be loaded ({first}); {connect} to cache it, or give "
+            "a local model directory instead of the Hub id\n"
         )
         return 2
-    except KeyboardInterrupt:
-        sys.stderr.write("lance-cf: interrupted; re-run the same command to resume\n")
-        return 130
+    except KeyboardInterrupt as stop:  # what was kept is said by the command (a build: its finished images)
+        how = getattr(stop, "signal_name", None) or "interrupted"
+        sys.stderr.write(f"lance-cf {args.command}: stopped ({how}); re-run the same command to resume\n")
+        return 143 if how == "SIGTERM" else 130
     except Exception as err:  # noqa: BLE001 - anything else is a bug: one line here, the traceback in a file
         return report_unexpected(args.command, err)
+    finally:
+        if previous is not None:  # main() called in-process (tests, embedding): the caller's handler again
+            import signal
+
+            signal.signal(signal.SIGTERM, previous)
 
 
 def traceback_dir() -> Path:
@@ -570,6 +579,26 @@ def report_unexpected(command: str, err: BaseException) -> int:
     return 1
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is, so that it stops as Ctrl-C does: locks released, what was kept said."""
+
+    signal_name = "SIGTERM"
+
+
+def _stop_on_sigterm():
+    """Turn SIGTERM into ``Terminated`` for the command's life; returns the handler it replaced (None off the main
+    thread, where handlers cannot be set)."""
+    import signal
+    import threading
+
+    def stop(signum, frame):  # noqa: ARG001 - signal handler signature
+        raise Terminated()
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, stop)
+
+
 def _run_with_models(args: argparse.Namespace, argv: list[str]) -> int:
     """Run the command; its parser's ``check`` default (checks that need no model) runs first, then, for a command
     that declares its models (its parser's ``models`` default), the model check: a model neither cached nor
@@ -582,7 +611,11 @@ def _run_with_models(args: argparse.Namespace, argv: list[str]) -> int:
     if declare is None or args.command == "models":
         return int(args.func(args) or 0)
 
-    states = resolve_models(declare(args), command=f"lance-cf models download {shlex.join(argv)}")
+    states = resolve_models(
+        declare(args),
+        command=f"lance-cf models download {shlex.join(argv)}",
+        offline_ways=getattr(args, "offline_ways", None),  # what the command can use instead of the Hub
+    )
     # optional models the check found missing: the command skips what needs them (saying so) instead of trying
     args.skipped_models = [s for s in states if s.problem and s.need.optional and not s.stand_in]
     with models_ready(states, progress=not getattr(args, "no_progress", False)):

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.config import apply_overrides, load_config
-from builder.model_check import ModelsMissing, build_needs, keys_of, missing_line
+from builder.model_check import BUILD_OFFLINE_WAYS, ModelsMissing, build_needs, keys_of, missing_line
 from builder.validation import validate_build
 from lance_pipeline.models.hub_cache import fetch_models, format_size, inspect_models, local_copy_dir
 
@@ -80,6 +80,7 @@ def _target_needs(args: argparse.Namespace) -> tuple[list[Any], str, Any]:
         declare = getattr(command, "models", None)
         if declare is None:
             raise ValueError(f"lance-cf {' '.join([args.target, *rest[:1]])} loads no declared model")
+        args.offline_ways = getattr(command, "offline_ways", None)  # what that command can use instead of the Hub
         return declare(command), f"lance-cf {shlex.join([args.target, *rest])}", None
     if rest:  # options given after the config: parse them as if before
         extra = argparse.ArgumentParser(prog=f"lance-cf models {args.models_action}", add_help=False)
@@ -172,7 +173,9 @@ def _download(args: argparse.Namespace, needs: list[Any], what: str, config: Any
     missing = [s for s in states if s.problem and not s.need.optional and (local_dir is not None or not s.cached)]
     if missing:
         raise ModelsMissing(
-            missing, then="nothing was downloaded: run this again where the Hub answers (a gated model: with HF_TOKEN)"
+            missing,
+            then="nothing was downloaded: run this again where the Hub answers (a gated model: with HF_TOKEN)",
+            offline_ways=getattr(args, "offline_ways", None) if args.target in COMMANDS else BUILD_OFFLINE_WAYS,
         )
     wanted = states if local_dir is not None else [s for s in states if not s.cached]
     if local_dir is not None:

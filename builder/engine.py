@@ -31,6 +31,8 @@ import re
 import shutil
 import sqlite3
 import sys
+import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -567,19 +569,20 @@ def build(config: BuildConfig, output: Path, options: BuildOptions | None = None
     problem = _output_problem(output)
     if problem:
         raise BuildRefused(problem)
+    # The build's own inputs first, in the order users get them wrong: the output, then the source (it exists and has
+    # images), then the models. A bad source leaves no half-made output behind and is not hidden behind a model.
+    _check_output_dir(output, validated)  # before creating anything in a directory that is not ours
+    source = create_source(config.source, config.source_options)
+    check_stages_against_source(validated, source)  # e.g. a token for every class to generate, before any model
+    plan = _plan(config, source)
+    if not plan:
+        raise ValueError(f"source {config.source!r} has no images")
     # Every model the stages will load is cached or reachable: checked in seconds, before torch is imported.
     needs = build_needs(validated)
     models = resolve_models(needs)
     requested_device = options.device
     if validated.active:  # a build of `original` alone never imports torch
         options = replace(options, device=resolve_device(options.device))
-    _check_output_dir(output, validated)  # before creating anything in a directory that is not ours
-    # The source is listed before anything is written: a bad source leaves no half-made output behind.
-    source = create_source(config.source, config.source_options)
-    check_stages_against_source(validated, source)  # e.g. a token for every class to generate, before any model
-    plan = _plan(config, source)
-    if not plan:
-        raise ValueError(f"source {config.source!r} has no images")
     if options.device == "cpu":  # a full-size build on the CPU only when asked for
         check_cpu(validated, needs, len(plan), requested_device, options.torch_threads)
     created = not output.exists()
@@ -807,9 +810,51 @@ def _reopen_for_retry(ledger: Ledger, runners: list[_StageRunner], retry_failure
     )
 
 
+# Off a terminal, a line at least this often while a batch runs (what runs, how far): never silent for a minute.
+HEARTBEAT_ENV = "LANCE_CF_HEARTBEAT_SECONDS"
+HEARTBEAT_SECONDS = 30.0
+
+
+def heartbeat_seconds() -> float:
+    """The heartbeat interval: ``LANCE_CF_HEARTBEAT_SECONDS`` (a positive number), else 30 s."""
+    value = os.environ.get(HEARTBEAT_ENV, "").strip()
+    if not value:
+        return HEARTBEAT_SECONDS
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"{HEARTBEAT_ENV}={value!r}: expected a number of seconds, e.g. 30") from None
+    if not seconds > 0:
+        raise ValueError(f"{HEARTBEAT_ENV}={value!r}: expected a positive number of seconds")
+    return seconds
+
+
+class _Heartbeat:
+    """A thread that logs ``describe()`` every ``interval`` seconds until stopped (off a terminal, where no bar moves).
+    ``beat`` (an ``threading.Event``, for tests) is set after each line."""
+
+    def __init__(self, describe: Any, interval: float) -> None:
+        self.describe, self.interval = describe, interval
+        self.stopped = threading.Event()
+        self.beat = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="build-heartbeat", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            logger.info("%s", self.describe())
+            self.beat.set()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join()
+
+
 class _Progress:
     """The build's progress: on a terminal, one bar for the images and one per stage, each counting whole images
-    (so its percentage and its count agree); elsewhere (a log file, a pipe), one plain log line per finished batch.
+    (so its percentage and its count agree); elsewhere (a log file, a pipe), one plain log line per finished batch,
+    and between them a heartbeat line at least every ``LANCE_CF_HEARTBEAT_SECONDS`` (30 s): the stage that runs, for
+    how long, and how many images are done.
 
     A stage's bar advances by a batch's images when the stage is done with the batch (a sample that failed earlier
     counts as passed through). Log records go through the bars (``logging_redirect_tqdm``), never onto their lines.
@@ -834,7 +879,23 @@ class _Progress:
                     total=total, initial=done, unit="img", position=position, leave=True, bar_format=form,
                     desc=f"{desc} {name:<{width}}" if name == "images" else f"{' ' * len(desc)} {name:<{width}}",
                 )  # fmt: skip
+        self.stage: str | None = None  # the stage running now, and since when (monotonic seconds)
+        self.stage_since = self.started = time.monotonic()
+        self.heartbeat = _Heartbeat(self.describe_now, heartbeat_seconds()) if self.plain else None
         self._refresh()
+
+    def describe_now(self) -> str:
+        """What runs and how far: the heartbeat's line (read from another thread: no ledger query here)."""
+        now = time.monotonic()
+        doing = (
+            f"stage {self.stage} running for {now - self.stage_since:.0f} s"
+            if self.stage
+            else "reading images, waiting for a stage or writing results"
+        )
+        return (
+            f"{self.desc}: {doing}; {self.done}/{self.total} images done "
+            f"({100 * self.done // max(1, self.total)}%), {now - self.started:.0f} s since start"
+        )
 
     def _counts(self) -> tuple[int, int]:
         failed = self.ledger.db.execute("SELECT COUNT(DISTINCT source_key) FROM failures").fetchone()[0]
@@ -847,6 +908,7 @@ class _Progress:
             self.bars["images"].set_postfix_str(f"failed {failed}, errors {errors}")
 
     def stage_started(self, stage: str) -> None:
+        self.stage, self.stage_since = stage, time.monotonic()
         if self.terminal:
             self.bars[stage].set_postfix_str("running")
 
@@ -864,6 +926,7 @@ class _Progress:
             self.bars[stage].update(len(batch.samples))
 
     def batch_done(self, batch: _Batch) -> None:
+        self.stage = None
         for stage in self.stages:  # a stage that had no sample left in this batch is done with it too
             self._advance(batch, stage)
         self._advanced.pop(batch.index, None)
@@ -879,6 +942,8 @@ class _Progress:
             )  # fmt: skip
 
     def close(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
         for bar in self.bars.values():
             bar.close()
 
@@ -905,6 +970,14 @@ def _drive(run: BuildRun, loop: Any) -> None:
         # Log records through the bars (root logger: ours propagate to it), never onto a bar's line.
         with logging_redirect_tqdm() if run.bar.terminal else contextlib.nullcontext():
             loop(run)
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (lance-cf turns it into this): say what was kept
+        how = getattr(stop, "signal_name", None) or "interrupted"
+        logger.warning(
+            "build %s stopped (%s): %d of %d images were finished and are kept in %s (every finished stage of the "
+            "batch in flight too); re-run the same command to resume from there",
+            run.config.name, how, run.bar.done, run.bar.total, run.ledger.path,
+        )  # fmt: skip
+        raise
     finally:
         run.bar.close()
 

@@ -45,45 +45,61 @@ def build_needs(validated: Any) -> list[ModelNeed]:
     return needs
 
 
-class ModelsMissing(ValueError):
-    """Models that are neither cached nor reachable: one line each, and the command that fetches them."""
+# What works without the Hub for a build: said by every offline failure of a build's models.
+BUILD_OFFLINE_WAYS = (
+    "without the Hub: every key above also takes a local directory (lance-cf models download PRESET --local-dir DIR, "
+    "run where the Hub answers, writes copies and a config pointing at them), and the demo presets (demo, "
+    "demo-controlnet, demo-star) build offline on tiny models (noise), with --source imagefolder:PATH for your photos"
+)
 
-    def __init__(self, states: list[ModelState], command: str | None = None, then: str | None = None) -> None:
+
+class ModelsMissing(ValueError):
+    """Models that are neither cached nor reachable: one line each, what works without the Hub for this command, and
+    the command that fetches them."""
+
+    def __init__(
+        self,
+        states: list[ModelState],
+        command: str | None = None,
+        then: str | None = None,
+        offline_ways: str | None = None,
+    ) -> None:
         self.states = states
         self.command = command
         self.then = then  # the last line instead of the download command (``models download`` itself)
+        # What this command can use instead of the Hub (its parser's ``offline_ways`` default); a build's by default
+        self.offline_ways = offline_ways
         super().__init__(self._message())
 
     @property
     def missing(self) -> list[ModelState]:
         return [s for s in self.states if s.problem and not s.stand_in and not s.need.optional]
 
-    def _message(self) -> str:
-        missing = self.missing
-        reasons = {s.problem for s in missing}
-        common = next(iter(reasons)) if len(reasons) == 1 else None
-        head = (
-            f"{len(missing)} model(s) needed are neither cached nor reachable (each key also takes a local directory)"
-        )
-        lines = [head + (f"; {common}:" if common else ":")]
-        for state in missing:
-            lines.append("  " + missing_line(state) + ("" if common else f": {state.problem}"))
-        if self.then:
-            lines.append(f"  {self.then}")
-        elif self.command is None or self.command.split()[3:4] in (
+    def _is_build(self) -> bool:
+        return self.command is not None and self.command.split()[3:4] not in (
             ["eval"],
             ["discover"],
             ["interfaces"],
             ["perturber"],
             ["compare-editors"],
-        ):
+        )
+
+    def _message(self) -> str:
+        missing = self.missing
+        reasons = {s.problem for s in missing}
+        common = next(iter(reasons)) if len(reasons) == 1 else None
+        head = f"{len(missing)} model(s) needed are neither cached nor reachable"
+        lines = [head + (f"; {common}:" if common else ":")]
+        for state in missing:
+            lines.append("  " + missing_line(state) + ("" if common else f": {state.problem}"))
+        ways = self.offline_ways or (BUILD_OFFLINE_WAYS if self._is_build() else None)
+        if ways:
+            lines.append(f"  {ways}")
+        if self.then:
+            lines.append(f"  {self.then}")
+        else:
             command = self.command or "lance-cf models download PRESET_OR_CONFIG"
-            lines.append(f"  fetch them where the Hub is reachable: {command}")
-        else:  # a build: its config can point at local copies
-            lines.append(
-                f"  fetch them where the Hub is reachable: {self.command} (--local-dir DIR: copies and a config for "
-                "a machine without network)"
-            )
+            lines.append(f"  {'or ' if ways else ''}fetch them where the Hub is reachable: {command}")
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -108,11 +124,13 @@ def missing_line(state: ModelState) -> str:
     return f"{need.label} ({size}) for {keys_of(state)}"
 
 
-def resolve_models(needs: list[ModelNeed], command: str | None = None) -> list[ModelState]:
+def resolve_models(
+    needs: list[ModelNeed], command: str | None = None, offline_ways: str | None = None
+) -> list[ModelState]:
     """Where each of ``needs`` stands (cache, Hub), in seconds and without importing torch; raises
     ``ModelsMissing`` when one is neither cached nor reachable, before anything is downloaded or loaded."""
     states = inspect_models(needs, probe="missing") if needs else []
-    error = ModelsMissing(states, command)
+    error = ModelsMissing(states, command, offline_ways=offline_ways)
     if error.missing:
         raise error
     # An optional model that is missing is the command's to report (it says what it skips without it).
@@ -216,8 +234,59 @@ def measure_cpu_flops(threads: int, repeats: int = 2) -> float:
 
 
 def is_full_size(needs: list[ModelNeed]) -> bool:
-    """Real models: a Hub id, or a local copy made by ``lance-cf models download --local-dir``."""
+    """Models that may be large: a Hub id, or a local copy made by ``lance-cf models download --local-dir``."""
     return any(n.repo_id is not None or os.path.isfile(os.path.join(str(n.local_path), LOCAL_MARKER)) for n in needs)
+
+
+# A build whose estimate on the CPU is under this runs there without --device cpu (a config of tiny local models).
+CPU_REFUSAL_SECONDS = 3600
+
+
+def configured_unet(needs: list[ModelNeed]) -> tuple[str, dict, dict | None] | None:
+    """(label, UNet config, VAE config or None) of the first model the build loads that has a UNet, read from its
+    local directory or the Hub cache without loading anything; None when no such config is here (a Hub model not
+    yet downloaded: the pinned Stable Diffusion's count stands for it)."""
+    import json
+
+    from huggingface_hub import try_to_load_from_cache
+
+    def read(need: ModelNeed, name: str) -> dict | None:
+        if need.local_path is not None:
+            path = os.path.join(os.path.expanduser(str(need.local_path)), name)
+        else:
+            path = try_to_load_from_cache(need.repo_id, name, revision=need.revision, cache_dir=need.cache_dir)
+        if not isinstance(path, str) or not os.path.isfile(path):
+            return None
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+
+    for need in needs:
+        if "unet/config.json" not in need.files:
+            continue
+        unet = read(need, "unet/config.json")
+        if unet is not None:
+            label = os.path.basename(os.path.normpath(str(need.local_path))) if need.repo_id is None else need.label
+            return label, unet, read(need, "vae/config.json")
+    return None
+
+
+def unet_forward_flops(unet_config: dict, vae_config: dict | None, image_size: int) -> float:
+    """FLOPs of one sample-forward of the UNet this config describes at ``image_size``, counted with torch's FLOP
+    counter on the architecture built on the meta device (no weights, no memory)."""
+    import torch
+    from diffusers import UNet2DConditionModel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    scale = 2 ** (len(vae_config.get("block_out_channels", (0,) * 4)) - 1) if vae_config else 8
+    side = max(1, image_size // scale)
+    with torch.device("meta"):
+        unet = UNet2DConditionModel.from_config(unet_config)
+        sample = torch.zeros(1, unet.config.in_channels, side, side)
+        text = torch.zeros(1, 77, int(unet.config.cross_attention_dim))
+        step = torch.tensor([10])
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        unet(sample, step, encoder_hidden_states=text)
+    return float(counter.get_total_flops())
 
 
 def format_duration(seconds: float) -> str:
@@ -231,23 +300,35 @@ def format_duration(seconds: float) -> str:
 
 
 def check_cpu(validated: Any, needs: list[ModelNeed], images: int, requested: str | None, threads: int) -> None:
-    """Refuse a full-size build that would run on the CPU because no GPU was found (``--device`` not given), with
-    an estimate of its duration; ``--device cpu`` runs it. Demo builds (tiny models) are not concerned."""
+    """Refuse a build that would run on the CPU for more than an hour because no GPU was found (``--device`` not
+    given), with an estimate of its duration from the UNet the config names; ``--device cpu`` runs it. Demo builds
+    and configs of tiny local models are not concerned."""
     if requested not in (None, "auto") or not is_full_size(needs):
         return
     counts = unet_evaluations(validated)
     per_image = sum(counts.values())
     size = validated.config.image_size or 512
-    flops = UNET_FORWARD_FLOPS_512 * (size / 512) ** 2
+    configured = configured_unet(needs) if per_image else None
+    flops, which = UNET_FORWARD_FLOPS_512 * (size / 512) ** 2, "the pinned Stable Diffusion UNet"
+    if configured is not None:
+        label, unet_config, vae_config = configured
+        try:
+            flops, which = unet_forward_flops(unet_config, vae_config, size), f"the UNet of {label}"
+        except Exception as error:  # noqa: BLE001 - an architecture the counter cannot build: the pinned model's count
+            logger.warning("could not count the UNet of %s (%s); estimating with Stable Diffusion's", label, error)
     rate = measure_cpu_flops(threads)
     per_forward = flops / rate
+    total = images * per_image * per_forward
+    if per_image and total < CPU_REFUSAL_SECONDS:
+        logger.info("no GPU found: running on the CPU (estimated %s for %s)", format_duration(total), which)
+        return
     if per_image:
         parts = ", ".join(f"{name} {count:,.0f}" for name, count in counts.items())
         estimate = (
             f"{images} image(s) x {per_image:,.0f} UNet evaluations each ({parts}; counted for these options), at "
-            f"least {per_forward:.0f} s each on this CPU ({flops / 1e12:.2f} TFLOP; a UNet convolution measured here "
-            f"at {rate / 1e9:.0f} GFLOP/s with {threads} thread(s)): at least "
-            f"{format_duration(images * per_image * per_forward)}, the text models not counted"
+            f"least {per_forward:.3g} s each on this CPU ({which}: {flops / 1e12:.3g} TFLOP at {size} px; a UNet "
+            f"convolution measured here at {rate / 1e9:.0f} GFLOP/s with {threads} thread(s)): at least "
+            f"{format_duration(total)}, the text models not counted"
         )
     else:
         estimate = f"its models are full size; one UNet-sized step alone takes {per_forward:.0f} s here"

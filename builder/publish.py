@@ -360,8 +360,12 @@ def check_loadable(staging: Path, manifest: dict[str, Any], release_dir: Path) -
     import datasets
 
     cache = staging.parent / "datasets-cache"
-    for config in manifest["configs"]:
+    for position, config in enumerate(manifest["configs"], 1):
         expected = manifest["counts"][config]["total"]
+        logger.info(
+            "publish check %d/%d: load_dataset reads config %s (%d rows)",
+            position, len(manifest["configs"]), config, expected,
+        )  # fmt: skip
         shards = {str(s["path"]) for s in manifest["shards"] if s["config"] == config}
         try:
             builder = datasets.load_dataset_builder(str(staging), config, cache_dir=str(cache))
@@ -457,6 +461,7 @@ def _local_checks(
     if not allow_local_paths:
         refuse_local_paths(f"{release_dir}/{rf.MANIFEST_NAME}", local_paths(manifest, labels=label_names_of(manifest)))
     if verify:
+        logger.info("publish check: verifying %s (every hash, count and image, as lance-cf verify)", release_dir)
         verify_before_publish(release_dir)
     return manifest, notes
 
@@ -476,6 +481,7 @@ def _stage(
     """Stage the upload, then check what only the staged files tell: the card, strays, ``load_dataset``."""
     staging = tmp / "release"
     staging.mkdir()
+    logger.info("publish check: staging the files, the card and croissant.json (checked with mlcroissant)")
     files, card_files = stage_release(release_dir, staging, manifest, repo_id, previous_manifest)
     card_text = (staging / rf.CARD_NAME).read_text(encoding="utf-8")
     texts = (rf.MANIFEST_NAME, rf.TIMM_INFO_NAME, rf.CARD_NAME, rf.CROISSANT_NAME)

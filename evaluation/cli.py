@@ -22,7 +22,7 @@ from evaluation.fidelity import (
 )
 from evaluation.leaderboard import summary_lines, write_leaderboard
 from evaluation.metric_registry import METRICS, parse_metric_names
-from evaluation.models import ModelSpec, expand_model_names
+from evaluation.models import EVAL_OFFLINE_WAYS, LOCAL_DIR, ModelSpec, expand_model_names, load_class_map
 from evaluation.plots import plot_strength_models
 from evaluation.release_reader import open_release
 from evaluation.results import AMP_DTYPES, MODEL_DTYPES
@@ -59,7 +59,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--model",
         action="append",
         required=True,
-        help="timm model name (resnet50.a1_in1k, hf-hub:ORG/NAME), wildcard (convnext_*) or file of names; repeat",
+        help="timm model name (resnet50.a1_in1k, hf-hub:ORG/NAME), local-dir:DIR (config.json + model.safetensors: "
+        "no Hub needed), wildcard (convnext_*) or file of names; repeat",
     )
     p.add_argument("--output", required=True, type=Path, help="output directory")
     p.add_argument(
@@ -157,7 +158,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
 
     add_side_by_side_arguments(p)
-    p.set_defaults(func=run_eval, models=declared_models, check=check_eval_arguments)
+    p.set_defaults(func=run_eval, models=declared_models, check=check_eval_arguments, offline_ways=EVAL_OFFLINE_WAYS)
 
     lb = subparsers.add_parser(
         "leaderboard",
@@ -235,6 +236,16 @@ def check_eval_arguments(args: argparse.Namespace) -> None:
     if args.output.exists() and not args.output.is_dir():
         raise ValueError(f"--output {str(args.output)!r} is a file; give a directory")
     release_specs = args.release if isinstance(args.release, list) else [args.release]
+    local = [Path(spec).expanduser() for spec in release_specs if Path(spec).expanduser().is_dir()]
+    if args.class_map is not None and local:  # an unfinished class map (CHOOSE lines) before any model is looked up
+        for folder in local:
+            classes = open_release(folder).num_classes
+            if classes is not None:
+                load_class_map(args.class_map, classes)
+    for name in args.model:  # a local model folder's files, before the model check looks for the rest
+        if name.startswith(LOCAL_DIR):
+            ModelSpec(name=name, pretrained=not args.no_pretrained and args.checkpoint is None,
+                      checkpoint=args.checkpoint)  # fmt: skip
     check_masks(args.masks)
     if len(release_specs) == 1 and (args.masks is not None or args.no_clip_similarity):
         raise ValueError(
@@ -315,7 +326,8 @@ def run_eval(args: argparse.Namespace) -> int:
                 f"{args.output / label}:\n"
             )
             for spec in specs:
-                sys.stdout.write(f"  {spec.name}{'' if spec.weights_id == 'pretrained' else f' [{spec.weights_id}]'}\n")
+                weights = "" if spec.weights_id == "pretrained" else f" [{spec.weights_id[:40]}]"
+                sys.stdout.write(f"  {spec.name}{weights}\n")
             sys.stdout.flush()
             all_summaries[label] = run_evaluation(
                 release, specs, args.output / label, options, on_result=_print_summary

@@ -33,6 +33,7 @@ from evaluation.plots import plot_strength_model
 from evaluation.release_reader import Release, ReleaseIntegrityError, integrity_error
 from evaluation.report import write_model_report
 from evaluation.results import AMP_DTYPES, MODEL_DTYPES, RESULTS_SCHEMA, RESULTS_SCHEMA_VERSION  # noqa: F401 - re-exported
+from lance_pipeline.models.hub_cache import offline_by_user
 from lance_pipeline.readers import load_json, read_json
 from lance_pipeline.release_kinds import metric_applies_to
 
@@ -736,8 +737,10 @@ def prepare_insights(release: Release, options: EvalOptions) -> dict[str, Any] |
 
 def warn_insights_skipped(options: EvalOptions, why: str) -> None:
     """The one line that says a run goes on without the insights (ranking does not need them), and how to get them."""
-    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
-    hint = "unset HF_HUB_OFFLINE to download it once" if offline else "check the network (or set HF_HUB_OFFLINE=1)"
+    if offline_by_user():  # the user switched the Hub off
+        hint = "download it once with the Hub on (HF_HUB_OFFLINE unset)"
+    else:
+        hint = "download it once where the Hub answers (lance-cf models download eval ... lists the command)"
     logger.warning(
         "insights skipped: CLIP model %r (%s) %s; the models are scored and ranked without them. To compute them, %s "
         "or pass a local open_clip directory with --clip-model DIR; --no-insights skips them without this warning",

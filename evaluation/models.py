@@ -1,7 +1,10 @@
 """Model selection and construction for evaluation: timm names, wildcards, name files, local weights, class maps.
 
-Names are what timm accepts (``resnet50.a1_in1k``, ``hf-hub:org/repo``); a wildcard (``convnext_*``) expands through
-``timm.list_models`` as in timm's validate.py; a path to a text file lists names one a line (``#`` comments).
+Names are what timm accepts (``resnet50.a1_in1k``, ``hf-hub:org/repo``, ``local-dir:DIR``); a wildcard
+(``convnext_*``) expands through ``timm.list_models`` as in timm's validate.py; a path to a text file lists names one a
+line (``#`` comments). A local directory (timm's ``local-dir:`` schema: ``config.json`` and ``model.safetensors``, as
+``timm.models.save_for_hf(model, DIR, safe_serialization=True)`` writes them) is the way to score a model without the
+Hub; in every output it is named by its folder name and the digest of its files, never by its path on this machine.
 """
 
 from __future__ import annotations
@@ -19,6 +22,16 @@ logger = logging.getLogger(__name__)
 
 _WILDCARD_CHARS = ("*", "?", "[")
 MAX_SLUG_CHARS = 120
+LOCAL_DIR = "local-dir:"  # timm's (and open_clip's) schema for a model in a local directory
+LOCAL_DIR_FILES = ("config.json", "model.safetensors")  # what timm reads of one (safetensors only: no pickle)
+
+# What works without the Hub for `lance-cf eval`: said by every offline failure of its models (builder.model_check).
+EVAL_OFFLINE_WAYS = (
+    "without the Hub: --model local-dir:DIR (a folder with config.json and model.safetensors, e.g. saved where the "
+    "Hub answers by timm.models.save_for_hf(model, DIR, safe_serialization=True)), --model ARCH --checkpoint "
+    "FILE.safetensors (your own weights), or --model ARCH --no-pretrained (random weights: the path works, the "
+    "scores mean nothing)"
+)
 
 
 def expand_model_names(specs: list[str], pretrained: bool = True) -> list[str]:
@@ -46,7 +59,7 @@ def expand_model_names(specs: list[str], pretrained: bool = True) -> list[str]:
             if not listed:
                 raise ValueError(f"model list file {spec!r} names no models (expected one timm model name a line)")
             names.extend(expand_model_names(listed, pretrained=pretrained))
-        elif not spec.startswith("hf-hub:") and any(c in spec for c in _WILDCARD_CHARS):
+        elif not spec.startswith(("hf-hub:", LOCAL_DIR)) and any(c in spec for c in _WILDCARD_CHARS):
             matched = timm.list_models(spec, pretrained=pretrained)
             if not matched:
                 raise ValueError(
@@ -67,6 +80,26 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def local_dir_digest(folder: Path, names: tuple[str, ...]) -> str:
+    """sha256 over the named files of a model folder (each file's name and sha256, in order): the same weights and
+    config give the same digest wherever the folder lies."""
+    digest = hashlib.sha256()
+    for name in names:
+        digest.update(f"{name}\0{file_sha256(folder / name)}\n".encode())
+    return digest.hexdigest()
+
+
+def public_model_name(reference: str) -> str:
+    """A model reference as outputs show it: a local directory (``local-dir:DIR`` or a path) by its folder name only,
+    so no results file, report or folder name carries a path of this machine; names pass through."""
+    path = reference[len(LOCAL_DIR) :] if reference.startswith(LOCAL_DIR) else None
+    if path is None and (reference.startswith(("/", ".", "~")) or Path(reference).expanduser().is_dir()):
+        path = reference
+    if path is None:
+        return reference
+    return LOCAL_DIR + (Path(path).expanduser().resolve().name or "model")
+
+
 @dataclass
 class ModelSpec:
     """One model to evaluate: its name and where its weights come from."""
@@ -80,8 +113,13 @@ class ModelSpec:
     seed: int = 0
     checkpoint_sha256: str | None = field(default=None, init=False)
     class_map_sha256: str | None = field(default=None, init=False)
+    # A ``local-dir:DIR`` model: ``name`` becomes ``local-dir:FOLDER`` (what outputs show); timm gets the path
+    local_dir: Path | None = field(default=None, init=False)
+    local_dir_sha256: str | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
+        if self.name.startswith(LOCAL_DIR):
+            self._check_local_dir()
         if self.checkpoint is not None:
             self.checkpoint = Path(self.checkpoint)
             if self.checkpoint.suffix != ".safetensors":
@@ -98,9 +136,39 @@ class ModelSpec:
                 raise ValueError(f"--class-map {str(self.class_map)!r} does not exist")
             self.class_map_sha256 = file_sha256(self.class_map)
 
+    def _check_local_dir(self) -> None:
+        given = self.name[len(LOCAL_DIR) :]
+        folder = Path(given).expanduser()
+        if not folder.is_dir():
+            raise ValueError(
+                f"--model {self.name!r}: {given!r} is not a directory (local-dir:DIR names a model folder)"
+            )
+        missing = [n for n in LOCAL_DIR_FILES if not (folder / n).is_file()]
+        if missing:
+            pickle = any(folder.glob("*.bin")) or any(folder.glob("*.pth"))
+            raise ValueError(
+                f"--model {self.name!r} has no {' or '.join(missing)}"
+                + (" (its weights are pickle files, which are never loaded)" if pickle else "")
+                + "; save the model with timm.models.save_for_hf(model, DIR, safe_serialization=True)"
+            )
+        if self.checkpoint is not None or not self.pretrained:
+            raise ValueError(
+                f"--model {self.name!r} brings its own weights; leave out --checkpoint and --no-pretrained"
+            )
+        self.local_dir = folder.resolve()
+        self.local_dir_sha256 = local_dir_digest(self.local_dir, LOCAL_DIR_FILES)
+        self.name = public_model_name(self.name)
+
+    @property
+    def timm_name(self) -> str:
+        """The name ``timm.create_model`` gets (a local directory's path; ``name`` has only its folder name)."""
+        return f"{LOCAL_DIR}{self.local_dir}" if self.local_dir is not None else self.name
+
     @property
     def weights_id(self) -> str:
         """A string that changes whenever the weights do: used to skip models already evaluated."""
+        if self.local_dir is not None:
+            return f"local-dir:sha256:{self.local_dir_sha256}"
         if self.checkpoint is not None:
             return f"checkpoint:sha256:{self.checkpoint_sha256}"
         return "pretrained" if self.pretrained else f"random:seed={self.seed}"
@@ -121,6 +189,8 @@ class ModelSpec:
             base = f"{base[: MAX_SLUG_CHARS - 13]}-{digest}"
         if self.checkpoint is not None:
             return f"{base}__ckpt-{self.checkpoint_sha256[:12]}"
+        if self.local_dir is not None:
+            return f"{base}__sha-{self.local_dir_sha256[:12]}"
         return base if self.pretrained else f"{base}__random"
 
 
@@ -174,7 +244,7 @@ def create_eval_model(spec: ModelSpec) -> Any:
     # --no-pretrained score the same model.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
-        model = timm.create_model(spec.name, pretrained=spec.pretrained and spec.checkpoint is None)
+        model = timm.create_model(spec.timm_name, pretrained=spec.pretrained and spec.checkpoint is None)
     if spec.checkpoint is not None:
         from safetensors.torch import load_file
 
@@ -192,16 +262,25 @@ def create_eval_model(spec: ModelSpec) -> Any:
 
 def describe_weights(spec: ModelSpec, model: Any) -> dict[str, Any]:
     cfg = dict(getattr(model, "pretrained_cfg", {}) or {})
-    return {
+    hub = spec.pretrained and spec.checkpoint is None and spec.local_dir is None
+    if spec.local_dir is not None:
+        source = "local-dir"
+    else:
+        source = "checkpoint" if spec.checkpoint is not None else ("pretrained" if spec.pretrained else "random")
+    described = {
         "id": spec.weights_id,
-        "source": "checkpoint" if spec.checkpoint is not None else ("pretrained" if spec.pretrained else "random"),
-        "pretrained_tag": cfg.get("tag") if spec.pretrained and spec.checkpoint is None else None,
-        "hf_hub_id": cfg.get("hf_hub_id") if spec.pretrained and spec.checkpoint is None else None,
+        "source": source,
+        "pretrained_tag": cfg.get("tag") if hub else None,
+        "hf_hub_id": cfg.get("hf_hub_id") if hub else None,
         # the file's name only: results are published, and the sha256 identifies the weights
         "checkpoint": spec.checkpoint.name if spec.checkpoint is not None else None,
         "checkpoint_sha256": spec.checkpoint_sha256,
         "seed": spec.seed if spec.checkpoint is None and not spec.pretrained else None,
     }
+    if spec.local_dir is not None:  # the folder's name only, as for a checkpoint; the digest identifies it
+        described["local_dir"] = spec.local_dir.name
+        described["local_dir_sha256"] = spec.local_dir_sha256
+    return described
 
 
 def resolve_label_indices(spec: ModelSpec, model_num_classes: int, release_num_classes: int | None) -> list[int] | None:

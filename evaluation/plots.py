@@ -8,6 +8,7 @@ their results folder.
 from __future__ import annotations
 
 import logging
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -307,9 +308,38 @@ def strength_model_figure(result: dict[str, Any]):
         ax.set_xlabel("edit strength (1 − self_replace)")
     axes[2].set_xlabel("edit strength of the first wrong top-1")
     fig.suptitle(_plain(f"{_label(result)}: accuracy against edit strength"), fontsize=10)
+    note = flat_note([result])
+    if note:
+        fig.supxlabel(textwrap.fill(note, 110), fontsize=8, color="tab:red")
     fig.legend(loc="outside right upper", fontsize=7)
     _fit_legend(fig, 3, 3.6)
     return fig
+
+
+FLAT_POINTS = 1.0  # a curve whose acc@1 and mean Δ p(y_GT) each vary by at most this many points is flat
+
+
+def is_flat(overall: dict[str, Any]) -> bool:
+    """Whether a strength curve is flat: acc@1 and the confidence drop barely move with strength."""
+    for key in ("acc1", "delta_p_gt_mean"):
+        _, values = _curve_xy(overall, key)
+        if len(values) > 1 and max(values) - min(values) > FLAT_POINTS:
+            return False
+    return True
+
+
+def flat_note(results: list[dict[str, Any]]) -> str | None:
+    """The line under a strength plot whose every curve is flat, saying why when the release says it (its models were
+    the demo's random-weight stand-ins, so its images barely change with strength): a flat curve is not a finding."""
+    sections = [r["strength"]["overall"] for r in results if r.get("strength")]
+    if not sections or not all(is_flat(s) for s in sections):
+        return None
+    if any((r.get("release") or {}).get("demo_models") for r in results):
+        return (
+            "Flat, as expected: this release was built with the demo's random-weight models, so its images barely "
+            "change with edit strength. A real release's curves fall."
+        )
+    return f"Flat: acc@1 and the confidence drop vary by at most {FLAT_POINTS:g} point with edit strength."
 
 
 def fmt_auc(value: Any) -> str:
@@ -347,6 +377,9 @@ def strength_models_figure(results: list[dict[str, Any]]):
     axes[1].set_title("true-class confidence drop", fontsize=9)
     for ax in axes:
         ax.set_xlabel("edit strength (1 − self_replace)")
+    note = flat_note(results)
+    if note:
+        fig.supxlabel(textwrap.fill(note, 110), fontsize=8, color="tab:red")
     if results:
         fig.legend(loc="outside right upper", fontsize=7)
     _fit_legend(fig, 2, 3.6)

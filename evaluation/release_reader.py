@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from builder import release_format as rf
+from lance_pipeline.models.hub_cache import offline_by_user
 from lance_pipeline.release_kinds import ReleaseKind, kind_of_manifest
 
 logger = logging.getLogger(__name__)
@@ -96,7 +97,14 @@ class Release:
             "revision": self.revision,
             "configs": self.configs,
             "label_space": {"name": space.get("name"), "num_classes": self.num_classes},
+            # built with the demo's tiny random-weight models (demo:NAME): its edits are noise (plots say so)
+            "demo_models": self.demo_models,
         }
+
+    @property
+    def demo_models(self) -> bool:
+        stages = (self.manifest.get("config") or {}).get("stages") or []
+        return any(str((s.get("options") or {}).get("model") or "").startswith("demo:") for s in stages)
 
 
 def open_release(spec: str | Path, revision: str | None = None) -> Release:
@@ -194,9 +202,9 @@ def _download(repo_id: str, revision: str | None) -> Path:
         ) from error
     except (LocalEntryNotFoundError, OfflineModeIsEnabled) as error:
         # offline mode (HF_HUB_OFFLINE) with nothing cached, or the Hub unreachable and nothing cached
-        offline = constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+        offline = offline_by_user()  # the user's HF_HUB_OFFLINE, not one this tool set while models load
         fix = "unset HF_HUB_OFFLINE to download it" if offline else "check the network or HF_ENDPOINT"
-        why = "offline mode" if offline else "the Hub is unreachable"
+        why = "offline mode (HF_HUB_OFFLINE is set)" if offline else "the Hub is unreachable"
         raise ValueError(
             f"release {where} is not in the local cache and cannot be downloaded ({why}): {fix}, or pass a local "
             "release directory to --release"

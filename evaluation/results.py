@@ -260,4 +260,6 @@ def display_name(name: str, weights_id: str | None) -> str:
         return f"{name} (random weights)"
     if weights.startswith("checkpoint:"):
         return f"{name} (checkpoint {weights.rsplit(':', 1)[-1][:12]})"
+    if weights.startswith("local-dir:"):
+        return f"{name} ({weights.rsplit(':', 1)[-1][:12]})"
     return name

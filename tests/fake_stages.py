@@ -236,3 +236,28 @@ class HubModelCaptionStage(FakeCaptionStage):
     ):
         super().__init__()
         self.model, self.revision, self.helper, self.helper_revision = model, revision, helper, helper_revision
+
+
+class GatedCaptionStage(FakeCaptionStage):
+    """Waits at a barrier before captioning the samples named in ``hold_keys`` (no clock involved): in this process,
+    until ``GATE`` is set; with ``fifo`` (a named pipe), it writes a line to it (blocking until a reader opens it: the
+    test knows the stage runs) and then waits on ``GATE`` (a test stops the process meanwhile)."""
+
+    GATE = None  # a threading.Event, set by the test
+
+    def __init__(self, hold_keys: list[str] | None = None, fifo: str | None = None):
+        super().__init__()
+        self.hold_keys = set(hold_keys or [])
+        self.fifo = fifo
+
+    def process(self, records):
+        import threading
+
+        if any(r["key"] in self.hold_keys for r in records):
+            if GatedCaptionStage.GATE is None:
+                GatedCaptionStage.GATE = threading.Event()
+            if self.fifo:
+                with open(self.fifo, "w") as pipe:
+                    pipe.write("running\n")
+            GatedCaptionStage.GATE.wait()
+        return super().process(records)

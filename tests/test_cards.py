@@ -45,6 +45,11 @@ def test_card_yaml_declares_every_config_and_parses_with_hub_and_datasets(releas
     assert "webdataset" in meta["tags"] and meta["task_categories"] == ["image-classification"]
     assert meta["size_categories"] == ["n<1K"]
     assert meta["pretty_name"]
+    front = text.split("\n---\n", 1)[0]
+    last = manifest["label_space"]["num_classes"] - 1
+    assert len(manifest["configs"]) >= 2 and last > 0
+    # the class names written once (an anchor), the other configs an alias: a 1,000-class card stays readable
+    assert front.count(f"'{last}': ") == 1 and front.count("names: *") == len(manifest["configs"]) - 1
 
     card = DatasetCard.load(release_dir / "README.md")
     # The card is written without huggingface_hub's YAML round trip (too slow for ImageNet's class list): the Hub's

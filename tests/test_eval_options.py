@@ -364,3 +364,57 @@ def test_offline_release_and_missing_device_are_one_line_errors_with_nothing_wri
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and all(word in err[0] for word in expected), err
         assert not out.exists()
+
+
+def test_a_local_directory_model_is_named_by_its_folder_and_digest_never_its_path(setup, fp32, tmp_path):
+    """``--model local-dir:DIR`` (timm's schema; what works without the Hub): the results, their folder and the report
+    name the folder and the digest of its files, not where it lies; the same weights score as the checkpoint does."""
+    import timm
+    from safetensors.torch import load_file
+
+    folder = tmp_path / "private" / "machine" / "path" / "my-vit"
+    model = timm.create_model("test_vit", pretrained=False, num_classes=4)
+    model.load_state_dict(load_file(str(setup["ckpt"])))
+    timm.models.save_for_hf(model, str(folder), safe_serialization=True)
+    out = tmp_path / "out"
+    argv = eval_args(setup, out)
+    argv[argv.index("--model") + 1 : argv.index("--checkpoint") + 2] = ["local-dir:" + str(folder)]
+    assert main(argv) == 0
+    (written,) = (out / REL).glob("*/results.json")
+    results = json.loads(written.read_text())
+    digest = results["model"]["weights"]["local_dir_sha256"]
+    assert written.parent.name == f"local-dir--my-vit__sha-{digest[:12]}"
+    assert results["model"]["name"] == "local-dir:my-vit" and results["model"]["weights"]["local_dir"] == "my-vit"
+    assert results["model"]["weights"]["id"] == f"local-dir:sha256:{digest}"
+    for path in out.rglob("*"):
+        if path.is_file() and path.suffix in (".json", ".html", ".md", ".csv"):
+            assert str(tmp_path / "private") not in path.read_text(errors="replace"), path
+    local = pd.read_parquet(written.parent / "predictions.parquet").sort_values("key").reset_index(drop=True)
+    assert np.array_equal(local["p_gt"].to_numpy(), fp32[1]["p_gt"].to_numpy())  # the checkpoint's weights, as said
+
+    pickled = tmp_path / "pickled"  # timm's default save: pytorch_model.bin, a pickle, is never loaded
+    timm.models.save_for_hf(model, str(pickled))
+    argv[argv.index("--model") + 1] = "local-dir:" + str(pickled)
+    with pytest.raises(
+        ValueError, match=r"has no model.safetensors \(its weights are pickle files.*safe_serialization"
+    ):
+        ModelSpec(name="local-dir:" + str(pickled))
+    assert main(argv) == 2
+
+
+def test_offline_eval_names_what_works_without_the_hub_and_a_choose_line_comes_first(setup, tmp_path, capsys):
+    """Offline, a Hub model's failure names local-dir:DIR, --checkpoint and --no-pretrained (each works here); an
+    unfinished class map is said before any model is looked up."""
+    argv = ["eval", "--release", str(setup["root"]), "--model", "resnet50.a1_in1k", "--output", str(tmp_path / "o"),
+            "--no-insights"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "neither cached nor reachable" in err and "each key also takes" not in err
+    for way in ("--model local-dir:DIR", "--checkpoint FILE.safetensors", "--no-pretrained"):
+        assert way in err, err
+    class_map = tmp_path / "map.txt"
+    class_map.write_text("# cat\nCHOOSE\n1\n2\n3\n")
+    assert main([*argv, "--class-map", str(class_map)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "entry 0 ('CHOOSE') is not a model output index" in err and "neither cached" not in err
+    assert not (tmp_path / "o").exists()

@@ -13,6 +13,7 @@ from builder_helpers import ALL_CONFIGS, FAKE_STAGES, make_imagefolder, write_co
 from builder.cli import build_parser, main
 from builder.config import list_presets, load_config
 from builder.engine import BuildRefused, build
+from tests.fake_stages import GatedCaptionStage
 
 
 @pytest.fixture(scope="module")
@@ -148,3 +149,61 @@ def test_class_map_for_a_label_space_of_ones_own(tmp_path, capsys, monkeypatch):
           progress=False)  # fmt: skip
     assert main(["class-map", str(tmp_path / "s")]) == 0
     assert "eval needs no --class-map" in capsys.readouterr().out
+
+
+class _SetOnHeartbeat(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        if "stage caption running for" in record.getMessage() and "3/6 images done" in record.getMessage():
+            GatedCaptionStage.GATE.set()  # the held (second) batch was named: let it go
+
+
+def test_off_a_terminal_a_long_batch_says_what_runs_at_every_heartbeat(tmp_path, folder, monkeypatch, caplog):
+    """The stage holds its batch until a heartbeat line has named it (a barrier, no clock): never silent."""
+    import threading
+
+    monkeypatch.setenv("LANCE_CF_HEARTBEAT_SECONDS", "0.01")
+    monkeypatch.setattr(GatedCaptionStage, "GATE", threading.Event())
+    caption = {"name": "caption", "type": "tests.fake_stages:GatedCaptionStage", "configs": ["reconstructed"],
+               "options": {"hold_keys": ["dog_img_002"]}}  # fmt: skip
+    stages = [caption, {**FAKE_STAGES[1], "configs": ["reconstructed"]}]
+    config = load_config(str(write_config(tmp_path / "c.yaml", f"imagefolder:{folder}", stages=stages,
+                                          configs=["reconstructed"], batch_size=3)))  # fmt: skip
+    handler = _SetOnHeartbeat()
+    logging.getLogger("builder.engine").addHandler(handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="builder.engine"):
+            build(config, tmp_path / "out", progress=True)  # pytest's stderr is not a terminal
+    finally:
+        logging.getLogger("builder.engine").removeHandler(handler)
+    beats = [r.getMessage() for r in caplog.records if "stage caption running for" in r.getMessage()]
+    pattern = r"build test-release: stage caption running for \d+ s; 3/6 images done \(50%\), \d+ s since start"
+    assert any(re.fullmatch(pattern, beat) for beat in beats), beats
+
+
+def test_a_terminated_build_says_what_was_kept_and_how_to_resume(tmp_path, folder):
+    """SIGTERM while a stage runs (known through a named pipe, no clock): one line says how many images are kept and
+    that the same command resumes; the exit status is 143."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from builder_helpers import REPO
+
+    fifo = tmp_path / "running"
+    os.mkfifo(fifo)
+    caption = {"name": "caption", "type": "tests.fake_stages:GatedCaptionStage", "configs": ["reconstructed"],
+               "options": {"hold_keys": ["dog_img_002"], "fifo": str(fifo)}}  # fmt: skip
+    stages = [caption, {**FAKE_STAGES[1], "configs": ["reconstructed"]}]
+    config = write_config(tmp_path / "c.yaml", f"imagefolder:{folder}", stages=stages, configs=["reconstructed"],
+                          batch_size=3)  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}", "LANCE_CF_ALLOW_CODE": "1"}
+    argv = [sys.executable, "-m", "builder.cli", "build", str(config), "--output", str(tmp_path / "out")]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    with open(fifo) as pipe:  # blocks until the stage holds the second batch
+        assert pipe.readline() == "running\n"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate()
+    assert proc.returncode == 143, err
+    assert "stopped (SIGTERM): 3 of 6 images were finished and are kept in" in err, err
+    assert "lance-cf build: stopped (SIGTERM); re-run the same command to resume" in err

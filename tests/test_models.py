@@ -134,7 +134,8 @@ def test_a_gated_model_without_a_token_is_named_and_nothing_is_downloaded(hub, t
 
     assert main(["models", "download", str(config), "--no-progress"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 3 and "gated: accept its conditions" in lines[0] and "HF_TOKEN" in lines[0], lines
+    assert len(lines) == 4 and "gated: accept its conditions" in lines[0] and "HF_TOKEN" in lines[0], lines
+    assert "without the Hub: every key above also takes a local directory" in lines[2], lines
     assert lines[1].strip().startswith(f"org/gated-lm@{commit[:12]} (") and TOKEN not in "".join(lines)
     assert not (tmp_path / "hf-cache" / "models--org--gated-lm").exists()
 
@@ -181,7 +182,8 @@ def test_a_build_without_its_models_stops_before_anything_is_written(tmp_path, m
     assert f"cannot connect to http://127.0.0.1:{port}" in lines[0]
     assert lines[1] == f"  org/a@{'a' * 12} (size unknown offline) for stages[caption].options.model"
     assert lines[2] == "  org/b@main (size unknown offline) for stages[caption].options.helper"
-    assert f"lance-cf models download {config}" in lines[3] and len(lines) == 4
+    assert "every key above also takes a local directory" in lines[3] and "demo presets" in lines[3]
+    assert f"lance-cf models download {config}" in lines[4] and len(lines) == 5
     assert not out.exists()
 
 
@@ -267,7 +269,7 @@ def test_without_network_a_build_says_everything_once(network, tmp_path):
     assert proc.returncode == 2 and proc.stdout == ""
     reason = "cannot connect to" if network == "refuses" else "no answer from"
     assert lines[0].startswith("lance-cf build: error: 2 model(s)") and reason in lines[0], proc.stderr
-    assert len(lines) == 4 and len(set(lines)) == 4, proc.stderr
+    assert len(lines) == 5 and len(set(lines)) == 5, proc.stderr
     assert not (tmp_path / "out").exists()
 
 
@@ -447,3 +449,38 @@ def _limited(path: Path, limit: int = 2):
     config = load_config(str(path))
     config.limit = limit
     return config
+
+
+def test_the_cpu_estimate_counts_the_unet_the_config_names(tmp_path):
+    """A config of tiny local models beside a Hub-id text model (the label check's) runs on the CPU: the estimate is
+    the configured UNet's, counted on its architecture, not the pinned Stable Diffusion's (which refuses)."""
+    from builder.config import apply_overrides, load_config
+    from builder.model_check import UNET_FORWARD_FLOPS_512, check_cpu, configured_unet, unet_forward_flops
+    from builder.validation import validate_build
+    from lance_pipeline.models.needs import SD_COMPONENT_FILES, TRANSFORMERS_FILES, ModelNeed
+    from lance_pipeline.tiny.image_components import create_tiny_stable_diffusion
+
+    lance = validate_build(apply_overrides(load_config("lance"), source="demo"))
+    text = ModelNeed("sentence-transformers/all-MiniLM-L6-v2", None, TRANSFORMERS_FILES, (), "stage label", "k")
+    tiny = create_tiny_stable_diffusion(tmp_path / "tiny-sd")
+    sd = ModelNeed(None, None, SD_COMPONENT_FILES, (), "stage invert", "stages[invert].options.model",
+                   local_path=str(tiny))  # fmt: skip
+    label, unet, vae = configured_unet([text, sd])
+    assert label == "tiny-sd" and unet["block_out_channels"] == [8, 16] and vae is not None
+    flops = unet_forward_flops(unet, vae, 512)
+    assert 0 < flops < UNET_FORWARD_FLOPS_512 / 100  # a tiny UNet: over a hundred times fewer operations
+    lance.config.image_size = 64  # the size a config of tiny models builds at (the demo's)
+    check_cpu(lance, [text, sd], 3, None, 1)  # minutes at most: runs on the CPU without --device cpu
+    with pytest.raises(ValueError, match=r"would run on the CPU: .*the pinned Stable Diffusion UNet"):
+        check_cpu(lance, [text], 3, None, 1)
+
+
+def test_a_missing_source_is_said_before_the_models(tmp_path, capsys):
+    """`build hardimagenet --source imagenet:path/to/imagenet/val` with neither: the source, not six models."""
+    config = hub_config(tmp_path, {"model": "org/a", "revision": "a" * 40})
+    out = tmp_path / "out"
+    argv = ["build", str(config), "--source", f"imagenet:{tmp_path / 'path/to/imagenet/val'}", "--output", str(out)]
+    assert main([*argv, "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "is not a directory" in err and "neither cached" not in err and len(err.splitlines()) == 1
+    assert not out.exists()

@@ -108,3 +108,33 @@ def test_the_readme_first_steps_and_every_next_command_run(tmp_path, hub):
                     push_timm_weights(hub, words[i + 1], tmp_path)
             online = {"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_XET": "1"}
         run(command, **online)
+
+
+def test_the_readme_offline_path_runs_offline_to_a_scored_model(tmp_path):
+    """The README's "Without the Hub" commands, literally, with the Hub switched off and nothing cached: a release of
+    one's photos (a copy of the demo's), a noise release of them, and a model scored on it, from a folder."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    body = text.split("### Without the Hub (offline)\n", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"```bash\n(.*?)```", body, re.S)
+    commands = [line.split("  #")[0].strip() for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+    assert commands[0].startswith("cp -r builder/demo_images photos")
+    work = tmp_path / "work"
+    shutil.copytree(REPO / "builder" / "demo_images", work / "builder" / "demo_images")
+    keep = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER")
+    env = {k: v for k, v in os.environ.items() if k in keep}
+    env.update(
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        PYTHONPATH=str(REPO),
+        OMP_NUM_THREADS="1",
+        LANCE_CF_CACHE=str(tmp_path / "lance-cache"),
+        HF_HOME=str(tmp_path / "hf-home"),  # nothing cached
+        HF_HUB_OFFLINE="1",
+    )
+    for command in commands:
+        proc = subprocess.run(command, shell=True, cwd=work, env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, f"{command}\n{proc.stdout}\n{proc.stderr}"
+    scored = sorted(p.parent.name for p in (work / "eval-offline").rglob("results.json"))
+    assert len(scored) == 2 and scored[0].startswith("local-dir--my-model__sha-") and scored[1] == "resnet18__random"
+    for path in (work / "eval-offline").rglob("*.json"):
+        assert str(work) not in path.read_text(), path  # a model folder is named, never its path
+    assert (work / "out" / "photos-noise" / "manifest.json").is_file()

@@ -150,11 +150,18 @@ def count(hub: HubDouble, method: str, fragment: str, status: int | None = None)
     return sum(1 for m, p, s in hub.log if m == method and fragment in p and (status is None or s == status))
 
 
-def test_dry_run_prints_plan_and_touches_no_network(hub_env, tmp_path, capsys, cli):
+def test_dry_run_prints_plan_and_touches_no_network(hub_env, tmp_path, capsys, cli, caplog):
     release_dir, manifest = release(tmp_path)
-    assert cli("publish", str(release_dir), "--repo-id", REPO, "--dry-run") == 0
+    with caplog.at_level(logging.INFO, logger="builder.publish"):
+        assert cli("publish", str(release_dir), "--repo-id", REPO, "--dry-run") == 0
     out = capsys.readouterr().out
     assert hub_env.log == []  # not a single request
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("publish check")]
+    assert said[0].startswith("publish check: verifying") and "staging" in said[1], said  # each slow step, as it starts
+    assert said[2:] == [
+        f"publish check {i}/{len(manifest['configs'])}: load_dataset reads config {c} ({manifest['counts'][c]['total']} rows)"
+        for i, c in enumerate(manifest["configs"], 1)
+    ]
     plan = plan_release(release_dir, REPO)
     assert {f.path_in_repo for f in plan.files} == release_files(release_dir)
     assert not any(f.path_in_repo.startswith(rf.WORK_DIR) for f in plan.files)

@@ -133,6 +133,7 @@ def _keys(browser, *keys: str) -> None:
 def test_judging_with_the_keyboard_survives_a_killed_server(release, browser):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
 
     total = str(3 * 2 * 2)  # classes x originals x edits: the counterfactual config
     server = Server(release, "--study-name", "page", "--questions", "still_class,realistic")
@@ -155,7 +156,17 @@ def test_judging_with_the_keyboard_survives_a_killed_server(release, browser):
         _keys(browser, "1", "3", "f")  # yes; unsure; flag
         _text(browser, "left", str(int(total) - 3))
         _keys(browser, "a")  # no answers given: refused, nothing saved
-        _text(browser, "message", "Answer every question first (still_class, realistic).")
+        _text(
+            browser, "message", "Answer every question first (still_class, realistic), or press f to flag the sample."
+        )
+        help_shown = (
+            "return !document.getElementById('help').hidden && document.getElementById('help').offsetHeight > 0"
+        )
+        _keys(browser, "?")  # the help the footer and the terminal advertise
+        WebDriverWait(browser, WAIT).until(lambda b: b.execute_script(help_shown))
+        assert "flag it for a second look" in browser.find_element(By.ID, "help").text
+        _keys(browser, Keys.ESCAPE)
+        WebDriverWait(browser, WAIT).until(lambda b: not b.execute_script(help_shown))
         _keys(browser, Keys.BACKSPACE)
         _text(browser, "position", f"3 / {total}")
         _text(browser, "status", "judged: flag")
@@ -168,6 +179,11 @@ def test_judging_with_the_keyboard_survives_a_killed_server(release, browser):
         browser.get(restarted.url)
         _text(browser, "left", str(int(total) - 3))  # the reviewer is remembered; her judgements survived the kill
         _text(browser, "position", f"4 / {total}")
+        _shown(browser)
+        _keys(browser, "f")  # a flag needs no answers: a second look is what it asks for
+        _text(browser, "left", str(int(total) - 4))
+        _keys(browser, Keys.BACKSPACE)
+        _text(browser, "status", "judged: flag")
         _keys(browser, Keys.BACKSPACE, Keys.BACKSPACE)
         _text(browser, "status", "judged: reject (the edit is not visible)")
     finally:
@@ -179,6 +195,7 @@ def test_judging_with_the_keyboard_survives_a_killed_server(release, browser):
         ("still_class", "yes"), ("realistic", "yes"), ("verdict", "accept"),
         ("still_class", "no"), ("realistic", "yes"), ("verdict", "reject"),
         ("still_class", "yes"), ("realistic", "unsure"), ("verdict", "flag"),
+        ("verdict", "flag"),
     ]  # fmt: skip
     assert {j.reviewer for j in rows} == {"alice"} and all(j.at.endswith("+00:00") for j in rows)
     assert rows[5].reason == "the edit is not visible" and rows[0].key != rows[3].key

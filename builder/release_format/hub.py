@@ -76,7 +76,29 @@ def card_dataset_info(manifest: Manifest | dict[str, Any]) -> list[dict[str, Any
                 "dataset_size": size,
             }
         )
+    _share_class_names(infos)
     return infos
+
+
+def _share_class_names(infos: list[dict[str, Any]]) -> None:
+    """Make every config's ``ClassLabel`` names one object, so that the YAML writer prints the class list once (an
+    anchor on the first config, an alias on the others: standard YAML that the Hub's parsers, ``datasets`` and
+    huggingface_hub read back as the same list). A 1,000-class release's front matter is then about 1,000 lines
+    shorter per config."""
+    first = None
+    for info in infos:
+        for feature in info["features"]:
+            names = (
+                feature.get("dtype", {}).get("class_label", {}).get("names")
+                if isinstance(feature.get("dtype"), dict)
+                else None
+            )
+            if names is None:
+                continue
+            if first is None:
+                first = names
+            elif names == first:
+                feature["dtype"]["class_label"]["names"] = first
 
 
 def card_licence(manifest: Manifest | dict[str, Any]) -> dict[str, Any]:

@@ -161,7 +161,11 @@ class ReviewSession:
         if verdict == "reject" and reason is None:
             raise ValueError("a rejection needs a reason")
         answers = body.get("answers") or {}
-        if not isinstance(answers, dict) or set(answers) != set(self.questions):
+        # a flag (a second look is needed) keeps the answers given so far, even none; other verdicts answer all
+        complete = isinstance(answers, dict) and set(answers) == set(self.questions)
+        if not complete and not (
+            verdict == "flag" and isinstance(answers, dict) and set(answers) <= set(self.questions)
+        ):
             raise ValueError(f"answer every question of the study: {', '.join(self.questions) or 'none'}")
         for qid, answer in answers.items():
             if answer not in self.questions[qid].answers:

@@ -70,6 +70,18 @@ def is_offline() -> bool:
     return bool(constants.HF_HUB_OFFLINE)
 
 
+# Set (and inherited by worker processes) while ``hub_offline`` has switched the Hub off itself: a message then never
+# tells the user to unset an HF_HUB_OFFLINE they did not set.
+OFFLINE_BY_TOOL = "LANCE_CF_HUB_OFFLINE_BY_TOOL"
+
+
+def offline_by_user() -> bool:
+    """Whether the user switched the Hub off (``HF_HUB_OFFLINE`` set in their environment, not by this tool)."""
+    if os.environ.get(OFFLINE_BY_TOOL) == "1":
+        return False
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
 @dataclass
 class ModelState:
     """What is known about one (merged) model need.
@@ -384,11 +396,16 @@ def hub_offline(enabled: bool = True) -> Iterator[None]:
     from huggingface_hub import constants
 
     before, env_before = constants.HF_HUB_OFFLINE, os.environ.get("HF_HUB_OFFLINE")
+    marker_before = os.environ.get(OFFLINE_BY_TOOL)
+    if not offline_by_user():
+        os.environ[OFFLINE_BY_TOOL] = "1"
     constants.HF_HUB_OFFLINE = True
     os.environ["HF_HUB_OFFLINE"] = "1"
     try:
         yield
     finally:
+        if marker_before is None:
+            os.environ.pop(OFFLINE_BY_TOOL, None)
         constants.HF_HUB_OFFLINE = before
         if env_before is None:
             os.environ.pop("HF_HUB_OFFLINE", None)

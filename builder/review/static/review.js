@@ -128,8 +128,12 @@ function renderStatus(previous) {
 }
 
 async function judge(verdict, reason) {
+  // A flag says "a second look is needed": it is saved with the answers given so far, even none.
   const missing = state.session.study.questions.filter((q) => !(q.id in state.answers));
-  if (missing.length) { say(`Answer every question first (${missing.map((q) => q.id).join(", ")}).`); return; }
+  if (missing.length && verdict !== "flag") {
+    say(`Answer every question first (${missing.map((q) => q.id).join(", ")}), or press f to flag the sample.`);
+    return;
+  }
   if (state.busy) return;  // one judgement in flight at a time
   state.busy = true;
   const item = state.order[state.position];
@@ -155,7 +159,16 @@ function openReasons() {
   $("reasons").hidden = false;
 }
 
+function toggleHelp(open) {
+  const help = $("help");
+  help.hidden = open === undefined ? !help.hidden : !open;
+}
+
 function onKey(event) {
+  if (event.key === "?" && !state.typing && document.activeElement !== $("name-input")) {
+    event.preventDefault(); toggleHelp(); return;
+  }
+  if (event.key === "Escape" && !$("help").hidden) { toggleHelp(false); return; }
   if (!state.reviewer) {
     if (event.key === "Enter" && $("name-input").value.trim()) useReviewer($("name-input").value.trim()).catch((e) => say(e.message));
     return;
