@@ -28,7 +28,7 @@ from builder import release_format as rf
 from evaluation.insights import cluster_release_edits
 from evaluation.metric_registry import METRICS, default_metric_names, metric_versions, select_metrics
 from evaluation.metrics import compute_metrics
-from evaluation.models import ModelSpec, create_eval_model, describe_weights, resolve_label_indices
+from evaluation.models import ModelSpec, create_eval_model, describe_weights, public_model_name, resolve_label_indices
 from evaluation.plots import plot_strength_model
 from evaluation.release_reader import Release, ReleaseIntegrityError, integrity_error
 from evaluation.report import write_model_report
@@ -107,7 +107,7 @@ class EvalOptions:
                 "bootstrap": self.bootstrap,
                 "seed": self.seed,
                 "insights": self.insights,
-                "clip_model": self.clip_model if self.insights else None,
+                "clip_model": public_model_name(self.clip_model) if self.insights else None,
                 "clip_pretrained": self.clip_pretrained if self.insights else None,
                 "clusters": self.insight_k if self.insights else None,
                 "top_clusters": self.insight_top if self.insights else None,

@@ -18,6 +18,7 @@ from typing import Any
 
 from builder import release_format as rf
 from evaluation.metric_registry import Metric, MetricContext
+from evaluation.models import public_model_name
 from evaluation.release_reader import Release
 from lance_pipeline.clip.loader import load_clip
 from lance_pipeline.readers import load_json
@@ -101,7 +102,7 @@ def cluster_release_edits(release: Release, options: Any) -> dict[str, Any]:
     edits = [e for e in read_edits(release) if e.get("caption") and e.get("edited_caption")]
     clip_name = resolve_clip_name(options.clip_model)
     result: dict[str, Any] = {
-        "clip_model": clip_name,
+        "clip_model": public_model_name(clip_name),  # a local directory by its folder name, never its path
         "clip_pretrained": None if clip_name.startswith(("hf-hub:", "local-dir:")) else options.clip_pretrained,
         "k": options.insight_k,
         "classes": {},

@@ -405,6 +405,8 @@ def test_insights_match_independent_clip_kmeans(scored, tmp_path):
     clip_dir = create_tiny_open_clip(tmp_path / "clip")
     options = EvalOptions(clip_model=str(clip_dir), insight_k=2, insight_top=2)
     clustering = cluster_release_edits(open_release(scored["root"]), options)
+    assert clustering["clip_model"] == "local-dir:clip"  # the folder's name: results never hold a machine path
+    assert options.result_options()["clip_model"] == "local-dir:clip"
     rows = pd.read_parquet(scored["out"] / REL / scored["slug"] / "predictions.parquet").to_dict("records")
     summary = summarize_clusters(clustering, rows, top=2, examples=2)
 
