@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from builder import release_format as rf
+from builder.release_format.text_out import write_csv
 from evaluation.pages import render_page
 from evaluation.plots import _figure, _plain, _pyplot
 from evaluation.release_reader import open_release
@@ -453,7 +454,6 @@ def side_by_side(
     Raises:
         ValueError: (one line) fewer than two releases, or releases that share no source image.
     """
-    import csv
 
     if len(releases) < 2:
         raise ValueError("the side-by-side needs at least two releases (the same source images, two editors)")
@@ -467,11 +467,10 @@ def side_by_side(
         rows += release_rows
     table = fidelity_table(rows, results_by_release)
     output.mkdir(parents=True, exist_ok=True)
+    import pandas as pd  # lazy: a heavy import for one table
+
     for name, data in (("fidelity.csv", table), ("fidelity_samples.csv", rows)):
-        with open(output / name, "w", newline="", encoding="utf-8") as handle:
-            writer = csv.DictWriter(handle, fieldnames=list(data[0]))
-            writer.writeheader()
-            writer.writerows(data)
+        write_csv(pd.DataFrame(data, columns=list(data[0])), output / name)
     note = (
         f"Source images with counterfactuals in every release: {len(common)} "
         f"({', '.join(f'{label}: {n}' for label, n in counts.items())}). Each release's numbers are over all of its "
