@@ -276,6 +276,7 @@ def local_models(stage: dict[str, Any]) -> dict[str, str]:
     (``local_inputs``: the folder's digest)."""
     options = stage.get("options") or {}
     copies = stage.get("local_copies") or {}
+    refused = stage.get("local_copies_refused") or {}
     shown = {}
     for option, digest in (stage.get("local_inputs") or {}).items():
         name = options.get(option)
@@ -285,6 +286,8 @@ def local_models(stage: dict[str, Any]) -> dict[str, str]:
             shown[name] = LOCAL_COPY + str(copies[option])
         elif _is_model_key(option):
             shown[name] = f"local directory {name} ({str(digest)[:19]}…)" if digest else f"local directory {name}"
+            if option in refused:  # a marker naming a Hub model that could not be checked: said, not believed
+                shown[name] += f"; {refused[option]}"
     return shown
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from builder import release_format as rf
+from builder.release_format.lock import declare_output
 from builder.release_format.text_out import write_csv
 from evaluation.pages import render_page
 from evaluation.plots import _figure, _plain, _pyplot
@@ -596,6 +597,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--clip-pretrained", default="openai", help="its pretrained tag (None for a directory)")
     p.add_argument("--device", default="cpu", help="device of the CLIP model")
     p.set_defaults(func=run_compare_editors, models=_declared_models, check=check_compare_editors_arguments)
+    declare_output(p, "compare-editors", lambda args: args.output)
 
 
 def add_side_by_side_arguments(parser: argparse.ArgumentParser, no_clip_aliases: tuple[str, ...] = ()) -> None:

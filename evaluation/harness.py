@@ -874,7 +874,7 @@ def run_evaluation(
     """
     output_dir = Path(output_dir)
     if options.verify:  # the release's declared invariants, before anything is written or loaded
-        problems = rf.invariant_problems(release.root)
+        problems = rf.invariant_problems(release.root, links=True)  # a Hub release is read from the HF cache
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             raise ReleaseIntegrityError(

@@ -199,10 +199,11 @@ def _check_shards(
     return rows
 
 
-def invariant_problems(release_dir: Path | str) -> list[str]:
+def invariant_problems(release_dir: Path | str, *, links: bool = False) -> list[str]:
     """The breaches of the release's declared invariants (``InvariantCheck``), read from every listed shard's metadata
     only: what ``lance-cf eval`` checks before it scores a release (``verify`` checks them among everything else).
-    Shards that cannot be read are named too."""
+    Shards that cannot be read are named too. ``links``: shards may be links (a release in the Hugging Face cache,
+    whose snapshot links every file to its blob), as long as their listed paths stay inside the release."""
     root = Path(release_dir)
     try:
         manifest = Manifest.from_dict(json.loads((root / MANIFEST_NAME).read_bytes()), where=MANIFEST_NAME)
@@ -211,7 +212,10 @@ def invariant_problems(release_dir: Path | str) -> list[str]:
     problems = _Problems()
     invariants = InvariantCheck(manifest.release_spec, manifest.configs, declared=manifest.format_version >= 2)
     for shard in manifest.shards:
-        problem = listed_path_problem(root, shard.path)
+        parts = Path(shard.path).parts
+        problem = listed_path_problem(root, shard.path) if not links else None
+        if links and (Path(shard.path).is_absolute() or ".." in parts or not (root / shard.path).is_file()):
+            problem = f"{shard.path}: not a file inside the release"
         if problem is not None:
             problems.add(problem)
             continue

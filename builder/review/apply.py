@@ -81,7 +81,7 @@ def apply_review(
     release, output = Path(release), Path(output)
     if output.resolve() == release.resolve():
         raise ValueError(f"--output {output} is the release itself; give a new directory for the next version")
-    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+    if output.exists() and (not output.is_dir() or any(p.name != rf.WORK_DIR for p in output.iterdir())):
         raise ValueError(f"--output {output} exists and is not empty; give a new directory")
     index = ReleaseIndex(release)
     store = JudgementStore(release, index.manifest_sha)
