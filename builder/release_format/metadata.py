@@ -124,6 +124,7 @@ def _float(value: Any, name: str, where: str) -> float:
 
 if tuple(f.name for f in fields(SampleMetadata) if f.name != "extra") != V1_FIELD_NAMES:
     raise RuntimeError("SampleMetadata's fields must be spec.V1_FIELD_NAMES, in that order: format v1 is frozen")
+METADATA_FIELDS = V1_FIELD_NAMES  # former name
 
 
 class InvariantCheck:
