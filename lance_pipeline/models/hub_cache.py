@@ -657,7 +657,10 @@ def hub_confirms(repo_id: str, revision: str, files: dict[str, str], directory: 
     label = f"{repo_id}@{revision}"
     cached = {}
     for name in files:
-        found = try_to_load_from_cache(repo_id, name, revision=revision)
+        try:
+            found = try_to_load_from_cache(repo_id, name, revision=revision)
+        except ValueError as err:  # huggingface_hub's check of the id: the marker names no repository it could hold
+            return f"its {LOCAL_MARKER} names no valid repository ({str(err).splitlines()[0][:120]})"
         if isinstance(found, str):
             cached[name] = found
     if len(cached) == len(files):
