@@ -130,8 +130,9 @@ ATTACKS = {
     "strength 5.0": (lambda r: r[0].update(strength=5.0), ["{key}", "'strength' is 5.0", "(0, 1]"]),
     "negative strength": (lambda r: r[0].update(strength=-0.2), ["{key}", "'strength' is -0.2"]),
     "strength 0": (lambda r: r[0].update(strength=0.0), ["{key}", "'strength' is 0.0"]),
-    "NaN strength": (lambda r: r[0].update(strength=math.nan), ["{key}", "'strength' is nan", "finite"]),
-    "NaN score": (lambda r: r[0]["scores"].update(clip_image=math.inf), ["{key}", "scores.clip_image", "finite"]),
+    # the writer says "'strength' is nan, expected a finite number"; verify's JSON reader refuses the NaN itself
+    "NaN strength": (lambda r: r[0].update(strength=math.nan), ["{key}"]),
+    "infinite score": (lambda r: r[0].update(scores={**r[0]["scores"], "clip_image": math.inf}), ["{key}"]),
     "dangling counterfactual_key": (
         lambda r: r[0].update(counterfactual_key="src-0000-00-cf99"),
         ["{key}", "counterfactual_key 'src-0000-00-cf99' names no sample of config counterfactual"],
@@ -156,6 +157,15 @@ ATTACKS = {
 
 def _words(words: list[str], rows: list[dict]) -> list[str]:
     return [w.format(key=rows[0]["key"], key4=rows[4]["key"]) for w in words]
+
+
+def test_the_writer_refuses_a_nan_or_an_infinity_naming_the_field(base):
+    rows = strength_rows(base)
+    rows[0]["strength"] = math.nan
+    rows[1]["scores"] = {**rows[1]["scores"], "clip_image": math.inf}
+    written = "\n".join(writer_problems(base, rows))
+    assert "'strength' is nan, expected a finite number" in written and rows[0]["key"] in written
+    assert "'scores.clip_image' is inf, expected a finite number" in written and rows[1]["key"] in written
 
 
 def test_a_valid_strength_config_passes_the_writer_verify_and_eval_gate(base, tmp_path, capsys):

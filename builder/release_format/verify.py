@@ -206,7 +206,7 @@ def invariant_problems(release_dir: Path | str, *, links: bool = False) -> list[
     whose snapshot links every file to its blob), as long as their listed paths stay inside the release."""
     root = Path(release_dir)
     try:
-        manifest = Manifest.from_dict(json.loads((root / MANIFEST_NAME).read_bytes()), where=MANIFEST_NAME)
+        manifest = Manifest.from_dict(read_json(root / MANIFEST_NAME, what=MANIFEST_NAME), where=MANIFEST_NAME)
     except (OSError, ValueError) as err:
         return [f"{MANIFEST_NAME}: unreadable ({err})"]
     problems = _Problems()
@@ -226,9 +226,9 @@ def invariant_problems(release_dir: Path | str, *, links: bool = False) -> list[
                     problems.add(f"{where}: no metadata member")
                     continue
                 try:
-                    meta = json.loads(members[METADATA_EXT])
-                except ValueError as err:
-                    problems.add(f"{where}.json: not valid JSON ({err})")
+                    meta = load_json(members[METADATA_EXT], f"{where}.json")
+                except ValueError as err:  # the one reader: a NaN or an infinity is refused here, naming the sample
+                    problems.add(str(err))
                     continue
                 if not isinstance(meta, dict):
                     problems.add(f"{where}.json: not a JSON object")
