@@ -25,7 +25,7 @@ from builder.model_check import ModelsMissing, models_ready, resolve_models
 from builder.multi_device import parse_devices
 from builder.registry import ENGINES
 from builder.release_format import WORK_DIR
-from builder.release_format.lock import output_lock
+from builder.release_format.lock import declare_output, declared_output_lock, output_lock
 from builder.release_format.verify import verify_release
 from builder.sources import create_source
 from builder.validation import allow_code_from_env, check_stages_against_source, describe_validation, validate_build
@@ -213,6 +213,7 @@ def register(subparsers) -> None:
     build.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_allow_code(build)
     build.set_defaults(func=run_build)
+    declare_output(build, "build", lambda args: args.output)
 
     validate = subparsers.add_parser(
         "validate",
@@ -228,6 +229,7 @@ def register(subparsers) -> None:
     )
     _add_allow_code(validate)
     validate.set_defaults(func=run_validate)
+    declare_output(validate, "validate", None)
 
     verify = subparsers.add_parser(
         "verify",
@@ -238,6 +240,7 @@ def register(subparsers) -> None:
     verify.add_argument("release", metavar="DIR", type=Path, help="release directory")
     verify.add_argument("--skip-images", action="store_true", help="do not decode every image (faster)")
     verify.set_defaults(func=run_verify)
+    declare_output(verify, "verify", None)  # reads: holds the release shared (run_verify)
 
     presets = subparsers.add_parser(
         "presets",
@@ -247,6 +250,7 @@ def register(subparsers) -> None:
     )
     presets.add_argument("--show", metavar="NAME", help="print this preset (or YAML file) resolved, with comments")
     presets.set_defaults(func=run_presets)
+    declare_output(presets, "presets", None)
 
 
 def _preset_names() -> list[str]:
@@ -607,19 +611,21 @@ def _run_with_models(args: argparse.Namespace, argv: list[str]) -> int:
     check = getattr(args, "check", None)  # the command's own one-line checks come before any model is looked up
     if check is not None:
         check(args)
-    declare = getattr(args, "models", None)
-    if declare is None or args.command == "models":
-        return int(args.func(args) or 0)
+    # One writer per directory: the one its parser declares (declare_output) is held for the command's whole life.
+    with declared_output_lock(args):
+        declare = getattr(args, "models", None)
+        if declare is None or args.command == "models":
+            return int(args.func(args) or 0)
 
-    states = resolve_models(
-        declare(args),
-        command=f"lance-cf models download {shlex.join(argv)}",
-        offline_ways=getattr(args, "offline_ways", None),  # what the command can use instead of the Hub
-    )
-    # optional models the check found missing: the command skips what needs them (saying so) instead of trying
-    args.skipped_models = [s for s in states if s.problem and s.need.optional and not s.stand_in]
-    with models_ready(states, progress=not getattr(args, "no_progress", False)):
-        return int(args.func(args) or 0)
+        states = resolve_models(
+            declare(args),
+            command=f"lance-cf models download {shlex.join(argv)}",
+            offline_ways=getattr(args, "offline_ways", None),  # what the command can use instead of the Hub
+        )
+        # optional models the check found missing: the command skips what needs them (saying so) instead of trying
+        args.skipped_models = [s for s in states if s.problem and s.need.optional and not s.stand_in]
+        with models_ready(states, progress=not getattr(args, "no_progress", False)):
+            return int(args.func(args) or 0)
 
 
 def _is_model_download_error(err: BaseException) -> bool:

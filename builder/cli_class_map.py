@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from builder.imagenet import class_names
+from builder.release_format.lock import declare_output, file_folder
 from builder.release_format.manifest import load_manifest
 
 
@@ -36,6 +37,7 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--force", action="store_true", help="overwrite --output if it exists (your edits are lost)")
     parser.set_defaults(func=run_class_map)
+    declare_output(parser, "class-map", lambda args: file_folder(args.output))
 
 
 def _normalise(name: str) -> str:

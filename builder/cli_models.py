@@ -21,6 +21,7 @@ from typing import Any
 
 from builder.config import apply_overrides, load_config
 from builder.model_check import BUILD_OFFLINE_WAYS, ModelsMissing, build_needs, keys_of, missing_line
+from builder.release_format.lock import declare_output
 from builder.validation import validate_build
 from lance_pipeline.models.hub_cache import fetch_models, format_size, inspect_models, local_copy_dir
 
@@ -54,6 +55,21 @@ def register(subparsers) -> None:
         parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
         _add_options(parser, action)
         parser.set_defaults(func=run_models)
+        declare_output(parser, f"models {action}", _download_folder if action == "download" else None)
+
+
+def _download_folder(args: argparse.Namespace) -> Path:
+    """Where ``models download`` writes: ``--local-dir`` (also given after a config), else the Hugging Face cache."""
+    local_dir = args.local_dir
+    if local_dir is None and args.target not in COMMANDS and args.rest:
+        extra = argparse.ArgumentParser(add_help=False)
+        _add_options(extra, "download")
+        local_dir = extra.parse_known_args(args.rest)[0].local_dir
+    if local_dir is not None:
+        return local_dir
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
 
 
 def _add_options(parser: argparse.ArgumentParser, action: str) -> None:

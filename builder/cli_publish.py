@@ -9,6 +9,7 @@ import argparse
 
 from builder.publish import publish_release
 from builder.release_format.hub_client import talk_to_hub
+from builder.release_format.lock import declare_output
 
 
 def register(subparsers) -> None:
@@ -49,6 +50,7 @@ def register(subparsers) -> None:
         help="publish a manifest or card that holds this machine's paths (refused by default)",
     )
     publish.set_defaults(func=run_publish)
+    declare_output(publish, "publish", None)  # to the Hub; holds the release itself
 
 
 def run_publish(args: argparse.Namespace) -> int:

@@ -208,7 +208,7 @@ def public_stage_dict(stage: StageConfig, options: dict[str, Any] | None = None)
     data = stage.to_dict()
     if options is not None:
         data["options"] = dict(options)
-    local_inputs, local_copies = {}, {}
+    local_inputs, local_copies, refused = {}, {}, {}
     for name, (path, is_model) in local_stage_inputs(stage).items():
         data["options"][name] = _path_name(path)
         local_inputs[name] = content_digest(Path(os.path.expanduser(path)))
@@ -216,13 +216,21 @@ def public_stage_dict(stage: StageConfig, options: dict[str, Any] | None = None)
         if copy is not None and copy.verified:
             local_copies[name] = copy.label
         elif copy is not None and copy.repo_id is not None:
+            refused[name] = f"not recorded as a copy of {copy.label}: {copy.reason}"
             _warn_once(f"model directory {path} for stage {stage.name!r} is recorded by its name and digest, not as a "
                        f"copy of {copy.label}: {copy.reason}")  # fmt: skip
     if local_inputs:
         data["local_inputs"] = local_inputs
     if local_copies:
         data["local_copies"] = local_copies
+    if refused:  # the release says why a copy's marker was not taken for the model it names
+        data["local_copies_refused"] = refused
     return data
+
+
+# What a stage dict records about its local model copies from outside their bytes (whether a marker could be checked
+# against the Hugging Face cache or the Hub): provenance, not content, so not hashed (local_inputs' digests are).
+PROVENANCE_KEYS = ("local_copies", "local_copies_refused")
 
 
 def local_stage_inputs(stage: StageConfig) -> dict[str, tuple[str, bool]]:
@@ -390,7 +398,13 @@ def hashed_view(config: BuildConfig, typed: dict[str, Any] | None = None, as_wri
     options were hashed by value hashed them (``BuildConfig.config_hash_as_written``)."""
     data = config.public_dict()
     data["stages"] = [
-        public_stage_dict(s, None if as_written else effective_options(s, (typed or {}).get(s.name)))
+        {
+            k: v
+            for k, v in public_stage_dict(
+                s, None if as_written else effective_options(s, (typed or {}).get(s.name))
+            ).items()
+            if as_written or k not in PROVENANCE_KEYS  # releases hashed as written hashed their local_copies too
+        }
         for s in config.active_stages()
     ]
     if not as_written:

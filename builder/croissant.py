@@ -18,6 +18,7 @@ from typing import Any
 from builder import release_format as rf
 from builder.release_format.hub import GENERATED_SOURCES
 from dataset_cards.card import LOCAL_COPY, build_constants, stage_models
+from dataset_cards.markdown import md_escape
 from lance_pipeline.deviations import MODES, deviations_for
 
 # What each kind of release is, in one sentence of how its images were made.
@@ -75,27 +76,32 @@ def croissant_about(manifest: rf.Manifest, *, publication: dict[str, str] | None
     kind = rf.release_kind_name(manifest)
     papers = rf.release_papers(manifest)
     source = manifest.source
-    configs = ", ".join(f"{c} ({manifest.counts[c]['total']})" for c in manifest.configs)
-    user_note = str(manifest.config.get("description") or "").strip()
+    # Text from data goes into the prose through md_escape (dataset_cards.markdown), as into the card.
+    configs = ", ".join(f"{md_escape(c)} ({md_escape(manifest.counts[c]['total'])})" for c in manifest.configs)
+    user_note = md_escape(str(manifest.config.get("description") or "").strip())
     models = [
-        f"{stage}: {model}"
+        f"{md_escape(stage)}: {md_escape(model)}"
         + (
             ""  # a local copy of ID@COMMIT names its revision itself
             if model.startswith(LOCAL_COPY)
-            else f" at revision {', '.join(revisions)}"
+            else f" at revision {', '.join(md_escape(r) for r in revisions)}"
             if revisions
             else " (no pinned revision recorded)"
         )
         for stage, stage_model_list, revisions in stage_models(manifest)
         for model in stage_model_list
     ]
-    constants = [f"{name} = {value}" for name, value in build_constants(manifest).items()]
+    constants = [f"{md_escape(name)} = {md_escape(value)}" for name, value in build_constants(manifest).items()]
     image_size = manifest.config.get("image_size")
     preprocessing = [
         ("Generated images" if str(source.get("kind")) in GENERATED_SOURCES else "Source images")
         + " decoded to RGB"
-        + (f" and centre-cropped and resized to {image_size} x {image_size} pixels" if image_size else "")
-        + f"; stored as lossless {manifest.image_ext.upper()}.",
+        + (
+            f" and centre-cropped and resized to {md_escape(image_size)} x {md_escape(image_size)} pixels"
+            if image_size
+            else ""
+        )
+        + f"; stored as lossless {md_escape(manifest.image_ext.upper())}.",
         *(f"Build constant or filter threshold: {c}" for c in constants),
     ]
     failures: dict[str, int] = {}
@@ -120,32 +126,36 @@ def croissant_about(manifest: rf.Manifest, *, publication: dict[str, str] | None
     if failures:
         limitations.append(
             "Source images that could not be used, by stage: "
-            + ", ".join(f"{stage} {n}" for stage, n in sorted(failures.items()))
+            + ", ".join(f"{md_escape(stage)} {n}" for stage, n in sorted(failures.items()))
             + " (listed in manifest.json under failures)."
         )
     if manifest.empty_configs:
         limitations.append(
-            f"Configs built with no sample left (not in the release): {', '.join(manifest.empty_configs)}."
+            f"Configs built with no sample left (not in the release): {md_escape(', '.join(manifest.empty_configs))}."
         )
-    licence = str(source.get("license") or "not stated by the source").rstrip(".")
+    licence = md_escape(str(source.get("license") or "not stated by the source").rstrip("."))
+    spec, source_kind, num_samples = (md_escape(source.get(k)) for k in ("spec", "kind", "num_samples"))
+    version = md_escape(manifest.version)
     about: dict[str, Any] = {
         "description": (
-            f"{rf.pretty_name(manifest.name)} {manifest.version}: a stress test for image classifiers. "
+            f"{md_escape(rf.pretty_name(manifest.name))} {version}: a stress test for image classifiers. "
             f"{_MAKING.get(kind, _MAKING['lance'])} Configs (samples): {configs}. Built with "
-            f"{manifest.tool['name']} {manifest.tool['version']} (config hash {manifest.config_hash})."
+            f"{md_escape(manifest.tool['name'])} {md_escape(manifest.tool['version'])} (config hash "
+            f"{md_escape(manifest.config_hash)})."
         ),
         "citeAs": "\n\n".join(p.bibtex() for p in papers),
         "keywords": ["image classification", "robustness", "counterfactual", "stress test", "synthetic data"],
         "rai:dataCollection": (
-            f"{_MAKING.get(kind, _MAKING['lance'])} Source: {source['spec']} ({source['kind']}, "
-            f"{source['num_samples']} images). Models: {'; '.join(models) or 'none recorded in the manifest'}. "
-            f"Seed {manifest.seed}; each sample's seed derives from the release seed and its source key."
+            f"{_MAKING.get(kind, _MAKING['lance'])} Source: {spec} ({source_kind}, "
+            f"{num_samples} images). Models: {'; '.join(models) or 'none recorded in the manifest'}. "
+            f"Seed {md_escape(manifest.seed)}; each sample's seed derives from the release seed and its source key."
         ),
         "rai:dataCollectionType": [_TYPE.get(kind, _TYPE["lance"])],
         "rai:dataCollectionRawData": (
-            f"Source dataset {source['spec']} ({source['kind']}, {source['num_samples']} images"
+            f"Source dataset {spec} ({source_kind}, {num_samples} images"
             + (", ImageNet-derived" if source.get("imagenet_derived") else "")
-            + f"); its terms: {licence}. Label space {manifest.label_space['name']} ({manifest.num_classes} classes)."
+            + f"); its terms: {licence}. Label space {md_escape(manifest.label_space['name'])} "
+            f"({md_escape(manifest.num_classes)} classes)."
         ),
         "rai:dataPreprocessingProtocol": preprocessing,
         "rai:dataManipulationProtocol": (
@@ -174,7 +184,7 @@ def croissant_about(manifest: rf.Manifest, *, publication: dict[str, str] | None
         "rai:dataBiases": [
             "The captioner, the language model, the image generator and CLIP inherit the biases of their training "
             "data: which edits are proposed, and how well they succeed, differ across classes and subjects.",
-            f"Classes and images are those of the source ({source['spec']}), with its biases; classes whose images "
+            f"Classes and images are those of the source ({spec}), with its biases; classes whose images "
             "failed a stage or every filter are under-represented (see the counts per class in the card).",
         ],
         "rai:personalSensitiveInformation": [
@@ -188,7 +198,7 @@ def croissant_about(manifest: rf.Manifest, *, publication: dict[str, str] | None
             "shown to be safe, and the generated images could mislead if taken for real photographs."
         ),
         "rai:dataReleaseMaintenancePlan": (
-            f"Releases are versioned (this is {manifest.version}): each published version is an immutable git tag "
+            f"Releases are versioned (this is {version}): each published version is an immutable git tag "
             f"v<version> of the dataset repository, and later versions never change an earlier tag. "
             f"manifest.json (sha256 {manifest.manifest_sha256}) "
             "records the build so that it can be rebuilt byte for byte with the same tool and package versions."
@@ -211,18 +221,22 @@ def review_statement(manifest: rf.Manifest) -> str | None:
     verdict = (review.get("agreement") or {}).get("verdict") or {}
     kappa = verdict.get("fleiss_kappa")
     agreement = (
-        f"Fleiss' kappa of the verdict {kappa:.3f} over {verdict.get('items', 0)} samples and "
-        f"{verdict.get('raters', 0)} raters"
-        if kappa is not None
+        f"Fleiss' kappa of the verdict {kappa:.3f} over {md_escape(verdict.get('items', 0))} samples and "
+        f"{md_escape(verdict.get('raters', 0))} raters"
+        if isinstance(kappa, int | float) and not isinstance(kappa, bool)
         else "agreement of the verdict not defined (fewer than two raters of the same samples, or one answer)"
     )
-    questions = "; ".join(q.get("text", "") for q in (review.get("study") or {}).get("questions") or [])
+    study = review.get("study") if isinstance(review.get("study"), dict) else {}
+    questions = "; ".join(md_escape(q.get("text", "")) for q in study.get("questions") or [] if isinstance(q, dict))
     return (
-        f"{review.get('raters', 0)} people reviewed samples of {', '.join(review.get('configs') or [])} with lance-cf "
-        f"review (study {(review.get('study') or {}).get('name')}"
+        f"{md_escape(review.get('raters', 0))} people reviewed samples of "
+        f"{md_escape(', '.join(map(str, review.get('configs') or [])))} with lance-cf review (study "
+        f"{md_escape(study.get('name'))}"
         + (f"; questions: {questions}" if questions else "")
         + "): "
-        + ", ".join(f"{name} {verdicts.get(name, 0)}" for name in ("accepted", "rejected", "flagged", "unreviewed"))
+        + ", ".join(
+            f"{name} {md_escape(verdicts.get(name, 0))}" for name in ("accepted", "rejected", "flagged", "unreviewed")
+        )
         + f"; {agreement}. Each sample's review is in its metadata (review_verdict, review_reasons, review_answers, "
         "review_raters, review_agreement)."
     )
@@ -244,7 +258,7 @@ def screening_statements(manifest: rf.Manifest) -> list[str]:
             f"Edits that change a perceived protected attribute of a person were screened: "
             f"{sum(int(e.get('marked', 0)) for e in sensitive)} of {sum(int(e.get('checked', 0)) for e in sensitive)} "
             f"marked (sensitive_edit in the metadata; by attribute: "
-            f"{', '.join(f'{k} {v}' for k, v in sorted(attributes.items())) or 'none'}), "
+            f"{', '.join(f'{md_escape(k)} {v}' for k, v in sorted(attributes.items())) or 'none'}), "
             f"{sum(int(e.get('dropped', 0)) for e in sensitive)} dropped."
         )
     safety = [e for e in screening.values() if isinstance(e, dict) and e.get("kind") == "safety_checker"]

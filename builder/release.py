@@ -118,12 +118,14 @@ def write_release(
     spec = release_spec
     shards: list[rf.ShardRecord] = []
     counts: dict[str, Any] = {}
+    invariants = rf.InvariantCheck(spec, config.configs)
     for config_name in config.configs:
         tally = Tally()
 
         def samples(config_name: str = config_name, tally: Tally = tally):
             for key, _source_key, meta_bytes, image in ledger.iter_outputs(config_name):
                 meta = rf.decode_metadata(meta_bytes, spec, config_name)
+                invariants.add(config_name, meta)
                 tally.add(meta.label, meta.edit_type)
                 yield ShardSample(key, config.image_format, image, meta.label, meta_bytes)
 
@@ -176,7 +178,7 @@ def write_release(
         manifest["build"] = build_record
     # What the release is, recorded so that cards, eval and the leaderboard never have to guess it
     manifest["kind"] = kind_of_manifest(manifest).name
-    seal_release(output, manifest)
+    seal_release(output, manifest, invariants)
     logger.info(
         "release %s %s: %s; %d failure(s)",
         config.name,
@@ -187,13 +189,22 @@ def write_release(
     return manifest
 
 
-def seal_release(output: Path, manifest: dict[str, Any], previous_manifest: dict[str, Any] | None = None) -> None:
+def seal_release(
+    output: Path,
+    manifest: dict[str, Any],
+    invariants: rf.InvariantCheck,
+    previous_manifest: dict[str, Any] | None = None,
+) -> None:
     """Finish a release whose shards are written: the card's gallery (hashed into ``assets``), the sealed manifest,
     ``_info.json`` and the card. ``manifest`` holds every other field; it is completed in place.
 
     Args:
+        invariants: the check every written sample went through (``rf.InvariantCheck.add``): a release that breaks
+            its declared invariants, or whose samples did not all go through it, is refused before its manifest is
+            written (so no writer can publish what ``verify`` would refuse).
         previous_manifest: the release this one follows (``lance-cf review apply``), for the card's changelog.
     """
+    invariants.check_complete({c: manifest["counts"][c]["total"] for c in manifest["configs"]})
     gallery = write_gallery(output, manifest["configs"], manifest["shards"])
     manifest["assets"] = []
     for entry in gallery:

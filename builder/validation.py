@@ -300,6 +300,16 @@ def _with_screen_fields(outputs: list[ReleaseOutput], active: list[ValidatedStag
     return out
 
 
+def declared_config(output: ReleaseOutput, description: str) -> rf.ConfigSpec:
+    """The release format's declaration of the config a stage's output writes: its fields with their types, values,
+    ranges and references, and the relations between its samples (what the writer, ``verify`` and ``eval`` check)."""
+    fields = tuple(
+        rf.FieldSpec(f.name, f.dtype, f.enum, f.description, f.minimum, f.maximum, f.minimum_exclusive, f.references)
+        for f in output.fields
+    )
+    return rf.ConfigSpec(output.config, description, fields, output.unique, output.one_true_per)
+
+
 def _release_spec(config: BuildConfig, outputs: list[ReleaseOutput], writers: dict) -> Any:
     """The release's declaration (``builder.release_format``): LANCE's configs as v1 describes them, any other
     config and any extra metadata field as its stage declares them."""
@@ -313,8 +323,7 @@ def _release_spec(config: BuildConfig, outputs: list[ReleaseOutput], writers: di
             v1[output.config].description if output.config in v1 else f"samples written by stage {stage}"
         )
         try:
-            fields = tuple(rf.FieldSpec(f.name, f.dtype, f.enum, f.description) for f in output.fields)
-            extra.append(rf.ConfigSpec(output.config, description, fields))
+            extra.append(declared_config(output, description))
         except ValueError as err:
             raise ValueError(f"stage {stage!r}: {err}") from err
     return rf.lance_release_spec(config.configs, release_edit_types(), SCORE_NAMES, extra=tuple(extra))

@@ -20,7 +20,7 @@ from builder import release_format as rf
 from builder.release_format.yaml_text import dump_yaml
 from dataset_cards.deviations_section import deviations_section
 from dataset_cards.gallery import read_shard_samples, select_pairs, write_gallery
-from dataset_cards.markdown import code_span, md_escape
+from dataset_cards.markdown import Markdown, code_span, code_text, markdown_template, md_escape
 from dataset_cards.review_section import review_section
 from dataset_cards.screening_section import screening_section
 from evaluation.leaderboard import leaderboard_section
@@ -69,8 +69,6 @@ def render_release_card(
     Returns:
         The card text that was written to ``README.md``.
     """
-    import jinja2
-
     release_dir = Path(release_dir)
     output_dir = Path(output_dir) if output_dir is not None else release_dir
     typed = rf.Manifest.from_dict(manifest, where="manifest")
@@ -86,8 +84,9 @@ def render_release_card(
     # block as ``card_data``), without its two pure-Python YAML dumps and one parse: about 1 s for an ImageNet card,
     # whose front matter lists the 1,000 class names once per config. ``verify`` reads the front matter back.
     data = build_card_data(typed).to_dict()
-    template = jinja2.Template(TEMPLATE_PATH.read_text(encoding="utf-8"))
-    text = template.render(**{**data, **context, "card_data": dump_yaml(data)})
+    # Every value the template prints is Markdown (dataset_cards.markdown): a plain string stops the render.
+    template = markdown_template(TEMPLATE_PATH.read_text(encoding="utf-8"))
+    text = template.render(**{**data, **context, "card_data": Markdown(dump_yaml(data))})
     if not text.endswith("\n"):
         text += "\n"
     (output_dir / rf.CARD_NAME).write_text(text, encoding="utf-8")
@@ -115,11 +114,11 @@ def release_kind(manifest: rf.Manifest) -> ReleaseKind:
     return kind_of_manifest(manifest.to_dict())
 
 
-def _kind_text(target: str | None, *args: Any) -> str:
+def _kind_text(target: str | None, *args: Any) -> Markdown:
     """The Markdown a kind's card target (``dataset_cards`` function, ``"module:attr"``) renders ("" for none)."""
     if target is None:
-        return ""
-    return resolve_target(target)(*args)
+        return Markdown("")
+    return Markdown(resolve_target(target)(*args))
 
 
 def empty_classes_note(names: list[str], labels: list[int], num_classes: int) -> str:
@@ -131,7 +130,7 @@ def empty_classes_note(names: list[str], labels: list[int], num_classes: int) ->
     text = f"{len(missing)} of them have no sample in this release"
     if len(missing) <= 20:
         text += ": " + ", ".join(md_escape(names[i]) if i < len(names) else str(i) for i in missing)
-    return text
+    return Markdown(text)
 
 
 def _template_context(
@@ -157,40 +156,47 @@ def _template_context(
         if source.get("imagenet_derived")
         else f"Source data terms: {md_escape(str(source.get('license') or 'not stated by the source').rstrip('.'))}."
     )
+    licence_text = Markdown(licence_text)
     description = manifest.config.get("description")
     extra_fields = [(c.name, f) for c in spec.configs if c.name in configs for f in c.fields]
     kind = release_kind(manifest)
     pretty_name = _pretty_name(manifest.name)
     return {
-        "release_kind": kind.name,
-        "kind_intro": _kind_text(kind.card_intro, manifest, pretty_name),
+        "release_kind": code_text(kind.name),
+        "kind_intro": _kind_text(kind.card_intro, manifest, md_escape(pretty_name)),
         "kind_section": _kind_text(kind.card_section, manifest.to_dict()),
-        "load_example": kind.load_example,
+        "load_example": Markdown(kind.load_example or ""),  # the kind's own code, not data
         # The config the "How to load" example opens: the kind's main config, else the release's first config.
-        "load_config": kind.main_config_of(configs) or "original",
-        "pretty_name": pretty_name,
+        "load_config": code_text(kind.main_config_of(configs) or "original"),
+        "pretty_name": md_escape(pretty_name),
         "description": md_escape(description) if description else None,
-        "name": manifest.name,
-        "version": manifest.version,
-        "repo_id": repo_id or f"ORG/{manifest.name}",
-        "tool_name": manifest.tool["name"],
-        "tool_version": manifest.tool["version"],
-        "config_hash": manifest.config_hash,
-        "image_format": manifest.image_ext,
+        # printed inside code (snippets, backticks) by the template
+        "name": code_text(manifest.name),
+        "version": code_text(manifest.version),
+        "repo_id": code_text(repo_id or f"ORG/{manifest.name}"),
+        "tool_name": code_text(manifest.tool["name"]),
+        "tool_version": code_text(manifest.tool["version"]),
+        "config_hash": code_text(manifest.config_hash),
+        "image_format": code_text(manifest.image_ext),
         "format_version": manifest.format_version,
-        "configs": configs,
+        "configs": [md_escape(c) for c in configs],
         "config_rows": [
-            {"config": c, "description": md_escape(spec.config(c).description), "total": counts[c]["total"]}
+            {"config": code_text(c), "description": md_escape(spec.config(c).description), "total": counts[c]["total"]}
             for c in configs
         ],
         "extra_fields": [
-            {"config": c, "name": f.name, "dtype": f.dtype, "description": md_escape(f.description)}
+            {
+                "config": code_text(c),
+                "name": code_text(f.name),
+                "dtype": md_escape(f.dtype),
+                "description": md_escape(f.description),
+            }
             for c, f in extra_fields
         ],
         "edit_type_columns": [md_escape(t) for t in edit_type_columns],
         "edit_type_rows": [
             {
-                "config": c,
+                "config": code_text(c),
                 "cells": [counts[c]["by_edit_type"].get(t, 0) for t in edit_type_columns],
                 "total": counts[c]["total"],
             }
@@ -199,33 +205,40 @@ def _template_context(
         "class_rows": [
             {
                 "label": label,
-                "name": md_escape(names[label]) if label < len(names) else str(label),
+                "name": md_escape(names[label]) if label < len(names) else md_escape(label),
                 "cells": [counts[c]["by_class"].get(str(label), 0) for c in configs],
             }
             for label in labels
         ],
         "gallery": gallery,
-        "deviations_section": deviations_section(manifest.to_dict()),
-        "screening_section": screening_section(manifest.to_dict()),
-        "review_section": review_section(manifest.to_dict()),
-        "leaderboard_section": leaderboard_section(results or []),
+        # sections compose escaped data into Markdown of their own (tests/test_card_text.py renders each with
+        # hostile data)
+        "deviations_section": Markdown(deviations_section(manifest.to_dict())),
+        "screening_section": Markdown(screening_section(manifest.to_dict())),
+        "review_section": Markdown(review_section(manifest.to_dict())),
+        "leaderboard_section": Markdown(leaderboard_section(results or [])),
         "stage_rows": stage_rows(manifest),
         "thresholds": thresholds(manifest),
         "source_spec": code_span(source["spec"]),
         "source_kind": md_escape(source["kind"]),
-        "source_num_samples": source["num_samples"],
+        "source_num_samples": md_escape(source["num_samples"]),
         "label_space_name": md_escape(manifest.label_space["name"]),
         "num_classes": manifest.num_classes,
         "empty_classes": empty_classes_note(names, labels, manifest.num_classes),
-        "seed": manifest.seed,
-        "packages": ", ".join(f"{k} {v}" for k, v in sorted(manifest.packages.items())) or "not recorded",
+        "seed": code_text(manifest.seed),
+        "packages": md_escape(", ".join(f"{k} {v}" for k, v in sorted(manifest.packages.items())) or "not recorded"),
         "num_failures": len(manifest.failures),
-        "failure_stages": ", ".join(f"{md_escape(k)}: {v}" for k, v in sorted(failure_stages.items())),
+        "failure_stages": md_escape(", ".join(f"{k}: {v}" for k, v in sorted(failure_stages.items()))),
         "licence_text": licence_text,
         "croissant": manifest.format_version >= 2,  # croissant.json is written from format v2 on
-        "viewer_statement": rf.viewer_statement(manifest),
-        "papers": [
-            {"title": md_escape(p.title), "url": p.url, "arxiv": p.arxiv, "bibtex": p.bibtex()}
+        "viewer_statement": md_escape(rf.viewer_statement(manifest)),
+        "papers": [  # the tool's own table of papers (builder.release_format.papers), not data
+            {
+                "title": md_escape(p.title),
+                "url": Markdown(p.url),
+                "arxiv": md_escape(p.arxiv),
+                "bibtex": Markdown(p.bibtex()),
+            }
             for p in rf.release_papers(manifest)
         ],
         "hard_imagenet_note": "hardimagenet" in manifest.name.replace("-", "").replace("_", "").lower(),
@@ -263,6 +276,7 @@ def local_models(stage: dict[str, Any]) -> dict[str, str]:
     (``local_inputs``: the folder's digest)."""
     options = stage.get("options") or {}
     copies = stage.get("local_copies") or {}
+    refused = stage.get("local_copies_refused") or {}
     shown = {}
     for option, digest in (stage.get("local_inputs") or {}).items():
         name = options.get(option)
@@ -272,6 +286,8 @@ def local_models(stage: dict[str, Any]) -> dict[str, str]:
             shown[name] = LOCAL_COPY + str(copies[option])
         elif _is_model_key(option):
             shown[name] = f"local directory {name} ({str(digest)[:19]}…)" if digest else f"local directory {name}"
+            if option in refused:  # a marker naming a Hub model that could not be checked: said, not believed
+                shown[name] += f"; {refused[option]}"
     return shown
 
 
@@ -307,8 +323,8 @@ def stage_rows(manifest: rf.Manifest) -> list[dict[str, str]]:
     return [
         {
             "stage": md_escape(stage),
-            "model": ", ".join(code_span(m) for m in models) or "—",
-            "revision": ", ".join(code_span(r) for r in revisions) or "—",
+            "model": Markdown(", ".join(code_span(m) for m in models) or "—"),
+            "revision": Markdown(", ".join(code_span(r) for r in revisions) or "—"),
         }
         for stage, models, revisions in stage_models(manifest)
     ]
@@ -367,10 +383,16 @@ def changelog(manifest: dict[str, Any], previous: dict[str, Any]) -> dict[str, A
 
     def class_value(key: str) -> str:
         if not by_name:
-            return f"{md_escape(new_names[int(key)])} ({key})" if key.isdigit() and int(key) < len(new_names) else key
+            if key.isdigit() and int(key) < len(new_names):
+                return f"{md_escape(new_names[int(key)])} ({key})"
+            return md_escape(key)
         if key in new_index:
             return f"{md_escape(key)} ({new_index[key]})"
-        return f"{md_escape(key)} ({old_index[key]} in v{previous['version']})" if key in old_index else key
+        return (
+            f"{md_escape(key)} ({old_index[key]} in v{md_escape(previous['version'])})"
+            if key in old_index
+            else md_escape(key)
+        )
 
     def class_order(key: str) -> tuple[int, str]:
         if not by_name:
@@ -396,12 +418,12 @@ def changelog(manifest: dict[str, Any], previous: dict[str, Any]) -> dict[str, A
                     continue
                 rows.append(
                     {
-                        "config": config,
-                        "group": group,
-                        "value": class_value(key) if group == "class" else key,
+                        "config": code_text(config),
+                        "group": Markdown(group),
+                        "value": Markdown(class_value(key)) if group == "class" else md_escape(key),
                         "before": before,
                         "after": after,
-                        "delta": f"{after - before:+d}",
+                        "delta": Markdown(f"{after - before:+d}"),
                     }
                 )
-    return {"previous_version": previous["version"], "rows": rows}
+    return {"previous_version": md_escape(previous["version"]), "rows": rows}

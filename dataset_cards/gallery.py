@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from builder import release_format as rf
-from dataset_cards.markdown import md_escape
+from dataset_cards.markdown import Markdown, md_escape
 from lance_pipeline.readers import load_json
 
 GALLERY_PREFIX = "gallery-"
@@ -149,10 +149,10 @@ def write_gallery(
         # Fixed PNG options keep the bytes reproducible, so re-rendering an unchanged release uploads nothing new.
         compose_pair(meta, original, counterfactual).save(output_dir / name, format="PNG", optimize=False)
         segments = _caption_segments(meta)
-        edited_md = "".join(f"**{md_escape(t)}**" if hl and t.strip() else md_escape(t) for t, hl in segments)
+        edited_md = Markdown("".join(f"**{md_escape(t)}**" if hl and t.strip() else md_escape(t) for t, hl in segments))
         entries.append(
             {
-                "path": name,
+                "path": Markdown(name),  # the gallery's own file name
                 "alt": md_escape(f"{meta.get('edit_type') or 'edit'} edit of {meta.get('label_name')}"),
                 "edit_type": md_escape(meta.get("edit_type") or "edit"),
                 "label_name": md_escape(meta.get("label_name", "")),

@@ -1,8 +1,8 @@
 """The opening paragraph of a card, one per release kind (``lance_pipeline.release_kinds``: each kind's
 ``card_intro`` names one of these functions).
 
-Each takes the typed manifest and the card's pretty name and returns Markdown. Text that comes from data (editor
-names) is escaped.
+Each takes the typed manifest and the card's pretty name (escaped already) and returns Markdown. Text that comes from
+data (editor names) is escaped.
 """
 
 from __future__ import annotations

@@ -11,7 +11,12 @@ from dataset_cards.markdown import code_span, md_escape
 
 
 def _kappa(value: Any) -> str:
-    return "—" if value is None else f"{value:.3f}"
+    """A statistic with three decimals; anything but a number (a tampered manifest's) is shown escaped."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return md_escape(value)
+    return f"{value:.3f}"
 
 
 def review_section(manifest: dict[str, Any]) -> str:
@@ -23,7 +28,7 @@ def review_section(manifest: dict[str, Any]) -> str:
     counts = manifest.get("counts") or {}
     configs = ", ".join(code_span(c) for c in review.get("configs") or [])
     selection = (
-        f"{study['per_group']} per {md_escape(str(study.get('group_by')))}"
+        f"{md_escape(study['per_group'])} per {md_escape(str(study.get('group_by')))}"
         if study.get("per_group")
         else "every sample"
     )
@@ -31,15 +36,17 @@ def review_section(manifest: dict[str, Any]) -> str:
     settings.append("an order of their own per reviewer" if study.get("shuffle") else "one order")
     settings.append("originals shown" if study.get("show_original", True) else "originals hidden")
     questions = "; ".join(
-        f"“{md_escape(q['text'].replace('{class}', '<class>').replace('{edit}', '<edit>'))}” ({', '.join(q['answers'])})"
+        f"“{md_escape(str(q.get('text')).replace('{class}', '<class>').replace('{edit}', '<edit>'))}” "
+        f"({', '.join(md_escape(a) for a in q.get('answers') or [])})"
         for q in study.get("questions") or []
+        if isinstance(q, dict)
     )
     previous = review.get("previous") or {}
     lines = [
         "## Human review",
         "",
-        f"{review.get('raters', 0)} reviewer(s) judged samples of {configs} with `lance-cf review` (study "
-        f"{code_span(study.get('name', ''))}: {', '.join(settings)}; seed {study.get('seed', 0)}) in "
+        f"{md_escape(review.get('raters', 0))} reviewer(s) judged samples of {configs} with `lance-cf review` (study "
+        f"{md_escape(study.get('name', ''))}: {', '.join(settings)}; seed {md_escape(study.get('seed', 0))}) in "
         f"v{md_escape(str(previous.get('version', '?')))}; this version adds their judgements. Each sample of the "
         "reviewed configs carries `review_verdict` (a strict majority of its reviewers accepts or rejects; anything "
         "else is `flagged`), `review_reasons`, `review_answers`, `review_raters` and `review_agreement`.",
@@ -48,16 +55,16 @@ def review_section(manifest: dict[str, Any]) -> str:
     if questions:
         lines += [f"Questions: {questions}.", ""]
     lines += ["| verdict | samples |", "|---|---|"]
-    lines += [f"| {v} | {verdicts.get(v, 0)} |" for v in ("accepted", "rejected", "flagged", "unreviewed")]
+    lines += [f"| {v} | {md_escape(verdicts.get(v, 0))} |" for v in ("accepted", "rejected", "flagged", "unreviewed")]
     lines.append("")
     added = review.get("added_configs") or []
     if added:
-        shown = ", ".join(f"{code_span(c)} ({counts.get(c, {}).get('total', 0)})" for c in added)
+        shown = ", ".join(f"{code_span(c)} ({md_escape(counts.get(c, {}).get('total', 0))})" for c in added)
         lines += [f"Configs {shown} gather the accepted and the rejected samples; nothing was removed.", ""]
     reasons = review.get("reasons") or {}
     if reasons:
         lines += ["| a reviewer's reason for rejecting | samples |", "|---|---|"]
-        lines += [f"| {md_escape(r)} | {n} |" for r, n in reasons.items()]
+        lines += [f"| {md_escape(r)} | {md_escape(n)} |" for r, n in reasons.items()]
         lines.append("")
     stats = review.get("agreement") or {}
     if stats:
@@ -70,9 +77,8 @@ def review_section(manifest: dict[str, Any]) -> str:
         for question, entry in stats.items():
             observed = entry.get("observed_agreement")
             lines.append(
-                f"| {md_escape(question)} | {entry.get('raters', 0)} | {entry.get('items', 0)} | "
-                f"{_kappa(entry.get('fleiss_kappa'))} | {_kappa(entry.get('cohen_kappa'))} | "
-                f"{'—' if observed is None else f'{observed:.3f}'} |"
+                f"| {md_escape(question)} | {md_escape(entry.get('raters', 0))} | {md_escape(entry.get('items', 0))} | "
+                f"{_kappa(entry.get('fleiss_kappa'))} | {_kappa(entry.get('cohen_kappa'))} | {_kappa(observed)} |"
             )
         lines.append("")
     return "\n".join(lines) + "\n"

@@ -10,7 +10,7 @@ import logging
 import sys
 from pathlib import Path
 
-from builder.release_format.lock import output_lock
+from builder.release_format.lock import declare_output, output_lock
 from evaluation.fidelity import (
     add_side_by_side_arguments,
     check_masks,
@@ -159,6 +159,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     add_side_by_side_arguments(p)
     p.set_defaults(func=run_eval, models=declared_models, check=check_eval_arguments, offline_ways=EVAL_OFFLINE_WAYS)
+    declare_output(p, "eval", lambda args: args.output)
 
     lb = subparsers.add_parser(
         "leaderboard",
@@ -181,6 +182,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(without it, mixed releases are refused)",
     )
     lb.set_defaults(func=run_leaderboard)
+    declare_output(lb, "leaderboard", lambda args: args.output)
 
 
 def _device_list(value: str) -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 
 from builder.release_format.hub_client import talk_to_hub
+from builder.release_format.lock import declare_output
 from evaluation.publish_results import publish_results
 
 
@@ -26,6 +27,7 @@ def register(subparsers) -> None:
     results.add_argument("--dry-run", action="store_true", help="print the files that would be added only")
     results.add_argument("--revision", default="main", help="branch to commit to (default: main)")
     results.set_defaults(func=run_publish_results)
+    declare_output(results, "publish-results", None)  # to the Hub
 
 
 def run_publish_results(args: argparse.Namespace) -> int:

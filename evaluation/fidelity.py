@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from builder import release_format as rf
+from builder.release_format.lock import declare_output
+from builder.release_format.text_out import write_csv
 from evaluation.pages import render_page
 from evaluation.plots import _figure, _plain, _pyplot
 from evaluation.release_reader import open_release
@@ -453,7 +455,6 @@ def side_by_side(
     Raises:
         ValueError: (one line) fewer than two releases, or releases that share no source image.
     """
-    import csv
 
     if len(releases) < 2:
         raise ValueError("the side-by-side needs at least two releases (the same source images, two editors)")
@@ -467,11 +468,10 @@ def side_by_side(
         rows += release_rows
     table = fidelity_table(rows, results_by_release)
     output.mkdir(parents=True, exist_ok=True)
+    import pandas as pd  # lazy: a heavy import for one table
+
     for name, data in (("fidelity.csv", table), ("fidelity_samples.csv", rows)):
-        with open(output / name, "w", newline="", encoding="utf-8") as handle:
-            writer = csv.DictWriter(handle, fieldnames=list(data[0]))
-            writer.writeheader()
-            writer.writerows(data)
+        write_csv(pd.DataFrame(data, columns=list(data[0])), output / name)
     note = (
         f"Source images with counterfactuals in every release: {len(common)} "
         f"({', '.join(f'{label}: {n}' for label, n in counts.items())}). Each release's numbers are over all of its "
@@ -597,6 +597,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--clip-pretrained", default="openai", help="its pretrained tag (None for a directory)")
     p.add_argument("--device", default="cpu", help="device of the CLIP model")
     p.set_defaults(func=run_compare_editors, models=_declared_models, check=check_compare_editors_arguments)
+    declare_output(p, "compare-editors", lambda args: args.output)
 
 
 def add_side_by_side_arguments(parser: argparse.ArgumentParser, no_clip_aliases: tuple[str, ...] = ()) -> None:

@@ -866,12 +866,21 @@ def run_evaluation(
         skipped (``results`` for ok and skipped).
 
     Raises:
-        ReleaseIntegrityError: a shard does not match the manifest (nothing is written for that model).
+        ReleaseIntegrityError: a shard does not match the manifest (nothing is written for that model), or the
+            release breaks its declared invariants (``rf.invariant_problems``; nothing is written).
         ValueError: ``output_dir`` holds another release's results (without ``options.force``).
 
     A CLIP model for the insights that cannot be loaded is one warning; the models are scored without insights.
     """
     output_dir = Path(output_dir)
+    if options.verify:  # the release's declared invariants, before anything is written or loaded
+        problems = rf.invariant_problems(release.root, links=True)  # a Hub release is read from the HF cache
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise ReleaseIntegrityError(
+                f"release {release.spec} breaks its declared invariants: {problems[0]}{more}; run `lance-cf verify` "
+                "on it and rebuild it, or pass --no-verify to score it anyway (recorded in the results)"
+            )
     claim_release_folder(output_dir, release, options.force)
     summaries: list[dict[str, Any]] = []
     todo = []

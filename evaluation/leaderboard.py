@@ -22,6 +22,7 @@ import numbers
 from pathlib import Path
 from typing import Any
 
+from builder.release_format.text_out import write_csv
 from evaluation.metric_registry import MetricContractError, metric_columns
 from evaluation.pages import render_page
 from evaluation.plots import (
@@ -831,11 +832,11 @@ def _write_one(results: list[dict[str, Any]], output_dir: Path, n_boot: int, see
     with_strength = any(r.get("status") == "ok" and r.get("strength") for r in results)
     if with_strength:
         written["strength_rank_stability"] = output_dir / "strength_rank_stability.csv"
-        strength_stability_table(results, n_boot, seed).to_csv(written["strength_rank_stability"], index=False)
-    df.to_csv(written["csv"], index=False)
+        write_csv(strength_stability_table(results, n_boot, seed), written["strength_rank_stability"])
+    write_csv(df, written["csv"])
     df.to_parquet(written["parquet"], index=False)
     build_leaderboard_by_config(results).to_parquet(written["by_config"], index=False)
-    shift_correlation_table(correlations).to_csv(written["shift_correlation"], index=False)
+    write_csv(shift_correlation_table(correlations), written["shift_correlation"])
     release = results[0].get("release") or {}
     title = f"# Leaderboard: {_md_escape(release.get('name'))} {_md_escape(release.get('version'))}\n\n"
     markdown = (

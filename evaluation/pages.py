@@ -9,6 +9,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from builder.release_format.text_out import html_environment
+
 TEMPLATES = Path(__file__).with_name("templates")
 
 
@@ -16,12 +18,7 @@ TEMPLATES = Path(__file__).with_name("templates")
 def _environment() -> Any:
     import jinja2
 
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
-        autoescape=True,  # HTML throughout: every {{ value }} is escaped unless a template says otherwise
-        undefined=jinja2.StrictUndefined,  # a missing value is an error, not an empty cell
-        keep_trailing_newline=True,
-    )
+    return html_environment(jinja2.FileSystemLoader(str(TEMPLATES)))  # autoescaped (builder.release_format.text_out)
 
 
 def render_page(template: str, **context: Any) -> str:

@@ -19,6 +19,8 @@ import logging
 from functools import lru_cache
 from pathlib import Path
 
+from builder.release_format.text_out import write_csv
+
 logger = logging.getLogger(__name__)
 
 DATA_DIR = Path(__file__).with_name("data")
@@ -75,11 +77,10 @@ def refresh(results_dir: Path, out: Path = TABLE_PATH) -> int:
             order = list(values)
     keep = [m for m in order if all(m in columns[c] for c in TIMM_FILES)]
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "w", encoding="utf-8", newline="") as f:
-        writer = csv.writer(f, lineterminator="\n")
-        writer.writerow(["model", *TIMM_FILES])
-        for model in keep:
-            writer.writerow([model, *(f"{float(columns[c][model]):.3f}" for c in TIMM_FILES)])
+    import pandas as pd  # lazy: a heavy import for one table
+
+    rows = [[model, *(f"{float(columns[c][model]):.3f}" for c in TIMM_FILES)] for model in keep]
+    write_csv(pd.DataFrame(rows, columns=["model", *TIMM_FILES]), out)
     load_shift_table.cache_clear()
     return len(keep)
 

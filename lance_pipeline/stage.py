@@ -95,13 +95,19 @@ class MetadataField:
     """An extra per-sample metadata field of a release config (beyond the v1 fields), e.g. ``editor``.
 
     Same shape as ``builder.release_format.FieldSpec`` (which validates it); kept here so that stages never import
-    the builder. ``dtype``: ``string``, ``int64``, ``float64`` or ``bool``; values are nullable.
+    the builder. ``dtype``: ``string``, ``int64``, ``float64`` or ``bool``; values are nullable. ``minimum``,
+    ``maximum`` (``minimum_exclusive``) declare a number's range, ``references`` the config whose sample key a string
+    names: the release's writer, ``verify`` and ``eval`` refuse a sample that breaks them.
     """
 
     name: str
     dtype: str
     enum: tuple[str, ...] | None = None
     description: str = ""
+    minimum: float | None = None
+    maximum: float | None = None
+    minimum_exclusive: bool = False
+    references: str | None = None
 
 
 @dataclass(frozen=True)
@@ -126,6 +132,8 @@ class ReleaseOutput:
             The builder refuses to build the config while the option is off, and switches the option off for a build
             that does not build the config, so that nothing is computed and stored for it.
         requires: Configs whose samples this config's samples link to (by key): building it without them is refused.
+        unique: Groups of metadata fields that no two samples of the config share (see ``builder.release_format``
+            ``ConfigSpec``); ``one_true_per``: ``(flag, group)`` pairs, exactly one sample per group has the flag.
     """
 
     config: str
@@ -137,6 +145,8 @@ class ReleaseOutput:
     config_field: str | None = None
     enabled_by: str | None = None
     requires: tuple[str, ...] = ()
+    unique: tuple[tuple[str, ...], ...] = ()
+    one_true_per: tuple[tuple[str, str], ...] = ()
 
     def sample_key(self, source_key: str, index: int = 0) -> str:
         if self.key_suffix is None:

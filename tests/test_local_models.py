@@ -9,6 +9,8 @@ import json
 import logging
 import shutil
 
+import pytest
+
 from builder.config import BuildConfig, StageConfig, public_stage_dict
 from builder.release_format.hub_client import local_paths
 from lance_pipeline.models.hub_cache import LOCAL_MARKER, ModelState, local_copy, write_local_marker
@@ -35,6 +37,19 @@ def _copy(root, name="org--minilm", marker=True):
         state = ModelState(need, [need], commit=COMMIT, files={k: len(v) for k, v in FILES.items()}, exact=True)
         write_local_marker(folder, state)
     return folder
+
+
+@pytest.fixture(autouse=True)
+def hub_cache(tmp_path, monkeypatch):
+    """The Hugging Face cache of the machine the copies were made on: it holds org/minilm at COMMIT, which is what
+    lets a copy's marker be believed (tests/test_model_provenance.py for a marker nothing confirms)."""
+    from huggingface_hub import constants
+
+    snapshot = tmp_path / "hf-cache" / "models--org--minilm" / "snapshots" / COMMIT
+    for path, data in FILES.items():
+        (snapshot / path).parent.mkdir(parents=True, exist_ok=True)
+        (snapshot / path).write_bytes(data)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
 
 
 def _stage(model: str) -> StageConfig:

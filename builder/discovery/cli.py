@@ -20,6 +20,7 @@ from builder.model_refs import resolve_model_references, restore_model_reference
 from builder.output_paths import output_problem
 from builder.registry import DISCOVERY_DEMOS
 from builder.release_format import read_manifest_dict
+from builder.release_format.lock import declare_output
 from lance_pipeline.clip.gates import ClipScorer
 from lance_pipeline.discovery.clustering import ClusteringSettings
 from lance_pipeline.discovery.descriptions import LLMCaptionMerger
@@ -92,6 +93,7 @@ def register(subparsers) -> None:
     )
     discover.add_argument("--no-progress", action="store_true", help="no progress bar")
     discover.set_defaults(func=run_discover, models=_declared_models, check=_check_arguments)
+    declare_output(discover, "discover", lambda args: args.output)
 
 
 @functools.cache

@@ -13,6 +13,7 @@ from typing import Any
 
 import jinja2
 
+from builder.release_format.text_out import html_environment
 from lance_pipeline.discovery.search import TARGET_LABEL_TEST, TOTAL_TEST
 from lance_pipeline.discovery.statistics import clopper_pearson
 
@@ -164,12 +165,9 @@ def write_discovery_report(
 def _template() -> Any:
     """The page template beside this module, rendered with autoescape: every model, caption and class name is
     escaped by Jinja2, none by hand."""
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader("builder.discovery", "templates"),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
+    env = html_environment(
+        jinja2.PackageLoader("builder.discovery", "templates"),
+        pct=_pct,
+        g2=lambda value: "" if value is None else format(value, ".2g"),
     )
-    env.filters["pct"] = _pct
-    env.filters["g2"] = lambda value: "" if value is None else format(value, ".2g")
     return env.get_template("report.html.jinja")

@@ -25,7 +25,7 @@ from typing import Any
 from builder import imagenet, images
 from builder.model_refs import materialize_demo_component
 from builder.release_format.hub_client import check_repo_id, create_api, refuse_token, talk_to_hub
-from builder.release_format.lock import output_lock
+from builder.release_format.lock import declare_output, file_folder, output_lock
 from builder.sources import DemoSource, create_source
 from lance_pipeline.clip.gates import ClipScorer
 from lance_pipeline.interfaces.object_thresholds import (
@@ -72,6 +72,7 @@ def register(subparsers) -> None:
     )
     shifts.add_argument("--format", choices=("text", "json"), default="text", help="output format (default: text)")
     shifts.set_defaults(func=run_shifts)
+    declare_output(shifts, "interfaces shifts", None)
 
     calibrate = commands.add_parser(
         "calibrate",
@@ -98,6 +99,7 @@ def register(subparsers) -> None:
     calibrate.add_argument("--device", default=None, help="torch device (default: cuda if available)")
     calibrate.add_argument("--force", action="store_true", help="replace an existing --output file")
     calibrate.set_defaults(func=run_calibrate, models=_calibrate_models)
+    declare_output(calibrate, "interfaces calibrate", lambda args: file_folder(args.output))
 
     learn = commands.add_parser(
         "learn-tokens",
@@ -125,6 +127,7 @@ def register(subparsers) -> None:
     learn.add_argument("--push-to-hub", metavar="REPO_ID", help="upload the tokens as a model repository with a card")
     learn.add_argument("--no-progress", action="store_true", help="no progress bar")
     learn.set_defaults(func=run_learn_tokens, models=_declared_models, check=_check_learn_arguments)
+    declare_output(learn, "interfaces learn-tokens", lambda args: args.output)
     interfaces.set_defaults(func=lambda args: interfaces.print_help() or 2)
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from builder.model_refs import resolve_model_references, restore_model_references
 from builder.release_format.hub_client import PublishError, check_repo_id, create_api, refuse_token, talk_to_hub
+from builder.release_format.lock import declare_output, file_folder
 from builder.sources import create_source
 from lance_pipeline.edit_types import edit_type_names, validate_edit_types
 from lance_pipeline.models.devices import resolve_device
@@ -147,6 +148,7 @@ def _register_try(actions) -> None:
     parser.add_argument("--no-label-check", action="store_true", help="print edits without scoring them")
     parser.add_argument("--stats", action="store_true", help="also print parsing statistics per caption")
     parser.set_defaults(func=run, models=_declared_try_models)
+    declare_output(parser, "perturber try", None)
 
 
 def _declared_try_models(args: argparse.Namespace) -> list:
@@ -490,6 +492,7 @@ def _register_collect(actions) -> None:
     parser.add_argument("--push-to-hub", default=None, metavar="ORG/NAME", help="upload the dataset to this repo")
     parser.add_argument("--private", action="store_true", help="create the Hub repo private")
     parser.set_defaults(func=run_collect)
+    declare_output(parser, "perturber collect", lambda args: args.output)
 
 
 def run_collect(args: argparse.Namespace) -> int:
@@ -592,6 +595,7 @@ def _register_train(actions) -> None:
     parser.add_argument("--push-to-hub", default=None, metavar="ORG/NAME", help="upload the adapter to this model repo")
     parser.add_argument("--private", action="store_true", help="create the Hub repo private")
     parser.set_defaults(func=run_train)
+    declare_output(parser, "perturber train", lambda args: args.output)
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -667,6 +671,7 @@ def _register_eval(actions) -> None:
     parser.add_argument("--no-label-check", action="store_true", help="skip label preservation")
     parser.add_argument("--output", "-o", type=Path, default=None, help="also write the results as JSON here")
     parser.set_defaults(func=run_eval)
+    declare_output(parser, "perturber eval", lambda args: None if args.output is None else file_folder(args.output))
 
 
 def run_eval(args: argparse.Namespace) -> int:

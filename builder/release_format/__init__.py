@@ -80,6 +80,7 @@ from builder.release_format.manifest import (
 from builder.release_format.metadata import (
     METADATA_FIELDS,
     V1_FIELD_NAMES,
+    InvariantCheck,
     SampleMetadata,
     class_label_names,
     decode_metadata,
@@ -117,7 +118,7 @@ from builder.release_format.spec import (
     ReleaseSpec,
     lance_release_spec,
 )
-from builder.release_format.verify import read_card_yaml, split_card, verify_release
+from builder.release_format.verify import invariant_problems, read_card_yaml, split_card, verify_release
 from builder.release_format.versioning import is_release_version, parse_release_version
 
 # Former names: the v1 vocabulary (LANCE's six edit types and DILLEMA's "multi", the score names); readers of a v2
@@ -165,6 +166,7 @@ __all__ = [
     "ManifestError",
     "Paper",
     "ReleaseSpec",
+    "InvariantCheck",
     "SampleMetadata",
     "ShardIntegrityError",
     "ShardRecord",
@@ -218,6 +220,7 @@ __all__ = [
     "source_datasets",
     "timm_info",
     "verify_release",
+    "invariant_problems",
     "viewer_partial_configs",
     "viewer_statement",
     "write_croissant",

@@ -32,6 +32,7 @@ from builder.release_format.layout import METADATA_EXT, SPLIT
 from builder.release_format.manifest import Manifest, canonical_json, first_difference
 from builder.release_format.metadata import _scalar, _v1_fields
 from builder.release_format.spec import ReleaseSpec
+from builder.release_format.text_out import md_escape
 from lance_pipeline.readers import load_json
 
 CROISSANT_NAME = "croissant.json"
@@ -323,7 +324,7 @@ def _record_set(manifest: Manifest, config: str) -> dict[str, Any]:
             )  # fmt: skip
         )
     for f in spec.config(config).fields if manifest.format_version >= 2 else ():
-        doc = f.description or f"the {config} config's field {f.name}"
+        doc = md_escape(f.description) if f.description else f"the {config} config's field {f.name}"
         if f.enum is not None:
             doc = f"{doc}; one of {', '.join(f.enum)}"
         fields.append(
@@ -340,7 +341,8 @@ def _record_set(manifest: Manifest, config: str) -> dict[str, Any]:
         "@type": "cr:RecordSet",
         "@id": config,
         "name": config,
-        "description": f"{spec.config(config).description} ({total} samples, the {SPLIT} split of config {config})",
+        "description": f"{md_escape(spec.config(config).description)} ({total} samples, the {SPLIT} split of config "
+        f"{config})",
         "key": {"@id": f"{config}/key"},
         "field": fields,
     }
@@ -356,7 +358,8 @@ def _classes(manifest: Manifest) -> dict[str, Any]:
         "@type": "cr:RecordSet",
         "@id": CLASSES,
         "name": CLASSES,
-        "description": f"the label space {manifest.label_space['name']}: every class index and its readable name",
+        "description": f"the label space {md_escape(manifest.label_space['name'])}: every class index and its readable "
+        "name",
         "dataType": "sc:Enumeration",
         "key": {"@id": f"{CLASSES}/index"},
         "field": [

@@ -14,11 +14,13 @@ refusal message. The kernel drops the lock when the holder exits, ``kill -9`` in
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import fcntl
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from builder.release_format.layout import WORK_DIR
@@ -61,14 +63,26 @@ def _read_info(directory: Path) -> dict:
     return {"pid": None, "command": None}
 
 
+# The directories this process holds, by (device, inode): True for an exclusive hold. A command's body may take the
+# lock its CLI already took for it (``build`` inside ``lance-cf build``): that is the same holder, not a second one.
+_HELD: dict[tuple[int, int], bool] = {}
+
+
 @contextlib.contextmanager
 def output_lock(directory: str | os.PathLike, command: str, *, shared: bool = False) -> Iterator[None]:
     """Hold ``directory`` for ``command`` (exclusive, or shared for readers) until the block ends.
 
-    Raises ``OutputLocked`` at once (never waits) when another process holds it in a conflicting mode.
+    Raises ``OutputLocked`` at once (never waits) when another process holds it in a conflicting mode. Taking it again
+    inside the block, in this process, is a no-op where the first hold covers the second (exclusive covers both).
     """
     directory = Path(directory)
     fd = os.open(directory, os.O_RDONLY)
+    stat = os.fstat(fd)
+    ident = (stat.st_dev, stat.st_ino)
+    if _HELD.get(ident) or (shared and ident in _HELD):
+        os.close(fd)
+        yield
+        return
     try:
         try:
             fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
@@ -81,12 +95,78 @@ def output_lock(directory: str | os.PathLike, command: str, *, shared: bool = Fa
             ) from None
         if not shared:
             _write_info(directory, command)
+        _HELD[ident] = not shared
         try:
             yield
         finally:
+            del _HELD[ident]
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+@dataclass(frozen=True)
+class WritesOutput:
+    """What a subcommand writes: ``directory(args)`` is the directory it writes into (a file's folder for a command
+    that writes one file), or None for a run that writes nothing. Declared on the subcommand's parser
+    (``declare_output``); ``lance-cf`` holds the directory's lock for the command's whole life."""
+
+    command: str
+    directory: Callable[[argparse.Namespace], str | os.PathLike | None]
+
+
+NO_OUTPUT = WritesOutput("", lambda args: None)  # a command that writes no directory (verify, list, publish, ...)
+
+
+def declare_output(parser: argparse.ArgumentParser, command: str, directory: Callable | None) -> None:
+    """Declare what ``parser``'s command writes (``directory(args)``; None: nothing). Every subcommand declares it:
+    ``tests/test_output_locks.py`` fails for one that does not."""
+    parser.set_defaults(writes=NO_OUTPUT if directory is None else WritesOutput(command, directory))
+
+
+def file_folder(path: str | os.PathLike | None) -> Path:
+    """The folder a command's output file goes into (the current directory for a bare name or none)."""
+    return Path(path).parent if path is not None else Path.cwd()
+
+
+@contextlib.contextmanager
+def declared_output_lock(args: argparse.Namespace) -> Iterator[None]:
+    """Hold the directory ``args``' command declared (``declare_output``) for the block: a second writer of it is
+    refused at once naming this process. A directory that does not exist yet is created to be locked, and removed again
+    if the command leaves nothing in it; a path that is a file, or that cannot be created, is left to the command, which
+    names it in its own one-line error."""
+    declared: WritesOutput | None = getattr(args, "writes", None)
+    target = declared.directory(args) if declared is not None else None
+    if target is None:
+        yield
+        return
+    target = Path(target)
+    missing = [p for p in (target, *target.parents) if not p.exists()]
+    if target.exists() and not target.is_dir():
+        yield
+        return
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        yield
+        return
+    try:
+        with output_lock(target, declared.command):
+            yield
+    finally:
+        for path in missing:  # created here: removed while they hold nothing but the lock's note
+            _remove_if_unused(path)
+
+
+def _remove_if_unused(path: Path) -> None:
+    work = path / WORK_DIR
+    try:
+        if work.is_dir() and {p.name for p in work.iterdir()} <= {LOCK_INFO}:
+            (work / LOCK_INFO).unlink(missing_ok=True)
+            work.rmdir()
+        path.rmdir()  # only when empty
+    except OSError:
+        pass
 
 
 def _write_info(directory: Path, command: str) -> None:

@@ -8,6 +8,7 @@ fields and from the release's declaration (``ReleaseSpec``: edit types, score na
 from __future__ import annotations
 
 import json
+import math
 import operator
 import typing
 from dataclasses import dataclass, field, fields
@@ -75,6 +76,8 @@ class SampleMetadata:
                 raise ValueError(
                     f"{where}: metadata field {name!r} is {data.get(name)!r}, expected an integer"
                 ) from None
+            if values[name] < 0 or isinstance(data.get(name), bool):
+                raise ValueError(f"{where}: metadata field {name!r} is {data.get(name)!r}, expected an integer >= 0")
         for name in ("caption", "edited_caption", "original_span", "edited_span", "edit_type"):
             value = data.get(name)
             if value is not None and not isinstance(value, str):
@@ -86,7 +89,13 @@ class SampleMetadata:
             )
         self_replace = data.get("self_replace")
         values["self_replace"] = None if self_replace is None else _float(self_replace, "self_replace", where)
+        if values["self_replace"] is not None and not 0.0 <= values["self_replace"] <= 1.0:
+            raise ValueError(
+                f"{where}: metadata field 'self_replace' is {self_replace!r}, expected a fraction in [0, 1]"
+            )
         scores = data.get("scores") or {}
+        if not isinstance(scores, dict):
+            raise ValueError(f"{where}: metadata field 'scores' is {scores!r}, expected an object")
         unknown_scores = sorted(set(scores) - set(spec.score_names))
         if unknown_scores:
             raise ValueError(f"{where}: score(s) {unknown_scores} are not declared ({list(spec.score_names)})")
@@ -108,14 +117,123 @@ class SampleMetadata:
 
 
 def _float(value: Any, name: str, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{where}: metadata field {name!r} is {value!r}, expected a number or null")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{where}: metadata field {name!r} is {value!r}, expected a finite number or null")
     return float(value)
 
 
 if tuple(f.name for f in fields(SampleMetadata) if f.name != "extra") != V1_FIELD_NAMES:
     raise RuntimeError("SampleMetadata's fields must be spec.V1_FIELD_NAMES, in that order: format v1 is frozen")
 METADATA_FIELDS = V1_FIELD_NAMES  # former name
+
+
+class InvariantCheck:
+    """Every invariant a release declares, checked sample by sample as a writer writes them or a reader reads them.
+
+    One check serves the writers (``builder.release.seal_release`` refuses to seal a release whose check is not
+    clean or did not see every sample), ``verify`` (which reports every breach by key) and ``lance-cf eval`` (which
+    refuses a release that breaks one, unless ``--no-verify``). Per sample: the record passes
+    ``SampleMetadata.from_dict`` (types, declared vocabulary, ranges, finite floats, labels and seeds >= 0). Between
+    samples: no key twice in a config; an original's ``source_key`` is its key, a derived sample's names an original
+    (when the release holds the ``original`` config); every field that ``references`` a config names a sample of it;
+    every ``unique`` group of fields is unique in its config; every ``one_true_per`` group has exactly one sample
+    whose flag is true.
+    """
+
+    def __init__(self, spec: ReleaseSpec, configs: list[str] | tuple[str, ...], *, declared: bool = True) -> None:
+        """``declared``: whether samples carry their config's extra fields (format v2); v1 records have none."""
+        self.spec = spec
+        self.configs = tuple(configs)
+        self.declared = declared
+        self.keys: dict[str, set[str]] = {c: set() for c in self.configs}
+        self.counts: dict[str, int] = dict.fromkeys(self.configs, 0)
+        self._problems: list[str] = []
+        self._links: list[tuple[str, str, str, str, str]] = []  # (config, key, field, target config, value)
+        self._unique: dict[tuple[str, tuple[str, ...]], dict[tuple[Any, ...], str]] = {}
+        self._flags: dict[tuple[str, str, str], dict[Any, list[str]]] = {}
+
+    def add(self, config: str, meta: dict[str, Any] | SampleMetadata, where: str | None = None) -> bool:
+        """Check one sample of ``config`` (its record, or the record already parsed); False when it breaks one."""
+        where = where or f"{config}:{meta['key'] if isinstance(meta, dict) else meta.key}"
+        if config not in self.keys:
+            self._problems.append(f"{where}: config {config!r} is not among the release's configs")
+            return False
+        if isinstance(meta, dict):
+            try:
+                meta = SampleMetadata.from_dict(meta, self.spec, config if self.declared else None)
+            except ValueError as err:
+                self._problems.append(f"{where}: {_without_where(str(err))}")
+                return False
+        self.counts[config] += 1
+        key = meta.key
+        if key in self.keys[config]:
+            self._problems.append(f"{where}: duplicate key in config {config}")
+        self.keys[config].add(key)
+        if config == "original" and meta.source_key != key:
+            self._problems.append(f"{where}: an original's source_key must equal its key")
+        elif config != "original" and "original" in self.configs:
+            self._links.append((config, key, "source_key", "original", meta.source_key))
+        if not self.declared:
+            return True
+        declared = self.spec.config(config)
+        record = {**meta.to_dict()}
+        for f in declared.fields:
+            if f.references is not None and record.get(f.name) is not None:
+                self._links.append((config, key, f.name, f.references, record[f.name]))
+        for group in declared.unique:
+            values = tuple(record.get(name) for name in group)
+            if any(v is None for v in values):
+                continue
+            first = self._unique.setdefault((config, group), {}).setdefault(values, key)
+            if first != key:
+                shown = ", ".join(f"{n}={v!r}" for n, v in zip(group, values, strict=True))
+                self._problems.append(f"{where}: {shown} is also sample {first!r}'s (declared unique in {config})")
+        for flag, group in declared.one_true_per:
+            value = record.get(group)
+            if value is None:
+                continue
+            members = self._flags.setdefault((config, flag, group), {}).setdefault(value, [])
+            if record.get(flag) is True:
+                members.append(key)
+        return True
+
+    def problems(self) -> list[str]:
+        """Every breach found so far, the relations between samples included (call once every sample is added)."""
+        problems = list(self._problems)
+        for config, key, name, target, value in self._links:
+            if target not in self.keys:
+                problems.append(f"{config}:{key}: {name} {value!r} names config {target!r}, which the release lacks")
+            elif value not in self.keys[target]:
+                what = "has no original sample" if name == "source_key" else f"names no sample of config {target}"
+                problems.append(f"{config}:{key}: {name} {value!r} {what}")
+        for (config, flag, group), by_value in self._flags.items():
+            for value, keys in by_value.items():
+                if len(keys) != 1:
+                    shown = f" ({', '.join(sorted(keys)[:5])}{', ...' if len(keys) > 5 else ''})" if keys else ""
+                    problems.append(
+                        f"{config}: {len(keys)} samples with {group}={value!r} have {flag} true{shown}, expected "
+                        "exactly one"
+                    )
+        return problems
+
+    def check_complete(self, counts: dict[str, int]) -> None:
+        """Raise ValueError unless this check saw exactly ``counts`` samples per config and found no breach: what a
+        writer calls before it seals a release."""
+        if dict(self.counts) != {c: counts.get(c, 0) for c in self.configs} or set(counts) - set(self.configs):
+            raise ValueError(
+                f"the release's invariants were checked on {dict(self.counts)} samples, but it holds {counts}: "
+                "every sample a writer writes must go through InvariantCheck.add"
+            )
+        problems = self.problems()
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise ValueError(f"refusing to write a release that breaks its declared invariants: {problems[0]}{more}")
+
+
+def _without_where(message: str) -> str:
+    """``SampleMetadata.from_dict``'s message without its leading ``config 'x': `` (the caller names the sample)."""
+    head, sep, rest = message.partition(": ")
+    return rest if sep and (head.startswith("config ") or head == "sample metadata") else message
 
 
 def _v1_fields() -> list[tuple[str, Any, dict[str, Any]]]:
@@ -166,6 +284,10 @@ def metadata_json_schema(spec: ReleaseSpec = V1_SPEC, config: str | None = None)
         properties[f.name] = (
             {"enum": [*f.enum, None]} if f.enum is not None else {"type": [_JSON_TYPES[_SPEC_DTYPES[f.dtype]], "null"]}
         )
+        if f.minimum is not None:
+            properties[f.name]["exclusiveMinimum" if f.minimum_exclusive else "minimum"] = f.minimum
+        if f.maximum is not None:
+            properties[f.name]["maximum"] = f.maximum
     title = "LANCE counterfactual release: per-sample metadata" + (f" of config {config}" if config else "")
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",

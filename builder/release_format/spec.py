@@ -10,6 +10,7 @@ The 12 v1 metadata fields are present in every config of every version, unchange
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,12 +59,20 @@ class FieldSpec:
         dtype: ``string``, ``int64``, ``float64`` or ``bool``.
         enum: for a string field, the values it may take.
         description: one line for the card and the docs.
+        minimum, maximum: for a number field, its range (``maximum`` inclusive); ``minimum_exclusive`` makes the lower
+            bound exclusive (a strength in (0, 1]). A float64 is finite whether or not a range is declared.
+        references: for a string field, the release config whose sample's key it names (``counterfactual_key``
+            names a sample of ``counterfactual``): a value that names no sample there breaks the release.
     """
 
     name: str
     dtype: str
     enum: tuple[str, ...] | None = None
     description: str = ""
+    minimum: float | None = None
+    maximum: float | None = None
+    minimum_exclusive: bool = False
+    references: str | None = None
 
     def __post_init__(self) -> None:
         if not is_valid_config_name(self.name):
@@ -74,9 +83,24 @@ class FieldSpec:
             if self.dtype != "string":
                 raise ValueError(f"metadata field {self.name!r}: enum values are only for string fields")
             object.__setattr__(self, "enum", tuple(self.enum))
+        for bound in ("minimum", "maximum"):
+            value = getattr(self, bound)
+            if value is None:
+                continue
+            if self.dtype not in ("int64", "float64"):
+                raise ValueError(f"metadata field {self.name!r}: a {bound} is only for number fields")
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise ValueError(f"metadata field {self.name!r}: {bound} {value!r} is not a finite number")
+        if self.minimum is not None and self.maximum is not None and self.minimum > self.maximum:
+            raise ValueError(f"metadata field {self.name!r}: minimum {self.minimum} is above maximum {self.maximum}")
+        if self.minimum_exclusive and self.minimum is None:
+            raise ValueError(f"metadata field {self.name!r}: minimum_exclusive needs a minimum")
+        if self.references is not None and (self.dtype != "string" or not is_valid_config_name(self.references)):
+            raise ValueError(f"metadata field {self.name!r}: references names a config and is only for string fields")
 
     def check(self, value: Any, where: str) -> Any:
-        """``value`` coerced to this field's type (ints to float for float64), or a ValueError naming the field."""
+        """``value`` coerced to this field's type (ints to float for float64), or a ValueError naming the field and
+        the declared type, values or range it breaks."""
         if value is None:
             return None
         ok = {
@@ -89,45 +113,148 @@ class FieldSpec:
             raise ValueError(f"{where}: metadata field {self.name!r} is {value!r}, expected {self.dtype} or null")
         if self.enum is not None and value not in self.enum:
             raise ValueError(f"{where}: metadata field {self.name!r} is {value!r}, expected one of {list(self.enum)}")
+        if self.dtype == "float64" and not math.isfinite(value):
+            raise ValueError(f"{where}: metadata field {self.name!r} is {value!r}, expected a finite number")
+        if not self.in_range(value):
+            raise ValueError(
+                f"{where}: metadata field {self.name!r} is {value!r}, expected a value in {self.range_text}"
+            )
         return float(value) if self.dtype == "float64" else value
 
+    def in_range(self, value: float) -> bool:
+        if self.minimum is not None and (value <= self.minimum if self.minimum_exclusive else value < self.minimum):
+            return False
+        return self.maximum is None or value <= self.maximum
+
+    @property
+    def range_text(self) -> str:
+        low = "-inf" if self.minimum is None else f"{self.minimum:g}"
+        high = "inf" if self.maximum is None else f"{self.maximum:g}"
+        return f"{'(' if self.minimum_exclusive or self.minimum is None else '['}{low}, {high}{']' if self.maximum is not None else ')'}"
+
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """The declaration for the manifest; a range or a reference is written only where declared, so the
+        declarations of fields without one (and of releases written before ranges existed) keep their bytes."""
+        out: dict[str, Any] = {
             "name": self.name,
             "dtype": self.dtype,
             "enum": list(self.enum) if self.enum is not None else None,
             "description": self.description,
         }
+        if self.minimum is not None:
+            out["minimum"] = self.minimum
+            if self.minimum_exclusive:
+                out["minimum_exclusive"] = True
+        if self.maximum is not None:
+            out["maximum"] = self.maximum
+        if self.references is not None:
+            out["references"] = self.references
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FieldSpec:
+        if (
+            not isinstance(data, dict)
+            or not isinstance(data.get("name"), str)
+            or not isinstance(data.get("dtype"), str)
+        ):
+            raise ValueError(f"release_spec: a metadata field declaration is {data!r}, expected name and dtype")
         enum = data.get("enum")
-        return cls(data["name"], data["dtype"], tuple(enum) if enum is not None else None, data.get("description", ""))
+        if enum is not None and (not isinstance(enum, list) or not all(isinstance(v, str) for v in enum)):
+            raise ValueError(f"release_spec: field {data['name']!r}: enum {enum!r} is not a list of strings")
+        exclusive = data.get("minimum_exclusive", False)
+        if not isinstance(exclusive, bool):
+            raise ValueError(f"release_spec: field {data['name']!r}: minimum_exclusive {exclusive!r} is not a boolean")
+        references = data.get("references")
+        if references is not None and not isinstance(references, str):
+            raise ValueError(f"release_spec: field {data['name']!r}: references {references!r} is not a config name")
+        return cls(
+            data["name"],
+            data["dtype"],
+            tuple(enum) if enum is not None else None,
+            str(data.get("description", "")),
+            data.get("minimum"),
+            data.get("maximum"),
+            exclusive,
+            references,
+        )
 
 
 @dataclass(frozen=True)
 class ConfigSpec:
-    """One release config: its name (a folder under ``data/``), its card description and its extra fields."""
+    """One release config: its name (a folder under ``data/``), its card description, its extra fields and the
+    relations between its samples.
+
+    Args:
+        unique: groups of field names whose values together identify one sample: no two samples of the config share
+            them (the strength config's ``(counterfactual_key, strength)``: one candidate per edit and strength).
+        one_true_per: pairs ``(flag, group)``: among the samples with one value of field ``group``, exactly one has
+            the boolean field ``flag`` true (the strength config's one ``selected`` candidate per edit).
+    """
 
     name: str
     description: str
     fields: tuple[FieldSpec, ...] = ()
+    unique: tuple[tuple[str, ...], ...] = ()
+    one_true_per: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if not is_valid_config_name(self.name):
             raise ValueError(f"release config {self.name!r}: use lower-case letters, digits and '_'")
         object.__setattr__(self, "fields", tuple(self.fields))
+        object.__setattr__(self, "unique", tuple(tuple(group) for group in self.unique))
+        object.__setattr__(self, "one_true_per", tuple(tuple(pair) for pair in self.one_true_per))
         names = [f.name for f in self.fields]
-        if not names:
-            return
-        clash = sorted(set(names) & set(V1_FIELD_NAMES))
-        if clash:
-            raise ValueError(f"release config {self.name!r}: extra field(s) {clash} shadow v1 metadata fields")
-        if len(set(names)) != len(names):
-            raise ValueError(f"release config {self.name!r}: a field is declared twice in {names}")
+        if names:
+            clash = sorted(set(names) & set(V1_FIELD_NAMES))
+            if clash:
+                raise ValueError(f"release config {self.name!r}: extra field(s) {clash} shadow v1 metadata fields")
+            if len(set(names)) != len(names):
+                raise ValueError(f"release config {self.name!r}: a field is declared twice in {names}")
+        known = {*V1_FIELD_NAMES, *names}
+        for group in self.unique:
+            if not group or not set(group) <= known:
+                raise ValueError(f"release config {self.name!r}: unique {list(group)} names no declared field(s)")
+        for pair in self.one_true_per:
+            if len(pair) != 2 or not set(pair) <= known:
+                raise ValueError(f"release config {self.name!r}: one_true_per {list(pair)} is not (flag, group)")
+            flag = next((f for f in self.fields if f.name == pair[0]), None)
+            if flag is None or flag.dtype != "bool":
+                raise ValueError(f"release config {self.name!r}: one_true_per flag {pair[0]!r} is not a bool field")
+
+    def field(self, name: str) -> FieldSpec | None:
+        return next((f for f in self.fields if f.name == name), None)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"description": self.description, "fields": [f.to_dict() for f in self.fields]}
+        out: dict[str, Any] = {"description": self.description, "fields": [f.to_dict() for f in self.fields]}
+        if self.unique:  # written only where declared: the declarations of other configs keep their bytes
+            out["unique"] = [list(group) for group in self.unique]
+        if self.one_true_per:
+            out["one_true_per"] = [list(pair) for pair in self.one_true_per]
+        return out
+
+    @classmethod
+    def from_dict(cls, name: str, data: dict[str, Any]) -> ConfigSpec:
+        if not isinstance(data, dict):
+            raise ValueError(f"release_spec: config {name!r} is {data!r}, expected a mapping")
+        groups = {}
+        for key in ("unique", "one_true_per"):
+            value = data.get(key, [])
+            if not isinstance(value, list) or not all(
+                isinstance(g, list) and all(isinstance(n, str) for n in g) for g in value
+            ):
+                raise ValueError(f"release_spec: config {name!r}: {key} {value!r} is not a list of field-name lists")
+            groups[key] = tuple(tuple(g) for g in value)
+        fields = data.get("fields", [])
+        if not isinstance(fields, list):
+            raise ValueError(f"release_spec: config {name!r}: fields {fields!r} is not a list")
+        return cls(
+            name,
+            str(data.get("description", "")),
+            tuple(FieldSpec.from_dict(f) for f in fields),
+            groups["unique"],
+            groups["one_true_per"],
+        )
 
 
 @dataclass(frozen=True)
@@ -172,14 +299,12 @@ class ReleaseSpec:
         for key in ("configs", "config_order", "edit_types", "score_names"):
             if key not in data:
                 raise ValueError(f"release_spec is missing {key!r}")
-        configs = tuple(
-            ConfigSpec(
-                name,
-                data["configs"][name]["description"],
-                tuple(FieldSpec.from_dict(f) for f in data["configs"][name].get("fields", [])),
-            )
-            for name in data["config_order"]
-        )
+        if not isinstance(data["configs"], dict) or not isinstance(data["config_order"], list):
+            raise ValueError("release_spec: configs is not a mapping or config_order not a list")
+        missing = [n for n in data["config_order"] if n not in data["configs"]]
+        if missing:
+            raise ValueError(f"release_spec: config_order names undeclared config(s) {missing}")
+        configs = tuple(ConfigSpec.from_dict(name, data["configs"][name]) for name in data["config_order"])
         return cls(configs, tuple(data["edit_types"]), tuple(data["score_names"]))
 
 

@@ -45,7 +45,7 @@ from builder.release_format.manifest import (
     first_difference,
     manifest_digest,
 )
-from builder.release_format.metadata import metadata_json_schema
+from builder.release_format.metadata import InvariantCheck, metadata_json_schema
 from builder.release_format.shards import file_sha256, iter_shard
 from builder.release_format.yaml_text import load_yaml
 from lance_pipeline.readers import load_json, read_json
@@ -121,8 +121,7 @@ def _check_shards(
 
     tallies: dict[str, Tally] = {}
     rows: dict[str, list[dict[str, Any]]] = {c: [] for c in manifest.configs}
-    keys_by_config: dict[str, set[str]] = {c: set() for c in manifest.configs}
-    derived_sources: list[tuple[str, str, str]] = []
+    invariants = InvariantCheck(spec, manifest.configs, declared=manifest.format_version >= 2)
     for shard in manifest.shards:
         config, rel = shard.config, shard.path
         path = root / rel
@@ -152,9 +151,6 @@ def _check_shards(
                 if set(members) != expected_members:
                     problems.add(f"{where}: members {sorted(members)}, expected {sorted(expected_members)}")
                     continue
-                if key in keys_by_config[config]:
-                    problems.add(f"{where}: duplicate key in config {config}")
-                keys_by_config[config].add(key)
                 try:
                     meta = load_json(members[METADATA_EXT], f"{where}.json")
                 except ValueError as err:
@@ -163,8 +159,11 @@ def _check_shards(
                 error = next(iter(validator.iter_errors(meta)), None)
                 if error is not None:
                     problems.add(f"{where}.json: {'/'.join(map(str, error.path)) or 'root'}: {error.message}")
+                    if isinstance(meta, dict):  # counted, and its declared invariants named by key too
+                        invariants.add(config, meta, where)
                     continue
                 rows[config].append(meta)
+                invariants.add(config, meta, where)
                 if meta["key"] != key:
                     problems.add(f"{where}.json: key field {meta['key']!r} differs from the member name")
                 try:
@@ -176,10 +175,6 @@ def _check_shards(
                     problems.add(f"{where}: .cls {label} differs from metadata label {meta['label']}")
                 if not 0 <= label < num_classes:
                     problems.add(f"{where}: label {label} outside the label space [0, {num_classes})")
-                if config == "original" and meta["source_key"] != key:
-                    problems.add(f"{where}: an original's source_key must equal its key")
-                if config != "original":
-                    derived_sources.append((config, key, meta["source_key"]))
                 if check_images:
                     problem = _check_image(members[image_ext])
                     if problem:
@@ -199,12 +194,51 @@ def _check_shards(
         for part in ("total", "by_edit_type", "by_class"):
             if expected.get(part) != got[part]:
                 problems.add(f"{config}: {part} counted {got[part]}, manifest says {expected.get(part)}")
-    if "original" in manifest.configs:
-        originals = keys_by_config["original"]
-        for config, key, source_key in derived_sources:
-            if source_key not in originals:
-                problems.add(f"{config}:{key}: source_key {source_key!r} has no original sample")
+    for problem in invariants.problems():
+        problems.add(problem)
     return rows
+
+
+def invariant_problems(release_dir: Path | str, *, links: bool = False) -> list[str]:
+    """The breaches of the release's declared invariants (``InvariantCheck``), read from every listed shard's metadata
+    only: what ``lance-cf eval`` checks before it scores a release (``verify`` checks them among everything else).
+    Shards that cannot be read are named too. ``links``: shards may be links (a release in the Hugging Face cache,
+    whose snapshot links every file to its blob), as long as their listed paths stay inside the release."""
+    root = Path(release_dir)
+    try:
+        manifest = Manifest.from_dict(read_json(root / MANIFEST_NAME, what=MANIFEST_NAME), where=MANIFEST_NAME)
+    except (OSError, ValueError) as err:
+        return [f"{MANIFEST_NAME}: unreadable ({err})"]
+    problems = _Problems()
+    invariants = InvariantCheck(manifest.release_spec, manifest.configs, declared=manifest.format_version >= 2)
+    for shard in manifest.shards:
+        parts = Path(shard.path).parts
+        problem = listed_path_problem(root, shard.path) if not links else None
+        if links and (Path(shard.path).is_absolute() or ".." in parts or not (root / shard.path).is_file()):
+            problem = f"{shard.path}: not a file inside the release"
+        if problem is not None:
+            problems.add(problem)
+            continue
+        try:
+            for key, members in iter_shard(root / shard.path, wanted={METADATA_EXT}):
+                where = f"{shard.path}:{key}"
+                if not members or METADATA_EXT not in members:
+                    problems.add(f"{where}: no metadata member")
+                    continue
+                try:
+                    meta = load_json(members[METADATA_EXT], f"{where}.json")
+                except ValueError as err:  # the one reader: a NaN or an infinity is refused here, naming the sample
+                    problems.add(str(err))
+                    continue
+                if not isinstance(meta, dict):
+                    problems.add(f"{where}.json: not a JSON object")
+                    continue
+                invariants.add(shard.config, meta, where)
+        except ValueError as err:
+            problems.add(str(err))
+    for problem in invariants.problems():
+        problems.add(problem)
+    return list(problems)
 
 
 def _check_image(data: bytes) -> str | None:

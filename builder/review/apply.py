@@ -81,7 +81,7 @@ def apply_review(
     release, output = Path(release), Path(output)
     if output.resolve() == release.resolve():
         raise ValueError(f"--output {output} is the release itself; give a new directory for the next version")
-    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+    if output.exists() and (not output.is_dir() or any(p.name != rf.WORK_DIR for p in output.iterdir())):
         raise ValueError(f"--output {output} exists and is not empty; give a new directory")
     index = ReleaseIndex(release)
     store = JudgementStore(release, index.manifest_sha)
@@ -110,6 +110,7 @@ def apply_review(
     # 2. Every config, sample for sample, with the review fields where reviewed.
     shards: list[dict[str, Any]] = []
     counts: dict[str, Any] = {}
+    invariants = rf.InvariantCheck(spec, [*old.configs, ACCEPTED, REJECTED])
     gathered: dict[str, list[tuple[str, str]]] = {ACCEPTED: [], REJECTED: []}
 
     def write(config: str, rows) -> None:
@@ -118,6 +119,7 @@ def apply_review(
         def samples():
             for key, label, meta, image in rows:
                 data = rf.encode_metadata(meta, spec, config)
+                invariants.add(config, meta)
                 tally.add(label, meta.get("edit_type"))
                 yield rf.ShardSample(key, ext, image, label, data)
 
@@ -175,7 +177,7 @@ def apply_review(
             "added_configs": added,
         },
     )
-    seal_release(output, manifest, previous_manifest=old.raw)
+    seal_release(output, manifest, invariants, previous_manifest=old.raw)
     logger.info("review applied: %s %s -> %s (%s)", old.name, old.version, version, verdicts)
     return manifest
 

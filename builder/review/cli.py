@@ -15,7 +15,7 @@ from pathlib import Path
 
 from builder import release_format as rf
 from builder.cli_types import port_number
-from builder.release_format.lock import output_lock
+from builder.release_format.lock import declare_output, file_folder, output_lock
 from builder.review.apply import apply_review, choose_study
 from builder.review.index import ReleaseIndex
 from builder.review.server import open_session, serve
@@ -56,6 +56,7 @@ def register(subparsers) -> None:
     review.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine)")
     review.add_argument("--port", type=port_number, default=0, help="port (default: a free one)")
     review.set_defaults(func=run_review)
+    declare_output(review, "review", _review_output)
 
 
 def _study_from_args(args: argparse.Namespace):
@@ -106,6 +107,17 @@ def run_review(args: argparse.Namespace) -> int:
     if action == "agreement":
         return _agreement(args, release)
     return _serve(args, release)
+
+
+def _review_output(args: argparse.Namespace) -> Path | None:
+    """What a review command writes (its lock is held by lance-cf): apply's new release, export's file's folder; the
+    page and agreement write nothing but the release's judgements (the page holds the release shared)."""
+    action = args.target if args.target in ACTIONS else None
+    if args.output is None:
+        return None
+    if action == "apply":
+        return args.output
+    return file_folder(args.output) if action == "export" else None
 
 
 def _serve(args: argparse.Namespace, release: Path) -> int:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from builder import release_format as rf
+from builder.release_format.text_out import write_csv
 from lance_pipeline.readers import load_json
 
 DB_NAME = "review.sqlite"
@@ -242,7 +243,7 @@ class JudgementStore:
         frame = pd.DataFrame([[getattr(j, c) for c in columns] for j in rows], columns=columns)
         path = Path(path)
         if path.suffix == ".csv":
-            frame.to_csv(path, index=False)
+            write_csv(frame, path)  # a reason or answer starting with '=' is text, not a spreadsheet formula
         elif path.suffix == ".parquet":
             frame.to_parquet(path, index=False)
         else:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from builder.release_format.text_out import write_csv
 from evaluation.interfaces.shift_metrics import MIN_PER_CLASS, per_class_accuracy, shift_accuracy_drop
 from evaluation.metric_registry import Metric, MetricContext
 from evaluation.pages import render_page
@@ -359,7 +360,7 @@ def write_interfaces_leaderboard(results: list[dict[str, Any]], output_dir: Any,
         written |= write_lance(lance, output_dir)
     written["shifts_csv"] = output_dir / "shifts.csv"
     written["shifts_markdown"] = output_dir / "shifts.md"
-    pd.DataFrame(shift_rows(interfaces)).to_csv(written["shifts_csv"], index=False)
+    write_csv(pd.DataFrame(shift_rows(interfaces)), written["shifts_csv"])
     release = next((r.get("release") or {} for r in interfaces), {})
     title = f"## Per shift: {release.get('name')} {release.get('version')}\n\n"
     shifts_md = title + (shift_markdown(interfaces) or "No model was evaluated successfully on this release.\n")
@@ -369,9 +370,12 @@ def write_interfaces_leaderboard(results: list[dict[str, Any]], output_dir: Any,
         columns, rows = combined_rows(results)
         written["combined_csv"] = output_dir / "combined.csv"
         written["combined_markdown"] = output_dir / "combined.md"
-        pd.DataFrame(rows, columns=["model", "releases", *columns]).assign(
-            releases=lambda df: df["releases"].map("; ".join)
-        ).to_csv(written["combined_csv"], index=False)
+        write_csv(
+            pd.DataFrame(rows, columns=["model", "releases", *columns]).assign(
+                releases=lambda df: df["releases"].map("; ".join)
+            ),
+            written["combined_csv"],
+        )
         combined_md = (
             "## LANCE edits vs generated shifts\n\n" + combined_markdown(results) + "\n" + classes_note(results)
         )

@@ -42,11 +42,21 @@ STRENGTH_OPTION = "keep_candidates"
 
 STRENGTH_FIELDS = (
     MetadataField("editor", "string", description="the editor that rendered the sample"),
-    MetadataField("strength", "float64", description=f"edit strength: {STRENGTH_DEFINITION}; larger is stronger"),
-    MetadataField("edit_index", "int64", description="which of the source image's kept edits this renders"),
+    MetadataField(
+        "strength",
+        "float64",
+        description=f"edit strength: {STRENGTH_DEFINITION}; larger is stronger",
+        minimum=0.0,
+        maximum=1.0,
+        minimum_exclusive=True,
+    ),
+    MetadataField("edit_index", "int64", description="which of the source image's kept edits this renders", minimum=0),
     MetadataField("selected", "bool", description="this candidate is the edit's sample in the counterfactual config"),
     MetadataField(
-        "counterfactual_key", "string", description="key of the edit's selected sample in the counterfactual config"
+        "counterfactual_key",
+        "string",
+        description="key of the edit's selected sample in the counterfactual config",
+        references="counterfactual",
     ),
 )
 
@@ -62,6 +72,9 @@ STRENGTH_OUTPUT = ReleaseOutput(
     fields=STRENGTH_FIELDS,
     enabled_by=STRENGTH_OPTION,
     requires=("counterfactual",),  # counterfactual_key names a sample there
+    # an edit (named by its selected sample) has one candidate per strength, and exactly one of them is selected
+    unique=(("counterfactual_key", "strength"),),
+    one_true_per=(("selected", "counterfactual_key"),),
 )
 
 

@@ -623,7 +623,83 @@ def local_copy(directory: str | os.PathLike) -> LocalCopy:
                 for what, names in (("changed", changed), ("missing", missing), ("added", extra)) if names]  # fmt: skip
     if problems:
         return LocalCopy(repo_id, revision, False, f"its files differ from its {LOCAL_MARKER} ({'; '.join(problems)})")
+    outside = links_out_of(path)
+    if outside:
+        return LocalCopy(repo_id, revision, False, f"it holds a link out of the copy ({outside[0]})")
+    # The marker is the copy's own claim: anyone can write one, with the sha256 of any files. It is trusted only where
+    # the files of that commit are known from elsewhere: the Hugging Face cache, or the Hub.
+    reason = hub_confirms(repo_id, revision, files, path)
+    if reason is not None:
+        return LocalCopy(repo_id, revision, False, reason)
     return LocalCopy(repo_id, revision, True)
+
+
+def links_out_of(directory: Path) -> list[str]:
+    """``NAME -> TARGET`` for each link under ``directory`` whose target resolves outside it."""
+    root = os.path.realpath(directory)
+    out = []
+    for folder, dirs, names in os.walk(directory):
+        for name in [*dirs, *names]:
+            child = os.path.join(folder, name)
+            if os.path.islink(child):
+                target = os.path.realpath(child)
+                if os.path.commonpath([root, target]) != root:
+                    out.append(f"{os.path.relpath(child, directory)} -> {target}")
+    return sorted(out)
+
+
+def hub_confirms(repo_id: str, revision: str, files: dict[str, str], directory: Path) -> str | None:
+    """None when the sha256 a copy's marker lists are those of ``repo_id`` at ``revision``, checked against the
+    Hugging Face cache (every file there), else against the Hub (its LFS sha256, or git blob id of a small file);
+    otherwise why not (the commit's files differ, or they cannot be known here)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    label = f"{repo_id}@{revision}"
+    cached = {}
+    for name in files:
+        try:
+            found = try_to_load_from_cache(repo_id, name, revision=revision)
+        except ValueError as err:  # huggingface_hub's check of the id: the marker names no repository it could hold
+            return f"its {LOCAL_MARKER} names no valid repository ({str(err).splitlines()[0][:120]})"
+        if isinstance(found, str):
+            cached[name] = found
+    if len(cached) == len(files):
+        differ = sorted(name for name, found in cached.items() if file_sha256(Path(found)) != files[name])
+        if differ:
+            return f"its files are not those of {label} in the Hugging Face cache ({', '.join(differ[:3])})"
+        return None
+    if is_offline():
+        return (
+            f"its {LOCAL_MARKER} cannot be checked here: {label} is not in the Hugging Face cache and the Hub is "
+            "switched off (HF_HUB_OFFLINE)"
+        )
+    try:
+        from huggingface_hub import HfApi
+
+        listed = HfApi().get_paths_info(repo_id, sorted(files), revision=revision, expand=True)
+    except Exception as err:  # any Hub or network fault: the claim stays unchecked, and the release says so
+        return f"its {LOCAL_MARKER} cannot be checked against the Hub ({type(err).__name__}: {str(err)[:120]})"
+    known = {}
+    for entry in listed:
+        lfs = getattr(entry, "lfs", None)
+        known[entry.path] = ("sha256", lfs.sha256) if lfs is not None else ("git", getattr(entry, "blob_id", None))
+    differ = []
+    for name, digest in files.items():
+        kind, expected = known.get(name, (None, None))
+        if kind == "sha256" and expected == digest:
+            continue
+        if kind == "git" and expected is not None and expected == _git_blob_sha1(directory / name):
+            continue
+        differ.append(name)
+    if differ:
+        return f"its files are not those the Hub lists for {label} ({', '.join(sorted(differ)[:3])})"
+    return None
+
+
+def _git_blob_sha1(path: Path) -> str:
+    """The id git gives a file's bytes (what the Hub lists for a file not stored with LFS)."""
+    data = path.read_bytes()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
 
 
 def visible_files(directory: Path) -> list[str]:
@@ -653,6 +729,10 @@ def content_digest(path: Path) -> str | None:
     """``sha256:HEX`` over a file's bytes, or over a folder's visible files (``visible_files``: each relative path
     and its bytes' sha256, in path order; a flat folder hashes as before subfolders counted); None if absent."""
     digest = hashlib.sha256()
+    special = _special_links(path) if path.is_dir() else []
+    if special or _is_special(path):
+        shown = special[0] if special else f"{path} -> {os.path.realpath(path)}"
+        raise ValueError(f"{path}: holds a link to a system file ({shown}), not model or token data; copy the files in")
     try:
         if path.is_dir():
             for name in visible_files(path):
@@ -662,9 +742,28 @@ def content_digest(path: Path) -> str | None:
             digest.update(path.read_bytes())
         else:
             return None
-    except OSError:
-        return None
+    except OSError as err:  # recorded with no digest, the release could not say what it was built from
+        raise ValueError(f"{path}: cannot be read to record its digest ({err})") from None
     return "sha256:" + digest.hexdigest()
+
+
+_SYSTEM_TREES = ("/proc", "/sys", "/dev")
+
+
+def _is_special(path: Path) -> bool:
+    real = os.path.realpath(path)
+    return any(real == tree or real.startswith(tree + "/") for tree in _SYSTEM_TREES)
+
+
+def _special_links(directory: Path) -> list[str]:
+    """``NAME -> TARGET`` for each link under ``directory`` into /proc, /sys or /dev."""
+    out = []
+    for folder, dirs, names in os.walk(directory):
+        for name in [*dirs, *names]:
+            child = Path(folder) / name
+            if child.is_symlink() and _is_special(child):
+                out.append(f"{child.relative_to(directory)} -> {os.path.realpath(child)}")
+    return sorted(out)
 
 
 # sha256 of files already read in this process, by (path, size, mtime, inode): a build asks for a model folder's

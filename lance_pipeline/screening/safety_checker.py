@@ -291,6 +291,33 @@ class StrengthSafetyCheckStage(SafetyCheckStage):
     produces = {STRENGTH_FIELD: "list", f"{STRENGTH_FIELD}_safety_removed": "list"}
     screens = (OutputScreen(STRENGTH_FIELD, SAFETY_FIELDS, removed=f"{STRENGTH_FIELD}_safety_removed"),)
 
+    def _update(self, record: Record, results: list[tuple[bool, float]]) -> Record:
+        # A flagged selected candidate is the counterfactual's image: its edit's other candidates would be a series
+        # linked to a sample that is not released, with no selected member, which the release's declared invariants
+        # refuse (``counterfactual_key`` names a sample; exactly one ``selected`` per edit). They go with it.
+        update = super()._update(record, results)
+        items = record.get(self.field) or []
+        flagged = [items[r["index"]] for r in update[self.removed_field]]
+        lost = {item.get("counterfactual_key") for item in flagged if item.get("selected")} - {None}
+        if not lost:
+            return update
+        kept = []
+        for item in update[self.field]:
+            if item.get("counterfactual_key") in lost:
+                index = item[SAMPLE_INDEX]
+                update[self.removed_field].append(
+                    {
+                        "index": index,
+                        "score": item["safety_score"],
+                        "reason": "its edit's selected candidate (the counterfactual) was flagged by the safety "
+                        f"checker: {self.what} of {item.get('edited_caption')!r}",
+                    }
+                )
+            else:
+                kept.append(item)
+        update[self.field] = kept
+        return update
+
 
 class _SingleImageSafetyCheck(SafetyCheckStage):
     """A stage whose screened field is one image per record: fields on the record, a flagged image set to None."""

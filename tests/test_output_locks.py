@@ -1,0 +1,113 @@
+"""Every command that writes a directory holds its lock for its whole life, through one mechanism: its parser declares
+what it writes (``builder.release_format.lock.declare_output``) and ``lance-cf`` takes the lock before the command
+runs. A second writer is refused at once naming the first one's pid; a subcommand that declares nothing fails here.
+
+The first writer is a real second process holding the lock (``builder_helpers.lock_held_by_another_process``): the
+held lock is the barrier, nothing waits on a clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+from builder_helpers import lock_held_by_another_process, make_imagefolder
+from release_fixture import write_release
+
+from builder.cli import build_parser, main
+from builder.release_format.lock import NO_OUTPUT, WritesOutput, output_lock
+
+
+def _leaves(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _leaves(sub, (*prefix, name))
+            return
+    yield " ".join(prefix), parser
+
+
+def test_every_subcommand_declares_what_it_writes():
+    undeclared = [name for name, parser in _leaves(build_parser()) if "writes" not in parser._defaults]
+    assert undeclared == [], "declare each with builder.release_format.lock.declare_output"
+    declared = {name: parser._defaults["writes"] for name, parser in _leaves(build_parser())}
+    writers = {name for name, w in declared.items() if w is not NO_OUTPUT}
+    assert all(isinstance(w, WritesOutput) for w in declared.values())
+    # every command that writes a directory, and the commands that write one file (their folder is held)
+    assert writers == {
+        "build",
+        "models download",
+        "class-map",
+        "perturber collect",
+        "perturber train",
+        "perturber eval",
+        "interfaces calibrate",
+        "interfaces learn-tokens",
+        "eval",
+        "leaderboard",
+        "compare-editors",
+        "discover",
+        "review",
+    }
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lock-inputs")
+    release = write_release(root / "release", labels=(0, 1), originals_per_class=1, edits_per_original=1, image_size=16)
+    photos = make_imagefolder(root / "photos", ["cat", "dog"], 1)
+    captions = root / "captions.jsonl"
+    captions.write_text(json.dumps({"caption": "a cat", "label": "cat"}) + "\n")
+    results = root / "results"
+    results.mkdir()
+    release2 = write_release(root / "release2", labels=(0, 1), originals_per_class=1, edits_per_original=1, seed=1)
+    return {"release": release, "release2": release2, "photos": photos, "captions": captions, "results": results}
+
+
+# (command, the directory it writes from the test's output folder D, its arguments)
+WRITERS = {
+    "build": lambda i, d: ["build", "demo", "--output", str(d)],
+    "models download": lambda i, d: ["models", "download", "demo", "--local-dir", str(d)],
+    "class-map": lambda i, d: ["class-map", str(i["release"]), "--output", str(d / "map.txt")],
+    "perturber collect": lambda i, d: ["perturber", "collect", "--captions-file", str(i["captions"]), "--teacher", "t", "--output", str(d)],
+    "perturber train": lambda i, d: ["perturber", "train", "--model", "m", "--data", str(i["captions"]), "--output", str(d)],
+    "perturber eval": lambda i, d: ["perturber", "eval", "--captions-file", str(i["captions"]), "--model", "m", "--output", str(d / "e.json")],
+    "interfaces calibrate": lambda i, d: ["interfaces", "calibrate", "--source", f"imagefolder:{i['photos']}", "--output", str(d / "t.json")],
+    "interfaces learn-tokens": lambda i, d: ["interfaces", "learn-tokens", "--source", f"imagefolder:{i['photos']}", "--output", str(d)],
+    "eval": lambda i, d: ["eval", "--release", str(i["release"]), "--model", "test_vit", "--no-pretrained", "--output", str(d)],
+    "leaderboard": lambda i, d: ["leaderboard", str(i["results"]), "--output", str(d)],
+    "compare-editors": lambda i, d: ["compare-editors", "--release", str(i["release"]), "--release", str(i["release2"]), "--output", str(d)],
+    "discover": lambda i, d: ["discover", "--release", str(i["release"]), "--model", "test_vit", "--output", str(d)],
+    "review apply": lambda i, d: ["review", "apply", str(i["release"]), "--output", str(d)],
+    "review export": lambda i, d: ["review", "export", str(i["release"]), "--output", str(d / "x.csv")],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("command", list(WRITERS))
+def test_a_second_writer_is_refused_naming_the_first_ones_pid(command, inputs, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    before = sorted(p.name for p in out.iterdir())
+    with lock_held_by_another_process(out, "build") as pid:
+        code = main(WRITERS[command](inputs, out))
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"{out} is in use by lance-cf pid {pid} (build)" in err, err
+    assert sorted(p.name for p in out.iterdir() if p.name != ".lance-cf") == before  # nothing written
+
+
+def test_the_lock_is_held_while_the_command_runs_and_a_new_folder_it_left_empty_is_removed(tmp_path, capsys):
+    out = tmp_path / "new" / "out"
+    # an option error inside the command (after the lock): the folders made to hold the lock go again
+    assert main(["review", "apply", str(tmp_path / "nowhere"), "--output", str(out)]) == 2
+    assert "nowhere" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_command_may_take_the_lock_its_cli_already_holds(tmp_path):
+    with output_lock(tmp_path, "eval"):
+        with output_lock(tmp_path, "eval"), output_lock(tmp_path, "verify", shared=True):
+            pass
+    with output_lock(tmp_path, "build"):  # released by the outer block only
+        pass
