@@ -84,6 +84,23 @@ def cli() -> CliRunner:
     return CliRunner()
 
 
+@pytest.fixture
+def lance_cf(capsys: pytest.CaptureFixture[str]):
+    """``lance-cf ARGS`` as a user runs it (``builder.cli.main``: bad input is exit code 2 and one line, an argparse
+    error exits 2), in this process: ``code, out, err = lance_cf("verify", str(release))``."""
+    from builder.cli import main
+
+    def run(*args: str) -> tuple[int, str, str]:
+        try:
+            code = main([str(arg) for arg in args])
+        except SystemExit as exit_:  # argparse: a usage error, --help
+            code = exit_.code if isinstance(exit_.code, int) else 1
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return run
+
+
 # -- tiny Stable Diffusion shared by the image-stage tests -------------------------------------------------------------
 @pytest.fixture(scope="module")
 def single_thread_torch():

@@ -71,23 +71,15 @@ def test_other_settings_in_the_same_output_are_refused(tmp_path):
     assert loaded == []  # refused before any model was loaded
 
 
-def _run(capsys, *args):
-    from builder.cli import main
-
-    code = main(list(args))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 @pytest.mark.e2e
-def test_discover_demo_command_writes_discoveries_and_a_report_that_renders(tmp_path, capsys):
+def test_discover_demo_command_writes_discoveries_and_a_report_that_renders(tmp_path, capsys, lance_cf):
     import re
     import shutil
     import subprocess
 
     out = tmp_path / "disc"
     args = ("discover", "--demo", "--output", str(out), "--n-base", "60", "--n-test", "30", "--no-progress")
-    code, stdout, _ = _run(capsys, *args)
+    code, stdout, _ = lance_cf(*args)
     assert (
         code == 0 and "2 discovered failure(s)" in stdout and '+ "red" (by the target label and total test)' in stdout
     )
@@ -116,7 +108,7 @@ def test_discover_demo_command_writes_discoveries_and_a_report_that_renders(tmp_
     images = json.loads(match.group(1).replace("&quot;", '"').replace("&amp;", "&"))
     assert len(images) >= 5 and all(complete and width > 0 for _, complete, width in images), images
     # resumable: the same command again regenerates nothing and gives the same document
-    assert _run(capsys, *args)[0] == 0
+    assert lance_cf(*args)[0] == 0
     assert json.loads((out / "discoveries.json").read_text()) == document
     # the discovered-failure images are a release like every other: one config per discovery, full metadata
     import datasets
@@ -160,7 +152,7 @@ def test_discover_demo_command_writes_discoveries_and_a_report_that_renders(tmp_
     from croissant_check import assert_croissant_matches_datasets
 
     assert assert_croissant_matches_datasets(release, tmp_path) == sum(c["total"] for c in manifest["counts"].values())
-    code, stdout, _ = _run(capsys, "eval", "--release", str(release), "--model", "resnet18", "--no-pretrained",
+    code, stdout, _ = lance_cf("eval", "--release", str(release), "--model", "resnet18", "--no-pretrained",
                            "--output", str(tmp_path / "eval"), "--no-insights", "--device", "cpu")  # fmt: skip
     assert code == 0 and "planted_colour_classifier_tench_red_pond: acc@1" in stdout
     # ... and reviewed by people like every other kind: review apply keeps every sample and verifies
@@ -169,8 +161,8 @@ def test_discover_demo_command_writes_discoveries_and_a_report_that_renders(tmp_
     assert_review_apply_keeps_every_sample(release, tmp_path / "review")
 
 
-def test_discover_needs_a_model_and_classes_in_one_line(tmp_path, capsys):
-    code, _, err = _run(capsys, "discover", "--output", str(tmp_path / "x"))
+def test_discover_needs_a_model_and_classes_in_one_line(tmp_path, capsys, lance_cf):
+    code, _, err = lance_cf("discover", "--output", str(tmp_path / "x"))
     assert code == 2 and "--model" in err and len(err.strip().splitlines()) == 1
 
 
@@ -227,23 +219,23 @@ def test_discovery_on_an_existing_release_clusters_and_describes_failing_counter
             assert cluster["target_label"] == min(set(wrong), key=lambda t: (-wrong.count(t), t))
 
 
-def test_discover_release_mode_through_the_cli(tmp_path, capsys):
+def test_discover_release_mode_through_the_cli(tmp_path, capsys, lance_cf):
     from release_fixture import write_release
 
     root = write_release(tmp_path / "release", labels=(1, 2), originals_per_class=2, edits_per_original=2)
     out = tmp_path / "disc"
-    code, stdout, _ = _run(capsys, "discover", "--release", str(root), "--model", "resnet18", "--no-pretrained",
+    code, stdout, _ = lance_cf("discover", "--release", str(root), "--model", "resnet18", "--no-pretrained",
                            "--clip-model", "demo:tiny-open-clip", "--output", str(out), "--device", "cpu")  # fmt: skip
     assert code == 0 and "failure cluster(s)" in stdout
     document = json.loads((out / "discoveries.json").read_text())
     entries = document["models"]["resnet18"]["classes"]
     assert {e["label"] for e in entries} == {1, 2} and all(e["n"] == 4 for e in entries)
-    code, _, err = _run(capsys, "discover", "--release", str(tmp_path), "--model", "x", "--output", str(out))
+    code, _, err = lance_cf("discover", "--release", str(tmp_path), "--model", "x", "--output", str(out))
     assert code == 2 and "not a release directory" in err
 
 
 @pytest.mark.e2e
-def test_discover_runs_on_the_real_components_at_tiny_size(tmp_path, capsys):
+def test_discover_runs_on_the_real_components_at_tiny_size(tmp_path, capsys, lance_cf):
     """The real path (Stable Diffusion generator, BLIP-2 captioner, CLIP, a timm model) on tiny random-weight
     components: nothing meaningful can be found, but every step runs, is recorded and names models by reference."""
     out = tmp_path / "real"
@@ -251,7 +243,7 @@ def test_discover_runs_on_the_real_components_at_tiny_size(tmp_path, capsys):
             "--generator", "demo:tiny-stable-diffusion", "--captioner", "demo:tiny-blip2",
             "--clip-model", "demo:tiny-open-clip", "--steps", "2", "--image-size", "32", "--n-base", "6",
             "--n-test", "4", "--batch-size", "6", "--device", "cpu", "--no-progress", "--no-release")  # fmt: skip
-    code, stdout, _ = _run(capsys, *args)
+    code, stdout, _ = lance_cf(*args)
     assert code == 0 and "discovered failure(s)" in stdout
     document = json.loads((out / "discoveries.json").read_text())
     assert document["generator"]["model"] == "demo:tiny-stable-diffusion"
@@ -276,7 +268,7 @@ def _no_model_may_load(monkeypatch):
     monkeypatch.setattr(cli.LabelConditionedCaptioner, "load", refuse)
 
 
-def test_bad_output_paths_and_options_fail_in_one_line_before_any_model_loads(tmp_path, capsys, monkeypatch):
+def test_bad_output_paths_and_options_fail_in_one_line_before_any_model_loads(tmp_path, capsys, monkeypatch, lance_cf):
     from release_fixture import write_release
 
     _no_model_may_load(monkeypatch)
@@ -298,30 +290,30 @@ def test_bad_output_paths_and_options_fail_in_one_line_before_any_model_loads(tm
         ("--demo", "nul", "--output", str(tmp_path / "o")): "did you mean 'null'",
     }
     for args, expected in cases.items():
-        code, stdout, err = _run(capsys, "discover", *args)
+        code, stdout, err = lance_cf("discover", *args)
         assert code == 2 and expected in err and len(err.strip().splitlines()) == 1, (args, err)
         assert "Traceback" not in err and stdout == ""
     assert a_file.read_text() == "{}" and not (tmp_path / "o").exists()  # nothing written
 
 
-def test_release_and_generating_discoveries_never_share_an_output(tmp_path, capsys, monkeypatch):
+def test_release_and_generating_discoveries_never_share_an_output(tmp_path, capsys, monkeypatch, lance_cf):
     from release_fixture import write_release
 
     out = tmp_path / "disc"
     args = ("discover", "--demo", "--output", str(out), "--n-base", "20", "--n-test", "10", "--no-progress",
             "--no-release")  # fmt: skip
-    assert _run(capsys, *args)[0] == 0
+    assert lance_cf(*args)[0] == 0
     before = (out / "discoveries.json").read_bytes()
     _no_model_may_load(monkeypatch)
     release = write_release(tmp_path / "release", labels=(1, 2), originals_per_class=1, edits_per_original=1)
-    code, _, err = _run(capsys, "discover", "--release", str(release), "--model", "resnet18", "--output", str(out))
+    code, _, err = lance_cf("discover", "--release", str(release), "--model", "resnet18", "--output", str(out))
     assert code == 2 and "holds a generating discovery" in err and (out / "discoveries.json").read_bytes() == before
     release_out = tmp_path / "release-disc"
     release_out.mkdir()
     (release_out / "discoveries.json").write_text(json.dumps({"mode": "release", "release": {}, "models": {}}))
-    code, _, err = _run(capsys, "discover", "--demo", "--output", str(release_out))
+    code, _, err = lance_cf("discover", "--demo", "--output", str(release_out))
     assert code == 2 and "holds the discoveries of a release" in err
-    code, _, err = _run(capsys, "discover", "--release", str(release), "--model", "resnet18", "--output",
+    code, _, err = lance_cf("discover", "--release", str(release), "--model", "resnet18", "--output",
                         str(release_out))  # fmt: skip
     assert code == 2 and "another release or other models" in err
 

@@ -14,7 +14,6 @@ import pytest
 import yaml
 from builder_helpers import make_imagefolder
 
-from builder.cli import main
 from builder.config import BuildConfig, StageConfig, load_config
 from builder.engine import build
 from builder.release_format.yaml_text import MAX_YAML_VALUES, expanded_size, load_yaml
@@ -26,18 +25,10 @@ BOMB = "\n".join(
 )
 
 
-def _run(capsys, *args: str) -> tuple[int, str]:
-    try:
-        code = main(list(args))
-    except SystemExit as exit_info:  # argparse errors
-        code = exit_info.code
-    return code, capsys.readouterr().err
-
-
-def _one_line_refusal(capsys, config: Path, output: Path, expected: str) -> None:
+def _one_line_refusal(lance_cf, config: Path, output: Path, expected: str) -> None:
     """``validate`` and ``build`` both refuse ``config`` in one line holding ``expected``; nothing is written."""
     for args in (["validate", str(config)], ["build", str(config), "--output", str(output), "--device", "cpu"]):
-        code, err = _run(capsys, *args)
+        code, _, err = lance_cf(*args)
         assert code == 2, (args, err)
         assert len(err.strip().splitlines()) == 1, err
         assert expected in err, err
@@ -45,7 +36,7 @@ def _one_line_refusal(capsys, config: Path, output: Path, expected: str) -> None
 
 
 @pytest.mark.parametrize("where", ["source_options", "stage options"])
-def test_a_yaml_alias_bomb_is_refused_in_one_line_by_validate_and_build(tmp_path, capsys, where):
+def test_a_yaml_alias_bomb_is_refused_in_one_line_by_validate_and_build(tmp_path, capsys, where, lance_cf):
     folder = make_imagefolder(tmp_path / "photos", ["cat", "dog"], per_class=1)
     if where == "source_options":
         text = f"name: bomb\nsource: imagefolder:{folder}\nconfigs: [original]\nsource_options:\n{BOMB}\n"
@@ -58,13 +49,13 @@ def test_a_yaml_alias_bomb_is_refused_in_one_line_by_validate_and_build(tmp_path
     config = tmp_path / "bomb.yaml"
     config.write_text(text)
     assert len(text) < 1500  # a 1 KB file
-    _one_line_refusal(capsys, config, tmp_path / "out", "expand to more than 1,000,000 values")
+    _one_line_refusal(lance_cf, config, tmp_path / "out", "expand to more than 1,000,000 values")
 
 
-def test_a_yaml_document_that_contains_itself_is_refused(tmp_path, capsys):
+def test_a_yaml_document_that_contains_itself_is_refused(tmp_path, capsys, lance_cf):
     config = tmp_path / "loop.yaml"
     config.write_text("name: loop\nsource: demo\nconfigs: [original]\nsource_options: &me {self: *me}\n")
-    _one_line_refusal(capsys, config, tmp_path / "out", "alias bomb")
+    _one_line_refusal(lance_cf, config, tmp_path / "out", "alias bomb")
 
 
 def test_a_config_built_in_python_with_shared_values_is_bounded_too(tmp_path):
@@ -101,10 +92,10 @@ def test_expanded_size_counts_shared_values_each_time_and_stops_past_the_limit()
         ("limit: true", "limit True: expected an integer >= 1 or null"),
     ],
 )
-def test_config_numbers_out_of_range_fail_in_one_line_before_anything_runs(tmp_path, capsys, line, expected):
+def test_config_numbers_out_of_range_fail_in_one_line_before_anything_runs(tmp_path, capsys, line, expected, lance_cf):
     config = tmp_path / "c.yaml"
     config.write_text(f"name: big\nsource: demo\nconfigs: [original]\n{line}\n")
-    _one_line_refusal(capsys, config, tmp_path / "out", expected)
+    _one_line_refusal(lance_cf, config, tmp_path / "out", expected)
 
 
 @pytest.mark.parametrize(
@@ -115,7 +106,9 @@ def test_config_numbers_out_of_range_fail_in_one_line_before_anything_runs(tmp_p
         ("guidance_scale", float("nan"), "'stages.4.options.guidance_scale' is nan; only finite numbers"),
     ],
 )
-def test_stage_options_that_size_memory_are_bounded_before_any_model_loads(tmp_path, capsys, option, value, expected):
+def test_stage_options_that_size_memory_are_bounded_before_any_model_loads(
+    tmp_path, capsys, option, value, expected, lance_cf
+):
     """The demo preset with one editing option raised: refused by validate and by build, no demo component built."""
     loaded = load_config("demo")
     invert = next(s for s in loaded.stages if s.type == "null_text_inversion")
@@ -124,7 +117,7 @@ def test_stage_options_that_size_memory_are_bounded_before_any_model_loads(tmp_p
     data["source"] = "demo"
     config = tmp_path / "demo.yaml"
     config.write_text(yaml.safe_dump(data))
-    _one_line_refusal(capsys, config, tmp_path / "out", expected)
+    _one_line_refusal(lance_cf, config, tmp_path / "out", expected)
 
 
 def test_one_checker_describes_and_checks_every_option_type():
@@ -143,7 +136,7 @@ def test_one_checker_describes_and_checks_every_option_type():
 
 
 @pytest.mark.parametrize("case", ["under a file", "name too long", "a file", "unwritable parent"])
-def test_a_bad_output_path_fails_in_one_line_before_any_model_loads(tmp_path, capsys, monkeypatch, case):
+def test_a_bad_output_path_fails_in_one_line_before_any_model_loads(tmp_path, capsys, monkeypatch, case, lance_cf):
     """The full demo preset (its models would be built into the cache first): refused before the cache is touched."""
     import os
 
@@ -160,6 +153,6 @@ def test_a_bad_output_path_fails_in_one_line_before_any_model_loads(tmp_path, ca
     }[case]
     if case == "unwritable parent" and os.access(locked, os.W_OK):
         pytest.skip("running as root: permissions do not stop this user")
-    code, err = _run(capsys, "build", "demo", "--output", str(output), "--device", "cpu", "--no-progress")
+    code, _, err = lance_cf("build", "demo", "--output", str(output), "--device", "cpu", "--no-progress")
     assert code == 2 and len(err.strip().splitlines()) == 1 and expected in err, err
     assert not cache.exists()

@@ -104,16 +104,8 @@ def test_typed_table_equals_the_paper_text_and_the_reference_note():
         assert f"| {row['shift']} | {row['prompt']} |" in note
 
 
-def _run(capsys, *args):
-    from builder.cli import main
-
-    code = main(list(args))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def test_shifts_command_lists_the_table_in_text_and_json(capsys):
-    code, out, _ = _run(capsys, "interfaces", "shifts", "--format", "json")
+def test_shifts_command_lists_the_table_in_text_and_json(capsys, lance_cf):
+    code, out, _ = lance_cf("interfaces", "shifts", "--format", "json")
     assert code == 0
     rows = json.loads(out)
     default = [r for r in rows if r["default"]]
@@ -124,7 +116,7 @@ def test_shifts_command_lists_the_table_in_text_and_json(capsys):
         rows[0]
     )
     assert {r["name"] for r in rows if not r["default"]} == {v.name for v in CORRECTED_VARIANTS}
-    code, out, _ = _run(capsys, "interfaces", "shifts")
+    code, out, _ = lance_cf("interfaces", "shifts")
     assert code == 0
     line = next(line for line in out.splitlines() if line.startswith("on_the_road "))
     assert "A photo of a <TOKEN> in the road" in line and "a photo on the road" in line and "0.154" in line
@@ -175,11 +167,11 @@ def test_the_deviations_of_an_interfaces_release_are_decided_from_its_manifest()
     assert "### Dataset interfaces (ImageNet*)" in (REPO / "docs" / "method.md").read_text(encoding="utf-8")
 
 
-def test_presets_show_comments_a_star_preset_with_its_own_configs(capsys):
+def test_presets_show_comments_a_star_preset_with_its_own_configs(capsys, lance_cf):
     for preset in ("imagenet-star", "demo-star"):
-        code, out, _ = _run(capsys, "presets", "--show", preset)
+        code, out, _ = lance_cf("presets", "--show", preset)
         assert code == 0
         line = next(line for line in out.splitlines() if line.startswith("configs:"))
         assert "base and the shifts" in line and "original" not in line and "counterfactual" not in line
-    code, out, _ = _run(capsys, "presets", "--show", "demo")  # a LANCE preset keeps LANCE's comment
+    code, out, _ = lance_cf("presets", "--show", "demo")  # a LANCE preset keeps LANCE's comment
     assert "original, reconstructed, counterfactual" in next(ln for ln in out.splitlines() if ln.startswith("configs:"))

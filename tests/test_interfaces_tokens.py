@@ -17,14 +17,6 @@ pytestmark = pytest.mark.usefixtures("single_thread_torch")
 CLASSES = ["n01440764", "n01443537"]  # tench (0), goldfish (1)
 
 
-def _run(capsys, *args):
-    from builder.cli import main
-
-    code = main(list(args))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 def _token(path, token, vector):
     save_file({token: vector.reshape(1, -1).contiguous()}, str(path))
 
@@ -82,7 +74,9 @@ def _one_line(err: str, *needles: str) -> None:
     ["nan", "inf", "integer", "complex", "two_files_one_label", "bin_and_safetensors", "arabic_digits", "superscript",
      "two_vectors", "same_token_twice", "widths_differ", "not_a_token_file"],
 )  # fmt: skip
-def test_bad_token_files_are_refused_in_validate_naming_the_file(attack, tmp_path, tiny_sd_dir, clip_dir, capsys):
+def test_bad_token_files_are_refused_in_validate_naming_the_file(
+    attack, tmp_path, tiny_sd_dir, clip_dir, capsys, lance_cf
+):
     tokens = _good(tmp_path / "tokens")
     vector = torch.full((TEXT_HIDDEN_SIZE,), 0.01)
     culprit = tokens / "1.safetensors"
@@ -117,18 +111,18 @@ def test_bad_token_files_are_refused_in_validate_naming_the_file(attack, tmp_pat
     elif attack == "not_a_token_file":
         culprit.write_bytes(b"not safetensors at all")
     config = _config(tmp_path, tiny_sd_dir, clip_dir, tokens)
-    code, _, err = _run(capsys, "validate", str(config))
+    code, _, err = lance_cf("validate", str(config))
     assert code == 2
     _one_line(err, culprit.name)
     out = tmp_path / "out"
-    code, _, err = _run(capsys, "build", str(config), "--output", str(out), "--device", "cpu", "--no-progress")
+    code, _, err = lance_cf("build", str(config), "--output", str(out), "--device", "cpu", "--no-progress")
     assert code == 2 and not out.exists()  # refused before anything was written
     _one_line(err, culprit.name)
 
 
 @pytest.mark.parametrize("attack", ["wrong_width", "word_of_the_vocabulary", "huge_norm"])
 def test_tokens_that_do_not_fit_the_text_encoder_are_refused_at_load_naming_the_file(
-    attack, tmp_path, tiny_sd_dir, clip_dir, capsys
+    attack, tmp_path, tiny_sd_dir, clip_dir, capsys, lance_cf
 ):
     tokens = tmp_path / "tokens"
     tokens.mkdir()
@@ -146,8 +140,8 @@ def test_tokens_that_do_not_fit_the_text_encoder_are_refused_at_load_naming_the_
         else:
             _token(tokens / "0.safetensors", "<class-0>", small * 1e6)
     config = _config(tmp_path, tiny_sd_dir, clip_dir, tokens)
-    assert _run(capsys, "validate", str(config))[0] == 0  # only the loaded text encoder can tell
-    code, _, err = _run(capsys, "build", str(config), "--output", str(tmp_path / "out"), "--device", "cpu",
+    assert lance_cf("validate", str(config))[0] == 0  # only the loaded text encoder can tell
+    code, _, err = lance_cf("build", str(config), "--output", str(tmp_path / "out"), "--device", "cpu",
                         "--no-progress")  # fmt: skip
     assert code == 2
     _one_line(err, "0.safetensors")
@@ -156,31 +150,33 @@ def test_tokens_that_do_not_fit_the_text_encoder_are_refused_at_load_naming_the_
     assert stored_stage_outputs(tmp_path / "out") == 0  # not one image generated
 
 
-def test_validate_refuses_tokens_that_cover_none_or_part_of_the_classes(tmp_path, tiny_sd_dir, clip_dir, capsys):
+def test_validate_refuses_tokens_that_cover_none_or_part_of_the_classes(
+    tmp_path, tiny_sd_dir, clip_dir, capsys, lance_cf
+):
     config = _config(tmp_path, tiny_sd_dir, clip_dir, _good(tmp_path / "none", labels=(5, 7)))
-    code, _, err = _run(capsys, "validate", str(config))
+    code, _, err = lance_cf("validate", str(config))
     assert code == 2
     _one_line(err, "0 of the build's 2 class(es) have a token", "0 (tench)", "1 (goldfish)", "--classes")
     config = _config(tmp_path, tiny_sd_dir, clip_dir, _good(tmp_path / "part", labels=(1,)))
-    code, _, err = _run(capsys, "validate", str(config))
+    code, _, err = lance_cf("validate", str(config))
     assert code == 2
     _one_line(err, "1 of the build's 2 class(es)", "0 (tench)")
 
 
-def test_a_long_shift_name_fails_validate_not_the_build(tmp_path, tiny_sd_dir, clip_dir, capsys):
+def test_a_long_shift_name_fails_validate_not_the_build(tmp_path, tiny_sd_dir, clip_dir, capsys, lance_cf):
     config = _config(tmp_path, tiny_sd_dir, clip_dir, _good(tmp_path / "tokens"), shift_name="s" * 300)
-    code, _, err = _run(capsys, "validate", str(config))
+    code, _, err = lance_cf("validate", str(config))
     assert code == 2
     _one_line(err, "at most 64")
 
 
-def test_a_local_token_folder_is_recorded_by_name_and_digest(tmp_path, tiny_sd_dir, clip_dir, capsys):
+def test_a_local_token_folder_is_recorded_by_name_and_digest(tmp_path, tiny_sd_dir, clip_dir, capsys, lance_cf):
     from builder.publish import local_paths
 
     tokens = _good(tmp_path / "my-tokens")
     config = _config(tmp_path, tiny_sd_dir, clip_dir, tokens)
     out = tmp_path / "release"
-    code, _, err = _run(capsys, "build", str(config), "--output", str(out), "--device", "cpu", "--no-progress")
+    code, _, err = lance_cf("build", str(config), "--output", str(out), "--device", "cpu", "--no-progress")
     assert code == 0, err
     manifest = json.loads((out / "manifest.json").read_text())
     # (the tiny models are local directories here too; how those are recorded is not the tokens' business)
@@ -195,12 +191,12 @@ def test_a_local_token_folder_is_recorded_by_name_and_digest(tmp_path, tiny_sd_d
     moved.parent.mkdir()
     tokens.rename(moved)
     before = (out / "manifest.json").read_bytes()
-    code, _, err = _run(capsys, "build", str(_config(tmp_path, tiny_sd_dir, clip_dir, moved)), "--output", str(out),
+    code, _, err = lance_cf("build", str(_config(tmp_path, tiny_sd_dir, clip_dir, moved)), "--output", str(out),
                         "--device", "cpu", "--no-progress")  # fmt: skip
     assert code == 0, err
     assert (out / "manifest.json").read_bytes() == before
     # other token contents under the same name are another config: the resume is refused
     _token(moved / "1.safetensors", "<class-1>", torch.full((TEXT_HIDDEN_SIZE,), 0.02))
-    code, _, err = _run(capsys, "build", str(_config(tmp_path, tiny_sd_dir, clip_dir, moved)), "--output", str(out),
+    code, _, err = lance_cf("build", str(_config(tmp_path, tiny_sd_dir, clip_dir, moved)), "--output", str(out),
                         "--device", "cpu", "--no-progress")  # fmt: skip
     assert code == 2 and "config" in err

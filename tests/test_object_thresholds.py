@@ -16,14 +16,6 @@ CLASSES = {"n01440764": "tench", "n01443537": "goldfish"}
 LABELS = {"tench": 0, "goldfish": 1}  # their ImageNet-1k indices
 
 
-def _run(capsys, *args):
-    from builder.cli import main
-
-    code = main(list(args))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 @pytest.fixture(scope="module")
 def clip_dir(tmp_path_factory):
     from lance_pipeline.tiny.clip_components import create_tiny_open_clip
@@ -89,21 +81,21 @@ def test_calibrate_writes_each_class_percentile_of_its_real_images(clip_dir, cal
 
 
 def test_calibrate_default_percentile_is_flagged_as_ours_and_existing_output_kept(
-    clip_dir, calibrated, tmp_path, capsys
+    clip_dir, calibrated, tmp_path, capsys, lance_cf
 ):
     photos, out = calibrated
     again = tmp_path / "t.json"
     base = ["interfaces", "calibrate", "--source", f"imagefolder:{photos}", "--classes", "n01440764",
             "--clip-model", str(clip_dir), "--clip-pretrained", "none", "--device", "cpu"]  # fmt: skip
-    assert _run(capsys, *base, "--output", str(again))[0] == 0
+    assert lance_cf(*base, "--output", str(again))[0] == 0
     data = json.loads(again.read_text())
     assert data["percentile"] == 5 and data["percentile_is_default"] is True
     assert "lance-cf's choice" in data["percentile_note"]
     before = out.read_bytes()
-    code, _, err = _run(capsys, *base, "--output", str(out))
+    code, _, err = lance_cf(*base, "--output", str(out))
     assert code == 2 and "--force" in err and len(err.strip().splitlines()) == 1
     assert out.read_bytes() == before
-    code, _, err = _run(capsys, *base, "--output", str(tmp_path / "x.json"), "--percentile", "101")
+    code, _, err = lance_cf(*base, "--output", str(tmp_path / "x.json"), "--percentile", "101")
     assert code == 2 and "percentile 101" in err
 
 
@@ -152,36 +144,38 @@ def _star_config(tmp_path, clip_dir, **filter_options):
     return path
 
 
-def test_the_build_refuses_the_object_filter_without_thresholds_for_its_classes(clip_dir, calibrated, tmp_path, capsys):
+def test_the_build_refuses_the_object_filter_without_thresholds_for_its_classes(
+    clip_dir, calibrated, tmp_path, capsys, lance_cf
+):
     _, out = calibrated
-    code, _, err = _run(capsys, "validate", str(_star_config(tmp_path, clip_dir)))
+    code, _, err = lance_cf("validate", str(_star_config(tmp_path, clip_dir)))
     assert code == 2 and "needs per-class thresholds" in err and "interfaces calibrate" in err
     assert len(err.strip().splitlines()) == 1
     # explicit choices are accepted
-    assert _run(capsys, "validate", str(_star_config(tmp_path, clip_dir, object_filter=False)))[0] == 0
-    assert _run(capsys, "validate", str(_star_config(tmp_path, clip_dir, object_threshold=0.2)))[0] == 0
-    assert _run(capsys, "validate", str(_star_config(tmp_path, clip_dir, object_thresholds=str(out))))[0] == 0
+    assert lance_cf("validate", str(_star_config(tmp_path, clip_dir, object_filter=False)))[0] == 0
+    assert lance_cf("validate", str(_star_config(tmp_path, clip_dir, object_threshold=0.2)))[0] == 0
+    assert lance_cf("validate", str(_star_config(tmp_path, clip_dir, object_thresholds=str(out))))[0] == 0
     # thresholds for one class only: refused before any model runs, naming the file and the missing class
     partial = json.loads(out.read_text())
     del partial["classes"]["1"]
     partial_file = tmp_path / "partial.json"
     partial_file.write_text(json.dumps(partial))
     config = _star_config(tmp_path, clip_dir, object_thresholds=str(partial_file))
-    code, _, err = _run(capsys, "validate", str(config))
+    code, _, err = lance_cf("validate", str(config))
     assert code == 2 and str(partial_file) in err and "'goldfish'" in err and len(err.strip().splitlines()) == 1
-    code, _, err = _run(capsys, "build", str(config), "--output", str(tmp_path / "out"), "--device", "cpu")
+    code, _, err = lance_cf("build", str(config), "--output", str(tmp_path / "out"), "--device", "cpu")
     assert code == 2 and "'goldfish'" in err and not (tmp_path / "out").exists()
     # thresholds of another CLIP model
     other = json.loads(out.read_text())
     other["clip"]["model"] = "ViT-L-14"
     other_file = tmp_path / "other.json"
     other_file.write_text(json.dumps(other))
-    code, _, err = _run(capsys, "validate", str(_star_config(tmp_path, clip_dir, object_thresholds=str(other_file))))
+    code, _, err = lance_cf("validate", str(_star_config(tmp_path, clip_dir, object_thresholds=str(other_file))))
     assert code == 2 and "ViT-L-14" in err and "calibrate with the filter's CLIP model" in err
     # a file that is not a thresholds file
     bad = tmp_path / "bad.json"
     bad.write_text('{"classes": {}}')
-    code, _, err = _run(capsys, "validate", str(_star_config(tmp_path, clip_dir, object_thresholds=str(bad))))
+    code, _, err = lance_cf("validate", str(_star_config(tmp_path, clip_dir, object_thresholds=str(bad))))
     assert code == 2 and str(bad) in err and len(err.strip().splitlines()) == 1
 
 

@@ -95,16 +95,7 @@ def test_bad_options_are_refused_naming_the_option():
         TextualInversionOptions(templates=("a photo of a dog",))
 
 
-def _run(capsys, *args):
-    """The CLI in this process (no interpreter start-up per call), with its exit code and output."""
-    from builder.cli import main
-
-    code = main(list(args))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def test_learn_tokens_command_learns_each_class_once_and_resumes(tiny_sd_dir, tmp_path, capsys):
+def test_learn_tokens_command_learns_each_class_once_and_resumes(tiny_sd_dir, tmp_path, capsys, lance_cf):
     import json
 
     from builder_helpers import make_imagefolder
@@ -115,7 +106,7 @@ def test_learn_tokens_command_learns_each_class_once_and_resumes(tiny_sd_dir, tm
     out = tmp_path / "tokens"
     args = ["interfaces", "learn-tokens", "--source", f"imagefolder:{photos}", "--output", str(out),
             "--model", str(tiny_sd_dir), "--steps", "2", "--resolution", "32", "--no-progress", "--device", "cpu"]  # fmt: skip
-    code, stdout, _ = _run(capsys, *args)
+    code, stdout, _ = lance_cf(*args)
     assert code == 0 and "learned 2 token(s)" in stdout
     index = json.loads((out / "tokens.json").read_text())
     assert {info["token"] for info in index["classes"].values()} == {"<tench-0>", "<goldfish-1>"}
@@ -123,11 +114,11 @@ def test_learn_tokens_command_learns_each_class_once_and_resumes(tiny_sd_dir, tm
     # A killed run leaves finished classes in place: remove one, re-run, only that class is learned again.
     kept = (out / "1.safetensors").read_bytes()
     (out / "0.safetensors").unlink()
-    code, stdout, err = _run(capsys, *args)
+    code, stdout, err = lance_cf(*args)
     assert code == 0 and "learned 1 token(s)" in stdout and "resuming with 1" in err
     assert (out / "1.safetensors").read_bytes() == kept
     # Other settings into the same directory are refused in one line.
-    code, _, err = _run(capsys, *[a if a != "2" else "3" for a in args])
+    code, _, err = lance_cf(*[a if a != "2" else "3" for a in args])
     assert code == 2 and "other settings" in err and len(err.strip().splitlines()) == 1
 
 
