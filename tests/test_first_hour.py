@@ -38,7 +38,8 @@ def test_a_refused_resume_says_what_changed(tmp_path, folder):
                            seed=3)  # fmt: skip
     with pytest.raises(BuildRefused) as refused:
         build(load_config(str(changed)), out, progress=False)
-    assert "seed: 0 -> 3" in str(refused.value) and "stages[caption].options.delay: (none) -> 0.5" in str(refused.value)
+    # Options are compared by their effective value: the first build's delay was its default, 0.0.
+    assert "seed: 0 -> 3" in str(refused.value) and "stages[caption].options.delay: 0.0 -> 0.5" in str(refused.value)
     stages[0]["options"] = {}
     version = write_config(tmp_path / "v.yaml", f"imagefolder:{folder}", stages=stages, configs=["reconstructed"],
                            version="1.1.0")  # fmt: skip

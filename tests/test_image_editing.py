@@ -418,7 +418,9 @@ def test_auto_replaces_only_in_place_swaps_and_reweights_only_new_tokens(record,
 def test_float16_null_text_is_refused_at_validation(sd_dir):
     with pytest.raises(ValueError, match="dtype 'float16' cannot run inversion 'null_text'.*float32"):
         InversionStage(model=sd_dir, dtype="float16")
-    with pytest.raises(ValueError, match="option selection = .*: expected one of .best_directional., .largest_passing."):
+    with pytest.raises(
+        ValueError, match="option selection = .*: expected one of .best_directional., .largest_passing."
+    ):
         CounterfactualEditStage(model=sd_dir, selection="best")
 
 
