@@ -26,11 +26,12 @@ def discovery_section(manifest: dict[str, Any]) -> str:
         return ""
     lines = [
         "## Discovered failures\n",
-        f"Found by `lance-cf discover` with {record.get('n_base')} base images per class and {record.get('n_test')} "
+        f"Found by `lance-cf discover` with {md_escape(record.get('n_base'))} base images per class and "
+        f"{md_escape(record.get('n_test'))} "
         "per description. Each description was tested twice against the class's base images (one-sided Fisher exact "
         "tests): the rate of its *target label* (the wrong label its failures were given most) and the total failure "
         f"rate; both tests of every description of a model form one Benjamini-Hochberg family at level "
-        f"{record.get('alpha')}. *Refined* is the shortest word-dropped variant that is still significant against "
+        f"{md_escape(record.get('alpha'))}. *Refined* is the shortest word-dropped variant that is still significant against "
         "base and not significantly less often failed than the full description (one-sided Fisher exact tests, in a "
         "corrected family of their own), with its rate and q-value on the test that found the failure, and the "
         "q-value of its comparison with the full description; the full description when no variant is.",

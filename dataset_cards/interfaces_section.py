@@ -108,7 +108,7 @@ def interfaces_section(manifest: dict[str, Any]) -> str:
         "both scores, the thresholds and whether it passed.",
         "",
         *object_rule_lines(manifest),
-        f"- Images generated per class per shift: {source.get('per_class', '?')}.",
+        f"- Images generated per class per shift: {md_escape(source.get('per_class', '?'))}.",
         "",
         "| shift | prompt | shift caption | shift threshold | provenance | kept | rejected | not released | "
         "paper's yield |",
@@ -121,8 +121,9 @@ def interfaces_section(manifest: dict[str, Any]) -> str:
         lines.append(
             f"| {code_span(name)} | {md_escape(str(shift.get('prompt')))} | "
             f"{md_escape(caption) if caption else '–'} | {_threshold(shift.get('threshold'))} | "
-            f"{md_escape(str(shift.get('provenance')))} | {counts.get('kept', 0)} | {counts.get('rejected', 0)} | "
-            f"{counts.get('not_released', 0)} | {_percent(shift.get('paper_yield'))} |"
+            f"{md_escape(str(shift.get('provenance')))} | {md_escape(counts.get('kept', 0))} | "
+            f"{md_escape(counts.get('rejected', 0))} | {md_escape(counts.get('not_released', 0))} | "
+            f"{_percent(shift.get('paper_yield'))} |"
         )
     lines += [
         "",

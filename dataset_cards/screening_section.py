@@ -35,10 +35,12 @@ def screening_section(manifest: dict[str, Any]) -> str:
             "  |---|---|---|---|---|---|",
         ]
         for name, entry in sorted(sensitive.items()):
-            attributes = ", ".join(f"{md_escape(a)}: {n}" for a, n in (entry.get("by_attribute") or {}).items())
+            attributes = ", ".join(
+                f"{md_escape(a)}: {md_escape(n)}" for a, n in (entry.get("by_attribute") or {}).items()
+            )
+            counts = " | ".join(md_escape(entry.get(k, 0)) for k in ("checked", "marked", "dropped"))
             lines.append(
-                f"  | {code_span(name)} | {md_escape(modes.get(name, 'flag'))} | {entry.get('checked', 0)} | "
-                f"{entry.get('marked', 0)} | {entry.get('dropped', 0)} | {attributes or '—'} |"
+                f"  | {code_span(name)} | {md_escape(modes.get(name, 'flag'))} | {counts} | {attributes or '—'} |"
             )
         lines.append("")
     else:
@@ -50,8 +52,8 @@ def screening_section(manifest: dict[str, Any]) -> str:
         models = sorted({str((manifest.get("stages") or {}).get(k, {}).get("model")) for k in safety})
         checked = sum(int(e.get("checked", 0)) for e in safety.values())
         flagged = sum(int(e.get("flagged", 0)) for e in safety.values())
-        per_stage = ", ".join(f"{code_span(k)}: {e.get('flagged', 0)} of {e.get('checked', 0)}" for k, e in
-                              sorted(safety.items()))  # fmt: skip
+        per_stage = ", ".join(f"{code_span(k)}: {md_escape(e.get('flagged', 0))} of {md_escape(e.get('checked', 0))}"
+                              for k, e in sorted(safety.items()))  # fmt: skip
         lines.append(
             f"- **Safety checker.** Stable Diffusion's safety checker ({', '.join(code_span(m) for m in models)}) "
             f"scored {checked} generated images and flagged {flagged} ({per_stage}); flagged images are not in the release and are listed in `manifest.json` "

@@ -239,3 +239,24 @@ def test_review_export_writes_a_formula_reason_as_text(tmp_path):
     assert not re.search(r"(^|,)\s*\"?[=+@\-]", text.split("\n", 1)[1], re.MULTILINE), text
     rows = pd.read_csv(path)
     assert "'" + FORMULA in rows["reason"].tolist() and "'@SUM(1+1)" in rows["answer"].tolist()
+
+
+def test_the_screening_section_of_a_tampered_record_carries_nothing_raw():
+    from dataset_cards.screening_section import screening_section
+
+    manifest = {
+        "screening": {
+            HOSTILE[3]: {
+                "kind": "sensitive_edits",
+                "checked": HOSTILE[0],
+                "marked": HOSTILE[1],
+                "dropped": 0,
+                "by_attribute": {HOSTILE[2]: HOSTILE[6]},
+            },
+            "safety": {"kind": "safety_checker", "checked": 3, "flagged": 1},
+        },
+        "stages": {"safety": {"model": HOSTILE[1]}},
+    }
+    text = screening_section(manifest)
+    assert text and _raw(text) == []
+    assert "&lt;img src=x onerror=alert(1)&gt;" in text

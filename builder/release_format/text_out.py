@@ -45,9 +45,16 @@ def md_escape(text: Any) -> Markdown:
     return Markdown(_MD_SPECIAL.sub(r"\\\1", text))
 
 
+_NOT_FOR_CODE = re.compile(r"[<>|]|!\[|\]\(")  # could read as HTML, a table cell's end, an image or a link
+
+
 def code_span(text: Any) -> Markdown:
-    """``text`` as an inline code span that no backtick or line break in it can close or break."""
+    """``text`` as an inline code span that no backtick or line break in it can close or break. Text that could read
+    as markup outside a span (HTML, a table cell's end, an image or a link) is shown escaped instead (``md_escape``):
+    inert either way, and never present raw in the card."""
     text = LINE_BREAKS.sub(" ", str(text))
+    if _NOT_FOR_CODE.search(text):
+        return md_escape(text)
     fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
     pad = " " if text.startswith("`") or text.endswith("`") else ""
     return Markdown(f"{fence}{pad}{text}{pad}{fence}")
