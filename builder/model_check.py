@@ -33,6 +33,7 @@ from lance_pipeline.models.hub_cache import (
     inspect_models,
 )
 from lance_pipeline.models.needs import ModelNeed, needs_of
+from lance_pipeline.release_kinds import kind_of_manifest, resolve_target
 
 logger = logging.getLogger(__name__)
 
@@ -164,50 +165,22 @@ def models_ready(states: list[ModelState], *, progress: bool = True) -> Iterator
 # FLOPs of one Stable Diffusion 1.x/2.x UNet sample-forward at 512 px (a 64x64 latent), counted with torch's FLOP
 # counter on the architecture (docs/performance.md; lance_pipeline.editing.cost). It scales with the latent's area.
 UNET_FORWARD_FLOPS_512 = 0.803e12
-# A null-text iteration is a forward and a backward w.r.t. the null embedding (1.08 forwards): lance_pipeline.editing.cost
-BACKWARD_FORWARD_EQUIVALENT = 1.08
 
 
 def unet_evaluations(validated: Any) -> dict[str, float]:
-    """UNet forward-equivalents per source image, per image stage of the build, from the stages' options.
-
-    The counts follow docs/performance.md ("At the issue's scale", counted with ``count_unet_evaluations``): null-text
-    inversion runs S steps with I optimisation iterations each (S x (4 + 2.08 I)); prompt-to-prompt renders
-    each edit as a trunk and forked branches (6 S per edit with guidance) plus a source row of 2 S per sampling run;
-    the reconstruction one guided pass (2 S); the ControlNet editor 2 S per image and conditioning scale; generation
-    2 S per image. Edits per image are the perturber's (``n_per_type`` x edit types, before the label check drops
-    any) or DILLEMA's ``n_counterfactuals``, one for LANCE-R. Text stages are left out (under 1 % of editing, docs/performance.md).
-    """
-    stages = {s.config.type: s for s in validated.active}
-    edits = 0
-    if "llm_perturber" in stages:
-        stage = stages["llm_perturber"]
-        edits = len(stage.create().edit_types) * stage.options.n_per_type
-    elif "dillema_counterfactual" in stages:
-        stage = stages["dillema_counterfactual"]
-        edits = stage.options.n_counterfactuals
-    counts: dict[str, float] = {}
-    for stage in validated.active:
-        kind = stage.config.type
-        options = stage.options
-        steps = getattr(options, "num_inference_steps", None)
-        if not steps:
-            continue
-        if kind == "null_text_inversion":
-            inner = getattr(options, "num_inner_steps", 0) if options.inversion == "null_text" else 0
-            counts[stage.config.name] = steps * (4 + (1 + BACKWARD_FORWARD_EQUIVALENT) * inner) if inner else steps
-        elif kind == "reconstruction":
-            counts[stage.config.name] = 2 * steps
-        elif kind == "prompt_to_prompt_edit":
-            counts[stage.config.name] = edits * 6 * steps + 2 * steps * max(1, math.ceil(edits / 10))
-        elif kind == "lance_r_edit":
-            counts[stage.config.name] = 6 * steps + 2 * steps
-        elif kind == "controlnet_edit":
-            scales = len(getattr(options, "conditioning_scales", (1.0,)))
-            counts[stage.config.name] = max(edits, 1) * options.images_per_edit * scales * 2 * steps
-        elif kind == "shift_generation":
-            counts[stage.config.name] = 2 * steps
-    return counts
+    """UNet forward-equivalents per source image, per image stage of the build, from the stages' options: the count
+    of the build's release kind (``ReleaseKind.unet_evaluations``, recognised from the config's source and stages as
+    the manifest will record it); empty for a kind that declares none."""
+    source = validated.config.source
+    manifest = {
+        "source": {"kind": source.split(":", 1)[0] if isinstance(source, str) else None},
+        "config": {"stages": [{"type": s.config.type} for s in validated.stages]},
+    }
+    kind = kind_of_manifest(manifest)
+    if kind.unet_evaluations is None:
+        return {}
+    stages = [(s.config.name, s.config.type, s.options, s.create) for s in validated.active]
+    return resolve_target(kind.unet_evaluations)(stages)
 
 
 def measure_cpu_flops(threads: int, repeats: int = 2) -> float:

@@ -16,8 +16,8 @@ Per counterfactual, against its source image (the ``original`` config, same ``so
 Per (editor, edit type, model) the table joins these means with the accuracy drop that ``lance-cf eval`` measured on
 the same release (``paired_delta_acc1`` and ``flip_rate`` of ``sensitivity.by_edit_type`` in each model's results),
 and one plot shows them side by side. The editor of a sample is its metadata's ``editor`` field where the release has
-one, else the type of the stage that wrote the config (``prompt_to_prompt_edit`` -> ``prompt_to_prompt``,
-``controlnet_edit`` -> ``controlnet``).
+one, else the editor its stages recorded (``editor`` in their descriptions), else the editor its release kind declares
+(``ReleaseKind.editor``, ``lance_pipeline.release_kinds``).
 
 This module owns the side-by-side (:func:`side_by_side`). ``lance-cf eval --release A --release B ...`` evaluates
 each release and then calls it with the fresh results (``OUTPUT/side_by_side/``); ``lance-cf compare-editors
@@ -46,13 +46,10 @@ from evaluation.results import model_label
 from lance_pipeline.clip.gates import ClipScorer
 from lance_pipeline.models.needs import clip_need
 from lance_pipeline.readers import load_json, read_json
+from lance_pipeline.release_kinds import editors_of, kind_of_manifest
 
 logger = logging.getLogger(__name__)
 
-EDITOR_OF_STAGE_TYPE = {
-    "prompt_to_prompt_edit": "prompt_to_prompt",
-    "controlnet_edit": "controlnet",
-}
 SSIM_SIGMA = 1.5
 SSIM_K1, SSIM_K2 = 0.01, 0.03
 CANNY_THRESHOLDS = (100, 200)
@@ -132,11 +129,9 @@ def background_psnr(original, edited, mask) -> float | None:
 
 
 def _editor_of_release(manifest: dict[str, Any]) -> str | None:
-    for stage in (manifest.get("stages") or {}).values():
-        editor = EDITOR_OF_STAGE_TYPE.get(stage.get("type"))
-        if editor is not None:
-            return editor
-    return None
+    """The editor the release's stages recorded (the first by name when several did), else its kind's."""
+    recorded = sorted(editors_of(manifest))
+    return recorded[0] if recorded else kind_of_manifest(manifest).editor
 
 
 def _load_mask(masks_dir: Path | None, source_key: str, size: tuple[int, int]):

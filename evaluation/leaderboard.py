@@ -551,7 +551,8 @@ def to_markdown(df: Any) -> str:
 
 
 def summary_lines(results: dict[str, Any]) -> list[str]:
-    """One line per config for a results JSON, in the spirit of timm validate.py's ``* Acc@1 ... Acc@5 ...``."""
+    """One line per config for a results JSON, in the spirit of timm validate.py's ``* Acc@1 ... Acc@5 ...``, then
+    the strength curve's, the release kind's own (``ReleaseKind.summary_lines``) and what the run left out."""
     name = model_label(results)
     metrics = results.get("metrics") or {}
     few = (_num_classes(results) or MIN_CLASSES_FOR_TOP5) < MIN_CLASSES_FOR_TOP5
@@ -583,13 +584,9 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
             f"all {strength.get('n')} samples pooled: {fmt_number(pooled.get('auc_acc1'))}); "
             f"{failure.get('n_never')} of {failure.get('n_images')} images never fail"
         )
-    for shift, entry in ((results.get("interfaces") or {}).get("shifts") or {}).items():
-        lo, hi = (entry.get("drop_ci") or [None, None])[:2]
-        lines.append(
-            f"{name} shift {shift}: acc@1 {fmt_number(entry.get('accuracy'))} vs base "
-            f"{fmt_number(entry.get('base_accuracy'))}, drop {_with_ci(entry.get('drop'), lo, hi)} "
-            f"({entry.get('classes')} classes, {len(entry.get('classes_excluded') or [])} excluded)"
-        )
+    kind = kind_of_results(results)
+    if kind.summary_lines is not None:  # lines of the release kind's own (the interfaces' per-shift drops)
+        lines += resolve_target(kind.summary_lines)(results, name)
     if results.get("limit") is not None:
         lines.append(f"{name}: --limit {results['limit']} run (first samples of each config only; not complete)")
     if results.get("failures"):

@@ -1,15 +1,20 @@
-"""Where this tool departs from the papers it implements: one table, read by the docs, the cards and Croissant.
+"""Where this tool departs from the papers it implements: how a table of deviations is declared and read, by the docs,
+the cards and Croissant.
 
-Every row says, for one mode, what the paper does, what we do, why, and where a user changes it; ``applies`` decides
-from a release's manifest whether the row holds for that release (a deviation that an option undoes, or that only a
-non-default option causes, is listed only where it holds). Readers:
+Each system keeps its own table (a :class:`DeviationTable`, in its room: ``lance_pipeline/<system>/deviations.py``)
+and each release kind lists the tables whose rows may apply to its releases (``ReleaseKind.deviations``,
+``lance_pipeline.release_kinds``). Every row says what the paper does, what we do, why, and where a user changes it;
+``applies`` decides from a release's manifest whether the row holds for that release (a deviation that an option
+undoes, or that only a non-default option causes, is listed only where it holds). Readers:
 
-* ``docs/method.md`` holds one generated table per mode (``render_markdown``; ``python -m lance_pipeline.deviations
-  docs/method.md`` rewrites the block between the markers, and a test fails when it is stale);
-* each release's card lists the rows that apply to it (``deviations_for(manifest)``);
+* ``docs/method.md`` holds one generated table per system (``render_markdown``, the tables of every registered kind;
+  ``python -m lance_pipeline.deviations docs/method.md`` rewrites the block between the markers, and a test fails
+  when it is stale);
+* each release's card lists the rows that apply to it (``tables_for(manifest)``: its kind's tables, each when its
+  own ``applies`` holds, with the rows whose ``applies`` holds);
 * Croissant's limitations field reads the same function.
 
-A mode is detected from the manifest (``Mode.detects``), a row from its own predicate. Manifests are plain dicts as
+Manifests are plain dicts as
 ``manifest.json`` holds them: ``config.stages`` (what the user configured, by stage ``type``) and ``stages`` (each
 stage's ``describe()``, with every option's effective value). Papers: LANCE, Prabhu et al., NeurIPS 2023 (arXiv
 2305.19164); DILLEMA, Baresi et al., arXiv 2502.04378, with its code ``irfanmasoudi/DILLEMA``, which gives the
@@ -24,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from lance_pipeline.generated_docs import run, update_block
+from lance_pipeline.release_kinds import kind_of_manifest, list_kinds, resolve_target
 
 Manifest = Mapping[str, Any]
 
@@ -37,29 +43,11 @@ def always(manifest: Manifest) -> bool:
 
 
 @dataclass(frozen=True)
-class Mode:
-    """A system of the tool whose paper the rows compare against.
-
-    Attributes:
-        name: Short name (``lance``, ``dillema``, ...).
-        title: The section heading in docs/method.md.
-        paper: The paper (and code) the rows' "paper" column quotes.
-        detects: Whether a release manifest was built by this mode; ``None`` for a mode that makes no release
-            (perturber training: its rows reach the docs and the adapter's model card, never a dataset card).
-    """
-
-    name: str
-    title: str
-    paper: str
-    detects: Callable[[Manifest], bool] | None
-
-
-@dataclass(frozen=True)
 class Deviation:
     """One departure from a paper.
 
     Attributes:
-        mode: The ``Mode.name`` it belongs to.
+        mode: The ``DeviationTable.name`` of the table it belongs to.
         topic: What it is about, in a few words.
         paper: The paper's setting (with the code's where the paper gives none, said so).
         ours: What this tool does by default (or under the condition in ``applies_when``).
@@ -105,11 +93,12 @@ def described_value(manifest: Manifest, stage_type: str, *path: str, default: An
     return default
 
 
-def _has(*types: str) -> Callable[[Manifest], bool]:
+def has_stage(*types: str) -> Callable[[Manifest], bool]:
+    """The predicate: a stage of one of these types is in the release's config."""
     return lambda manifest: bool(stage_types(manifest) & set(types))
 
 
-def _gates_filter(manifest: Manifest, stage_type: str, section: str) -> bool:
+def gates_filter(manifest: Manifest, stage_type: str, section: str) -> bool:
     """Whether the CLIP gates of an edit stage can reject anything (the demo sets every threshold to -1)."""
     gates = described_value(manifest, stage_type, section, "gates") or {}
     return bool(gates.get("require_edited_closer")) or any(
@@ -117,689 +106,90 @@ def _gates_filter(manifest: Manifest, stage_type: str, section: str) -> bool:
     )
 
 
-def _label_check_filters(manifest: Manifest) -> bool:
+def label_check_filters(manifest: Manifest) -> bool:
     return any(d.get("label_threshold") is not None or d.get("span_threshold") is not None
                for d in described(manifest, "label_check"))  # fmt: skip
 
 
-# -- modes ---------------------------------------------------------------------------------------------------------
-LANCE_EDIT_STAGES = ("prompt_to_prompt_edit", "null_text_inversion", "llm_perturber", "lance_r_edit")
-DILLEMA_STAGES = ("controlnet_edit", "dillema_keywords", "dillema_alternatives", "dillema_counterfactual")
-
-MODES: dict[str, Mode] = {}
-
-
-def register_mode(mode: Mode) -> Mode:
-    """Add a mode (its rows go into ``DEVIATIONS``); a second mode of the same name is a programming error."""
-    if mode.name in MODES:
-        raise ValueError(f"deviation mode {mode.name!r} is already registered")
-    MODES[mode.name] = mode
-    return mode
-
-
-register_mode(
-    Mode(
-        "lance",
-        "LANCE",
-        "Prabhu et al., NeurIPS 2023: section 3, Algorithm 1, Tables 5 and 6",
-        _has(*LANCE_EDIT_STAGES),
-    )
-)
-register_mode(
-    Mode(
-        "dillema",
-        "DILLEMA (the ControlNet editor)",
-        "Baresi et al., arXiv 2502.04378, and its code irfanmasoudi/DILLEMA",
-        _has(*DILLEMA_STAGES),
-    )
-)
-register_mode(
-    Mode(
-        "interfaces",
-        "Dataset interfaces (ImageNet*)",
-        "Vendrow et al., arXiv 2302.07865: section 3.1, Appendix A.1, A.3 and A.5 (Table 1), and its code "
-        "MadryLab/dataset-interfaces",
-        _has("shift_generation"),
-    )
-)
-register_mode(
-    Mode(
-        "perturber",
-        "Perturber training (`lance-cf perturber train`)",
-        "Prabhu et al., NeurIPS 2023: section 3.1, Implementation details, Table 6",
-        None,
-    )
-)
-
-register_mode(
-    Mode(
-        "discovery",
-        "Failure discovery (`lance-cf discover`)",
-        "Wiles, Albuquerque, Gowal, arXiv 2208.08831: section 3, Figures 2, 3 and 5 (no code was published)",
-        lambda m: str((m.get("source") or {}).get("kind")) == "discovery",
-    )
-)
-
-
-# -- LANCE ---------------------------------------------------------------------------------------------------------
-def _perturber_without_adapter(manifest: Manifest) -> bool:
-    return any(d.get("adapter") is None for d in described(manifest, "llm_perturber"))
-
-
-def _perturber_asks_weather(manifest: Manifest) -> bool:
-    return any("weather" in (d.get("edit_types") or ()) for d in described(manifest, "llm_perturber"))
-
-
-LANCE_ROWS = (
-    Deviation(
-        "lance",
-        "caption length",
-        "20 to 100 tokens (Table 6), counted over the whole decoder sequence in the authors' LAVIS call",
-        "`min_new_tokens` / `max_new_tokens` bound the generated tokens only",
-        "with per-sample prompts and padding, a bound on the whole sequence would depend on the batch; captions come "
-        "out a few tokens longer",
-        "`caption` stage: `min_new_tokens`, `max_new_tokens`",
-        "a `blip2_captioner` stage ran",
-        _has("blip2_captioner"),
-    ),
-    Deviation(
-        "lance",
-        "caption prompt",
-        "BLIP-2 captions the image (section 3.1); the prompt is not given",
-        "the decoder is prompted with `a photo of a CLASS`, so every caption names the class and starts with the "
-        "domain phrase",
-        "the perturber must keep the class and the label check protects it; a `domain` edit needs a domain word",
-        "`caption` stage: `label_conditioned`, `domain_phrase`",
-        "a label-conditioned `blip2_captioner` ran",
-        lambda m: any(d.get("label_conditioned") for d in described(m, "blip2_captioner")),
-    ),
-    Deviation(
-        "lance",
-        "perturber model",
-        "LLaMA-7B LoRA-finetuned on 0.6k GPT-3.5 caption edits (section 3.1)",
-        "an instruction LLM used few-shot (default `Qwen/Qwen2.5-7B-Instruct`), no adapter",
-        "the authors' adapter is a lit-llama state dict of LLaMA-1 that no current library loads, and its data was "
-        "not released; `lance-cf perturber collect` and `train` rebuild both",
-        "`perturb` stage: `model`, `adapter` (train one with `lance-cf perturber train`)",
-        "the `perturb` stage has no adapter",
-        _perturber_without_adapter,
-    ),
-    Deviation(
-        "lance",
-        "perturber instructions",
-        "the Table 5 prompts",
-        "instructions in our words after Table 5, naming the class that must stay, with one worked example per type",
-        "the paper found in-prompt examples help; naming the class keeps edits off it",
-        "`perturb` stage: `instructions`, `few_shot`",
-        "an `llm_perturber` stage ran",
-        _has("llm_perturber"),
-    ),
-    Deviation(
-        "lance",
-        "edits per image",
-        "N edits per image, each of a sampled type (Algorithm 1, lines 8-10)",
-        "`n_per_type` edits for every requested type (default 3 x 6)",
-        "every image gets every kind of edit, so per-type results compare on the same images",
-        "`perturb` stage: `n_per_type`, `edit_types`",
-        "an `llm_perturber` stage ran",
-        _has("llm_perturber"),
-    ),
-    Deviation(
-        "lance",
-        "edit types",
-        "five types: subject, object, background, adjective, domain (section 3.1, Algorithm 1)",
-        "six: weather is its own type, as in the authors' code",
-        "the authors' code asks for weather separately (its `perturb_prompts`); the paper counts it as background",
-        "`perturb` stage: `edit_types`",
-        "the `perturb` stage asks for weather edits",
-        _perturber_asks_weather,
-    ),
-    Deviation(
-        "lance",
-        "perturber decoding",
-        "not given (the authors' code samples at temperature 1.0 with no seed)",
-        "greedy; with `do_sample` each (sample, edit type) draws seeded noise",
-        "edits must be reproducible from the sample's seed, whatever the batch",
-        "`perturb` stage: `do_sample`, `temperature`, `top_p`",
-        "an `llm_perturber` stage ran",
-        _has("llm_perturber"),
-    ),
-    Deviation(
-        "lance",
-        "label check",
-        "a sentence-BERT similarity between the edit and the class below epsilon = 0.5, and an edit not similar to "
-        "the phrase it replaces (section 3.1; the second threshold is not given)",
-        "`all-MiniLM-L6-v2`; both the removed and the inserted span checked against the class (0.5); removed vs "
-        "inserted span below 0.8",
-        "checking the removed span only lets an insertion of the class name through; 0.8 is measured on MiniLM",
-        "`label_check` stage: `model`, `label_threshold`, `span_threshold`",
-        "the label check filters",
-        _label_check_filters,
-    ),
-    Deviation(
-        "lance",
-        "label check off",
-        "edits similar to the class are filtered (section 3.1)",
-        "scores are recorded, nothing is rejected",
-        "the offline demo's random models write nonsense that a filter would remove entirely",
-        "`label_check` stage: `label_threshold`, `span_threshold` (null switches a check off)",
-        "the label check's thresholds are null",
-        lambda m: bool(described(m, "label_check")) and not _label_check_filters(m),
-    ),
-    Deviation(
-        "lance",
-        "CLIP directional criterion",
-        "phi = 1 - cos(E_I(x) - E_I(x'), E_T(c) - E_T(c')) > tau = 0.2 (eq. 2, Algorithm 1 line 13)",
-        "cos(E_I(x') - E_I(x), E_T(c') - E_T(c)) >= 0.2, as the authors' code",
-        "eq. 2 as printed is a distance (StyleGAN-NADA's loss) and would keep edits that move against the caption",
-        "`edit` stage: `clip_directional_threshold`",
-        "the CLIP gates filter",
-        lambda m: _gates_filter(m, "prompt_to_prompt_edit", "prompt_to_prompt"),
-    ),
-    Deviation(
-        "lance",
-        "gate comparison image",
-        "the source image x (eq. 2)",
-        "the reconstruction of x from its inversion, as the authors' code",
-        "the gates should judge what the edit changed, not the inversion's own error",
-        "cannot be changed",
-        "a `prompt_to_prompt_edit` stage ran",
-        _has("prompt_to_prompt_edit"),
-    ),
-    Deviation(
-        "lance",
-        "CLIP gates off",
-        "every counterfactual passes the image-quality gates (Algorithm 1, Table 6)",
-        "every gate threshold at -1 and `require_edited_closer` off: nothing is rejected",
-        "the offline demo's random models pass nothing",
-        "`edit` stage: `clip_*_threshold`, `require_edited_closer`",
-        "the CLIP gates of the `edit` stage cannot reject",
-        lambda m: (
-            bool(described(m, "prompt_to_prompt_edit"))
-            and not _gates_filter(m, "prompt_to_prompt_edit", "prompt_to_prompt")
-        ),
-    ),
-    Deviation(
-        "lance",
-        "selection in the sweep",
-        "the sweep value with the best CLIP directional similarity (section 3.2)",
-        "the largest passing self-replace fraction (the authors' code in effect)",
-        "chosen in the config",
-        "`edit` stage: `selection: best_directional`",
-        "`selection` is `largest_passing`",
-        lambda m: described_value(m, "prompt_to_prompt_edit", "prompt_to_prompt", "selection") == "largest_passing",
-    ),
-    Deviation(
-        "lance",
-        "sensitive edits",
-        "the authors inspected the images of their human study by hand and excluded those whose edit changed a "
-        "person's perceived gender, race, age, religion or body (Ethical Issues)",
-        "an automatic first pass marks every edit that adds, removes or changes a perceived gender, race or skin tone, "
-        "age, religion, body or disability of a person (a word list with phrase rules, then a sentence model); "
-        "measured on 259 hand-written held-out caption pairs: 100.0% precision, 97.9% recall (word list) "
-        "(benchmarks/bench_sensitive_edits.py)",
-        "a build has no person in the loop; the marks show a reviewer where to look (`lance-cf review`), and misses "
-        "remain possible",
-        "`sensitive_edit_screen` stage: `screen` (`flag` or `drop`), `similarity_threshold`",
-        "a `sensitive_edit_screen` stage ran",
-        _has("sensitive_edit_screen"),
-    ),
-    Deviation(
-        "lance",
-        "inversion",
-        "null-text inversion (section 3.2)",
-        "a cheaper inversion method",
-        "chosen in the config",
-        "image stages: `inversion: null_text`",
-        "`inversion` is not `null_text`",
-        lambda m: described_value(m, "null_text_inversion", "inversion", default="null_text") != "null_text",
-    ),
-    Deviation(
-        "lance",
-        "long edited captions",
-        "not addressed",
-        "an edited caption longer than the text encoder's context (77 tokens) is refused before rendering, recorded "
-        "with that reason",
-        "a change past the cut would never reach the image",
-        "cannot be changed",
-        "a `prompt_to_prompt_edit` stage ran",
-        _has("prompt_to_prompt_edit"),
-    ),
-)
-
-
-# -- DILLEMA -------------------------------------------------------------------------------------------------------
-def _controlnet_condition(manifest: Manifest) -> str | None:
-    return described_value(manifest, "controlnet_edit", "controlnet_editing", "condition", "name")
-
-
-def _dillema_keeps_best_only(manifest: Manifest) -> bool:
-    candidates = described_value(manifest, "controlnet_edit", "controlnet_editing", "candidates") or {}
-    per_edit = int(candidates.get("images_per_edit") or 1) * len(candidates.get("conditioning_scales") or [1.0])
-    return int(candidates.get("keep_per_edit") or 1) < per_edit
-
-
 def dillema_selection(manifest: Manifest) -> str | None:
-    """How a DILLEMA-mode release chose its images: ``"dillema"`` (as published: every rendered candidate kept, with
-    its scores, and no automatic filter), ``"lance"`` (LANCE's label check and CLIP gates, the best candidates per
-    edit), or ``None`` for a release without the ControlNet editor."""
+    """How a release of the ControlNet editor chose its images: ``"dillema"`` (as DILLEMA published it: every rendered
+    candidate kept, with its scores, and no automatic filter), ``"lance"`` (LANCE's label check and CLIP gates, the
+    best candidates per edit), or ``None`` for a release without it. Here, not in the DILLEMA room, because the
+    ControlNet kind's card paragraph (``dataset_cards``, which may import only this core) reads it too."""
     if not described(manifest, "controlnet_edit"):
         return None
-    filters = _gates_filter(manifest, "controlnet_edit", "controlnet_editing") or _label_check_filters(manifest)
-    return "lance" if filters or _dillema_keeps_best_only(manifest) else "dillema"
+    filters = gates_filter(manifest, "controlnet_edit", "controlnet_editing") or label_check_filters(manifest)
+    candidates = described_value(manifest, "controlnet_edit", "controlnet_editing", "candidates") or {}
+    per_edit = int(candidates.get("images_per_edit") or 1) * len(candidates.get("conditioning_scales") or [1.0])
+    keeps_best_only = int(candidates.get("keep_per_edit") or 1) < per_edit
+    return "lance" if filters or keeps_best_only else "dillema"
 
 
-DILLEMA_ROWS = (
-    Deviation(
-        "dillema",
-        "condition",
-        "HED edges (`lllyasviel/Annotators` ControlNetHED.pth) with the HED ControlNet",
-        "Canny edges (`cv2.Canny`, 100/200) with `lllyasviel/sd-controlnet-canny`",
-        "HED's annotator checkpoint is a pickle, which this project refuses to load (it can run code)",
-        "`edit` stage: `condition` (`canny` or `depth`; `hed` is refused)",
-        "the condition is Canny",
-        lambda m: _controlnet_condition(m) == "canny",
-    ),
-    Deviation(
-        "dillema",
-        "captions",
-        'two captions per image, nucleus-sampled and joined with ". ", not conditioned on the class',
-        "one beam-search caption, conditioned on the class",
-        "one deterministic caption shared with LANCE's preset, so the two editors start from the same text",
-        "`caption` stage: `num_captions: 2`, `do_sample: true`, `num_beams: 1`, `label_conditioned: false` (preset "
-        "`hardimagenet-dillema`)",
-        "one caption per image",
-        lambda m: (
-            bool(described(m, "blip2_captioner"))
-            and all(int(d.get("num_captions") or 1) == 1 for d in described(m, "blip2_captioner"))
-        ),
-    ),
-    Deviation(
-        "dillema",
-        "caption length and prefix",
-        "LAVIS `Blip2OPT.generate` defaults, which DILLEMA's call leaves alone: at most 30 new tokens (`max_length=30`, "
-        'passed as `max_new_tokens`), no minimum (`min_length=1` counts the prompt), the prompt "a photo of" decoded '
-        "away (code: salesforce-lavis `blip2_opt.py`, `blip2_caption_opt6.7b.yaml`)",
-        'LANCE\'s: 20 to 100 new tokens, each caption starting with the prompt "a photo of"',
-        "the LANCE-filtered preset captions as LANCE does, so both editors start from the same text",
-        "`caption` stage: `max_new_tokens: 30`, `min_new_tokens: 0`, `keep_prompt: false` (preset "
-        "`hardimagenet-dillema`)",
-        "the captions differ from LAVIS's defaults in length or prefix",
-        lambda m: any(
-            int(d.get("max_new_tokens") or 0) != 30
-            or int(d.get("min_new_tokens") or 0) != 0
-            or d.get("keep_prompt", True)
-            for d in described(m, "blip2_captioner")
-        ),
-    ),
-    Deviation(
-        "dillema",
-        "captions over 77 tokens",
-        "rendered cut at the text encoder's 77 tokens (diffusers' pipeline truncates the prompt and logs the cut words)",
-        "refused before rendering, each listed among its sample's edit candidates with its length as the reason "
-        "(their change may lie past the cut)",
-        "an edit whose changed words the encoder never reads would be rendered for nothing",
-        "`edit` stage: `long_captions: truncate` (preset `hardimagenet-dillema`)",
-        "the ControlNet stage refuses long captions",
-        lambda m: any((d.get("long_captions") or "refuse") == "refuse" for d in described(m, "controlnet_edit")),
-    ),
-    Deviation(
-        "dillema",
-        "captioner model",
-        "BLIP-2 OPT-6.7B fine-tuned on COCO captions (LAVIS `caption_coco_opt6.7b`)",
-        "BLIP-2 OPT-2.7B (`Salesforce/blip2-opt-2.7b`, the pinned captioner of every preset)",
-        "the presets share one pinned, checked captioner; the COCO-finetuned 6.7B is a model id away",
-        "`caption` stage: `model`, `revision`",
-        "the captioner is BLIP-2 OPT-2.7B",
-        lambda m: any("opt-2.7b" in str(d.get("model")) for d in described(m, "blip2_captioner")),
-    ),
-    Deviation(
-        "dillema",
-        "counterfactuals per image",
-        "one counterfactual caption per image",
-        "`n_counterfactuals` captions per image, each its own seeded pick of keywords and alternatives",
-        "more edits per image for the same captioning and inversion-free rendering cost",
-        "`rewrite` stage: `n_counterfactuals` (preset `hardimagenet-dillema`: 1)",
-        "more than one counterfactual per image",
-        lambda m: any(int(d.get("n_counterfactuals") or 1) > 1 for d in described(m, "dillema_counterfactual")),
-    ),
-    Deviation(
-        "dillema",
-        "rewrite checks",
-        "any answer holding two quoted sentences is the counterfactual",
-        "a rewrite must contain every applied alternative and keep the class name where the caption had it (else "
-        "asked again, then dropped)",
-        "a rewrite that ignores its alternatives, or drops the class, is not the counterfactual DILLEMA asked for",
-        "`rewrite` stage: `require_alternatives`, `require_class_kept`",
-        "the rewrite stage checks its answers",
-        lambda m: any(
-            d.get("require_alternatives") or d.get("require_class_kept") for d in described(m, "dillema_counterfactual")
-        ),  # fmt: skip
-    ),
-    Deviation(
-        "dillema",
-        "LLM",
-        "LLaMA-2-13B-chat (GGML q5_1 through ctransformers), temperature 0.1, top_p 0.85",
-        "an instruction LLM through transformers (default `Qwen/Qwen2.5-7B-Instruct`), same temperature and top_p",
-        "GGML files load only through llama.cpp bindings; the project loads safetensors through transformers",
-        "`keywords`, `alternatives`, `rewrite` stages: `model`",
-        "always",
-    ),
-    Deviation(
-        "dillema",
-        "alternatives prompt",
-        "one JSON object of alternatives for all keywords of a caption",
-        "one question per keyword, with the keyword's aspect",
-        "small models answer a single-keyword question far more often in a usable form",
-        "cannot be changed",
-        "always",
-    ),
-    Deviation(
-        "dillema",
-        "retries",
-        "the script asks again until a regex matches, and a shell loop restarts it on crashes",
-        "at most `max_attempts` (3) seeded attempts per question; failures are counted per sample",
-        "a bounded, reproducible build",
-        "`keywords`, `alternatives`, `rewrite` stages: `max_attempts`",
-        "always",
-    ),
-    Deviation(
-        "dillema",
-        "seeds",
-        "one global generator seeded 1024 for every image",
-        "one seed per candidate from (sample seed, image index)",
-        "a sample's images must not depend on which samples ran before it",
-        "cannot be changed",
-        "always",
-    ),
-    Deviation(
-        "dillema",
-        "label check",
-        "none",
-        "LANCE's label check on the rewritten captions",
-        "the LANCE-filtered preset applies LANCE's checks to both editors",
-        "remove the `label_check` stage, or set its thresholds to null (preset `hardimagenet-dillema`)",
-        "the label check filters",
-        _label_check_filters,
-    ),
-    Deviation(
-        "dillema",
-        "automatic filter",
-        "none: every generated image is kept (validity came from a human study)",
-        "LANCE's CLIP gates against the source image",
-        "the LANCE-filtered preset applies LANCE's checks to both editors",
-        "`edit` stage: `clip_*_threshold: -1`, `require_edited_closer: false` (preset `hardimagenet-dillema`)",
-        "the CLIP gates filter",
-        lambda m: _gates_filter(m, "controlnet_edit", "controlnet_editing"),
-    ),
-    Deviation(
-        "dillema",
-        "images kept",
-        "all 5 images of every counterfactual",
-        "the `keep_per_edit` best by CLIP directional similarity",
-        "the LANCE-filtered preset keeps the best rendering of each edit",
-        "`edit` stage: `keep_per_edit` (preset `hardimagenet-dillema` keeps all 5)",
-        "fewer kept than rendered per edit",
-        _dillema_keeps_best_only,
-    ),
-)
+@dataclass(frozen=True)
+class DeviationTable:
+    """One system's deviations from its paper.
 
+    Attributes:
+        name: Short name (``lance``, ``dillema``, ...), the ``mode`` of its rows.
+        title: The section heading in docs/method.md and on a card.
+        paper: The paper (and code) the rows' "paper" column quotes.
+        rows: The deviations, in table order.
+        applies: Whether the table is considered for a release of a kind that lists it (a ControlNet release lists
+            LANCE's table, which holds only where LANCE's own stages ran); each row's ``applies`` then decides.
+        releases: False for a table that reaches the docs (and the adapter's model card) only, never a dataset card
+            (perturber training makes no release).
+    """
 
-# -- dataset interfaces --------------------------------------------------------------------------------------------
-PAPER_SHIFT = "paper, Table 1"
-
-
-def _object_rule(manifest: Manifest) -> str | None:
-    rule = described_value(manifest, "shift_filter", "object_rule")
-    return rule if isinstance(rule, str) else None
-
-
-def _default_percentile(manifest: Manifest) -> bool:
-    data = described_value(manifest, "shift_filter", "object_thresholds_data") or {}
-    return (
-        _object_rule(manifest) == "per_class" and isinstance(data, Mapping) and bool(data.get("percentile_is_default"))
-    )
-
-
-def _shifts(manifest: Manifest) -> list[Mapping[str, Any]]:
-    source = manifest.get("source") or {}
-    shifts = source.get("shifts") if isinstance(source, Mapping) else None
-    return [s for s in shifts or [] if isinstance(s, Mapping)]
-
-
-def _paper_shifts(manifest: Manifest) -> bool:
-    return any(s.get("provenance") == PAPER_SHIFT and s.get("threshold") is not None for s in _shifts(manifest))
-
-
-def _other_shifts(manifest: Manifest) -> bool:
-    return any(s.get("provenance") != PAPER_SHIFT for s in _shifts(manifest))
-
-
-def _uses_tokens(manifest: Manifest) -> bool:
-    return any(not d.get("plain_prompt") for d in described(manifest, "shift_generation"))
-
-
-INTERFACES_ROWS = (
-    Deviation(
-        "interfaces",
-        "object-threshold percentile",
-        'each class\'s object threshold is a percentile of the CLIP similarities between "a photo of a <class>" and '
-        "that class's ImageNet validation images (A.3); the percentile's value is not in the text we work from",
-        "the 5th percentile (`lance-cf interfaces calibrate`), from any image source",
-        "the value is missing from our copy of the paper; the paper's base yield (92.6% kept by the object filter "
-        "alone, Table 1) points at a low percentile",
-        "`interfaces calibrate --percentile`, then the `filter` stage's `object_thresholds`",
-        "per-class thresholds calibrated at the default percentile",
-        _default_percentile,
-    ),
-    Deviation(
-        "interfaces",
-        "object filter not per class",
-        "object presence is judged per class, against thresholds from the class's real images (A.3)",
-        "one threshold for every class (`object_threshold`), or no object criterion (`object_filter: false`)",
-        "chosen explicitly in the config (the offline demo opens its filter: its tiny models' scores mean nothing)",
-        "`filter` stage: `object_thresholds` (from `lance-cf interfaces calibrate`)",
-        "the filter ran with one global object threshold or none",
-        lambda m: _object_rule(m) in ("global", "off"),
-    ),
-    Deviation(
-        "interfaces",
-        "art-style object thresholds",
-        'art styles score object presence against "a <class>" instead of "a photo of a <class>" (section 3.1, '
-        "footnote 2); how that caption's threshold is set is not said",
-        "calibrated as the photo caption's is: a percentile of \"a <class>\" on the class's real images",
-        "the A.3 rule applied to the caption that is scored",
-        "`interfaces calibrate` (both captions are calibrated together)",
-        "per-class object thresholds",
-        lambda m: _object_rule(m) == "per_class",
-    ),
-    Deviation(
-        "interfaces",
-        "shift thresholds reused",
-        "each shift's CLIP threshold was chosen by inspecting the paper's own generations around a sweep of "
-        "percentiles (A.3)",
-        "the paper's values of Table 1, applied to this release's generations",
-        "the values are published, the inspection is not repeatable; our tokens and seeds give other images",
-        "the source's `custom_shifts` (a shift with your own `threshold`)",
-        "shifts of Table 1 with their thresholds",
-        _paper_shifts,
-    ),
-    Deviation(
-        "interfaces",
-        "shifts not the paper's",
-        "the prompts, shift captions and thresholds of Table 1",
-        "some shifts of this release are user-defined or corrected wordings (`*_corrected`): their provenance says so",
-        "chosen in the config",
-        "the source's `shifts` and `custom_shifts`",
-        "a shift's provenance is not Table 1",
-        _other_shifts,
-    ),
-    Deviation(
-        "interfaces",
-        "seeds",
-        "none given (the code draws each image with no seed by default)",
-        "each image's noise is seeded from (release seed, sample key)",
-        "a release must be rebuilt byte for byte, whatever the batch",
-        "top-level `seed`",
-    ),
-    Deviation(
-        "interfaces",
-        "token training precision",
-        "fp16 mixed precision (the code's `accelerate` setting; the paper follows the Hugging Face script, A.1)",
-        "`lance-cf interfaces learn-tokens` trains in the model's float32",
-        "the token is one small vector: fp32 costs little and needs no loss scaling; steps (3,000), AdamW (lr 5e-4, "
-        "weight decay 1e-2) and the norm constraint (a re-parameterised row) are the code's",
-        "cannot be changed",
-        "the release was generated with class tokens",
-        _uses_tokens,
-    ),
-)
-
-
-# -- perturber training --------------------------------------------------------------------------------------------
-PERTURBER_ROWS = (
-    Deviation(
-        "perturber",
-        "base model",
-        "LLaMA-7B (LLaMA-1)",
-        "any transformers causal LM, named by the user",
-        "LLaMA-1 weights are under a research licence and not on the Hub in transformers form",
-        "`--model`",
-    ),
-    Deviation(
-        "perturber",
-        "LoRA placement",
-        "one rank-8 update of the concatenated query, key and value matrix per layer",
-        "a rank-8 update of each of the q, k and v projections (one fused update where the model fuses them, as "
-        "GPT-2's `c_attn`)",
-        "PEFT adapts the projections a model has; most current models keep q, k, v separate",
-        "`--target-modules`",
-    ),
-    Deviation(
-        "perturber",
-        "data",
-        "0.6k GPT-3.5 edits of MSCOCO captions (section 3.1)",
-        "whatever `lance-cf perturber collect` gathered from the teacher the user chose",
-        "neither the data nor the collection script was released",
-        "`perturber collect --teacher`, `--captions-*`",
-    ),
-    Deviation(
-        "perturber",
-        "loss",
-        "not given (lit-llama's Alpaca recipe, whose defaults the paper's numbers match, trains on the prompt too)",
-        "the answer tokens only",
-        "the prompt is the same for every row of a type; learning it teaches nothing about editing",
-        "`--train-on-prompt`",
-    ),
-)
-
-
-# -- failure discovery ---------------------------------------------------------------------------------------------
-def _discovery(manifest: Manifest) -> Mapping[str, Any]:
-    """What a discovery release's source recorded about the discovery (empty for an older release)."""
-    found = (manifest.get("source") or {}).get("discovery")
-    return found if isinstance(found, Mapping) else {}
-
-
-DISCOVERY_ROWS = (
-    Deviation(
-        "discovery",
-        "generator",
-        "Imagen (internal to Google)",
-        "Stable Diffusion 2 (`stabilityai/stable-diffusion-2`), Euler, 50 steps, guidance 7.5",
-        "Imagen is not available; SD 2 is the open model ImageNet* generates with",
-        "`discover --generator`, `--steps`",
-        "the images are not the demo's stand-ins",
-        lambda m: not _discovery(m).get("stand_in"),
-    ),
-    Deviation(
-        "discovery",
-        "captioner",
-        "Flamingo (internal to DeepMind)",
-        "BLIP-2 OPT-2.7B, label-conditioned (LANCE's captioner)",
-        "Flamingo is not available; one captioner shared with LANCE",
-        "`discover --captioner`",
-        "the captions are not the demo's stand-ins",
-        lambda m: not _discovery(m).get("stand_in"),
-    ),
-    Deviation(
-        "discovery",
-        "stand-ins",
-        "real generator, captioner and classifiers",
-        "deterministic stand-ins with a planted failure (a palette painter, a colour captioner, a rule classifier)",
-        "the offline demo: tiny random models cannot make images whose content matters",
-        "drop `--demo`",
-        "the release came from `discover --demo`",
-        lambda m: bool(_discovery(m).get("stand_in")),
-    ),
-    Deviation(
-        "discovery",
-        "describing failures",
-        "a description per misclassified image (Figure 2); how several are combined is not given in our copy",
-        "the failures of a class clustered (k-means on CLIP embeddings, all predicted labels together, k by "
-        "silhouette), each cluster's captions merged into at most 3 shared keywords; one hypothesis per distinct "
-        "description, at most 5 per class",
-        "a short description shared by several failures is what can be tested; grouping by label first lost "
-        "failures whose wrong labels scatter",
-        "`discover --merge-llm MODEL` merges with an LLM; clustering and the 5 through the Python API "
-        "(`ClusteringSettings`, `DiscoverySettings`)",
-    ),
-    Deviation(
-        "discovery",
-        "what counts as a failure found",
-        "a description under which the rate of a (true label, predicted label) pair is higher than the base caption's "
-        "(Figures 3 and 5); no significance test is given in our copy",
-        "the target label's rate and the total failure rate, each a one-sided Fisher exact test against the base "
-        "images; Benjamini-Hochberg over both tests of every hypothesis of a model, level 0.05",
-        "a reader can check a discovery; with tens of descriptions per model, some rates rise by chance",
-        "`discover --alpha`",
-    ),
-    Deviation(
-        "discovery",
-        "sample sizes",
-        "not given in our copy (its rates, as low as 0.0032%, imply many thousands of images per caption)",
-        "200 base images per class, 100 per description",
-        "our choice: 700 generated images per class at 5 descriptions; at these sizes a shift of one wrong label from "
-        "4% to 20% is found in most runs (docs/discovery.md)",
-        "`discover --n-base`, `--n-test`",
-    ),
-    Deviation(
-        "discovery",
-        "refinement",
-        "the description is edited word by word, by hand or automatically (Figure 2)",
-        "every word-dropped variant tested on the test(s) that found the failure, against base and against the full "
-        "description (one-sided Fisher exact tests, all in one Benjamini-Hochberg family of their own); the shortest "
-        "variant significant against base and not significantly lower than the full description is reported beside "
-        "it, both with their rates and q-values",
-        "which words carry the failure is a question of its own, corrected as such; a word the failure needs takes "
-        "part of the rate with it when dropped, so a variant still significant against base may not replace the "
-        "description (the paper prunes to keep what the failure needs)",
-        "`discover --no-refine`",
-        "refinement ran",
-        lambda m: _discovery(m).get("refine", True) is not False,
-    ),
-)
-
-DEVIATIONS: tuple[Deviation, ...] = (*LANCE_ROWS, *DILLEMA_ROWS, *INTERFACES_ROWS, *PERTURBER_ROWS, *DISCOVERY_ROWS)
+    name: str
+    title: str
+    paper: str
+    rows: tuple[Deviation, ...]
+    applies: Callable[[Manifest], bool] = always
+    releases: bool = True
 
 
 # -- readers -------------------------------------------------------------------------------------------------------
-def rows_of(mode: str) -> list[Deviation]:
-    """Every row of ``mode``, in table order."""
-    if mode not in MODES:
-        raise ValueError(f"unknown deviation mode {mode!r} (modes: {', '.join(MODES)})")
-    return [d for d in DEVIATIONS if d.mode == mode]
+def _table(target: str) -> DeviationTable:
+    table = resolve_target(target)
+    if not isinstance(table, DeviationTable):
+        raise TypeError(f"deviation table {target!r} resolves to {table!r}, not a DeviationTable")
+    return table
 
 
-def modes_of(manifest: Manifest) -> list[str]:
-    """The modes that built a release, from its manifest."""
-    return [m.name for m in MODES.values() if m.detects is not None and m.detects(manifest)]
+def all_tables() -> list[DeviationTable]:
+    """Every table a registered release kind lists, each once, in the kinds' order."""
+    seen: dict[str, DeviationTable] = {}
+    for kind in list_kinds():
+        for target in kind.deviations:
+            table = _table(target)
+            seen.setdefault(table.name, table)
+    return list(seen.values())
+
+
+def rows_of(name: str) -> list[Deviation]:
+    """Every row of the table ``name``, in table order."""
+    tables = {t.name: t for t in all_tables()}
+    if name not in tables:
+        raise ValueError(f"unknown deviation table {name!r} (tables: {', '.join(tables)})")
+    return list(tables[name].rows)
+
+
+def tables_for(manifest: Manifest) -> list[tuple[DeviationTable, list[Deviation]]]:
+    """The tables of the release's kind that apply to it, each with its rows that apply (none left out: empty
+    tables are dropped), decided from its manifest (``manifest.json`` as a dict)."""
+    out = []
+    for target in kind_of_manifest(dict(manifest)).deviations:
+        table = _table(target)
+        if table.releases and table.applies(manifest):
+            rows = [d for d in table.rows if d.applies(manifest)]
+            if rows:
+                out.append((table, rows))
+    return out
 
 
 def deviations_for(manifest: Manifest) -> list[Deviation]:
-    """The deviations that apply to one release, decided from its manifest (``manifest.json`` as a dict)."""
-    modes = set(modes_of(manifest))
-    return [d for d in DEVIATIONS if d.mode in modes and d.applies(manifest)]
+    """The deviations that apply to one release, in its kind's table order."""
+    return [d for _table_, rows in tables_for(manifest) for d in rows]
 
 
 def _cell(text: str) -> str:
@@ -817,18 +207,19 @@ def render_table(rows: list[Deviation], *, with_applies: bool = True) -> str:
 
 
 def render_markdown() -> str:
-    """The docs block: one table per mode, with its paper and what decides where each row applies."""
+    """The docs block: one table per system, with its paper and what decides where each row applies."""
     parts = [
-        "Generated from `lance_pipeline/deviations.py` (one row per deviation; a release's card lists the rows that "
-        'apply to it, decided from its manifest). "Paper" quotes the paper, or its code where the paper is '
-        "silent, and says so.\n"
+        "Generated from each system's `lance_pipeline/<system>/deviations.py`, the tables its release kinds list (one "
+        "row per deviation; a release's card lists the rows that apply to it, decided from its manifest). "
+        '"Paper" quotes the paper, or its code where the paper is silent, and says so.\n'
     ]
-    for mode in MODES.values():
-        rows = rows_of(mode.name)
-        if not rows:
+    for table in all_tables():
+        if not table.rows:
             continue
-        scope = "releases it built" if mode.detects is not None else "no release (the adapter it trains)"
-        parts.append(f"### {mode.title}\n\nPaper: {mode.paper}. Applies to: {scope}.\n\n{render_table(rows)}")
+        scope = "releases it built" if table.releases else "no release (the adapter it trains)"
+        parts.append(
+            f"### {table.title}\n\nPaper: {table.paper}. Applies to: {scope}.\n\n{render_table(list(table.rows))}"
+        )
     return "\n".join(parts)
 
 
@@ -838,7 +229,10 @@ def update_docs(path: str | Path) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run("lance_pipeline.deviations", update_docs, argv)
+    # Under ``python -m`` this file runs as __main__, whose DeviationTable is not the one the kinds' tables are made of.
+    from lance_pipeline import deviations
+
+    return run("lance_pipeline.deviations", deviations.update_docs, argv)
 
 
 if __name__ == "__main__":

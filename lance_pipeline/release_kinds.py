@@ -9,7 +9,14 @@ release, so that none of them guesses the kind from config names or stage types:
 - evaluation: the registered metrics that apply to this kind only (``metrics``), the sections of a results JSON that
   belong to it, each with its validator (``results_sections``), its leaderboard table (``leaderboard``; the paired
   LANCE table when ``None``) and a table of its own in each model's report (``report_section``);
-- the builder: the ``next:`` commands printed after a successful build (``next_commands``).
+- the release's metadata: the papers it implements (``papers``: citations, ``arxiv:`` tags), how its images were made
+  (``making``, ``collection_type``: ``croissant.json``'s description and ``rai:`` collection fields), and the Hub's
+  card keys (``generated``, ``language_creators``, ``task_ids``);
+- the deviations from its papers that its card and ``croissant.json`` list (``deviations``);
+- the builder: the ``next:`` commands printed after a successful build (``next_commands``), and the cost estimate of a
+  full-size build on a CPU (``unet_evaluations``);
+- evaluation: the editor of a release whose stages recorded none (``editor``, for ``compare-editors``) and the lines
+  ``lance-cf eval`` prints for its results (``summary_lines``).
 
 Targets are lazy ``"module:attr"`` strings resolved by the layer that uses them (a card target lives in
 ``dataset_cards``, an evaluation target in ``evaluation``): this module imports nothing of theirs, so every layer can
@@ -30,6 +37,30 @@ from typing import Any
 from lance_pipeline.registry import Registry
 
 DEFAULT_KIND = "lance"
+
+
+@dataclass(frozen=True)
+class Paper:
+    """A paper a release kind implements: cited by ``croissant.json`` and the card, tagged ``arxiv:<id>`` on the Hub."""
+
+    key: str
+    arxiv: str
+    title: str
+    authors: tuple[str, ...]
+    year: int
+    venue: str | None = None  # the proceedings, when published in one
+
+    @property
+    def url(self) -> str:
+        return f"https://arxiv.org/abs/{self.arxiv}"
+
+    def bibtex(self) -> str:
+        fields = [("title", self.title), ("author", " and ".join(self.authors))]
+        if self.venue:
+            fields.append(("booktitle", self.venue))
+        fields += [("year", str(self.year)), ("eprint", self.arxiv), ("archivePrefix", "arXiv"), ("url", self.url)]
+        body = ",\n".join(f"  {name:<13} = {{{value}}}" for name, value in fields)
+        return f"@{'inproceedings' if self.venue else 'misc'}{{{self.key},\n{body}\n}}"
 
 
 @dataclass(frozen=True)
@@ -61,6 +92,30 @@ class ReleaseKind:
     # ``next:`` after a successful build; placeholders {release}, {config} (main config), {class_map}
     # (" --class-map CLASS_MAP" unless the label space is ImageNet-1k)
     next_commands: tuple[str, ...] = ()
+    # The papers its releases implement, in citation order
+    papers: tuple[Paper, ...] = ()
+    # How its images were made, in a few sentences: croissant.json's description, rai:dataCollection and
+    # rai:dataManipulationProtocol ("": a sentence naming the kind's title, and that it declared none)
+    making: str = ""
+    # croissant.json's rai:dataCollectionType
+    collection_type: str = "Synthetic data"
+    # Hub card keys: images generated from text (source_datasets "original", labels are the class asked for) rather
+    # than edits of a source dataset's images; who wrote the text of the metadata; the Hub's task ids
+    generated: bool = False
+    language_creators: tuple[str, ...] = ("machine-generated",)
+    task_ids: tuple[str, ...] = ("multi-class-image-classification",)
+    # lance_pipeline targets of the ``lance_pipeline.deviations.DeviationTable``s whose rows may apply to its releases
+    # (each row's own ``applies`` decides), in the order the card lists them
+    deviations: tuple[str, ...] = ()
+    # the editor (lance_pipeline.registry.EDITORS) of a release whose stages recorded none (evaluation.fidelity)
+    editor: str | None = None
+    # evaluation target ``f(results, name) -> list[str]``: lines of this kind's own that ``lance-cf eval`` prints
+    # after the per-config ones (the interfaces' per-shift drops)
+    summary_lines: str | None = None
+    # lance_pipeline target ``f(stages) -> {stage name: UNet forward-equivalents per source image}``, ``stages`` a
+    # list of (stage name, stage object, typed options) of the active stages: the cost estimate the builder gives
+    # before refusing a full-size build on a CPU
+    unet_evaluations: str | None = None
     # How a release whose manifest does not record its kind is recognised (any one suffices):
     source_kinds: tuple[str, ...] = ()  # the manifest's source.kind
     stage_types: tuple[str, ...] = ()  # a stage type of the build config

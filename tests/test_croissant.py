@@ -198,12 +198,12 @@ def test_each_kind_cites_its_papers_and_sources(release, source, stages, kind, a
     data = {**data, "source": {**data["source"], **source, "imagenet_derived": False}}
     data["config"] = {**data["config"], "stages": stages}
     manifest = rf.Manifest.from_dict(data)
-    assert rf.release_kind_name(manifest) == kind
+    assert rf.release_kind(manifest).name == kind
     meta = rf.card_metadata(manifest)
     assert [t for t in meta["tags"] if t.startswith("arxiv:")] == [f"arxiv:{a}" for a in arxiv]
     assert meta["source_datasets"] == sources
     recorded = rf.Manifest.from_dict({**data, "kind": "discovery"})  # a recorded kind wins over recognition
-    assert rf.release_kind_name(recorded) == "discovery"
+    assert rf.release_kind(recorded).name == "discovery"
 
 
 def test_viewer_statement_names_the_configs_over_the_conversion_limit(release, tmp_path):

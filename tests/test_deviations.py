@@ -1,4 +1,5 @@
-"""The one table of deviations from the papers: docs generated from it, rows decided from a release's manifest."""
+"""The tables of deviations from the papers, one per system and listed by the release kinds: docs generated from them,
+rows decided from a release's manifest."""
 
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ def test_docs_method_holds_the_generated_tables():
     assert block == "\n" + dv.render_markdown(), (
         "docs/method.md's deviations tables are stale: run `python -m lance_pipeline.deviations docs/method.md`"
     )
-    for mode in dv.MODES.values():
-        if dv.rows_of(mode.name):
-            assert f"### {mode.title}\n" in block
+    for table in dv.all_tables():
+        if table.rows:
+            assert f"### {table.title}\n" in block
 
 
 def test_update_docs_rewrites_only_the_block(tmp_path):
@@ -36,10 +37,10 @@ def test_update_docs_rewrites_only_the_block(tmp_path):
         dv.update_docs(tmp_path / "none.md")
 
 
-def test_every_row_belongs_to_a_mode_and_is_well_formed():
+def test_every_row_belongs_to_its_table_and_is_well_formed():
     seen = set()
-    for row in dv.DEVIATIONS:
-        assert row.mode in dv.MODES
+    for row in (row for table in dv.all_tables() for row in table.rows):
+        assert row.mode in {t.name for t in dv.all_tables()} and row in dv.rows_of(row.mode)
         assert (row.mode, row.topic) not in seen, f"duplicate topic {row.topic!r} in mode {row.mode}"
         seen.add((row.mode, row.topic))
         for text in (row.topic, row.paper, row.ours, row.why, row.change, row.applies_when):
@@ -93,7 +94,7 @@ def _topics(manifest):
 
 def test_a_default_lance_release_gets_the_lance_rows_that_hold_and_no_other_mode():
     topics = _topics(_lance_manifest())
-    assert dv.modes_of(_lance_manifest()) == ["lance"]
+    assert [t.name for t, _ in dv.tables_for(_lance_manifest())] == ["lance"]
     assert {t for m, t in topics} >= {"perturber model", "edit types", "label check", "CLIP directional criterion"}
     assert {m for m, _ in topics} == {"lance"}
     # Rows caused only by a non-default option, or by the demo's switched-off filters, are absent.
@@ -142,7 +143,7 @@ def _dillema_manifest(keep_per_edit=1, images_per_edit=5, directional=0.2, condi
 
 def test_a_dillema_release_gets_dillema_rows_by_its_selection():
     filtered = _topics(_dillema_manifest())
-    assert dv.modes_of(_dillema_manifest()) == ["dillema"]
+    assert [t.name for t, _ in dv.tables_for(_dillema_manifest())] == ["dillema"]
     assert {("dillema", "condition"), ("dillema", "automatic filter"), ("dillema", "images kept")} <= filtered
     as_published = _topics(_dillema_manifest(keep_per_edit=5, directional=-1.0))
     assert ("dillema", "condition") in as_published
@@ -151,12 +152,12 @@ def test_a_dillema_release_gets_dillema_rows_by_its_selection():
 
 
 def test_perturber_training_rows_reach_the_docs_but_never_a_release():
-    assert dv.rows_of("perturber") and dv.MODES["perturber"].detects is None
+    assert dv.rows_of("perturber") and not {t.name: t for t in dv.all_tables()}["perturber"].releases
     everything = copy.deepcopy(_lance_manifest())
     everything["config"]["stages"] += _dillema_manifest()["config"]["stages"]
     assert all(d.mode != "perturber" for d in dv.deviations_for(everything))
     assert "### Perturber training" in dv.render_markdown()
-    with pytest.raises(ValueError, match="unknown deviation mode"):
+    with pytest.raises(ValueError, match="unknown deviation table"):
         dv.rows_of("nope")
 
 

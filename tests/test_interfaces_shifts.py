@@ -154,7 +154,7 @@ def test_the_deviations_of_an_interfaces_release_are_decided_from_its_manifest()
     def topics(manifest):
         return {t for m, t in ((d.mode, d.topic) for d in dv.deviations_for(manifest)) if m == "interfaces"}
 
-    assert dv.modes_of(_star_manifest()) == ["interfaces"]
+    assert [t.name for t, _ in dv.tables_for(_star_manifest())] == ["interfaces"]
     faithful = topics(_star_manifest())
     assert faithful == {"object-threshold percentile", "art-style object thresholds", "shift thresholds reused",
                         "seeds", "token training precision"}  # fmt: skip

@@ -22,9 +22,10 @@ FIRST_PARTY = ("builder", "lance_pipeline", "evaluation", "dataset_cards")
 # core) or one of its sub-packages ("builder.interfaces"). Rows are listed so that each imports only rows above it.
 ALLOWED: dict[str, set[str]] = {
     "lance_pipeline.readers": set(),  # the one reader of structured input: the lowest room, every other may import it
-    "builder.release_format": set(),
     "lance_pipeline.models": set(),  # declared models and their files, the Hub cache, shared loads, the device rule
-    "lance_pipeline": {"lance_pipeline.models"},  # the stage contract, registry, option types, edit types, deviations
+    # the stage contract, registry, option types, edit types, release kinds, how deviations are declared
+    "lance_pipeline": {"lance_pipeline.models"},
+    "builder.release_format": {"lance_pipeline"},  # a release's kind (its papers, its Hub metadata) from its declaration
     "lance_pipeline.text": {"lance_pipeline", "lance_pipeline.models"},
     "lance_pipeline.clip": {"lance_pipeline", "lance_pipeline.models"},
     "lance_pipeline.editing": {"lance_pipeline", "lance_pipeline.models", "lance_pipeline.clip"},

@@ -1,7 +1,8 @@
 """The release format: the single source of truth for what a release directory holds.
 
 The builder writes this format, ``lance-cf verify`` checks it, ``dataset_cards`` declares it in the card's YAML and
-``evaluation`` reads it. This package imports nothing from the rest of the project and nothing heavy at import
+``evaluation`` reads it. This package imports nothing from the rest of the project but the release kinds' registry
+(``lance_pipeline.release_kinds``: what a kind of release cites, and how the Hub indexes it) and nothing heavy at import
 (``jsonschema``, ``PIL`` and ``yaml`` are imported by ``verify_release`` only), so readers of a release do not depend
 on the build machinery. Human-readable description: docs/release-format.md.
 
@@ -11,7 +12,7 @@ on the build machinery. Human-readable description: docs/release-format.md.
 - ``manifest``: the typed ``Manifest``, canonical JSON, digest, the one ``Tally`` of counts.
 - ``shards``: the one shard writer and the one shard reader.
 - ``hub``: the card's YAML blocks, timm's ``_info.json`` and what the Hub's viewer will show, from the manifest.
-- ``papers``: the papers each kind of release implements (citations, ``arxiv:`` tags).
+- ``papers``: a release's kind, from its declaration, and the papers it implements (citations, ``arxiv:`` tags).
 - ``croissant``: ``croissant.json`` and the per-config metadata index it reads.
 - ``verify``: ``verify_release``.
 """
@@ -90,7 +91,7 @@ from builder.release_format.metadata import (
     metadata_json_schema,
     normalize_metadata,
 )
-from builder.release_format.papers import KIND_PAPERS, Paper, release_kind_name, release_papers
+from builder.release_format.papers import Paper, release_kind, release_papers
 from builder.release_format.shards import (
     IndexedSample,
     ShardIntegrityError,
@@ -140,7 +141,6 @@ __all__ = [
     "IMAGE_FORMATS",
     "INDEX_DIR",
     "KEY_PATTERN",
-    "KIND_PAPERS",
     "KNOWN_LICENSES",
     "LABEL_EXT",
     "LANCE_EDIT_TYPES",
@@ -209,7 +209,7 @@ __all__ = [
     "read_member",
     "read_samples",
     "read_shard",
-    "release_kind_name",
+    "release_kind",
     "release_papers",
     "listed_path_problem",
     "sanitize_key",

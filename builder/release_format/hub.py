@@ -11,7 +11,7 @@ from typing import Any
 from builder.release_format.layout import SPLIT, shard_glob
 from builder.release_format.manifest import Manifest
 from builder.release_format.metadata import hf_features
-from builder.release_format.papers import release_kind_name, release_papers
+from builder.release_format.papers import release_kind, release_papers
 
 # Licence ids the Hub accepts in ``license:`` that a source might carry; anything else becomes ``other``.
 KNOWN_LICENSES = (
@@ -120,8 +120,6 @@ def card_licence(manifest: Manifest | dict[str, Any]) -> dict[str, Any]:
 # The Hub indexes datasets by these card keys (hub-docs datasetcard.md); the values of the creators and size keys are
 # the field's own vocabularies, as `datasets` ships them (datasets/utils/resources/creators.json, size_categories.json).
 CARD_TAGS = ("webdataset", "image", "robustness", "counterfactual", "lance", "synthetic", "stress-test")
-# Sources whose images are new (generated from text), not edits of a source dataset's images.
-GENERATED_SOURCES = ("generate", "discovery")
 
 
 def size_category(n: int) -> str:
@@ -140,11 +138,13 @@ def pretty_name(name: str) -> str:
 
 
 def source_datasets(manifest: Manifest | dict[str, Any]) -> list[str]:
-    """``source_datasets`` in the Hub's convention: ``original`` for images generated from text, ``extended|<dataset>``
-    for edits of a source dataset's images (ImageNet-1k, a Hub dataset by its id, else ``other``)."""
-    source = _manifest(manifest).source
+    """``source_datasets`` in the Hub's convention: ``original`` for images generated from text (a kind that declares
+    itself ``generated``), ``extended|<dataset>`` for edits of a source dataset's images (ImageNet-1k, a Hub dataset by
+    its id, else ``other``)."""
+    m = _manifest(manifest)
+    source = m.source
     kind, spec = str(source.get("kind")), str(source.get("spec"))
-    if kind in GENERATED_SOURCES:
+    if release_kind(m).generated:
         return ["original"]
     if kind == "imagenet" or source.get("imagenet_derived"):
         return ["extended|imagenet-1k"]
@@ -157,19 +157,16 @@ def card_creators(manifest: Manifest | dict[str, Any]) -> dict[str, list[str]]:
     """``annotations_creators`` and ``language_creators``: who made the labels and the text of the release.
 
     Labels of edits are the source images' labels (ImageNet's were crowdsourced, a folder's or a Hub dataset's are
-    taken as found); labels of generated images are the class the generator was asked for. The metadata a model wrote
-    (captions, edited captions, scores, descriptions) is machine-generated; an interfaces release's text is its prompt
-    templates (the paper's or the user's).
+    taken as found); labels of generated images (a kind that declares itself ``generated``) are the class the generator
+    was asked for. Who wrote the text of the metadata is the kind's ``language_creators``.
     """
     m = _manifest(manifest)
-    kind = release_kind_name(m)
-    source_kind = str(m.source.get("kind"))
-    if source_kind in GENERATED_SOURCES:
+    kind = release_kind(m)
+    if kind.generated:
         annotations = ["machine-generated"]
     else:
         annotations = ["crowdsourced" if m.source.get("imagenet_derived") else "found", "machine-generated"]
-    language = ["expert-generated"] if kind == "interfaces" else ["machine-generated"]
-    return {"annotations_creators": annotations, "language_creators": language}
+    return {"annotations_creators": annotations, "language_creators": list(kind.language_creators)}
 
 
 def card_metadata(manifest: Manifest | dict[str, Any]) -> dict[str, Any]:
@@ -181,7 +178,7 @@ def card_metadata(manifest: Manifest | dict[str, Any]) -> dict[str, Any]:
         "pretty_name": pretty_name(m.name),
         "language": ["en"],
         "task_categories": ["image-classification"],
-        "task_ids": ["multi-class-image-classification"],
+        "task_ids": list(release_kind(m).task_ids),
         "size_categories": [size_category(total)],
         "source_datasets": source_datasets(m),
         **card_creators(m),

@@ -60,7 +60,7 @@ class ReleaseIndex:
 
     @property
     def kind(self) -> str:
-        return rf.release_kind_name(self.manifest)
+        return rf.release_kind(self.manifest).name
 
     def configs(self) -> list[str]:
         return list(self.manifest.configs)

@@ -16,6 +16,8 @@ from typing import Any
 
 from builder.release_format.text_out import write_csv
 from evaluation.interfaces.shift_metrics import MIN_PER_CLASS, per_class_accuracy, shift_accuracy_drop
+from evaluation.leaderboard import _with_ci as interval_text
+from evaluation.leaderboard import fmt_number
 from evaluation.metric_registry import Metric, MetricContext
 from evaluation.pages import render_page
 from evaluation.results import check_one_release, is_complete, model_label
@@ -457,3 +459,16 @@ class ShiftLeaderboard:
 
 
 SHIFT_LEADERBOARD = ShiftLeaderboard()
+
+
+def summary_lines(results: dict[str, Any], name: str) -> list[str]:
+    """The per-shift lines ``lance-cf eval`` prints for an interfaces release (``ReleaseKind.summary_lines``)."""
+    lines = []
+    for shift, entry in ((results.get(KIND) or {}).get("shifts") or {}).items():
+        lo, hi = (entry.get("drop_ci") or [None, None])[:2]
+        lines.append(
+            f"{name} shift {shift}: acc@1 {fmt_number(entry.get('accuracy'))} vs base "
+            f"{fmt_number(entry.get('base_accuracy'))}, drop {interval_text(entry.get('drop'), lo, hi)} "
+            f"({entry.get('classes')} classes, {len(entry.get('classes_excluded') or [])} excluded)"
+        )
+    return lines

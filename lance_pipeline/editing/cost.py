@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,3 +96,45 @@ def reference_sweep(editor, inversion: dict[str, Any], requests) -> dict[tuple[i
             )
             out[(index, f)] = latents
     return out
+
+
+# ---------------------------------------------------------------------------------------------- a build's estimate
+# A build's active stages as the estimate sees them: (stage name, stage type, typed options, a function making the
+# stage object, nothing loaded).
+PlannedStage = tuple[str, str, Any, Callable[[], Any]]
+
+
+def edits_per_image(stages: list[PlannedStage]) -> int:
+    """Edits the perturb stage asks for per source image (``n_per_type`` x edit types, before the label check drops
+    any); 0 without one."""
+    for _name, kind, options, create in stages:
+        if kind == "llm_perturber":
+            return len(create().edit_types) * options.n_per_type
+    return 0
+
+
+def unet_evaluations(stages: list[PlannedStage], edits: int | None = None) -> dict[str, float]:
+    """UNet forward-equivalents per source image of LANCE's image stages (``ReleaseKind.unet_evaluations``).
+
+    The counts follow docs/performance.md ("At the issue's scale", counted with :func:`count_unet_evaluations`):
+    null-text inversion runs S steps with I optimisation iterations each (S x (4 + 2.08 I)); prompt-to-prompt renders
+    each edit as a trunk and forked branches (6 S per edit with guidance) plus a source row of 2 S per sampling run;
+    the reconstruction one guided pass (2 S); LANCE-R one edit. ``edits`` per image default to the perturb stage's.
+    Text stages are left out (under 1 % of editing, docs/performance.md).
+    """
+    edits = edits_per_image(stages) if edits is None else edits
+    counts: dict[str, float] = {}
+    for name, kind, options, _create in stages:
+        steps = getattr(options, "num_inference_steps", None)
+        if not steps:
+            continue
+        if kind == "null_text_inversion":
+            inner = getattr(options, "num_inner_steps", 0) if options.inversion == "null_text" else 0
+            counts[name] = steps * (4 + (1 + BACKWARD_FORWARD_EQUIVALENT) * inner) if inner else steps
+        elif kind == "reconstruction":
+            counts[name] = 2 * steps
+        elif kind == "prompt_to_prompt_edit":
+            counts[name] = edits * 6 * steps + 2 * steps * max(1, -(-edits // 10))
+        elif kind == "lance_r_edit":
+            counts[name] = 6 * steps + 2 * steps
+    return counts

@@ -4,7 +4,16 @@ originals through ``source_key``."""
 
 from __future__ import annotations
 
-from lance_pipeline.release_kinds import ReleaseKind
+from lance_pipeline.release_kinds import Paper, ReleaseKind
+
+LANCE_PAPER = Paper(
+    "prabhu2023lance",
+    "2305.19164",
+    "LANCE: Stress-testing Visual Models by Generating Language-guided Counterfactual Images",
+    ("Prabhu, Viraj", "Yenamandra, Sriram", "Chattopadhyay, Prithvijit", "Hoffman, Judy"),
+    2023,
+    "Advances in Neural Information Processing Systems (NeurIPS)",
+)
 
 # The paired metrics compare each counterfactual with its own original; the insights cluster its edits.
 PAIRED_METRICS = ("accuracy_drop", "paired_accuracy_drop", "true_class_confidence_drop", "flip_rate", "insights")
@@ -24,4 +33,22 @@ LANCE = ReleaseKind(
     main_config="counterfactual",
     metrics=PAIRED_METRICS,
     next_commands=EDIT_NEXT_COMMANDS,
+    papers=(LANCE_PAPER,),
+    making=(
+        "Each source image was captioned, a language model rewrote one part of the caption (subject, object, "
+        "background, weather, adjective or domain), and the image was edited towards the new caption with Stable "
+        "Diffusion, null-text inversion and prompt-to-prompt attention control (LANCE, Prabhu et al., NeurIPS 2023). "
+        "Edits that would change the class or drift from the source image were filtered out; every counterfactual "
+        "keeps its source image's label."
+    ),
+    collection_type="Synthetic data: text-guided edits of the images of a source dataset",
+    # LANCE's pipeline may also run DILLEMA's text stages in front of its own editor; the perturber's table reaches
+    # the docs and the adapter's model card only (it makes no release)
+    deviations=(
+        "lance_pipeline.editing.deviations:LANCE_DEVIATIONS",
+        "lance_pipeline.dillema.deviations:DILLEMA_DEVIATIONS",
+        "lance_pipeline.perturber.deviations:PERTURBER_DEVIATIONS",
+    ),
+    editor="prompt_to_prompt",
+    unet_evaluations="lance_pipeline.editing.cost:unet_evaluations",
 )
