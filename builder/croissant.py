@@ -18,7 +18,7 @@ from typing import Any
 from builder import release_format as rf
 from dataset_cards.card import LOCAL_COPY, build_constants, stage_models
 from dataset_cards.markdown import md_escape
-from lance_pipeline.deviations import deviations_for
+from lance_pipeline.deviations import tables_for
 from lance_pipeline.release_kinds import ReleaseKind
 
 
@@ -27,7 +27,7 @@ def paper_deviations(manifest: rf.Manifest) -> list[str]:
     which the card and docs/method.md read), one sentence each."""
     return [
         f"Deviation from {table.paper} ({d.topic}): the paper: {d.paper}; this release: {d.ours} ({d.why})"
-        for table, rows in deviations_for(manifest.to_dict())
+        for table, rows in tables_for(manifest.to_dict())
         for d in rows
     ]
 

@@ -165,6 +165,7 @@ def _template_context(
         "release_kind": code_text(kind.name),
         "kind_intro": _kind_text(kind.card_intro, manifest, md_escape(pretty_name)),
         "kind_section": _kind_text(kind.card_section, manifest.to_dict()),
+        "failure_modes": _kind_text(kind.card_failure_modes, manifest),
         "load_example": Markdown(kind.load_example or ""),  # the kind's own code, not data
         # The config the "How to load" example opens: the kind's main config, else the release's first config.
         "load_config": code_text(kind.main_config_of(configs) or "original"),

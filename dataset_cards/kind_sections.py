@@ -88,3 +88,20 @@ def discovery_intro(manifest: rf.Manifest, pretty_name: str) -> str:
         "with the description,\nthe probed model's prediction and the test's statistics. Evaluate other models on it "
         "to see whether a failure\ntransfers.\n"
     )
+
+
+def edit_failure_modes(manifest: rf.Manifest) -> str:
+    """``## Known failure modes`` of a release made with LANCE's pipeline (its label check, CLIP gates, captioner and
+    inversion); the built-in kinds' cards have shown it since the first release."""
+    return (
+        "## Known failure modes\n"
+        "\n"
+        "- **Label-changing edits**: the label-preservation check and the CLIP gates reduce, but do not remove, edits that\n"
+        "  change the class (e.g. editing the object that *is* the class). Check `scores.label_similarity` when in doubt.\n"
+        "- **Incomplete or leaking edits**: prompt-to-prompt can under-edit (the counterfactual looks like the reconstruction)\n"
+        "  or change regions outside the edited span; `scores.clip_directional` and `scores.clip_image` flag both.\n"
+        "- **Caption errors**: a wrong caption yields a meaningless perturbation; the edited span is only as good as the\n"
+        "  captioner.\n"
+        "- **Reconstruction artefacts**: null-text inversion is not exact; compare against the `reconstructed` config to\n"
+        "  separate the effect of the edit from the effect of regeneration.\n\n"
+    )

@@ -4,7 +4,8 @@ A mode of the tool (LANCE's edits, DILLEMA-style ControlNet regeneration, datase
 makes releases of one *kind*. A :class:`ReleaseKind` declares everything the other layers need to know about such a
 release, so that none of them guesses the kind from config names or stage types:
 
-- the card: the opening paragraph (``card_intro``), an optional section of its own (``card_section``), the example
+- the card: the opening paragraph (``card_intro``), an optional section of its own (``card_section``), its known
+  failure modes (``card_failure_modes``), the example
   filter of "How to load" and the config that example opens (``main_config``);
 - evaluation: the registered metrics that apply to this kind only (``metrics``), the sections of a results JSON that
   belong to it, each with its validator (``results_sections``), its leaderboard table (``leaderboard``; the paired
@@ -74,6 +75,9 @@ class ReleaseKind:
     card_intro: str
     # dataset_cards target ``f(manifest: dict) -> str``: a Markdown section of this kind's own ("" for none)
     card_section: str | None = None
+    # dataset_cards target ``f(manifest: builder.release_format.Manifest) -> str``: the card's "Known failure modes"
+    # section ("" or None for none)
+    card_failure_modes: str | None = None
     # one line of Python, after ``ds = load_dataset(...)``, for the card's "How to load" (a filter on the metadata)
     load_example: str | None = None
     # the config the card's loading example and the next: hints open, when the release has it (else its first)

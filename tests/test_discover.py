@@ -329,7 +329,9 @@ def test_the_discovery_deviations_are_decided_from_the_release_manifest():
                             "sample sizes", "refinement"]  # fmt: skip
     demo = {"kind": "discovery", "discovery": {"stand_in": True, "refine": False}}
     assert topics(demo) == ["stand-ins", "describing failures", "what counts as a failure found", "sample sizes"]
-    assert topics({"kind": "imagefolder"}) == [] and [t.name for t, _ in dv.tables_for({"source": real})] == ["discovery"]
+    assert topics({"kind": "imagefolder"}) == [] and [t.name for t, _ in dv.tables_for({"source": real})] == [
+        "discovery"
+    ]
 
 
 def test_the_card_section_of_a_discovery_release_escapes_what_comes_from_data():

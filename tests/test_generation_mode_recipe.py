@@ -1,11 +1,14 @@
-"""The recipe "A generation mode" of docs/architecture.md, followed from a test file: a generating source, a stage
-that makes the images and declares the release config they go to, and a config naming both (in a project: a preset
-in ``builder/presets/``), and what its releases are (a ``ReleaseKind``). Registered from here with
+"""The recipes "A generation mode" and "Release kinds" of docs/architecture.md, followed from a test file: a
+generating source, a stage that makes the images and declares the release config they go to, and a config naming both
+(in a project: a preset in ``builder/presets/``), and what its releases are (one ``ReleaseKind``: its card paragraph,
+papers, how its images were made, Hub metadata, deviations from its paper, ``next:`` lines). Registered from here with
 ``SOURCES.register`` / ``STAGES.register`` / ``RELEASE_KINDS.register``.
 
 The mode ("painted": one synthetic pattern per planned sample, no model) is built and checked as a user would: ``lance-cf
 validate``, ``lance-cf build``, ``lance-cf verify``, ``datasets.load_dataset`` on the release; a rebuild is
-byte-identical, and a killed-then-resumed build would replay from the same ledger as every other mode.
+byte-identical, and a killed-then-resumed build would replay from the same ledger as every other mode. Everything the
+card, ``croissant.json`` and the Hub metadata say about how the images were made comes from the test's declaration,
+none of it from another kind's.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from PIL import Image
 from builder.cli import main
 from builder.registry import SOURCES, STAGES
 from builder.sources import LabelSpace, Source, SourceSample
-from lance_pipeline.release_kinds import RELEASE_KINDS, ReleaseKind
+from lance_pipeline.deviations import Deviation, DeviationTable, has_stage
+from lance_pipeline.release_kinds import RELEASE_KINDS, Paper, ReleaseKind
 from lance_pipeline.stage import MetadataField, ReleaseOutput
 
 PATTERNS = ("stripes", "checks")
@@ -95,14 +99,42 @@ def painted_intro(manifest, pretty_name: str) -> str:
     return f"{pretty_name} holds synthetic **painted patterns**, one per planned sample.\n"
 
 
+# Where the mode departs from its paper (in a project: ``lance_pipeline/my_mode/deviations.py``).
+PAINTED_DEVIATIONS = DeviationTable(
+    "painted",
+    "Painted patterns",
+    "Mondrian et al., arXiv 9999.00001: section 2",
+    (
+        Deviation(
+            "painted",
+            "palette",
+            "primary colours only",
+            "any colour drawn from the sample's seed",
+            "the test needs colours that differ per sample",
+            "cannot be changed",
+            "a paint stage ran",
+            has_stage("pattern_paint"),
+        ),
+        Deviation("painted", "canvas", "oil on canvas", "pixels", "a stress test is made of images", "cannot be changed",
+                  "never", lambda manifest: False),
+    ),
+)  # fmt: skip
+
 # What the mode's releases are (in a project: ``lance_pipeline/my_mode/release_kind.py``), recognised by its source.
 PAINTED = ReleaseKind(
     name="painted",
     title="painted patterns",
     card_intro=f"{__name__}:painted_intro",
     main_config="painted",
-    next_commands=("lance-cf verify {release}",),
+    next_commands=("lance-cf verify {release}", "lance-cf eval --release {release} --model painted-net{class_map}"),
     source_kinds=("pattern",),
+    papers=(Paper("mondrian2031painted", "9999.00001", "Painted Patterns as Stress Tests", ("Mondrian, Piet",), 2031),),
+    making="Every image is a pattern painted in a colour drawn from its sample's seed (the painted mode).",
+    collection_type="Synthetic data: painted patterns",
+    generated=True,
+    language_creators=("expert-generated",),
+    task_ids=("multi-label-image-classification",),
+    deviations=(f"{__name__}:PAINTED_DEVIATIONS",),
 )
 
 
@@ -143,11 +175,38 @@ def test_a_generation_mode_registered_from_a_test_file_builds_verifies_and_loads
         assert main(["build", config, "--output", str(tmp_path / name), "--no-progress"]) == 0
         assert main(["verify", str(tmp_path / name)]) == 0
     out = capsys.readouterr().out
-    assert f"next:\n  lance-cf verify {tmp_path / 'b'}\n" in out  # the kind's own next: lines, and only them
+    release = tmp_path / "b"
+    # the kind's own next: lines, and only them
+    assert (
+        f"next:\n  lance-cf verify {release}\n  lance-cf eval --release {release} --model painted-net --class-map "
+        in out
+    )
     assert release_files(tmp_path / "a") == release_files(tmp_path / "b")  # reproducible by construction
     manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
     assert manifest["kind"] == "painted"  # the build records the kind its source declares
-    assert "synthetic **painted patterns**, one per planned sample" in (tmp_path / "a" / "README.md").read_text()
+    card = (tmp_path / "a" / "README.md").read_text()
+    assert "synthetic **painted patterns**, one per planned sample" in card
+    # The card's metadata, croissant.json and deviations: the kind's declaration, no other kind's words.
+    front = yaml.safe_load(card.split("---\n")[1])
+    assert front["source_datasets"] == ["original"] and front["annotations_creators"] == ["machine-generated"]
+    assert front["language_creators"] == ["expert-generated"]
+    assert front["task_ids"] == ["multi-label-image-classification"]
+    assert [t for t in front["tags"] if t.startswith("arxiv:")] == ["arxiv:9999.00001"]
+    assert "Painted Patterns as Stress Tests" in card and "@misc{mondrian2031painted," in card
+    assert "**Painted patterns** (Mondrian et al., arXiv 9999.00001: section 2)" in card and "| palette |" in card
+    assert "| canvas |" not in card  # a row whose own predicate does not hold
+    croissant = json.loads((tmp_path / "a" / "croissant.json").read_text())
+    assert "painted in a colour drawn from its sample's seed (the painted mode)" in croissant["description"]
+    assert croissant["rai:dataCollectionType"] == ["Synthetic data: painted patterns"]
+    assert croissant["citeAs"].startswith("@misc{mondrian2031painted,")
+    limitations = " ".join(croissant["rai:dataLimitations"])
+    assert "Deviation from Mondrian et al., arXiv 9999.00001: section 2 (palette)" in limitations
+    assert "Generated images decoded to RGB" in croissant["rai:dataPreprocessingProtocol"][0]
+    tool_citation = card.index("building and publishing LANCE counterfactual test sets")  # the tool's own title
+    everything = json.dumps(croissant) + card[:tool_citation] + card[tool_citation + 60 :]
+    for other in ("LANCE", "Stable Diffusion", "prompt-to-prompt", "null-text", "DILLEMA", "ControlNet", "Vendrow",
+                  "Wiles", "2305.19164"):  # fmt: skip
+        assert other not in everything, other
     assert manifest["configs"] == ["painted"] and manifest["counts"]["painted"]["by_class"] == {"0": 3, "1": 3}
     rows = datasets.load_dataset(str(tmp_path / "a"), "painted", split="test")
     assert rows.features["cls"].names == ["cat", "dog"]  # the label space the source declared

@@ -19,6 +19,7 @@ CONTROLNET = ReleaseKind(
     name="controlnet",
     title="ControlNet (DILLEMA-style) counterfactuals",
     card_intro="dataset_cards.kind_sections:controlnet_intro",
+    card_failure_modes="dataset_cards.kind_sections:edit_failure_modes",
     load_example='weather = ds.filter(lambda row: row["json"]["edit_type"] == "weather")',
     main_config="counterfactual",
     metrics=PAIRED_METRICS,

@@ -18,6 +18,7 @@ DISCOVERY = ReleaseKind(
     name="discovery",
     title="discovered failures",
     card_intro="dataset_cards.kind_sections:discovery_intro",
+    card_failure_modes="dataset_cards.kind_sections:edit_failure_modes",
     card_section="dataset_cards.discovery_section:discovery_section",
     # the images on which the probed model did fail (the failure rate says how many there are)
     load_example='failed = ds.filter(lambda row: row["json"]["probe_prediction"] != row["cls"])',

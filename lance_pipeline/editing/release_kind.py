@@ -29,6 +29,7 @@ LANCE = ReleaseKind(
     name="lance",
     title="LANCE counterfactual edits",
     card_intro="dataset_cards.kind_sections:lance_intro",
+    card_failure_modes="dataset_cards.kind_sections:edit_failure_modes",
     load_example='weather = ds.filter(lambda row: row["json"]["edit_type"] == "weather")',
     main_config="counterfactual",
     metrics=PAIRED_METRICS,

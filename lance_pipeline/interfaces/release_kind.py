@@ -18,6 +18,7 @@ INTERFACES = ReleaseKind(
     name="interfaces",
     title="dataset-interfaces shifts",
     card_intro="dataset_cards.kind_sections:interfaces_intro",
+    card_failure_modes="dataset_cards.kind_sections:edit_failure_modes",
     card_section="dataset_cards.interfaces_section:interfaces_section",
     load_example='kept = ds.filter(lambda row: row["json"]["passed"])',
     main_config="base",
