@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.config import apply_overrides, load_config
-from builder.model_check import BUILD_OFFLINE_WAYS, ModelsMissing, build_needs, keys_of, missing_line
+from builder.model_check import BUILD_OFFLINE_WAYS, MODEL_COMMANDS, ModelsMissing, build_needs, keys_of, missing_line
 from builder.release_format.lock import declare_output
 from builder.validation import validate_build
 from lance_pipeline.models.hub_cache import fetch_models, format_size, inspect_models, local_copy_dir
@@ -28,7 +28,7 @@ from lance_pipeline.models.hub_cache import fetch_models, format_size, inspect_m
 logger = logging.getLogger(__name__)
 
 # Commands that declare the models they load (their parser's ``models`` default), usable as a TARGET.
-COMMANDS = ("eval", "discover", "interfaces", "perturber", "compare-editors")
+COMMANDS = MODEL_COMMANDS
 
 
 def register(subparsers) -> None:

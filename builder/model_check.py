@@ -33,7 +33,7 @@ from lance_pipeline.models.hub_cache import (
     inspect_models,
 )
 from lance_pipeline.models.needs import ModelNeed, needs_of
-from lance_pipeline.release_kinds import kind_of_manifest, resolve_target
+from lance_pipeline.release_kinds import kind_of_manifest, list_kinds, resolve_target
 
 logger = logging.getLogger(__name__)
 
@@ -77,13 +77,7 @@ class ModelsMissing(ValueError):
         return [s for s in self.states if s.problem and not s.stand_in and not s.need.optional]
 
     def _is_build(self) -> bool:
-        return self.command is not None and self.command.split()[3:4] not in (
-            ["eval"],
-            ["discover"],
-            ["interfaces"],
-            ["perturber"],
-            ["compare-editors"],
-        )
+        return self.command is not None and self.command.split()[3:4] not in [[c] for c in MODEL_COMMANDS]
 
     def _message(self) -> str:
         missing = self.missing
@@ -159,6 +153,11 @@ def models_ready(states: list[ModelState], *, progress: bool = True) -> Iterator
         logger.info("the Hub does not answer and every model is here: the stages load them offline")
     with hub_offline(offline):
         yield
+
+
+# Commands that declare the models they load (their parser's ``models`` default), usable as a ``lance-cf models``
+# TARGET: evaluation's and each release kind's own (``ReleaseKind.subcommands``).
+MODEL_COMMANDS = ("eval", *(c for kind in list_kinds() for c in kind.subcommands), "compare-editors")
 
 
 # -- CPU honesty --------------------------------------------------------------------------------------------------------

@@ -10,28 +10,16 @@ from __future__ import annotations
 
 # The method's own registries (editors, inversion methods) live with the method, which may not import the builder.
 from lance_pipeline.registry import EDITORS, INVERSIONS, Registry
+from lance_pipeline.release_kinds import list_kinds
 
 __all__ = ["DEMO_COMPONENTS", "DISCOVERY_DEMOS", "EDITORS", "ENGINES", "INVERSIONS", "SOURCES", "STAGES", "Registry"]
 
 
-# Method stages: the ``type`` of a stage in a build config. Targets live in lance_pipeline/.
+# Method stages: the ``type`` of a stage in a build config. Targets live in lance_pipeline/. The screens serve every
+# kind of release; each release kind adds the stages it brings (``ReleaseKind.stages``, below).
 STAGES = Registry(
     "stage type",
     {
-        "blip2_captioner": "lance_pipeline.text.captioning:CaptionStage",
-        "llm_perturber": "lance_pipeline.text.perturbation:PerturbStage",
-        "label_check": "lance_pipeline.text.label_checks:LabelCheckStage",
-        "random_word_edit": "lance_pipeline.text.random_edits:RandomEditStage",
-        "null_text_inversion": "lance_pipeline.editing.stages:InversionStage",
-        "reconstruction": "lance_pipeline.editing.stages:ReconstructionStage",
-        "prompt_to_prompt_edit": "lance_pipeline.editing.stages:CounterfactualEditStage",
-        "lance_r_edit": "lance_pipeline.editing.stages:LanceREditStage",
-        "dillema_keywords": "lance_pipeline.dillema.text_stages:KeywordStage",
-        "dillema_alternatives": "lance_pipeline.dillema.text_stages:AlternativesStage",
-        "dillema_counterfactual": "lance_pipeline.dillema.text_stages:CounterfactualStage",
-        "controlnet_edit": "lance_pipeline.dillema.controlnet_editing:ControlNetEditStage",
-        "shift_generation": "lance_pipeline.interfaces.generation:ShiftGenerationStage",
-        "shift_filter": "lance_pipeline.interfaces.generation:ShiftFilterStage",
         "sensitive_edit_screen": "lance_pipeline.screening.sensitive_edits:SensitiveEditScreen",
         "sensitive_edit_screen_lance_r": "lance_pipeline.screening.sensitive_edits:LanceRSensitiveEditScreen",
         "sensitive_edit_screen_strength": "lance_pipeline.screening.sensitive_edits:StrengthSensitiveEditScreen",
@@ -87,7 +75,7 @@ ENGINES = Registry(
     },
 )
 
-# Sources: the scheme of ``--source SCHEME:ARG``.
+# Sources: the scheme of ``--source SCHEME:ARG``; each release kind adds the sources it brings (``ReleaseKind.sources``).
 SOURCES = Registry(
     "source",
     {
@@ -96,7 +84,11 @@ SOURCES = Registry(
         "hf": "builder.sources:HFDatasetSource",
         "wds": "builder.sources:WebDatasetSource",
         "demo": "builder.sources:DemoSource",
-        "generate": "builder.interfaces.source:GenerationSource",
-        "discovery": "builder.discovery.source:DiscoverySource",
     },
 )
+
+for _kind in list_kinds():  # the registrations each release kind declares (lance_pipeline/<system>/release_kind.py)
+    for _name, _target in _kind.stages.items():
+        STAGES.register(_name, _target)
+    for _name, _target in _kind.sources.items():
+        SOURCES.register(_name, _target)

@@ -30,7 +30,14 @@ POINTS_KEYS = frozenset(
     {"delta_acc1", "delta_acc5", "paired_delta_acc1", "paired_delta_acc5", "delta_p_gt_mean", "delta_p_gt", "drop"}
 )
 COUNT_KEYS = frozenset({"n", "n_paired", "n_unpaired", "flips", "n_flip_base", "size", "classes", "min_per_class"})
-METRIC_SECTIONS = ("metrics", "sensitivity", "sensitivity_by_config", "insights", "interfaces")
+# the sections every results JSON may hold, then each release kind's own (``ReleaseKind.results_sections``)
+METRIC_SECTIONS = (
+    "metrics",
+    "sensitivity",
+    "sensitivity_by_config",
+    "insights",
+    *(section for kind in list_kinds() for section in kind.results_sections),
+)
 MAX_COUNT = 10**9  # samples of one release: far above any release this tool builds, far below a typo's 10^12
 MAX_TEXT = 1000  # characters of any text in a results JSON (a label name, a model name) but an error message
 AMP_DTYPES = ("bfloat16", "float16")  # --amp-dtype

@@ -15,7 +15,7 @@ release, so that none of them guesses the kind from config names or stage types:
   card keys (``generated``, ``language_creators``, ``task_ids``);
 - the deviations from its papers that its card and ``croissant.json`` list (``deviations``);
 - the builder: the ``next:`` commands printed after a successful build (``next_commands``), and the cost estimate of a
-  full-size build on a CPU (``unet_evaluations``);
+  full-size build on a CPU (``unet_evaluations``) and its registrations (``stages``, ``sources``, ``subcommands``);
 - evaluation: the editor of a release whose stages recorded none (``editor``, for ``compare-editors``) and the lines
   ``lance-cf eval`` prints for its results (``summary_lines``).
 
@@ -120,6 +120,16 @@ class ReleaseKind:
     # list of (stage name, stage object, typed options) of the active stages: the cost estimate the builder gives
     # before refusing a full-size build on a CPU
     unet_evaluations: str | None = None
+    # Its registrations: the stage types and source kinds it brings (name -> "module:attr", added to builder.registry's
+    # STAGES and SOURCES when the builder's registries are made; a kind registered later registers its own there) and
+    # its lance-cf subcommands that load models (``lance-cf models list|download`` accepts them as a target)
+    stages: dict[str, str] = field(default_factory=dict)
+    # lance-cf review: the metadata fields that say what a sample changes (the first one a sample has is its edit) and
+    # those a blind reviewer sees besides the class and captions (what its questions need)
+    review_edit_fields: tuple[str, ...] = ()
+    review_fields: tuple[str, ...] = ()
+    sources: dict[str, str] = field(default_factory=dict)
+    subcommands: tuple[str, ...] = ()
     # How a release whose manifest does not record its kind is recognised (any one suffices):
     source_kinds: tuple[str, ...] = ()  # the manifest's source.kind
     stage_types: tuple[str, ...] = ()  # a stage type of the build config

@@ -21,6 +21,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from builder import release_format as rf
 from builder.review.index import ReleaseIndex, marked_words
 from builder.review.store import MAX_REASON, VERDICTS, JudgementStore, check_reviewer
 from builder.review.study import REJECT_REASONS, Study, reviewer_order, select
@@ -37,9 +38,8 @@ CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
     "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
-# Metadata shown in blind mode: what the question needs (the class, the captions, the shift or prompt), nothing an
-# automatic filter decided.
-BLIND_FIELDS = ("shift", "prompt", "shift_caption", "discovery")
+# Metadata shown in blind mode: what the question needs (the class, the captions, and the fields the release's kind
+# declares: ReleaseKind.review_fields, e.g. the shift or prompt), nothing an automatic filter decided.
 SCORE_DIGITS = 4
 
 
@@ -52,6 +52,7 @@ class ReviewSession:
         if not self.items:
             raise ValueError(f"study {study.name!r} selects no sample of {index.root}")
         self.questions = {q.id: q for q in study.questions}
+        self.kind = rf.release_kind(index.manifest)
 
     def check_state(self) -> None:
         """Read every stored judgement of the study once, so a database changed outside the page is refused (one
@@ -101,7 +102,8 @@ class ReviewSession:
         sample = self.index.get(config, key)
         meta = sample.meta
         original = self.index.original_of(sample) if self.study.show_original else None
-        edit = meta.get("edited_span") or meta.get("shift_caption") or meta.get("shift") or meta.get("discovery")
+        # what the sample changes: the first of its kind's edit fields it has (the edited span, the shift, the failure)
+        edit = next((meta[f] for f in self.kind.review_edit_fields if meta.get(f)), None)
         view: dict[str, Any] = {
             "item": item,
             "label": meta.get("label_name"),
@@ -122,7 +124,7 @@ class ReviewSession:
         }
         fields = {f: meta.get(f) for f in self.index.extra_fields(config)}
         if self.study.blind:
-            view["fields"] = {f: v for f, v in fields.items() if f in BLIND_FIELDS and v is not None}
+            view["fields"] = {f: v for f, v in fields.items() if f in self.kind.review_fields and v is not None}
             return view
         view["config"], view["key"] = config, key
         view["scores"] = {

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from builder import release_format as rf
 from builder.review.index import ReleaseIndex, ReviewSample
 from builder.review.store import VERDICT, VERDICTS, Judgement, check_reviewer
 from lance_pipeline.readers import expect_bool, expect_int, expect_list, expect_str, read_yaml
@@ -176,10 +177,11 @@ def _question(value: Any, where: str) -> Question:
 
 
 def default_configs(index: ReleaseIndex) -> list[str]:
-    """What a release kind's review looks at by default: LANCE's and ControlNet's counterfactuals; every generated
-    config of interfaces and discovery releases (there every image is generated)."""
+    """What a release kind's review looks at by default: the counterfactuals of a release that edits a source's
+    images (LANCE's, ControlNet's); every generated config of a kind whose images are all generated
+    (``ReleaseKind.generated``: interfaces, discovery)."""
     configs = index.configs()
-    if index.kind in ("lance", "controlnet"):
+    if not rf.release_kind(index.manifest).generated:
         return [c for c in configs if c == "counterfactual"] or [c for c in configs if c != "original"]
     return [c for c in configs if c not in ("original", "reconstructed")]
 

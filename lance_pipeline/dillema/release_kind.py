@@ -41,4 +41,11 @@ CONTROLNET = ReleaseKind(
     ),
     editor="controlnet",
     unet_evaluations="lance_pipeline.dillema.cost:unet_evaluations",
+    stages={
+        "dillema_keywords": "lance_pipeline.dillema.text_stages:KeywordStage",
+        "dillema_alternatives": "lance_pipeline.dillema.text_stages:AlternativesStage",
+        "dillema_counterfactual": "lance_pipeline.dillema.text_stages:CounterfactualStage",
+        "controlnet_edit": "lance_pipeline.dillema.controlnet_editing:ControlNetEditStage",
+    },
+    review_edit_fields=("edited_span",),
 )

@@ -37,4 +37,8 @@ DISCOVERY = ReleaseKind(
     collection_type="Synthetic data: images generated from text prompts",
     generated=True,
     deviations=("lance_pipeline.discovery.deviations:DISCOVERY_DEVIATIONS",),
+    sources={"discovery": "builder.discovery.source:DiscoverySource"},
+    subcommands=("discover",),
+    review_edit_fields=("discovery",),
+    review_fields=("discovery",),
 )

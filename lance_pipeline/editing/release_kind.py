@@ -52,4 +52,16 @@ LANCE = ReleaseKind(
     ),
     editor="prompt_to_prompt",
     unet_evaluations="lance_pipeline.editing.cost:unet_evaluations",
+    stages={
+        "blip2_captioner": "lance_pipeline.text.captioning:CaptionStage",
+        "llm_perturber": "lance_pipeline.text.perturbation:PerturbStage",
+        "label_check": "lance_pipeline.text.label_checks:LabelCheckStage",
+        "random_word_edit": "lance_pipeline.text.random_edits:RandomEditStage",
+        "null_text_inversion": "lance_pipeline.editing.stages:InversionStage",
+        "reconstruction": "lance_pipeline.editing.stages:ReconstructionStage",
+        "prompt_to_prompt_edit": "lance_pipeline.editing.stages:CounterfactualEditStage",
+        "lance_r_edit": "lance_pipeline.editing.stages:LanceREditStage",
+    },
+    subcommands=("perturber",),  # training the caption perturber (lance-cf perturber collect|train)
+    review_edit_fields=("edited_span",),
 )

@@ -47,4 +47,12 @@ INTERFACES = ReleaseKind(
     deviations=("lance_pipeline.interfaces.deviations:INTERFACES_DEVIATIONS",),
     summary_lines="evaluation.interfaces.shift_results:summary_lines",
     unet_evaluations="lance_pipeline.interfaces.cost:unet_evaluations",
+    stages={
+        "shift_generation": "lance_pipeline.interfaces.generation:ShiftGenerationStage",
+        "shift_filter": "lance_pipeline.interfaces.generation:ShiftFilterStage",
+    },
+    sources={"generate": "builder.interfaces.source:GenerationSource"},
+    subcommands=("interfaces",),  # learning the class tokens (lance-cf interfaces tokens)
+    review_edit_fields=("shift_caption", "shift"),
+    review_fields=("shift", "prompt", "shift_caption"),
 )
