@@ -60,7 +60,9 @@ def _editor_release(root, name: str, stage_type: str, seed: int = 0, labels=(0, 
     )
     manifest = json.loads((root / "manifest.json").read_text())
     del manifest["manifest_sha256"]
-    manifest["stages"]["edit"] = {"type": stage_type}
+    # what the edit stage records of its editor (an ``editor`` string in its description), as a real one does
+    editor = {"prompt_to_prompt_edit": "prompt_to_prompt", "controlnet_edit": "controlnet"}[stage_type]
+    manifest["stages"]["edit"] = {"type": stage_type, "editing": {"editor": editor}}
     write_manifest(root, manifest)
     return root
 

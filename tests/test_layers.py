@@ -25,7 +25,9 @@ ALLOWED: dict[str, set[str]] = {
     "lance_pipeline.models": set(),  # declared models and their files, the Hub cache, shared loads, the device rule
     # the stage contract, registry, option types, edit types, release kinds, how deviations are declared
     "lance_pipeline": {"lance_pipeline.models"},
-    "builder.release_format": {"lance_pipeline"},  # a release's kind (its papers, its Hub metadata) from its declaration
+    "builder.release_format": {
+        "lance_pipeline"
+    },  # a release's kind (its papers, its Hub metadata) from its declaration
     "lance_pipeline.text": {"lance_pipeline", "lance_pipeline.models"},
     "lance_pipeline.clip": {"lance_pipeline", "lance_pipeline.models"},
     "lance_pipeline.editing": {"lance_pipeline", "lance_pipeline.models", "lance_pipeline.clip"},

@@ -44,6 +44,26 @@ def test_every_kind_resolves_and_each_target_lives_in_the_layer_that_uses_it():
 
         assert all(m in METRICS for m in kind.metrics), kind.metrics
         assert kind.next_commands and all(c.startswith(("lance-cf ", "python ")) for c in kind.next_commands)
+        if kind.card_failure_modes is not None:
+            assert kind.card_failure_modes.startswith("dataset_cards.") and callable(
+                resolve_target(kind.card_failure_modes)
+            )
+        if kind.summary_lines is not None:
+            assert kind.summary_lines.startswith("evaluation.") and callable(resolve_target(kind.summary_lines))
+        # the method's own targets: deviation tables and the cost estimate, in lance_pipeline
+        from lance_pipeline.deviations import DeviationTable
+
+        assert kind.papers and kind.making and kind.collection_type.startswith("Synthetic data")
+        assert kind.deviations and all(isinstance(resolve_target(t), DeviationTable) for t in kind.deviations)
+        assert all(t.startswith("lance_pipeline.") for t in kind.deviations)
+        if kind.unet_evaluations is not None:
+            assert kind.unet_evaluations.startswith("lance_pipeline.")
+            assert callable(resolve_target(kind.unet_evaluations))
+        # its registrations reach the builder's registries
+        from builder.registry import SOURCES, STAGES
+
+        assert all(STAGES.target(n) == t for n, t in kind.stages.items())
+        assert all(SOURCES.target(n) == t for n, t in kind.sources.items())
 
 
 def _manifest(source_kind="imagefolder", stage_types=(), editors=(), kind=None):
