@@ -114,18 +114,17 @@ def croissant_about(manifest: rf.Manifest, *, publication: dict[str, str] | None
     version = md_escape(manifest.version)
     about: dict[str, Any] = {
         "description": (
-from dataset_cards.markdown import md_escape
-            f"{rf.pretty_name(manifest.name)} {manifest.version}: a stress test for image classifiers. "
+            f"{md_escape(rf.pretty_name(manifest.name))} {version}: a stress test for image classifiers. "
             f"{making(kind)} Configs (samples): {configs}. Built with "
-            f"{manifest.tool['name']} {manifest.tool['version']} (config hash {manifest.config_hash})."
+            f"{md_escape(manifest.tool['name'])} {md_escape(manifest.tool['version'])} (config hash "
+            f"{md_escape(manifest.config_hash)})."
         ),
         "citeAs": "\n\n".join(p.bibtex() for p in papers),
         "keywords": ["image classification", "robustness", "counterfactual", "stress test", "synthetic data"],
         "rai:dataCollection": (
-from dataset_cards.markdown import md_escape
-            f"{making(kind)} Source: {source['spec']} ({source['kind']}, "
-            f"{source['num_samples']} images). Models: {'; '.join(models) or 'none recorded in the manifest'}. "
-            f"Seed {manifest.seed}; each sample's seed derives from the release seed and its source key."
+            f"{making(kind)} Source: {spec} ({source_kind}, "
+            f"{num_samples} images). Models: {'; '.join(models) or 'none recorded in the manifest'}. "
+            f"Seed {md_escape(manifest.seed)}; each sample's seed derives from the release seed and its source key."
         ),
         "rai:dataCollectionType": [kind.collection_type],
         "rai:dataCollectionRawData": (
