@@ -218,9 +218,9 @@ def configured_unet(needs: list[ModelNeed]) -> tuple[str, dict, dict | None] | N
     """(label, UNet config, VAE config or None) of the first model the build loads that has a UNet, read from its
     local directory or the Hub cache without loading anything; None when no such config is here (a Hub model not
     yet downloaded: the pinned Stable Diffusion's count stands for it)."""
-    import json
-
     from huggingface_hub import try_to_load_from_cache
+
+    from lance_pipeline.readers import expect_mapping, read_json
 
     def read(need: ModelNeed, name: str) -> dict | None:
         if need.local_path is not None:
@@ -229,8 +229,7 @@ def configured_unet(needs: list[ModelNeed]) -> tuple[str, dict, dict | None] | N
             path = try_to_load_from_cache(need.repo_id, name, revision=need.revision, cache_dir=need.cache_dir)
         if not isinstance(path, str) or not os.path.isfile(path):
             return None
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        return expect_mapping(read_json(path), path)
 
     for need in needs:
         if "unet/config.json" not in need.files:
