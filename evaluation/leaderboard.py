@@ -22,7 +22,7 @@ import numbers
 from pathlib import Path
 from typing import Any
 
-from builder.release_format.text_out import write_csv
+from builder.release_format.text_out import md_escape, write_csv
 from evaluation.metric_registry import MetricContractError, metric_columns
 from evaluation.pages import render_page
 from evaluation.plots import (
@@ -338,14 +338,6 @@ def _with_ci(value: Any, low: Any, high: Any) -> str:
     return f"{text} [{fmt_number(low)}, {fmt_number(high)}]"
 
 
-def _md_escape(text: str) -> str:
-    """Model names and errors in a Markdown cell: no pipes, no line breaks, no markup."""
-    text = str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").replace("\r", " ")
-    for char in "`*_[]<>#":
-        text = text.replace(char, "\\" + char)
-    return text
-
-
 COMPACT_HEADER = [
     "rank",
     "model",
@@ -410,7 +402,7 @@ def strength_stability_markdown(results: list[dict[str, Any]], n_boot: int = 100
         return "\n".join([*lines, f"Not computed: {stability['reason']}.", ""])
     lines += ["| " + " | ".join(STABILITY_HEADER) + " |", "|:---|:---|---:|---:|"]
     # the edit type is data; the other cells are numbers and our own words (brackets of intervals kept)
-    lines += ["| " + " | ".join([_md_escape(row[0]), *row[1:]]) + " |" for row in _stability_rows(stability)]
+    lines += ["| " + " | ".join([md_escape(row[0]), *row[1:]]) + " |" for row in _stability_rows(stability)]
     return "\n".join([*lines, ""])
 
 
@@ -460,13 +452,13 @@ def compact_markdown(df: Any) -> str:
         return ""
     with_strength = bool(ok["strength_auc"].notna().any())
     extra = extra_columns(df)  # what registered metrics add, after the built-in columns
-    header = [*COMPACT_HEADER, *([STRENGTH_HEADER] if with_strength else []), *map(_md_escape, extra)]
+    header = [*COMPACT_HEADER, *([STRENGTH_HEADER] if with_strength else []), *map(md_escape, extra)]
     align = ["---:", ":---", *["---:"] * (len(header) - 2)]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
     unranked = 0
     for row in ok.astype(object).to_dict("records"):
         rank = fmt_number(row["rank"]) if not _missing(row["rank"]) else "—"
-        name = _md_escape(display_name(row["model"], row["weights"]))
+        name = md_escape(display_name(row["model"], row["weights"]))
         if not row["complete"]:
             unranked += 1
             if not _missing(row["limit"]):
@@ -485,7 +477,7 @@ def compact_markdown(df: Any) -> str:
         ]
         if with_strength:
             cells.append(_with_ci(row["strength_auc"], row["strength_auc_ci_low"], row["strength_auc_ci_high"]))
-        cells += [_md_escape(v) if isinstance(v := row[c], str) else fmt_number(v) for c in extra]
+        cells += [md_escape(v) if isinstance(v := row[c], str) else fmt_number(v) for c in extra]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", COMPACT_NOTE + (" " + STRENGTH_NOTE if with_strength else "")]
     if unranked:
@@ -543,7 +535,7 @@ def to_markdown(df: Any) -> str:
             if column in TOP5_COLUMNS and few_classes and row["status"] == "ok":
                 cells.append(f"n/a (<{MIN_CLASSES_FOR_TOP5} classes)")
             elif isinstance(value, str):
-                cells.append(_md_escape(value))
+                cells.append(md_escape(value))
             else:
                 cells.append(fmt_number(value, 3 if column.startswith("effective_robustness") else 2))
         lines.append("| " + " | ".join(cells) + " |")
@@ -835,7 +827,7 @@ def _write_one(results: list[dict[str, Any]], output_dir: Path, n_boot: int, see
     build_leaderboard_by_config(results).to_parquet(written["by_config"], index=False)
     write_csv(shift_correlation_table(correlations), written["shift_correlation"])
     release = results[0].get("release") or {}
-    title = f"# Leaderboard: {_md_escape(release.get('name'))} {_md_escape(release.get('version'))}\n\n"
+    title = f"# Leaderboard: {md_escape(release.get('name'))} {md_escape(release.get('version'))}\n\n"
     markdown = (
         title
         + (compact_markdown(df) or "No model was evaluated successfully; the full table below lists the errors.\n")
