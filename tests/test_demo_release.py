@@ -3,27 +3,22 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-from builder_helpers import METHOD_STAGES, REPO, SCREEN_STAGES, STRENGTH_SCREENS, cli, env, release_files
+from builder_helpers import (
+    METHOD_STAGES,
+    SCREEN_STAGES,
+    STRENGTH_SCREENS,
+    cli,
+    counting_loads,
+    release_files,
+)
 
 from builder.cli import main
 from builder.release_format import CONFIG_NAMES, EDIT_TYPES, SCORE_NAMES
 from builder.release_format.verify import verify_release
 
 pytestmark = pytest.mark.e2e  # the demo preset built through the CLI
-
-
-def counting_loads(counts: Path, *args: str, unshared: bool = False) -> dict[str, dict[str, int]]:
-    """``lance-cf ARGS`` in a process that counts every model load (tests/load_counter.py); the counts per model."""
-    command = [sys.executable, str(REPO / "tests" / "load_counter.py"), str(counts)]
-    command += [*(["--unshared"] if unshared else []), "--", *args]
-    proc = subprocess.run(command, capture_output=True, text=True, env=env(), cwd=REPO)
-    assert proc.returncode == 0, f"lance-cf {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
-    return json.loads(counts.read_text())
 
 
 @pytest.fixture(scope="module")
