@@ -9,7 +9,9 @@ held lock is the barrier, nothing waits on a clock.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
+import os
 
 import pytest
 from builder_helpers import lock_held_by_another_process, make_imagefolder
@@ -97,7 +99,7 @@ def test_a_second_writer_is_refused_naming_the_first_ones_pid(command, inputs, t
     assert sorted(p.name for p in out.iterdir() if p.name != ".lance-cf") == before  # nothing written
 
 
-def test_the_lock_is_held_while_the_command_runs_and_a_new_folder_it_left_empty_is_removed(tmp_path, capsys):
+def test_the_folders_made_to_hold_the_lock_are_removed_when_the_command_leaves_them_empty(tmp_path, capsys):
     out = tmp_path / "new" / "out"
     # an option error inside the command (after the lock): the folders made to hold the lock go again
     assert main(["review", "apply", str(tmp_path / "nowhere"), "--output", str(out)]) == 2
@@ -105,9 +107,25 @@ def test_the_lock_is_held_while_the_command_runs_and_a_new_folder_it_left_empty_
     assert not (tmp_path / "new").exists()
 
 
+def _locked(directory) -> bool:
+    """Whether ``directory``'s lock is held: a new open file description asks the kernel for it (never waits)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
 def test_a_command_may_take_the_lock_its_cli_already_holds(tmp_path):
     with output_lock(tmp_path, "eval"):
         with output_lock(tmp_path, "eval"), output_lock(tmp_path, "verify", shared=True):
-            pass
-    with output_lock(tmp_path, "build"):  # released by the outer block only
+            assert _locked(tmp_path)
+        assert _locked(tmp_path)  # the inner blocks did not release the outer one's hold
+    assert not _locked(tmp_path)  # released by the outer block only
+    with output_lock(tmp_path, "build"):
         pass
