@@ -15,7 +15,7 @@ HELDOUT = Path(__file__).resolve().parents[1] / "benchmarks" / "sensitive_edits_
 def test_the_word_list_keeps_its_recall_and_precision_floor_on_the_held_out_pairs():
     pairs = [json.loads(line) for line in HELDOUT.read_text(encoding="utf-8").splitlines() if line.strip()]
     assert len(pairs) >= 200 and sum(p["sensitive"] for p in pairs) >= 100
-    # every attribute the issue names is covered, by adjectives, nouns and phrases
+    # each protected attribute the screen must catch is covered, by adjectives, nouns and phrases
     covered = {(p["attribute"], p["form"]) for p in pairs if p["sensitive"]}
     for attribute in ("race_ethnicity", "body", "disability", "age", "religion"):
         assert {form for a, form in covered if a == attribute} >= {"adjective", "noun", "phrase"}, attribute
