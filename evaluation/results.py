@@ -74,7 +74,8 @@ def validate_results(obj: Any) -> None:
     Checked: the schema tag and a readable schema version; ``status``; ``model.name``; ``release.name``,
     ``release.version`` and ``release.manifest_sha256``; for ``status == "ok"``: ``metrics`` with, per config, integer
     ``n`` and numeric (or null) ``acc1``; the sections of the release's kind (``results_sections`` of
-    ``lance_pipeline.release_kinds``, e.g. the per-shift ``interfaces`` section of an interfaces release); from schema version 2 also ``tool.version``,
+    ``lance_pipeline.release_kinds``, e.g. the per-shift ``interfaces`` section of an interfaces release); a ``strength`` section
+    (``validate_strength``, with the panel the leaderboard's rank stability resamples); from schema version 2 also ``tool.version``,
     ``options`` and ``limit``; from version 3, in a successful run, ``computed_metrics`` (metric name -> version) and,
     when present, ``metrics_left_out`` (a list of names).
     """
@@ -111,6 +112,8 @@ def validate_results(obj: Any) -> None:
         if section in obj:
             _check_ranges(obj[section], section)
     _check_accuracies_are_counts(metrics)
+    if obj.get("strength") is not None:
+        validate_strength(obj["strength"])
     _validate_kind_sections(obj)
     if version >= 2:
         _require(obj, "tool.version", str)
@@ -196,6 +199,62 @@ def _check_accuracies_are_counts(metrics: dict[str, Any]) -> None:
                     f"results JSON field 'metrics.{config}.{name}' = {value!r:.60} is not a whole number of correct "
                     f"samples out of n = {n}"
                 )
+
+
+def validate_strength(section: Any) -> None:
+    """Check a results JSON's ``strength`` section; raise ``ValueError`` naming the first bad field."""
+
+    def fail(path: str, expected: str) -> None:
+        raise ValueError(f"results JSON field 'strength.{path}' must be {expected}")
+
+    def number(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+    if not isinstance(section, dict):
+        fail("", "an object")
+    groups = {"overall": section.get("overall")}
+    if not isinstance(section.get("by_edit_type"), dict):
+        fail("by_edit_type", "an object")
+    groups.update({f"by_edit_type.{t}": g for t, g in section["by_edit_type"].items()})
+    for path, group in groups.items():
+        if not isinstance(group, dict) or not isinstance(group.get("curve"), list):
+            fail(f"{path}.curve", "a list")
+        # results of metric version 1 have no pooled view: their curve was the pooled one and is never empty
+        views = [(path, group)] + ([(f"{path}.pooled", group["pooled"])] if "pooled" in group else [])
+        for where, view in views:
+            if not isinstance(view, dict) or not isinstance(view.get("curve"), list):
+                fail(f"{where}.curve", "a list")
+            for i, point in enumerate(view["curve"]):
+                if not isinstance(point, dict) or not number(point.get("strength")) or not number(point.get("acc1")):
+                    fail(f"{where}.curve[{i}]", "an object with numeric strength and acc1")
+            if view["curve"] and not number(view.get("auc_acc1")):
+                fail(f"{where}.auc_acc1", "a number")
+            if not view["curve"] and view.get("auc_acc1") is not None:
+                fail(f"{where}.auc_acc1", "null when the curve is empty")
+        if "pooled" in group and not group["pooled"]["curve"]:
+            fail(f"{path}.pooled.curve", "a non-empty list")
+        if "pooled" not in group and not group["curve"]:
+            fail(f"{path}.curve", "a non-empty list")
+        if not isinstance(group.get("failure"), dict):
+            fail(f"{path}.failure", "an object")
+        if "panel" in group:  # metric version 2: what rank_stability resamples
+            panel = group["panel"]
+            levels = panel.get("levels") if isinstance(panel, dict) else None
+            if not isinstance(levels, list) or not all(number(v) for v in levels):
+                fail(f"{path}.panel.levels", "a list of numbers")
+            if not isinstance(panel.get("images"), dict):
+                fail(f"{path}.panel.images", "an object")
+            for key, image in panel["images"].items():
+                n_series = image.get("n_series") if isinstance(image, dict) else None
+                if not isinstance(n_series, int) or isinstance(n_series, bool) or n_series < 1:
+                    fail(f"{path}.panel.images.{key}.n_series", "a positive integer")
+                correct = image.get("correct")
+                if not isinstance(correct, list) or len(correct) != len(levels):
+                    fail(f"{path}.panel.images.{key}.correct", f"a list of {len(levels)} numbers (one per level)")
+                if not all(number(v) and 0 <= v <= n_series for v in correct):
+                    fail(f"{path}.panel.images.{key}.correct", f"counts between 0 and n_series ({n_series})")
+    if not isinstance(section.get("images"), dict):
+        fail("images", "an object")
 
 
 def _validate_kind_sections(obj: dict[str, Any]) -> None:

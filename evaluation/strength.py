@@ -319,46 +319,6 @@ class StrengthCurve(Metric):
         return {"strength": section} if section is not None else {}
 
 
-def validate_strength(section: Any) -> None:
-    """Check a results JSON's ``strength`` section; raise ``ValueError`` naming the first bad field."""
-
-    def fail(path: str, expected: str) -> None:
-        raise ValueError(f"results JSON field 'strength.{path}' must be {expected}")
-
-    def number(value: Any) -> bool:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-    if not isinstance(section, dict):
-        fail("", "an object")
-    groups = {"overall": section.get("overall")}
-    if not isinstance(section.get("by_edit_type"), dict):
-        fail("by_edit_type", "an object")
-    groups.update({f"by_edit_type.{t}": g for t, g in section["by_edit_type"].items()})
-    for path, group in groups.items():
-        if not isinstance(group, dict) or not isinstance(group.get("curve"), list):
-            fail(f"{path}.curve", "a list")
-        # results of metric version 1 have no pooled view: their curve was the pooled one and is never empty
-        views = [(path, group)] + ([(f"{path}.pooled", group["pooled"])] if "pooled" in group else [])
-        for where, view in views:
-            if not isinstance(view, dict) or not isinstance(view.get("curve"), list):
-                fail(f"{where}.curve", "a list")
-            for i, point in enumerate(view["curve"]):
-                if not isinstance(point, dict) or not number(point.get("strength")) or not number(point.get("acc1")):
-                    fail(f"{where}.curve[{i}]", "an object with numeric strength and acc1")
-            if view["curve"] and not number(view.get("auc_acc1")):
-                fail(f"{where}.auc_acc1", "a number")
-            if not view["curve"] and view.get("auc_acc1") is not None:
-                fail(f"{where}.auc_acc1", "null when the curve is empty")
-        if "pooled" in group and not group["pooled"]["curve"]:
-            fail(f"{path}.pooled.curve", "a non-empty list")
-        if "pooled" not in group and not group["curve"]:
-            fail(f"{path}.curve", "a non-empty list")
-        if not isinstance(group.get("failure"), dict):
-            fail(f"{path}.failure", "an object")
-    if not isinstance(section.get("images"), dict):
-        fail("images", "an object")
-
-
 # -- rank stability across strength levels (over the models of one leaderboard) ------------------------------------
 MIN_MODELS = 3  # as the shift correlations: two models always have tau = +-1
 

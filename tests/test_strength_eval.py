@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from evaluation.metrics import compute_metrics
-from evaluation.strength import validate_strength
+from evaluation.results import validate_strength
 
 LABELS = ["cat", "dog", "fox"]
 # (source key, label, original correct, [(edit key, edit type, [(strength, correct), ...]), ...])
@@ -493,3 +493,24 @@ def test_the_card_and_the_leaderboard_carry_the_rank_stability(tmp_path):
     page = written["html"].read_text(encoding="utf-8")
     tau = want[0]["tau"]
     assert "Rank stability across edit strength" in page and f"<td>{tau:.2f} [" in page
+
+
+@pytest.mark.parametrize(
+    ("tamper", "field"),
+    [
+        (lambda p: p["images"]["m00"].pop("correct"), "images.m00.correct"),
+        (lambda p: p["images"]["m00"].update(correct=[9.0] * len(p["levels"])), "images.m00.correct"),
+        (lambda p: p["images"]["m00"].update(n_series=0), "images.m00.n_series"),
+        (lambda p: p.update(levels="0.1"), "levels"),
+    ],
+)
+def test_a_results_json_whose_rank_panel_is_broken_is_refused_naming_the_field(tamper, field):
+    """The leaderboard's reader checks the strength section (the panel rank stability resamples included), so a
+    tampered results JSON is one line naming the field, never a KeyError inside rank_stability."""
+    from evaluation.results import validate_results
+
+    results, _ = _model_results(0, 0.9)
+    validate_results(results)  # as eval writes it
+    tamper(results["strength"]["overall"]["panel"])
+    with pytest.raises(ValueError, match=f"results JSON field 'strength.overall.panel.{field}' must be"):
+        validate_results(results)
