@@ -38,7 +38,7 @@ from typing import Any
 
 from builder import release_format as rf
 from builder.release_format.lock import declare_output
-from builder.release_format.text_out import write_csv
+from builder.release_format.text_out import md_escape, write_csv
 from evaluation.pages import render_page
 from evaluation.plots import _figure, _plain, _pyplot
 from evaluation.release_reader import open_release
@@ -358,8 +358,10 @@ def fidelity_table(
     return table
 
 
-def table_markdown(table: list[dict[str, Any]]) -> str:
-    """The side-by-side table in Markdown; a ``release`` column appears when one editor has several releases."""
+def table_markdown(table: list[dict[str, Any]], *, escaped: bool = False) -> str:
+    """The side-by-side table in Markdown; a ``release`` column appears when one editor has several releases.
+    ``escaped``: text cells through the Markdown escaper (``md_escape``), for ``fidelity.md``; the copy printed to the
+    terminal only keeps a ``|`` in a name from ending its cell."""
     releases_per_editor: dict[str, set[str]] = {}
     for row in table:
         releases_per_editor.setdefault(row["editor"], set()).add(row["release"])
@@ -373,7 +375,7 @@ def table_markdown(table: list[dict[str, Any]]) -> str:
             return "–"
         if isinstance(value, float):
             return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
-        return str(value).replace("|", "\\|")
+        return md_escape(value) if escaped else str(value).replace("|", "\\|")
 
     return header + "".join("| " + " | ".join(cell(row.get(c)) for c in columns) + " |\n" for row in table)
 
@@ -479,7 +481,7 @@ def side_by_side(
             f" The accuracy columns come from --limit runs ({', '.join(map(str, limits))} samples per config), the "
             "fidelity columns from every counterfactual."
         )
-    markdown = table_markdown(table)
+    markdown = table_markdown(table, escaped=True)
     (output / "fidelity.md").write_text(f"{note}\n\n{markdown}", encoding="utf-8")
     plot_fidelity(table, output / "fidelity.png")
     summary = {

@@ -216,3 +216,12 @@ def test_eval_of_releases_without_a_shared_source_is_one_line_before_any_output(
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "apply to the side by side of several --release" in error
     assert not (tmp_path / "out").exists()
+
+
+def test_fidelity_md_escapes_its_text_cells_and_the_printed_table_keeps_the_names():
+    from evaluation.fidelity import table_markdown
+
+    row = {"edit_type": "sub_ject", "editor": "<img src=x>", "release": "r", "model": "m|*x*", "n": 2}
+    written = table_markdown([row], escaped=True).splitlines()[-1]
+    assert written.startswith(r"| sub\_ject | &lt;img src=x&gt; | m\|\*x\* | 2 |"), written
+    assert table_markdown([row]).splitlines()[-1].startswith(r"| sub_ject | <img src=x> | m\|*x* | 2 |")
