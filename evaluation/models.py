@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lance_pipeline.models.hub_cache import file_sha256
 from lance_pipeline.readers import expect_int, expect_mapping, load_json, read_text
 
 logger = logging.getLogger(__name__)
@@ -70,14 +71,6 @@ def expand_model_names(specs: list[str], pretrained: bool = True) -> list[str]:
         elif spec:
             names.append(spec)
     return list(dict.fromkeys(names))
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def local_dir_digest(folder: Path, names: tuple[str, ...]) -> str:
