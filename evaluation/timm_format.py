@@ -15,8 +15,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+from builder.release_format.text_out import csv_cell
 from evaluation.results import model_label, template_set
 
+TEXT_COLUMNS = ("model", "interpolation", "templates", "weights", "release", "release_version")  # through csv_cell
 TIMM_COLUMNS = ["model", "img_size", "top1", "top1_err", "top5", "top5_err", "param_count", "crop_pct", "interpolation"]
 OWN_COLUMNS = ["paired_top1_diff", "n", "templates", "templates_digest", "weights", "complete", "release",
                "release_version", "manifest_sha256"]  # fmt: skip
@@ -86,7 +88,8 @@ def write_timm_csvs(results: list[dict[str, Any]], output_dir: Path) -> list[Pat
         with open(tmp, "w", encoding="utf-8", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=[*TIMM_COLUMNS, *OWN_COLUMNS], lineterminator="\n")
             writer.writeheader()
-            writer.writerows(config_rows(ok, config))
+            for row in config_rows(ok, config):  # numbers as timm writes them; text as no spreadsheet evaluates
+                writer.writerow({k: csv_cell(v) if k in TEXT_COLUMNS else v for k, v in row.items()})
         tmp.replace(path)
         written.append(path)
     return written
