@@ -43,6 +43,7 @@ SUBCOMMAND_MODULES = (
     "builder.perturber.cli",  # perturber
     "builder.interfaces.cli",  # interfaces learn-tokens
     "evaluation.cli",  # eval, leaderboard
+    "evaluation.clip_benchmark_export",  # export clip-benchmark
     "evaluation.fidelity",  # compare-editors
     "builder.discovery.cli",  # discover
     "builder.cli_publish",  # publish

@@ -26,6 +26,7 @@ from evaluation.models import EVAL_OFFLINE_WAYS, LOCAL_DIR, ModelSpec, expand_mo
 from evaluation.plots import plot_strength_models
 from evaluation.release_reader import open_release
 from evaluation.results import AMP_DTYPES, MODEL_DTYPES
+from evaluation.zero_shot import DEFAULT_TEMPLATES, is_zero_shot, load_template_set, parse_reference
 from lance_pipeline.models.devices import resolve_device as shared_rule
 from lance_pipeline.models.needs import clip_need, timm_need
 
@@ -60,7 +61,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         required=True,
         help="timm model name (resnet50.a1_in1k, hf-hub:ORG/NAME), local-dir:DIR (config.json + model.safetensors: "
-        "no Hub needed), wildcard (convnext_*) or file of names; repeat",
+        "no Hub needed), wildcard (convnext_*) or file of names; or a zero-shot CLIP classifier: "
+        "open_clip:ARCH/PRETRAINED, open_clip:hf-hub:ORG/NAME or open_clip:DIR; repeat",
+    )
+    p.add_argument(
+        "--templates",
+        action="append",
+        metavar="SET",
+        help="prompt templates of the zero-shot (open_clip:) models: openai (OpenAI's 80 ImageNet prompts, the "
+        "default), simple ('a photo of a {}.') or a file with one template a line; repeat to score each model with "
+        "each set (the template sensitivity)",
     )
     p.add_argument("--output", required=True, type=Path, help="output directory")
     p.add_argument(
@@ -208,7 +218,12 @@ def declared_models(args: argparse.Namespace) -> list:
     releases, the side by side's CLIP."""
     needs = []
     if not args.no_pretrained and args.checkpoint is None:
-        needs += [timm_need(n, used_by="eval", key="--model") for n in expand_model_names(args.model)]
+        for name in expand_model_names(args.model):
+            if is_zero_shot(name):
+                model, tag = parse_reference(name)
+                needs.append(clip_need(model, tag, used_by="eval", key="--model", role=f"zero-shot classifier {name}"))
+            else:
+                needs.append(timm_need(name, used_by="eval", key="--model"))
     if not args.no_insights:
         needs.append(clip_need(args.clip_model, args.clip_pretrained, used_by="eval insights", key="--clip-model",
                                optional=True, role=INSIGHTS_ROLE))  # fmt: skip
@@ -231,6 +246,8 @@ def check_eval_arguments(args: argparse.Namespace) -> None:
         _check_positive("--limit", args.limit)
     if args.metrics is not None:
         parse_metric_names(args.metrics)
+    for templates in args.templates or []:
+        load_template_set(templates)
     if args.checkpoint is not None and args.no_pretrained:
         raise ValueError("--checkpoint and --no-pretrained exclude each other (a checkpoint already sets the weights)")
     if args.class_map is not None and not args.class_map.is_file():
@@ -277,9 +294,20 @@ def run_eval(args: argparse.Namespace) -> int:
     names = expand_model_names(args.model, pretrained=pretrained)
     if args.checkpoint is not None and len(names) != 1:
         raise ValueError(f"--checkpoint applies to exactly one model; {len(names)} were given: {', '.join(names)}")
+    template_sets = [load_template_set(t) for t in dict.fromkeys(args.templates or [DEFAULT_TEMPLATES])]
+    if args.templates and not any(is_zero_shot(n) for n in names):
+        raise ValueError("--templates applies to zero-shot models (--model open_clip:...); none was given")
     specs = [
-        ModelSpec(name=n, pretrained=pretrained, checkpoint=args.checkpoint, class_map=args.class_map, seed=args.seed)
+        ModelSpec(
+            name=n,
+            pretrained=pretrained,
+            checkpoint=args.checkpoint,
+            class_map=args.class_map,
+            seed=args.seed,
+            templates=templates,
+        )
         for n in names
+        for templates in (template_sets if is_zero_shot(n) else [None])
     ]
     releases = [open_release(spec) for spec in release_specs]
     side_by_side = _prepare_side_by_side(releases, args, device) if len(releases) > 1 else None
@@ -328,8 +356,9 @@ def run_eval(args: argparse.Namespace) -> int:
                 f"{args.output / label}:\n"
             )
             for spec in specs:
+                tpl = f" [templates {spec.templates.name}]" if spec.templates is not None else ""
                 weights = "" if spec.weights_id == "pretrained" else f" [{spec.weights_id[:40]}]"
-                sys.stdout.write(f"  {spec.name}{weights}\n")
+                sys.stdout.write(f"  {spec.result_name}{weights}{tpl}\n")
             sys.stdout.flush()
             all_summaries[label] = run_evaluation(
                 release, specs, args.output / label, options, on_result=_print_summary
@@ -344,6 +373,7 @@ def run_eval(args: argparse.Namespace) -> int:
         )
         for label, group in all_summaries.items():
             _write_strength_plot(group, args.output / label)
+            _write_timm_csvs(group, args.output / label)
         if not failed and done + skipped:  # a next step only after a success, and only one that has results to read
             target = args.output if side_by_side else args.output / labels[0]
             sys.stdout.write(
@@ -363,6 +393,17 @@ def _write_strength_plot(summaries: list[dict], output: Path) -> None:
     path = plot_strength_models(results, output / "strength.png")
     sys.stdout.write(f"accuracy against edit strength, every model: {path} (each model's: <model>/strength.png)\n")
     sys.stdout.flush()
+
+
+def _write_timm_csvs(summaries: list[dict], output: Path) -> None:
+    """``results-<release>-<config>.csv`` in timm's results format (``evaluation.timm_format``), this run's models."""
+    from evaluation.timm_format import write_timm_csvs
+
+    results = [s["results"] for s in summaries if s["status"] in ("ok", "skipped") and (s.get("results") or {})]
+    written = write_timm_csvs(results, output)
+    if written:
+        sys.stdout.write(f"timm-format results (one CSV per config): {output / 'results-*.csv'}\n")
+        sys.stdout.flush()
 
 
 def _prepare_side_by_side(releases: list, args: argparse.Namespace, device: str) -> dict:

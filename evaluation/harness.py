@@ -529,6 +529,8 @@ def run_key(release: Release, spec: ModelSpec, options: EvalOptions) -> str:
         "class_map_sha256": spec.class_map_sha256,
         "options": options.result_options(),
     }
+    if spec.templates is not None:  # zero-shot: the prompts are part of the model
+        identity["templates"] = spec.templates.digest
     return "sha256:" + hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
 
@@ -542,7 +544,7 @@ def evaluate_model(
     import timm
     from timm.data import resolve_data_config
 
-    model = create_eval_model(spec)
+    model = create_eval_model(spec, release)
     label_indices = resolve_label_indices(spec, model.num_classes, release.num_classes)
     data_config = resolve_data_config({}, model=model, use_test_size=True)
     logger.debug("%s: data config %s", spec.name, data_config)
@@ -571,9 +573,10 @@ def evaluate_model(
         "error": None,
         "tool": tool_description(),
         "model": {
-            "name": spec.name,
+            "name": spec.result_name,
             "slug": spec.slug,
             "weights": describe_weights(spec, model),
+            "zero_shot": getattr(model, "zero_shot_info", None),
             "param_count": round(sum(p.numel() for p in model.parameters()) / 1e6, 3),
             "num_classes": model.num_classes,
             "class_map": spec.class_map.name if spec.class_map is not None else None,
@@ -581,7 +584,9 @@ def evaluate_model(
             "data_config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in data_config.items()},
         },
         "release": release.describe(),
-        "packages": package_versions() | {"timm": timm.__version__},
+        "packages": package_versions()
+        | {"timm": timm.__version__}
+        | ({"open_clip": model.zero_shot_info["clip"]["open_clip"]} if spec.zero_shot else {}),
         "options": options.result_options(),
         "limit": options.limit,
         "run": {
@@ -607,7 +612,7 @@ def error_results(release: Release, spec: ModelSpec, options: EvalOptions, error
         "status": "error",
         "error": f"{type(error).__name__}: {error}",
         "tool": tool_description(),
-        "model": {"name": spec.name, "slug": spec.slug, "weights": {"id": spec.weights_id}},
+        "model": {"name": spec.result_name, "slug": spec.slug, "weights": {"id": spec.weights_id}},
         "release": release.describe(),
         "packages": package_versions(),
         "options": options.result_options(),

@@ -40,11 +40,21 @@ from evaluation.results import (
     is_results,
     missing_default_metrics,
     model_label,
+    template_set,
     validate_results,
 )
 from evaluation.robustness import effective_robustness, shift_correlations, timm_model_name
 from evaluation.strength import rank_stability
+from evaluation.timm_format import write_timm_csvs
 from evaluation.timm_results import SHIFTS, load_shift_table
+from evaluation.zero_shot import (
+    plot_template_sensitivity,
+    template_note,
+    template_sensitivity,
+    template_sensitivity_markdown,
+    template_sensitivity_section,
+    template_sensitivity_table,
+)
 from lance_pipeline.readers import read_json
 from lance_pipeline.release_kinds import kind_of_results, resolve_target
 
@@ -90,6 +100,8 @@ COLUMNS = [
     "limit",
     "failed_samples",
     "weights",
+    "templates",
+    "templates_digest",
     "release",
     "release_version",
     "manifest_sha256",
@@ -156,6 +168,12 @@ def _num_classes(results: dict[str, Any]) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
+def _row_label(row: dict[str, Any]) -> str:
+    """A row's model as tables name it (:func:`evaluation.results.model_label`): a zero-shot model with its templates."""
+    label = display_name(row["model"], row["weights"])
+    return label if _missing(row.get("templates")) else f"{label} [{row['templates']} templates]"
+
+
 def leaderboard_row(results: dict[str, Any]) -> dict[str, Any]:
     """One leaderboard row from one results JSON (error rows keep the model, release and error)."""
     model = results.get("model") or {}
@@ -164,6 +182,8 @@ def leaderboard_row(results: dict[str, Any]) -> dict[str, Any]:
     row.update(
         model=model.get("name"),
         weights=(model.get("weights") or {}).get("id"),
+        templates=(template_set(results) or (None, None))[0],
+        templates_digest=(template_set(results) or (None, None))[1],
         release=release.get("name"),
         release_version=release.get("version"),
         manifest_sha256=release.get("manifest_sha256"),
@@ -458,7 +478,7 @@ def compact_markdown(df: Any) -> str:
     unranked = 0
     for row in ok.astype(object).to_dict("records"):
         rank = fmt_number(row["rank"]) if not _missing(row["rank"]) else "—"
-        name = md_escape(display_name(row["model"], row["weights"]))
+        name = md_escape(_row_label(row))
         if not row["complete"]:
             unranked += 1
             if not _missing(row["limit"]):
@@ -620,7 +640,7 @@ def leaderboard_records(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     board = build_leaderboard(results)
     board_rows = board.astype(object).to_dict("records")
     by_key = {row["run_key"]: row for row in board_rows if not _missing(row["run_key"])}
-    by_label = {display_name(row["model"], row["weights"]): row for row in board_rows}
+    by_label = {_row_label(row): row for row in board_rows}
     records = []
     for r in results:
         if r.get("status") != "ok":
@@ -826,11 +846,22 @@ def _write_one(results: list[dict[str, Any]], output_dir: Path, n_boot: int, see
     df.to_parquet(written["parquet"], index=False)
     build_leaderboard_by_config(results).to_parquet(written["by_config"], index=False)
     write_csv(shift_correlation_table(correlations), written["shift_correlation"])
+    written.update({f"timm_csv_{p.stem}": p for p in write_timm_csvs(results, output_dir)})
+    sensitivity = template_sensitivity(results, n_boot, seed)
+    if sensitivity:
+        written["template_sensitivity"] = output_dir / "template_sensitivity.csv"
+        write_csv(template_sensitivity_table(sensitivity), written["template_sensitivity"])
+        written["template_sensitivity_plot"] = plot_template_sensitivity(
+            sensitivity, output_dir / "template_sensitivity.png"
+        )
+    note = template_note(results)
     release = results[0].get("release") or {}
     title = f"# Leaderboard: {md_escape(release.get('name'))} {md_escape(release.get('version'))}\n\n"
     markdown = (
         title
         + (compact_markdown(df) or "No model was evaluated successfully; the full table below lists the errors.\n")
+        + (f"\n{note}\n" if note else "")
+        + (template_sensitivity_markdown(sensitivity) if sensitivity else "")
         + "\n"
         + _er_markdown(fit)
         + "\n"
@@ -854,6 +885,8 @@ def _write_one(results: list[dict[str, Any]], output_dir: Path, n_boot: int, see
     if with_strength:
         written["strength_plot"] = plot_strength_models(results, output_dir / "strength.png")
     sections = [strength_stability_section(results, n_boot, seed)] if with_strength else []
+    if sensitivity or note:
+        sections.append(template_sensitivity_section(sensitivity, note))
     written["html"].write_text(_html_page(release, df, fit, correlations, written, sections), encoding="utf-8")
     logger.debug("leaderboard of %d rows written to %s", len(df), output_dir)
     return written
@@ -874,7 +907,7 @@ def _html_page(
         rows.append(
             [
                 fmt_number(row["rank"]),
-                display_name(row["model"], row["weights"]) + ("" if row["complete"] else " (incomplete)"),
+                _row_label(row) + ("" if row["complete"] else " (incomplete)"),
                 fmt_number(row["paired_original_top1"]),
                 fmt_number(row["paired_counterfactual_top1"]),
                 _with_ci(row["paired_top1_diff"], row["paired_top1_diff_ci_low"], row["paired_top1_diff_ci_high"]),

@@ -1,4 +1,5 @@
-"""Model selection and construction for evaluation: timm names, wildcards, name files, local weights, class maps.
+"""Model selection and construction for evaluation: timm names, wildcards, name files, local weights, class maps, and
+zero-shot CLIP classifiers (``open_clip:...``, built by ``evaluation.zero_shot``).
 
 Names are what timm accepts (``resnet50.a1_in1k``, ``hf-hub:org/repo``, ``local-dir:DIR``); a wildcard
 (``convnext_*``) expands through ``timm.list_models`` as in timm's validate.py; a path to a text file lists names one a
@@ -53,6 +54,9 @@ def expand_model_names(specs: list[str], pretrained: bool = True) -> list[str]:
     names: list[str] = []
     for spec in specs:
         spec = spec.strip()
+        if spec.startswith("open_clip:"):  # a zero-shot CLIP reference (evaluation.zero_shot), never a timm name
+            names.append(spec)
+            continue
         path = Path(spec).expanduser()
         if not spec.startswith("hf-hub:") and path.is_file():
             lines = [ln.split("#", 1)[0].strip() for ln in path.read_text(encoding="utf-8").splitlines()]
@@ -104,6 +108,8 @@ class ModelSpec:
     # Seeds the initialisation of random weights (--no-pretrained), so that a run is reproducible and a re-run that
     # skips existing results skips the same weights.
     seed: int = 0
+    # zero-shot models (``open_clip:...``): the prompt template set (evaluation.zero_shot.TemplateSet)
+    templates: Any = None
     checkpoint_sha256: str | None = field(default=None, init=False)
     class_map_sha256: str | None = field(default=None, init=False)
     # A ``local-dir:DIR`` model: ``name`` becomes ``local-dir:FOLDER`` (what outputs show); timm gets the path
@@ -113,6 +119,19 @@ class ModelSpec:
     def __post_init__(self) -> None:
         if self.name.startswith(LOCAL_DIR):
             self._check_local_dir()
+        if self.zero_shot:
+            from evaluation.zero_shot import DEFAULT_TEMPLATES, load_template_set, parse_reference
+
+            parse_reference(self.name)  # a malformed reference is one line before anything runs
+            if self.checkpoint is not None or self.class_map is not None:
+                raise ValueError(
+                    f"--model {self.name!r} is a zero-shot classifier over the release's own classes: --checkpoint "
+                    "and --class-map do not apply (open_clip:DIR loads local weights)"
+                )
+            if self.templates is None:
+                self.templates = load_template_set(DEFAULT_TEMPLATES)
+        elif self.templates is not None:
+            raise ValueError(f"--templates applies to zero-shot models (open_clip:...), not to {self.name!r}")
         if self.checkpoint is not None:
             self.checkpoint = Path(self.checkpoint)
             if self.checkpoint.suffix != ".safetensors":
@@ -158,6 +177,19 @@ class ModelSpec:
         return f"{LOCAL_DIR}{self.local_dir}" if self.local_dir is not None else self.name
 
     @property
+    def zero_shot(self) -> bool:
+        return self.name.startswith("open_clip:")
+
+    @property
+    def result_name(self) -> str:
+        """The name results record (a local directory reduced to its last component)."""
+        if self.zero_shot:
+            from evaluation.zero_shot import display_name
+
+            return display_name(self.name)
+        return self.name
+
+    @property
     def weights_id(self) -> str:
         """A string that changes whenever the weights do: used to skip models already evaluated."""
         if self.local_dir is not None:
@@ -173,10 +205,13 @@ class ModelSpec:
         timm names stay readable (``resnet50.a1_in1k``; ``hf-hub:org/name`` becomes ``hf-hub--org--name``); any other
         character becomes ``_`` and a short hash of the name is appended so that two names never share a folder.
         """
-        readable = self.name.replace("/", "--").replace(":", "--")
+        name = self.result_name
+        readable = name.replace("/", "--").replace(":", "--")
         base = re.sub(r"[^A-Za-z0-9_.-]", "_", readable)
-        if base != readable or not base or base.startswith("."):
+        if base != readable or not base or base.startswith(".") or name != self.name:
             base = f"{base.lstrip('.')}-{hashlib.sha256(self.name.encode()).hexdigest()[:8]}"
+        if self.templates is not None:  # one folder per template set: the same model with two sets is two results
+            base = f"{base}__tpl-{self.templates.slug}"
         if len(base) > MAX_SLUG_CHARS:  # file names are bounded (255 bytes on most file systems)
             digest = hashlib.sha256(self.name.encode()).hexdigest()[:12]
             base = f"{base[: MAX_SLUG_CHARS - 13]}-{digest}"
@@ -224,15 +259,25 @@ def load_class_map(path: Path, num_release_classes: int) -> list[int]:
     return [int(ln) for ln in lines]
 
 
-def create_eval_model(spec: ModelSpec) -> Any:
+def create_eval_model(spec: ModelSpec, release: Any = None) -> Any:
     """Build the timm model for ``spec`` in eval mode, with its weights loaded.
 
-    ``--checkpoint`` weights are loaded with safetensors (strict); when the checkpoint's classifier has another number
+    A zero-shot reference (``open_clip:...``) becomes a logits module over ``release``'s classes
+    (``evaluation.zero_shot``); everything downstream treats it like a timm model. ``--checkpoint`` weights are loaded with safetensors (strict); when the checkpoint's classifier has another number
     of outputs than the architecture's default, the classifier is reset to that size first.
     """
     import timm
     import torch
 
+    if spec.zero_shot:
+        from evaluation.zero_shot import create_zero_shot_model
+
+        if release is None:
+            raise ValueError(f"{spec.name}: a zero-shot classifier needs the release's class names")
+        space = (release.manifest.get("label_space") or {}).get("name")
+        return create_zero_shot_model(
+            spec.name, spec.templates, release.label_names, space, pretrained=spec.pretrained, seed=spec.seed
+        )
     # Random weights come from the seeded generator (and the caller's generator is left as it was): two runs with
     # --no-pretrained score the same model.
     with torch.random.fork_rng(devices=[]):
@@ -254,6 +299,17 @@ def create_eval_model(spec: ModelSpec) -> Any:
 
 
 def describe_weights(spec: ModelSpec, model: Any) -> dict[str, Any]:
+    if spec.zero_shot:
+        clip = model.zero_shot_info["clip"]
+        return {
+            "id": spec.weights_id,
+            "source": "pretrained" if spec.pretrained else "random",
+            "pretrained_tag": clip.get("pretrained"),
+            "hf_hub_id": clip["model"][len("hf-hub:") :] if str(clip.get("model")).startswith("hf-hub:") else None,
+            "checkpoint": None,
+            "checkpoint_sha256": clip.get("weights_sha256"),
+            "seed": None if spec.pretrained else spec.seed,
+        }
     cfg = dict(getattr(model, "pretrained_cfg", {}) or {})
     hub = spec.pretrained and spec.checkpoint is None and spec.local_dir is None
     if spec.local_dir is not None:

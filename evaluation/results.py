@@ -77,7 +77,8 @@ def validate_results(obj: Any) -> None:
     ``lance_pipeline.release_kinds``, e.g. the per-shift ``interfaces`` section of an interfaces release); a ``strength`` section
     (``validate_strength``, with the panel the leaderboard's rank stability resamples); from schema version 2 also ``tool.version``,
     ``options`` and ``limit``; from version 3, in a successful run, ``computed_metrics`` (metric name -> version) and,
-    when present, ``metrics_left_out`` (a list of names).
+    when present, ``metrics_left_out`` (a list of names). A zero-shot model's ``model.zero_shot`` carries ``templates.name``,
+    ``templates.digest`` (``sha256:...``) and ``class_names.source``.
     """
     if not isinstance(obj, dict):
         raise ValueError(f"results JSON must be an object, got {type(obj).__name__}")
@@ -93,6 +94,14 @@ def validate_results(obj: Any) -> None:
     if status not in STATUSES:
         raise ValueError(f"results JSON field 'status' must be one of {STATUSES}, got {status!r}")
     _require(obj, "model.name", str)
+    if (obj.get("model") or {}).get("zero_shot") is not None:  # a zero-shot classifier: its prompts are its head
+        _require(obj, "model.zero_shot.templates.name", str)
+        digest = _require(obj, "model.zero_shot.templates.digest", str)
+        if not digest.startswith("sha256:"):
+            raise ValueError(
+                f"results JSON field 'model.zero_shot.templates.digest' must be 'sha256:...', got {digest!r:.60}"
+            )
+        _require(obj, "model.zero_shot.class_names.source", str)
     for field in ("release.name", "release.version", "release.manifest_sha256"):
         _require(obj, field, str)
     if status == "error":
@@ -316,7 +325,15 @@ def model_label(obj: dict[str, Any]) -> str:
     Never the results folder's slug (which may carry a hash).
     """
     model = obj.get("model") or {}
-    return display_name(str(model.get("name") or "?"), (model.get("weights") or {}).get("id"))
+    label = display_name(str(model.get("name") or "?"), (model.get("weights") or {}).get("id"))
+    templates = template_set(obj)
+    return f"{label} [{templates[0]} templates]" if templates else label
+
+
+def template_set(obj: dict[str, Any]) -> tuple[str, str] | None:
+    """``(name, digest)`` of a zero-shot model's prompt templates; ``None`` for a classifier with a trained head."""
+    templates = ((obj.get("model") or {}).get("zero_shot") or {}).get("templates") or {}
+    return (str(templates.get("name")), str(templates.get("digest"))) if templates else None
 
 
 def display_name(name: str, weights_id: str | None) -> str:

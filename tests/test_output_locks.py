@@ -51,6 +51,7 @@ def test_every_subcommand_declares_what_it_writes():
         "compare-editors",
         "discover",
         "review",
+        "export clip-benchmark",
     }
 
 

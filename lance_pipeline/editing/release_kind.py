@@ -18,11 +18,14 @@ LANCE_PAPER = Paper(
 # The paired metrics compare each counterfactual with its own original; the insights cluster its edits.
 PAIRED_METRICS = ("accuracy_drop", "paired_accuracy_drop", "true_class_confidence_drop", "flip_rate", "insights")
 
-# After a build: check it, open it, score a model on it.
+# After a build: check it, open it, score a model on it, and a zero-shot CLIP classifier (random weights here, so that
+# it runs offline; drop --no-pretrained for the real ones, e.g. open_clip:ViT-B-32/laion2b_s34b_b79k).
 EDIT_NEXT_COMMANDS = (
     "lance-cf verify {release}",
     "python -c \"import datasets; print(datasets.load_dataset('{release}', '{config}', split='test'))\"",
     "lance-cf eval --release {release} --model resnet50.a1_in1k{class_map} --output eval-out",
+    "lance-cf eval --release {release} --model open_clip:ViT-B-32/openai --no-pretrained --templates simple "
+    "--no-insights --output eval-out-zero-shot",
 )
 
 LANCE = ReleaseKind(
