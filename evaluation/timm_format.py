@@ -10,12 +10,11 @@ template set of a zero-shot model, the weights, the sample count, whether the ru
 
 from __future__ import annotations
 
-import csv
 import re
 from pathlib import Path
 from typing import Any
 
-from builder.release_format.text_out import csv_cell
+from builder.release_format.text_out import write_csv_rows
 from evaluation.results import model_label, template_set
 
 TEXT_COLUMNS = ("model", "interpolation", "templates", "weights", "release", "release_version")  # through csv_cell
@@ -84,12 +83,7 @@ def write_timm_csvs(results: list[dict[str, Any]], output_dir: Path) -> list[Pat
     written = []
     for config in configs:
         path = output_dir / f"results-{release}-{re.sub(r'[^A-Za-z0-9_.-]', '_', config)}.csv"
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "w", encoding="utf-8", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=[*TIMM_COLUMNS, *OWN_COLUMNS], lineterminator="\n")
-            writer.writeheader()
-            for row in config_rows(ok, config):  # numbers as timm writes them; text as no spreadsheet evaluates
-                writer.writerow({k: csv_cell(v) if k in TEXT_COLUMNS else v for k, v in row.items()})
-        tmp.replace(path)
+        # numbers as timm writes them; text as no spreadsheet evaluates
+        write_csv_rows(path, [*TIMM_COLUMNS, *OWN_COLUMNS], config_rows(ok, config), set(TEXT_COLUMNS))
         written.append(path)
     return written

@@ -7,7 +7,8 @@
   is the only Jinja2 environment for pages. Autoescape is on and ``|safe`` is not used by any template, so every
   ``{{ value }}`` is escaped by the engine; a missing value is an error, not an empty cell. The review page is static
   HTML whose script writes data with ``textContent`` only.
-- **CSV** (``review export``, the leaderboard, the shift correlations): ``write_csv`` writes a pandas frame with every
+- **CSV** (``review export``, the leaderboard, the shift correlations, timm-format results): ``write_csv`` writes a pandas
+  frame (``write_csv_rows``: rows of pre-formatted cells, with the text columns named) with every
   text cell (and column name) passed through ``csv_cell``, which neutralises a cell a spreadsheet would run as a
   formula (one starting with ``= + - @``, a tab or a carriage return, OWASP's list) by prefixing ``'``. Numbers are
   written as numbers: a negative score stays ``-0.5``.
@@ -74,6 +75,22 @@ def write_csv(frame: Any, path: Path | str) -> None:
         if frame[column].dtype == object or str(frame[column].dtype) in ("string", "str"):
             frame[column] = frame[column].map(csv_cell)
     frame.to_csv(path, index=False)
+
+
+def write_csv_rows(path: Path | str, columns: list[str], rows: list[dict[str, Any]], text_columns: set[str]) -> None:
+    """Write ``rows`` (dicts keyed by ``columns``) to ``path`` as CSV, replacing it atomically. Cells of
+    ``text_columns`` and the column names go through ``csv_cell``; the others are written as given, so numbers already
+    formatted as text (``-0.5``, as timm's results files write them) stay numbers."""
+    import csv
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8", newline="") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow([csv_cell(str(c)) for c in columns])
+        for row in rows:
+            writer.writerow([csv_cell(row.get(c)) if c in text_columns else row.get(c) for c in columns])
+    tmp.replace(path)
 
 
 def html_environment(loader: Any, **filters: Any) -> Any:
