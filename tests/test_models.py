@@ -453,9 +453,13 @@ def _limited(path: Path, limit: int = 2):
     return config
 
 
-def test_the_cpu_estimate_counts_the_unet_the_config_names(tmp_path):
+def test_the_cpu_estimate_counts_the_unet_the_config_names(tmp_path, monkeypatch):
     """A config of tiny local models beside a Hub-id text model (the label check's) runs on the CPU: the estimate is
-    the configured UNet's, counted on its architecture, not the pinned Stable Diffusion's (which refuses)."""
+    the configured UNet's, counted on its architecture, not the pinned Stable Diffusion's (which refuses). The CPU's
+    speed is fixed at 1 GFLOP/s (a slow CPU), so the outcome depends on the counted UNet, not on the machine's load."""
+    import builder.model_check
+
+    monkeypatch.setattr(builder.model_check, "measure_cpu_flops", lambda threads: 1e9)
     from builder.config import apply_overrides, load_config
     from builder.model_check import UNET_FORWARD_FLOPS_512, check_cpu, configured_unet, unet_forward_flops
     from builder.validation import validate_build
