@@ -150,12 +150,13 @@ def test_a_changed_database_is_refused_in_one_line_by_every_reader(fresh, tmp_pa
     for args in (
         ["review", "apply", str(fresh), "--output", str(tmp_path / "new"), "--study-name", study.name],
         ["review", "agreement", str(fresh), "--study-name", study.name],
+        ["review", "export", str(fresh), "--output", str(tmp_path / "j.csv")],
         ["review", str(fresh), "--study-name", study.name],
     ):
         assert main(args) == 2, args
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and said in err and "review.sqlite" in err, err
-    assert not (tmp_path / "new").exists()
+    assert not (tmp_path / "new").exists() and not (tmp_path / "j.csv").exists()
 
 
 @pytest.mark.parametrize("garbage", [b"", b"not a database at all" * 100, b"SQLite format 3\x00" + b"\x07" * 5000])

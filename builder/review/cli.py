@@ -153,7 +153,9 @@ def _export(args: argparse.Namespace, release: Path) -> int:
     if not store_path(release).is_file():
         raise ValueError(f"{release} has no judgements yet (review it first: lance-cf review {release})")
     store = JudgementStore(release, rf.load_manifest(release).manifest_sha256)
-    rows = store.export(args.output, args.study_name)
+    names = [args.study_name] if args.study_name else store.studies()
+    studies = {name: choose_study(store, name) for name in names}  # every exported row is checked against its study
+    rows = store.export(args.output, args.study_name, studies)
     sys.stdout.write(f"wrote {rows} judgement row(s) to {args.output}\n")
     return 0
 

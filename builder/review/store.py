@@ -234,11 +234,24 @@ class JudgementStore:
                 "SELECT COUNT(*) FROM judgements WHERE study=? AND release<>?", (study, self.release_sha)
             ).fetchone()[0]
 
-    def export(self, path: Path, study: str | None = None) -> int:
-        """Write every judgement (history included) to ``path``: ``.csv`` or ``.parquet``. Returns the row count."""
+    def export(self, path: Path, study: str | None = None, studies: dict[str, Any] | None = None) -> int:
+        """Write every judgement (history included) to ``path``: ``.csv`` or ``.parquet``. Returns the row count.
+
+        With ``studies`` (name -> ``Study``), every row is first checked against its study as ``latest`` checks the
+        rows that count, so a row written outside the page is refused in one line instead of exported as a
+        reviewer's word; a row of a study not given is refused too."""
         import pandas as pd
 
         rows = self.history(study)
+        if studies is not None:
+            for judgement in rows:
+                if judgement.study not in studies:
+                    raise ValueError(
+                        f"{self.path}: judgement row {judgement.id} names study {judgement.study!r}, which the "
+                        "database does not hold; the database was changed outside lance-cf review (restore it, or "
+                        "move it away and review again)"
+                    )
+                self._check(judgement, studies[judgement.study])
         columns = list(Judgement.__dataclass_fields__)
         frame = pd.DataFrame([[getattr(j, c) for c in columns] for j in rows], columns=columns)
         path = Path(path)
