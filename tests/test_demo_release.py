@@ -101,6 +101,16 @@ def test_demo_croissant_reads_as_datasets_does(demo, tmp_path):
     assert assert_croissant_matches_datasets(demo, tmp_path) == sum(c["total"] for c in counts.values())
 
 
+def test_clip_benchmark_reads_the_demo_like_datasets(demo, tmp_path, lance_cf):
+    """CLIP_benchmark's own wds/ builder on the exported demo: every config (strength included), images and labels
+    equal to what datasets reads; the demo's ImageNet label space gives CLIP's 1,000 class names."""
+    pytest.importorskip("clip_benchmark")
+    from test_clip_benchmark_export import assert_clip_benchmark_reads_like_datasets
+
+    classes = assert_clip_benchmark_reads_like_datasets(demo, tmp_path / "cb", lance_cf, tmp_path / "hf")
+    assert len(classes) == 1000
+
+
 def test_demo_strength_config_is_every_candidate_linked_to_its_counterfactual_and_original(demo, tmp_path):
     """The demo keeps every candidate of the sweep (keep_candidates): with its gates opened, each kept edit appears
     once per self-attention fraction, strength = 1 - self_replace, and the selected one is its counterfactual."""
