@@ -412,7 +412,10 @@ def test_every_subcommand_help_explains_itself(command, capsys):
     ("args", "expected"),
     [
         (["nosuch"], "invalid choice: 'nosuch'"),
-        (["build", "demo", "--output", "x", "--seed", "abc"], "invalid int value: 'abc'"),
+        (
+            ["build", "demo", "--output", "x", "--seed", "abc"],
+            "--seed: expected an integer of at most 18 digits, got 'abc'",
+        ),
         (["build", "demo", "--output", "x", "--shard-size", "-3"], "expected a positive integer, got '-3'"),
         (["build", "demo", "--output", "x", "--engine", "spark"], "invalid choice: 'spark'"),
         (["build", "demo", "--output", "x", "--configs", ","], "expected a comma-separated list"),
