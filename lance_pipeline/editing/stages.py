@@ -193,8 +193,8 @@ class CounterfactualEditStage(_ImageStage):
     strength_field: str | None = STRENGTH_FIELD
     word_check = False
 
-    def __init__(self, scorer=None, **options: Any) -> None:
-        super().__init__(scorer, **options)
+    def __init__(self, options: ImageEditorOptions | None = None, /, scorer=None, **values: Any) -> None:
+        super().__init__(options, scorer=scorer, **values)
         if self.options.keep_candidates and self.strength_field is None:
             raise ValueError(
                 f"{type(self).__name__}: keep_candidates: this stage declares no strength config (only the edit "
