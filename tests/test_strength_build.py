@@ -146,7 +146,7 @@ def test_only_editors_whose_candidates_are_a_strength_series_accept_the_option(t
         ControlNetEditorOptions(model=str(tiny_sd_dir), controlnet=str(tiny_sd_dir), keep_candidates=True)
     with pytest.raises(ValueError, match="no strength config"):
         LanceREditStage(model=str(tiny_sd_dir), keep_candidates=True)
-    with pytest.raises(ValueError, match="keep_candidates must be true or false"):
+    with pytest.raises(ValueError, match="option keep_candidates = .yes.: expected true or false"):
         CounterfactualEditStage(model=str(tiny_sd_dir), keep_candidates="yes")
 
 
