@@ -442,7 +442,7 @@ def template_sensitivity_table(rows: list[dict[str, Any]]) -> Any:
 
 
 def template_sensitivity_markdown(rows: list[dict[str, Any]]) -> str:
-    from dataset_cards.markdown import md_escape
+    from builder.release_format.text_out import md_escape
 
     lines = ["", "## Template sensitivity", "", SENSITIVITY_NOTE, ""]
     lines += ["| " + " | ".join(SENSITIVITY_HEADER) + " |", "|" + "|".join("---" for _ in SENSITIVITY_HEADER) + "|"]

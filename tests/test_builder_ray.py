@@ -95,7 +95,9 @@ def test_missing_ray_extra_names_the_install_command(tmp_path):
     env_path = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = f"{tmp_path / 'shadow'}{os.pathsep}{env_path}"
     try:
-        proc = cli("build", str(cfg), "--output", str(tmp_path / "out"), "--engine", "ray", check=False)
+        proc = cli(
+            "build", str(cfg), "--output", str(tmp_path / "out"), "--engine", "ray", check=False, process=True
+        )  # the shadowing PYTHONPATH acts on a new process only
     finally:
         os.environ["PYTHONPATH"] = env_path
     assert proc.returncode == 2

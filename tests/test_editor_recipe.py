@@ -119,7 +119,11 @@ def _config(tmp_path, options):
         {"name": "edit", "type": "grey_edit", "configs": ["counterfactual"], "options": options},
     ]
     path = write_config(
-        tmp_path / "c.yaml", f"imagefolder:{folder}", stages=stages, configs=["original", "counterfactual"]
+        tmp_path / "c.yaml",
+        f"imagefolder:{folder}",
+        stages=stages,
+        configs=["original", "counterfactual"],
+        safety="off",  # grey images need no safety checker (the card then says they were not screened)
     )
     return load_config(str(path))
 

@@ -53,10 +53,12 @@ def test_payload_codec_round_trips_images_tensors_and_json():
 
 # ------------------------------------------------------------------------------------------------------------ the unit
 def test_format_unit_imports_nothing_from_the_project_and_nothing_heavy():
-    """Nothing but the one reader of structured input (``lance_pipeline.readers``, the lowest room)."""
+    """Nothing but the one reader of structured input (``lance_pipeline.readers``, the lowest room) and the release
+    kinds' registry (verify checks a kind's papers and Hub keys; the registry imports none of its targets)."""
     code = (
         "import sys, builder.release_format\n"
-        "reader = ('lance_pipeline', 'lance_pipeline.readers', 'lance_pipeline.readers.structured')\n"
+        "reader = ('lance_pipeline', 'lance_pipeline.readers', 'lance_pipeline.readers.structured', "
+        "'lance_pipeline.release_kinds', 'lance_pipeline.registry')\n"
         "bad = sorted(m for m in sys.modules if m not in reader and m.split('.')[0] in ('lance_pipeline', "
         "'evaluation', 'dataset_cards',"
         " 'torch', 'numpy', 'PIL', 'jsonschema', 'yaml', 'datasets', 'webdataset', 'huggingface_hub')"

@@ -141,8 +141,12 @@ def declared_output_lock(args: argparse.Namespace) -> Iterator[None]:
         yield
         return
     target = Path(target)
-    missing = [p for p in (target, *target.parents) if not p.exists()]
-    if target.exists() and not target.is_dir():
+    try:
+        missing = [p for p in (target, *target.parents) if not p.exists()]
+        unusable = target.exists() and not target.is_dir()
+    except OSError:  # a name the file system cannot even look up (too long): the command's own check names it
+        unusable = True
+    if unusable:
         yield
         return
     try:
