@@ -15,8 +15,10 @@ The sets (JSON Lines, one pair per line: ``id, caption, edited_caption, sensitiv
   colours ("a woman in a white dress" -> "black dress"), religious buildings without a person's attribute ("a man
   beside a house" -> "in front of a church"). A pair is sensitive when the edit adds, removes or changes such an
   attribute of a person in the picture; an attribute of a thing, an animal or a place is not.
-* ``sensitive_edits_dev.jsonl`` (98 pairs, written the same way with other words) is the set the screen was tuned on.
-  The held-out set was measured before the change and after it, never used to choose a word or a rule.
+* ``sensitive_edits_dev.jsonl`` (127 pairs, written the same way with other words) is the set the screen was tuned on.
+  The held-out set was measured before the change and after it. Its first measurement listed its misses, and they were
+  read before the new vocabulary was written (as general lists, not the set's phrases), so the "after" held-out
+  figures are optimistic (docs/method.md, "Sensitive-edit screen").
 
 Spans are what an edit changes: the words between the captions' common prefix and suffix (the perturber records them
 the same way). ``--path list`` runs the word-list part (``list_changes``: deterministic, no model); ``--path full``
