@@ -172,7 +172,8 @@ LANCE_ROWS = (
         "person's perceived gender, race, age, religion or body (Ethical Issues)",
         "an automatic first pass marks every edit that adds, removes or changes a perceived gender, race or skin tone, "
         "age, religion, body or disability of a person (a word list with phrase rules, then a sentence model); "
-        "measured on 259 hand-written held-out caption pairs: 100.0% precision, 97.9% recall (word list) "
+        "measured on 259 hand-written held-out caption pairs: 100.0% precision, 97.9% recall (word list; optimistic, "
+        "as the set's misses were read before the vocabulary was written: docs/method.md) "
         "(benchmarks/bench_sensitive_edits.py)",
         "a build has no person in the loop; the marks show a reviewer where to look (`lance-cf review`), and misses "
         "remain possible",
