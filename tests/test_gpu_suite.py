@@ -74,9 +74,10 @@ def test_the_dry_run_runs_every_section_and_reports_what_the_gpu_run_reports(tmp
 
 @pytest.mark.e2e
 def test_a_section_that_outlives_its_slot_is_stopped_and_the_report_is_still_written(tmp_path):
-    report = run_suite(tmp_path, "--dry-run", "--sections", "matmul,editor,models,build", "--budget-s", "4")
+    # No in-process section first: on a busy machine it could spend the whole budget before the editor starts.
+    # The editor's slot is 6 s x 0.33 / 0.66 = 3 s; its imports alone take longer on any machine.
+    report = run_suite(tmp_path, "--dry-run", "--sections", "editor,models,build", "--budget-s", "6")
     sections = {s["name"]: s for s in report["sections"]}
-    assert sections["matmul"]["status"] == "ok"
     assert sections["editor"]["status"].startswith("stopped: out of its time slot")
     assert sections["build"]["status"].startswith("skipped: ")  # budget spent, or its models never written
     assert (tmp_path / "out" / "suite.md").is_file()
