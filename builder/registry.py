@@ -29,6 +29,11 @@ STAGES = Registry(
         "safety_check_reconstruction": "lance_pipeline.screening.safety_checker:ReconstructionSafetyCheckStage",
         "safety_check_generated": "lance_pipeline.screening.safety_checker:GeneratedSafetyCheckStage",
         "safety_check_discovery": "lance_pipeline.screening.safety_checker:DiscoverySafetyCheckStage",
+        "judge": "lance_pipeline.screening.judge:JudgeStage",
+        "judge_lance_r": "lance_pipeline.screening.judge:LanceRJudgeStage",
+        "judge_strength": "lance_pipeline.screening.judge:StrengthJudgeStage",
+        "judge_generated": "lance_pipeline.screening.judge:GeneratedJudgeStage",
+        "judge_discovery": "lance_pipeline.screening.judge:DiscoveryJudgeStage",
     },
 )
 
