@@ -27,22 +27,15 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def mlcroissant_records(release: Path, config: str, cache: Path) -> dict[str, dict[str, Any]]:
+def mlcroissant_records(release: Path, config: str) -> dict[str, dict[str, Any]]:
     """Every record of ``config`` read by mlcroissant from the release's croissant.json, by key.
 
-    mlcroissant extracts archives into its cache keyed by the archive's path in croissant.json, the same path in
-    every release, so each read gets a fresh cache folder (the module constant is read at import, hence the patch).
+    With mlcroissant's default cache: a shard's path names its content, so an extraction it reuses is always the
+    right one (``test_two_releases_read_in_one_process_give_their_own_records``).
     """
     import mlcroissant as mlc
-    from etils import epath
-    from mlcroissant._src.operation_graph.operations import extract
 
-    saved = extract.EXTRACT_PATH
-    extract.EXTRACT_PATH = epath.Path(cache)
-    try:
-        records = list(mlc.Dataset(str(release / rf.CROISSANT_NAME)).records(config))
-    finally:
-        extract.EXTRACT_PATH = saved
+    records = list(mlc.Dataset(str(release / rf.CROISSANT_NAME)).records(config))
     out: dict[str, dict[str, Any]] = {}
     prefix = f"{config}/"
     for record in records:
@@ -71,7 +64,7 @@ def assert_croissant_matches_datasets(release: Path, tmp_path: Path) -> int:
     assert issues == ([] if manifest.config.get("release_date") else undated), issues
     compared = 0
     for config in manifest.configs:
-        got = mlcroissant_records(release, config, tmp_path / f"croissant-cache-{config}")
+        got = mlcroissant_records(release, config)
         rows = datasets.load_dataset(str(release), config, split="test", cache_dir=str(tmp_path / "hf"))
         assert len(got) == len(rows) == manifest.counts[config]["total"]
         for row in rows:

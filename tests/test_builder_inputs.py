@@ -248,7 +248,7 @@ def test_verify_cli_names_the_first_mismatch(small_release):
     _flip(shard, 700)
     proc = cli("verify", str(small_release), check=False)
     assert proc.returncode == 1
-    assert proc.stderr.startswith("verify: FAILED: data/original/test-000000.tar: sha256")
+    assert proc.stderr.startswith(f"verify: FAILED: data/original/{shard.name}: sha256")
 
 
 def test_verify_catches_bad_metadata_even_with_fixed_up_hashes(small_release):

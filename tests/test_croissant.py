@@ -3,14 +3,23 @@ checked by verify; the card's Hub metadata and the viewer statement."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import shutil
+import subprocess
+import sys
+from io import BytesIO
 
+import numpy as np
 import pytest
 from croissant_check import assert_croissant_matches_datasets, mlcroissant_issues, mlcroissant_records
+from PIL import Image
 from release_fixture import write_release
 
 from builder import release_format as rf
 from builder.croissant import write_release_croissant
+from builder.release_format import iter_shard
 
 
 @pytest.fixture(scope="module")
@@ -148,8 +157,6 @@ def test_verify_catches_an_index_or_croissant_that_disagrees_with_the_release(re
 
 def test_mlcroissant_sees_a_changed_shard(release, tmp_path):
     """The sha256 croissant.json records is the one mlcroissant checks before reading a shard."""
-    import shutil
-
     import mlcroissant as mlc
 
     copy = tmp_path / "copy"
@@ -157,7 +164,7 @@ def test_mlcroissant_sees_a_changed_shard(release, tmp_path):
     shard = copy / rf.load_manifest(copy).shards_of("original")[0].path
     shard.write_bytes(shard.read_bytes() + b"\0" * 512)
     with pytest.raises(mlc.GenerationError):
-        mlcroissant_records(copy, "original", tmp_path / "cache")
+        mlcroissant_records(copy, "original")
 
 
 # ------------------------------------------------------------------------------------------------ card metadata
@@ -224,3 +231,50 @@ def test_viewer_statement_names_the_configs_over_the_conversion_limit(release, t
     card = render_release_card(release, data, output_dir=tmp_path)
     assert rf.viewer_statement(manifest) in card and "[`croissant.json`](croissant.json)" in card
     assert "[LANCE: Stress-testing Visual Models" in card and "(https://arxiv.org/abs/2305.19164)" in card
+
+
+_READ_WITH_DEFAULTS = """
+import hashlib, json, sys
+import mlcroissant as mlc
+out = {}
+for release in sys.argv[1:]:
+    records = mlc.Dataset(release + "/croissant.json").records("original")
+    out[release] = {r["original/key"].decode(): hashlib.sha256(r["original/image"].tobytes()).hexdigest() for r in records}
+print(json.dumps(out))
+"""
+
+
+def test_two_releases_read_in_one_process_give_their_own_records(tmp_path):
+    """mlcroissant with its default settings caches an archive's extraction under its path in croissant.json, in
+    every later process too: two releases (same configs, same keys, other images) read in one process, then one of
+    them rebuilt with other images and read again, each give their own images."""
+
+    def images(release):
+        manifest = rf.load_manifest(release)
+        out = {}
+        for shard in manifest.shards_of("original"):
+            for key, members in iter_shard(release / shard.path, wanted={manifest.image_ext}):
+                pixels = np.asarray(Image.open(BytesIO(members[manifest.image_ext])).convert("RGB"))
+                out[key] = hashlib.sha256(pixels.tobytes()).hexdigest()
+        return out
+
+    first = write_release(tmp_path / "first", labels=(1,), originals_per_class=2, configs=("original",), seed=1)
+    second = write_release(tmp_path / "second", labels=(1,), originals_per_class=2, configs=("original",), seed=2)
+    assert images(first).keys() == images(second).keys() and images(first) != images(second)
+    # mlcroissant's defaults: no CROISSANT_CACHE, its cache under the (fresh) home folder
+    env = {k: v for k, v in os.environ.items() if k != "CROISSANT_CACHE"} | {"HOME": str(tmp_path / "home")}
+
+    def read(*releases):
+        proc = subprocess.run(
+            [sys.executable, "-c", _READ_WITH_DEFAULTS, *map(str, releases)], capture_output=True, text=True, env=env
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    got = read(first, second)
+    assert got == {str(first): images(first), str(second): images(second)}
+    assert (tmp_path / "home" / ".cache" / "croissant").is_dir()  # the default cache was the one used
+    # The first release rebuilt in place with other images: a later process reads the new ones, not the cache's.
+    shutil.rmtree(first)
+    write_release(first, labels=(1,), originals_per_class=2, configs=("original",), seed=3)
+    assert read(first) == {str(first): images(first)} != {str(first): got[str(first)]}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -118,7 +119,7 @@ def test_listed_file_behind_a_link_or_outside_the_release_is_refused(hub_env, tm
     elsewhere.parent.mkdir()
     shutil.move(shard, elsewhere)
     shard.symlink_to(elsewhere)
-    with pytest.raises(PublishError, match=r"data/original/test-000000\.tar is a symbolic link"):
+    with pytest.raises(PublishError, match=re.escape(f"{manifest['shards'][0]['path']} is a symbolic link")):
         publish_release(release_dir, REPO)
 
     # The whole data directory as a link.

@@ -250,7 +250,8 @@ def test_a_build_marks_drops_records_and_counts_what_the_screens_decided(tmp_pat
     assert fields == ["sensitive_edit", "sensitive_attributes", "sensitive_triggers", "safety_nsfw", "safety_score"]
     import tarfile
 
-    with tarfile.open(tmp_path / "out" / "data" / "counterfactual" / "test-000000.tar") as tar:
+    (shard,) = (tmp_path / "out" / "data" / "counterfactual").glob("test-000000-*.tar")
+    with tarfile.open(shard) as tar:
         metas = [json.load(tar.extractfile(m)) for m in tar.getmembers() if m.name.endswith(".json")]
     assert {m["edited_caption"].split(" holding")[0] for m in metas} == {"a woman"}
     assert {m["key"].rsplit("_", 1)[1] for m in metas} == {"cf001"}  # the survivor keeps its key: no renumbering

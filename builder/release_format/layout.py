@@ -26,9 +26,17 @@ KEY_PATTERN = re.compile(r"^[A-Za-z0-9_-]+$")
 CONFIG_NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
-def shard_path(config: str, index: int) -> str:
-    """Path of a shard relative to the release root, e.g. ``data/counterfactual/test-000003.tar``."""
-    return f"{DATA_DIR}/{config}/{SPLIT}-{index:06d}.tar"
+SHARD_DIGEST_CHARS = 16  # of the shard's sha256 in its name: 64 bits, no collision among a release's shards
+
+
+def shard_path(config: str, index: int, sha256: str) -> str:
+    """Path of a shard relative to the release root, e.g. ``data/counterfactual/test-000003-0123456789abcdef.tar``.
+
+    The name carries the start of the shard's sha256, so that a path names one content. Readers that cache by path
+    then never mix two releases (or two versions of one release): mlcroissant extracts an archive into a folder
+    keyed by its ``contentUrl`` alone and reuses it in every later process.
+    """
+    return f"{DATA_DIR}/{config}/{SPLIT}-{index:06d}-{sha256[:SHARD_DIGEST_CHARS]}.tar"
 
 
 def shard_glob(config: str) -> str:

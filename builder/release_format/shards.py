@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder.release_format.layout import LABEL_EXT, METADATA_EXT, is_valid_key, shard_path
+from builder.release_format.layout import DATA_DIR, LABEL_EXT, METADATA_EXT, SPLIT, is_valid_key, shard_path
 from builder.release_format.manifest import ShardRecord
 
 
@@ -77,10 +77,10 @@ def group_into_shards(samples: Iterable[ShardSample], max_samples: int, max_byte
 
 def write_shard(root: Path, config: str, index: int, samples: list[ShardSample]) -> ShardRecord:
     """Write one shard under ``root``; return its manifest record."""
-    rel = shard_path(config, index)
-    target = Path(root) / rel
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f"{target.stem}.{os.getpid()}.tar.tmp")  # unique per writer: never another build's
+    folder = Path(root) / DATA_DIR / config
+    folder.mkdir(parents=True, exist_ok=True)
+    # unique per writer: never another build's; named once its bytes (and so its digest) are known
+    tmp = folder / f"{SPLIT}-{index:06d}.{os.getpid()}.tar.tmp"
     try:
         with open(tmp, "wb") as f:
             with tarfile.open(fileobj=f, mode="w", format=tarfile.GNU_FORMAT) as tar:
@@ -92,7 +92,8 @@ def write_shard(root: Path, config: str, index: int, samples: list[ShardSample])
             f.flush()
             os.fsync(f.fileno())
         digest, size = file_sha256(tmp)
-        os.replace(tmp, target)
+        rel = shard_path(config, index, digest)
+        os.replace(tmp, Path(root) / rel)
     finally:
         if tmp.exists():
             tmp.unlink()
