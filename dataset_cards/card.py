@@ -20,6 +20,7 @@ from builder import release_format as rf
 from builder.release_format.yaml_text import dump_yaml
 from dataset_cards.deviations_section import deviations_section
 from dataset_cards.gallery import read_shard_samples, select_pairs, write_gallery
+from dataset_cards.judge_section import judge_section
 from dataset_cards.markdown import Markdown, code_span, code_text, markdown_template, md_escape
 from dataset_cards.review_section import review_section
 from dataset_cards.screening_section import screening_section
@@ -217,6 +218,7 @@ def _template_context(
         "deviations_section": Markdown(deviations_section(manifest.to_dict())),
         "screening_section": Markdown(screening_section(manifest.to_dict())),
         "review_section": Markdown(review_section(manifest.to_dict())),
+        "judge_section": Markdown(judge_section(manifest.to_dict())),
         "leaderboard_section": Markdown(leaderboard_section(results or [])),
         "stage_rows": stage_rows(manifest),
         "thresholds": thresholds(manifest),

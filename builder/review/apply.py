@@ -57,6 +57,14 @@ def choose_study(store: JudgementStore, name: str | None) -> Study:
     return Study.from_dict(spec, where=f"study {name!r}")
 
 
+def check_new_output(release: Path, output: Path) -> None:
+    """Refuse an ``--output`` for a next version that is the release itself or a directory with anything in it."""
+    if output.resolve() == release.resolve():
+        raise ValueError(f"--output {output} is the release itself; give a new directory for the next version")
+    if output.exists() and (not output.is_dir() or any(p.name != rf.WORK_DIR for p in output.iterdir())):
+        raise ValueError(f"--output {output} exists and is not empty; give a new directory")
+
+
 def next_version(version: str) -> str:
     """The next minor version: a review changes the release's data (new configs, new fields), not its images."""
     parsed = rf.parse_release_version(version)
@@ -79,10 +87,7 @@ def apply_review(
 ) -> dict[str, Any]:
     """Write the reviewed release to ``output`` (new or empty); return its manifest."""
     release, output = Path(release), Path(output)
-    if output.resolve() == release.resolve():
-        raise ValueError(f"--output {output} is the release itself; give a new directory for the next version")
-    if output.exists() and (not output.is_dir() or any(p.name != rf.WORK_DIR for p in output.iterdir())):
-        raise ValueError(f"--output {output} exists and is not empty; give a new directory")
+    check_new_output(release, output)
     index = ReleaseIndex(release)
     store = JudgementStore(release, index.manifest_sha)
     study = choose_study(store, study_name)

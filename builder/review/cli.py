@@ -3,7 +3,10 @@
 - ``lance-cf review RELEASE [study options]``: serve the page (127.0.0.1, a random port and access token).
 - ``lance-cf review apply RELEASE --output NEW``: the next version of the release with the review in it.
 - ``lance-cf review export RELEASE --output FILE.csv|FILE.parquet``: every judgement, history included.
-- ``lance-cf review agreement RELEASE``: verdict counts and agreement of a study, printed.
+- ``lance-cf review agreement RELEASE``: verdict counts and agreement of a study, printed; with judge scores and a
+  ``still_class`` question, the judge's agreement with people beside the people's with each other.
+- ``lance-cf review calibrate RELEASE --output NEW``: the next version with the judge's threshold chosen on the human
+  labels by cross-validation (every shard copied byte for byte).
 """
 
 from __future__ import annotations
@@ -17,12 +20,24 @@ from builder import release_format as rf
 from builder.cli_types import port_number
 from builder.release_format.lock import declare_output, file_folder, output_lock
 from builder.review.apply import apply_review, choose_study
+from builder.review.calibrate import RECORD, calibrate_release
+from builder.review.calibration import (
+    DEFAULT_FOLDS,
+    DEFAULT_RESAMPLES,
+    JUDGE_CLASS_FIELD,
+    QUESTION,
+    UNCALIBRATED_THRESHOLD,
+    has_judge_scores,
+    judge_agreement,
+    labelled_items,
+    seed_of,
+)
 from builder.review.index import ReleaseIndex
 from builder.review.server import open_session, serve
 from builder.review.store import JudgementStore, store_path
 from builder.review.study import QUESTIONS, Study, aggregate, agreement, select
 
-ACTIONS = ("apply", "export", "agreement")
+ACTIONS = ("apply", "export", "agreement", "calibrate")
 
 
 def register(subparsers) -> None:
@@ -32,12 +47,34 @@ def register(subparsers) -> None:
         description="lance-cf review RELEASE serves a page (127.0.0.1, random port, an access token in the printed "
         "URL) that shows one sample at a time beside its original, to judge with the keyboard; judgements are stored "
         "in RELEASE/.lance-cf/review.sqlite. lance-cf review apply RELEASE --output NEW writes the next version with "
-        "every sample's review; export writes the judgements as CSV or Parquet; agreement prints kappas.",
+        "every sample's review; export writes the judgements as CSV or Parquet; agreement prints kappas (and the judge's "
+        "agreement with people); calibrate writes the next version with the judge's threshold chosen on the human labels.",
     )
-    review.add_argument("target", metavar="[apply|export|agreement] RELEASE", help="the release directory")
+    review.add_argument("target", metavar="[apply|export|agreement|calibrate] RELEASE", help="the release directory")
     review.add_argument("release", nargs="?", type=Path, help=argparse.SUPPRESS)
     review.add_argument("--output", "-o", type=Path, help="apply: the new release directory; export: a .csv/.parquet")
-    review.add_argument("--version", dest="release_version", metavar="SEMVER", help="apply: the new version")
+    review.add_argument("--version", dest="release_version", metavar="SEMVER", help="apply, calibrate: the new version")
+    judge = review.add_argument_group('the judge (agreement, calibrate; docs/review.md, "The judge against people")')
+    judge.add_argument(
+        "--threshold",
+        type=float,
+        metavar="P",
+        help=f"agreement: the judge's threshold (default: the release's calibrated one, else {UNCALIBRATED_THRESHOLD})",
+    )
+    judge.add_argument(
+        "--resamples",
+        type=int,
+        default=DEFAULT_RESAMPLES,
+        metavar="N",
+        help="bootstrap resamples (default %(default)s)",
+    )
+    judge.add_argument(
+        "--folds",
+        type=int,
+        default=DEFAULT_FOLDS,
+        metavar="K",
+        help="calibrate: cross-validation folds (default %(default)s)",
+    )
     study = review.add_argument_group("study (the page; a study keeps its settings, continue it by --study-name)")
     study.add_argument("--study-name", metavar="NAME", help="the study to start, continue or apply (default: review)")
     study.add_argument("--study", type=Path, metavar="FILE.yaml", help="the study's settings as YAML (docs/review.md)")
@@ -48,7 +85,15 @@ def register(subparsers) -> None:
     )
     study.add_argument("--configs", metavar="LIST", help="configs to review (default: the release kind's edits)")
     study.add_argument("--per-group", type=int, metavar="N", help="review N samples per group (default: all)")
-    study.add_argument("--group-by", choices=("edit_type", "shift", "config"), help="groups of --per-group")
+    study.add_argument(
+        "--group-by", choices=("edit_type", "shift", "config", JUDGE_CLASS_FIELD), help="groups of --per-group"
+    )
+    study.add_argument(
+        "--judge-bins",
+        type=int,
+        metavar="N",
+        help=f"--group-by {JUDGE_CLASS_FIELD}: equal-width score bins (default 5)",
+    )
     study.add_argument("--seed", type=int, help="seed of the selection and of each reviewer's order (default 0)")
     study.add_argument("--blind", action="store_true", help="hide filter scores, screens, configs and keys; shuffle")
     study.add_argument("--hide-originals", action="store_true", help="show the counterfactual alone")
@@ -65,6 +110,7 @@ def _study_from_args(args: argparse.Namespace):
         "configs": args.configs,
         "per_group": args.per_group,
         "group_by": args.group_by,
+        "judge_bins": args.judge_bins,
         "seed": args.seed,
     }
     given = {k: v for k, v in flags.items() if v is not None}
@@ -106,6 +152,8 @@ def run_review(args: argparse.Namespace) -> int:
         return _export(args, release)
     if action == "agreement":
         return _agreement(args, release)
+    if action == "calibrate":
+        return _calibrate(args, release)
     return _serve(args, release)
 
 
@@ -115,7 +163,7 @@ def _review_output(args: argparse.Namespace) -> Path | None:
     action = args.target if args.target in ACTIONS else None
     if args.output is None:
         return None
-    if action == "apply":
+    if action in ("apply", "calibrate"):
         return args.output
     return file_folder(args.output) if action == "export" else None
 
@@ -177,5 +225,48 @@ def _agreement(args: argparse.Namespace, release: Path) -> int:
         "verdicts": verdicts,
         "agreement": agreement(latest, [q.id for q in study.questions], items),
     }
+    if has_judge_scores(index.manifest.release_spec, list(study.configs) or None) and QUESTION in [
+        q.id for q in study.questions
+    ]:
+        calibration = (index.manifest.extra.get(RECORD) or {}).get("threshold")
+        threshold = args.threshold if args.threshold is not None else calibration
+        if threshold is None:
+            threshold = UNCALIBRATED_THRESHOLD
+        if not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"--threshold {threshold}: the judge's threshold is a probability in [0, 1]")
+        if args.resamples < 100:
+            raise ValueError(f"--resamples {args.resamples}: a 95% bootstrap interval needs at least 100 resamples")
+        out["judge"] = judge_agreement(
+            labelled_items(index, latest, items),
+            threshold,
+            calibrated=args.threshold is None and calibration is not None,
+            resamples=args.resamples,
+            seed=seed_of(study.seed, study.name, "agreement"),
+        )
     sys.stdout.write(json.dumps(out, indent=2, sort_keys=True) + "\n")
+    return 0
+
+
+def _calibrate(args: argparse.Namespace, release: Path) -> int:
+    if args.output is None:
+        raise ValueError("lance-cf review calibrate needs --output NEW (a new directory for the next version)")
+    if not store_path(release).is_file():
+        raise ValueError(f"{release} has no judgements yet (review it first: lance-cf review {release})")
+    with output_lock(release, "review calibrate", shared=True):
+        manifest = calibrate_release(
+            release,
+            args.output,
+            study_name=args.study_name,
+            version=args.release_version,
+            folds=args.folds,
+            resamples=args.resamples,
+        )
+    record = manifest[RECORD]
+    judge, kept = record["judge_human"], record["kept"]
+    sys.stdout.write(
+        f"wrote {args.output}: {manifest['name']} {manifest['version']} with the judge calibrated on study "
+        f"{record['study']['name']!r}: threshold {record['threshold']}, {judge['folds']}-fold cross-validated kappa "
+        f"{judge['cv_kappa']} on {judge['items']} item(s); the judge keeps {kept['kept']} of {kept['scored']} "
+        f"scored sample(s)\nnext:\n  lance-cf verify {args.output}\n  lance-cf publish {args.output} --repo-id ORG/NAME\n"
+    )
     return 0

@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from builder import release_format as rf
+from builder.review.calibration import JUDGE_CLASS_FIELD, has_judge_scores
 from builder.review.index import ReleaseIndex, ReviewSample
 from builder.review.store import VERDICT, VERDICTS, Judgement, check_reviewer
 from lance_pipeline.readers import expect_bool, expect_int, expect_list, expect_str, read_yaml
 
-GROUP_BY = ("edit_type", "shift", "config")
+GROUP_BY = ("edit_type", "shift", "config", "judge_class_p")  # judge_class_p: bins of the judge's class score
 MAX_STUDY_BYTES = 1 << 20  # a study is a few hundred bytes of settings
 MAX_TEXT = 500  # a question's text, an answer
 
@@ -71,7 +72,10 @@ class Study:
         questions: asked of every sample, in order, one answer each (none: only the verdict).
         configs: the configs reviewed (empty: the release kind's counterfactual configs, see ``default_configs``).
         per_group: review N samples per group (None: every sample).
-        group_by: ``edit_type``, ``shift`` or ``config``.
+        group_by: ``edit_type``, ``shift``, ``config`` or ``judge_class_p`` (``judge_bins`` equal-width bins of the
+            judge's class score, and one group of the samples it did not score: a study to calibrate the judge
+            against, which finds the samples it doubts as well as those it is sure of).
+        judge_bins: the number of bins of ``group_by: judge_class_p``.
         seed: the selection's and the orders' seed.
         blind: hide what the filters said (scores, screens, config and key) and the other reviewers.
         shuffle: each reviewer sees the samples in an order of their own (from the seed and their name).
@@ -85,6 +89,7 @@ class Study:
     configs: tuple[str, ...] = ()
     per_group: int | None = None
     group_by: str = "edit_type"
+    judge_bins: int = 5
     seed: int = 0
     blind: bool = False
     shuffle: bool = False
@@ -99,6 +104,8 @@ class Study:
             raise ValueError(f"study name {self.name!r}: use letters, digits, '-', '_' or '.'")
         if self.group_by not in GROUP_BY:
             raise ValueError(f"group_by {self.group_by!r}: expected one of {', '.join(GROUP_BY)}")
+        if not 1 <= self.judge_bins <= 100:
+            raise ValueError(f"judge_bins must be 1 to 100 bins of the judge's score, got {self.judge_bins}")
         if self.per_group is not None and self.per_group < 1:
             raise ValueError(f"per_group must be a positive number of samples, got {self.per_group}")
         ids = [q.id for q in self.questions]
@@ -112,6 +119,8 @@ class Study:
         data["reviewers"] = list(self.reviewers)
         if not self.reviewers:
             del data["reviewers"]  # the spec of a study without a list is the one stored before lists existed
+        if self.group_by != "judge_class_p" and self.judge_bins == Study.judge_bins:
+            del data["judge_bins"]  # likewise for the studies stored before judge bins existed
         return data
 
     @classmethod
@@ -151,6 +160,8 @@ def _typed(data: dict[str, Any], where: str) -> dict[str, Any]:
             expect_bool(values[name], f"{where}: {name}")
     if "seed" in values:
         expect_int(values["seed"], f"{where}: seed", minimum=0, maximum=2**63 - 1)
+    if "judge_bins" in values:
+        expect_int(values["judge_bins"], f"{where}: judge_bins", minimum=1, maximum=100)
     if values.get("per_group") is not None:
         expect_int(values["per_group"], f"{where}: per_group", minimum=1, maximum=2**31 - 1)
     for name in ("configs", "reviewers"):
@@ -186,11 +197,22 @@ def default_configs(index: ReleaseIndex) -> list[str]:
     return [c for c in configs if c not in ("original", "reconstructed")]
 
 
-def group_of(sample: ReviewSample, group_by: str) -> str:
+def group_of(sample: ReviewSample, group_by: str, bins: int = 5) -> str:
     if group_by == "config":
         return sample.config
+    if group_by == JUDGE_CLASS_FIELD:
+        return judge_bin(sample.meta.get(JUDGE_CLASS_FIELD), bins)
     value = sample.meta.get(group_by)
     return str(value) if value is not None else sample.config
+
+
+def judge_bin(score: float | None, bins: int) -> str:
+    """The bin of a judge score among ``bins`` equal-width bins of [0, 1] (the last one closed), named by its range;
+    ``unscored`` where the judge did not score the sample."""
+    if score is None:
+        return "unscored"
+    i = min(int(float(score) * bins), bins - 1)
+    return f"{JUDGE_CLASS_FIELD} [{i / bins:.2f}, {(i + 1) / bins:.2f}{']' if i == bins - 1 else ')'}"
 
 
 def _rng(*parts: Any) -> random.Random:
@@ -206,11 +228,16 @@ def select(study: Study, index: ReleaseIndex) -> list[tuple[str, str]]:
     if missing:
         raise ValueError(f"config(s) {missing} are not in the release (it has {', '.join(index.configs())})")
     items = [(c, k) for c in configs for k in index.keys(c)]
+    if study.group_by == JUDGE_CLASS_FIELD and not has_judge_scores(index.manifest.release_spec, configs):
+        raise ValueError(
+            f"group_by {JUDGE_CLASS_FIELD}: config(s) {', '.join(configs)} carry no judge score (run the judge stage "
+            "first, or group by edit_type)"
+        )
     if study.per_group is None:
         return items
     groups: dict[str, list[tuple[str, str]]] = {}
     for item in items:
-        groups.setdefault(group_of(index.get(*item), study.group_by), []).append(item)
+        groups.setdefault(group_of(index.get(*item), study.group_by, study.judge_bins), []).append(item)
     chosen: set[tuple[str, str]] = set()
     for group, members in sorted(groups.items()):
         rng = _rng(study.seed, study.name, "select", group)
