@@ -12,10 +12,11 @@ from typing import Any
 
 from builder import release_format as rf
 from dataset_cards.markdown import code_span, md_escape
+from lance_pipeline.screening import judge
 
 QUESTION = md_escape("“Does this image show a <class>?”")
 STILL_CLASS = md_escape("“Is it still a <class>?”")
-JUDGE_CLASS_FIELD = "judge_class_p"  # the judge stage's class score (builder.review.calibration reads the same field)
+JUDGE_CLASS_FIELD = judge.JUDGE_CLASS_FIELD.name
 RECORD = "judge_calibration"  # builder.review.calibrate.RECORD
 
 
@@ -62,6 +63,11 @@ def judge_section(manifest: dict[str, Any]) -> str:
     people = record.get("human_human") or {}
     study = record.get("study") or {}
     confidence = _number(record.get("confidence"), 0, 100)
+    judges = [j for j in (record.get("judge") or {}).values() if isinstance(j, dict)]
+    named = ", ".join(
+        code_span(f"{j.get('model')}" + (f"@{j['revision']}" if j.get("revision") else "")) for j in judges
+    )
+    judge_text = f"The judge ({named})" if named else "The judge"
     configs = ", ".join(code_span(c) for c in kept.get("configs") or [])
     people_text = (
         f"human-human κ = {_number(people.get('kappa'))} ({confidence}% CI {_interval(people.get('kappa_ci'))}) on "
@@ -75,7 +81,7 @@ def judge_section(manifest: dict[str, Any]) -> str:
         f"({confidence}% CI {_interval(judge.get('cv_kappa_ci'))}) on {md_escape(judge.get('items', 0))} items "
         f"against {people_text}.**",
         "",
-        f"The judge's score {code_span(JUDGE_CLASS_FIELD)} (its P(yes) for {QUESTION}) keeps "
+        f"{judge_text} scores {code_span(JUDGE_CLASS_FIELD)} (its P(yes) for {QUESTION}) and keeps "
         f"a sample at {code_span(RECORD + '.threshold')} = {_number(record.get('threshold'), 4)}: "
         f"{md_escape(kept.get('kept', 0))} of the {md_escape(kept.get('scored', 0))} scored samples of {configs} "
         f"(Wilson interval; {md_escape(kept.get('unscored', 0))} not scored). The threshold maximises Cohen's κ "

@@ -27,13 +27,10 @@ from builder.release_format.verify import verify_release
 from builder.review.index import ReleaseIndex
 from builder.review.store import JudgementStore
 from builder.review.study import QUESTIONS, Study, select
+from lance_pipeline.screening import judge
 
-JUDGE_FIELDS = (
-    rf.FieldSpec("judge_class_p", "float64", description="stand-in judge: P(yes) it shows its class", minimum=0.0,
-                 maximum=1.0),
-    rf.FieldSpec("judge_edit_p", "float64", description="stand-in judge: P(yes) the edit is visible", minimum=0.0,
-                 maximum=1.0),
-)  # fmt: skip
+# the judge stage's declaration, as a release declares it (the stand-in fills the fields the real judge fills)
+JUDGE_FIELDS = tuple(rf.FieldSpec(**vars(f)) for f in judge.JUDGE_FIELDS)
 RATERS = ("alice", "bob")
 
 
@@ -100,6 +97,9 @@ def write_judged_release(root: Path, tmp: Path, *, judged: bool = True) -> Path:
         counts[config] = tally.to_dict()
     manifest = {k: v for k, v in manifest.items() if k not in ("manifest_sha256", "assets")}
     manifest.update(shards=shards, counts=counts, release_spec=spec.to_dict())
+    if judged:  # the stage's record, as the judge stage writes it (role, model, questions)
+        manifest["stages"]["judge"] = {"role": "judge", "model": "stand-in-judge", "revision": None,
+                                       "class_question": judge.CLASS_QUESTION}  # fmt: skip
     write_manifest(root, manifest)
     write_card(root, manifest)
     return root
@@ -285,6 +285,7 @@ def test_calibrate_writes_the_next_version_with_every_shard_byte_identical_and_f
         assert (out / shard.path).read_bytes() == (release / shard.path).read_bytes()
 
     record = after.extra["judge_calibration"]
+    assert record["judge"] == {"judge": before.stages["judge"]}  # the judge whose threshold this is
     kept, human, judge, pairs = labels_by_hand(release, items)
     seed = seed_by_hand(study.seed, study.name, "calibrate")
     threshold, fold_thresholds, decision = cv_by_hand(kept, human, judge, 4, seed)

@@ -42,11 +42,15 @@ logger = logging.getLogger(__name__)
 RECORD = "judge_calibration"  # the manifest's record of a calibration (read by the card and by eval)
 
 
-def judge_stage(manifest: dict[str, Any]) -> dict[str, Any] | None:
-    """The judge stage's record in the manifest's ``stages`` (model id, revision, prompts), when it has one."""
+def judge_stages(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The judge stages' records in the manifest's ``stages`` (``role: judge``: model, revision, questions), by
+    stage name: the judge whose threshold this is."""
     stages = manifest.get("stages") or {}
-    entry = stages.get("judge")
-    return entry if isinstance(entry, dict) else None
+    return {
+        name: entry
+        for name, entry in sorted(stages.items())
+        if isinstance(entry, dict) and entry.get("role") == "judge"
+    }
 
 
 def judged_configs(index: ReleaseIndex) -> list[str]:
@@ -110,7 +114,7 @@ def calibrate_release(
         "field": JUDGE_CLASS_FIELD,
         "question": QUESTION,
         "study": study.to_dict(),
-        "judge": judge_stage(manifest),
+        "judge": judge_stages(manifest),
         "previous": {"name": old.name, "version": old.version, "manifest_sha256": old.manifest_sha256},
         "confidence": CONFIDENCE,
         "threshold": calibration["threshold"],

@@ -32,9 +32,10 @@ from typing import Any
 import numpy as np
 
 from builder.review.index import ReleaseIndex
+from lance_pipeline.screening import judge
 
-JUDGE_CLASS_FIELD = "judge_class_p"  # the judge stage's P(yes) for "Does this image show a {class}?"
-JUDGE_EDIT_FIELD = "judge_edit_p"  # its P(yes) that the requested change is visible (not calibrated here)
+# the judge stage's P(yes) for "Does this image show a {class}?" (its P(yes) for the edit is not calibrated here)
+JUDGE_CLASS_FIELD = judge.JUDGE_CLASS_FIELD.name
 QUESTION = "still_class"  # the review question the judge's class score answers
 UNCALIBRATED_THRESHOLD = 0.5  # the threshold of a release without a calibration: P(yes) > P(no), stated as such
 DEFAULT_RESAMPLES = 1000
