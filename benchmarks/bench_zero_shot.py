@@ -14,7 +14,9 @@ classifier (nothing cached) to the last image scored:
    its classifier is rebuilt per config); ``--one-classifier`` builds it once. ``evaluate`` itself is not called: its
    ``accuracy`` does ``float()`` of a one-element array, which the installed NumPy refuses (TypeError).
 
-The last line is ``ratio=X`` (our images/s divided by CLIP_benchmark's). Not a test: run it by hand,
+Each side runs ``--repeats`` times (default 5), interleaved with the order alternating, so that the load of a shared
+machine falls on both alike; the medians are compared and every pair's ratio is printed. The last line is
+``ratio=X`` (our images/s divided by CLIP_benchmark's, from the medians). Not a test: run it by hand,
 ``python benchmarks/bench_zero_shot.py --originals 8``.
 """
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -43,10 +46,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--clip-dir", type=Path, help="an open_clip directory (default: the tiny export)")
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved runs of each side (medians reported)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads on both sides")
     parser.add_argument("--one-classifier", action="store_true", help="CLIP_benchmark: build the classifier once")
     args = parser.parse_args(argv)
 
     import torch
+
+    torch.set_num_threads(args.threads)
     from clip_benchmark.datasets.builder import build_wds_dataset
     from clip_benchmark.metrics import zeroshot_classification as zsc
     from release_fixture import write_release
@@ -60,7 +67,6 @@ def main(argv: list[str] | None = None) -> int:
     from lance_pipeline.tiny.clip_components import create_tiny_open_clip
 
     work = Path(tempfile.mkdtemp(prefix="bench-zero-shot-"))
-    os.environ["LANCE_CF_CACHE"] = str(work / "cache")  # a cold classifier: nothing cached
     names = [f"class {i}" for i in range(args.classes)]
     root = write_release(work / "rel", labels=tuple(range(args.classes)), label_names=names,
                          originals_per_class=args.originals, edits_per_original=args.edits,
@@ -71,48 +77,61 @@ def main(argv: list[str] | None = None) -> int:
     options = EvalOptions(device=args.device, batch_size=args.batch_size, workers=args.workers, channels_last=False)
     # warm-up: load both once (file system, allocator), outside the timings
     loaded = load_clip(str(clip_dir), None, device=args.device)
-    start = time.perf_counter()
-    model = create_zero_shot_model(f"open_clip:{clip_dir}", templates, names, "custom")
-    text_seconds = time.perf_counter() - start
-    rows, _ = predict_release(model, release, resolve_data_config({}, model=model, use_test_size=True), options)
-    ours_seconds = time.perf_counter() - start
-    ours_images = len(rows)
-
     export = work / "cb"
     configs = export_clip_benchmark(str(root), export, args.templates)
     cb_templates = [t.replace("{}", "{c}") for t in templates.templates]
     clip_model = loaded.model
-    images = 0
-    start = time.perf_counter()
-    classifier = None
-    for config in configs:
-        dataset = build_wds_dataset("wds/bench", transform=loaded.preprocess, split=config, data_dir=str(export))
-        loader = torch.utils.data.DataLoader(dataset.batched(args.batch_size), batch_size=None,
-                                             num_workers=args.workers)  # fmt: skip
-        if classifier is None or not args.one_classifier:
-            classifier = zsc.zero_shot_classifier(clip_model, loaded.tokenizer, names, cb_templates, args.device,
-                                                  amp=False)  # fmt: skip
-        logits, target = zsc.run_classification(clip_model, classifier, loader, args.device, amp=False)
-        images += len(target)
-        (logits.argmax(1) == target).float().mean()  # its top-1, as evaluate() computes it
-    cb_seconds = time.perf_counter() - start
-    ours_rate, cb_rate = ours_images / ours_seconds, images / cb_seconds
+
+    def ours(run: int) -> tuple[int, float, float]:
+        os.environ["LANCE_CF_CACHE"] = str(work / f"cache-{run}")  # a cold classifier: nothing cached
+        start = time.perf_counter()
+        model = create_zero_shot_model(f"open_clip:{clip_dir}", templates, names, "custom")
+        text_seconds = time.perf_counter() - start
+        rows, _ = predict_release(model, release, resolve_data_config({}, model=model, use_test_size=True), options)
+        return len(rows), time.perf_counter() - start, text_seconds
+
+    def clip_benchmark() -> tuple[int, float]:
+        images = 0
+        start = time.perf_counter()
+        classifier = None
+        for config in configs:
+            dataset = build_wds_dataset("wds/bench", transform=loaded.preprocess, split=config, data_dir=str(export))
+            loader = torch.utils.data.DataLoader(dataset.batched(args.batch_size), batch_size=None,
+                                                 num_workers=args.workers)  # fmt: skip
+            if classifier is None or not args.one_classifier:
+                classifier = zsc.zero_shot_classifier(clip_model, loaded.tokenizer, names, cb_templates, args.device,
+                                                      amp=False)  # fmt: skip
+            logits, target = zsc.run_classification(clip_model, classifier, loader, args.device, amp=False)
+            images += len(target)
+            (logits.argmax(1) == target).float().mean()  # its top-1, as evaluate() computes it
+        return images, time.perf_counter() - start
+
+    # Interleaved, the order alternating, so that a shared machine's load falls on both sides alike; the medians
+    # and every pair's ratio are reported.
+    ours_runs, cb_runs = [], []
+    for run in range(args.repeats):
+        if run % 2 == 0:
+            ours_runs.append(ours(run))
+            cb_runs.append(clip_benchmark())
+        else:
+            cb_runs.append(clip_benchmark())
+            ours_runs.append(ours(run))
+    ours_images, cb_images = ours_runs[0][0], cb_runs[0][0]
+    ours_seconds = statistics.median(r[1] for r in ours_runs)
+    cb_seconds = statistics.median(r[1] for r in cb_runs)
+    pair_ratios = [c[1] / o[1] for o, c in zip(ours_runs, cb_runs, strict=True)]
+    ours_rate, cb_rate = ours_images / ours_seconds, cb_images / cb_seconds
     load = os.getloadavg()
-    print(f"images: ours {ours_images}, clip_benchmark {images}; templates {templates.name} ({len(cb_templates)}), "
-          f"classes {len(names)}, batch {args.batch_size}, workers {args.workers}, device {args.device}")  # fmt: skip
-    print(f"ours: {ours_seconds:.2f}s ({ours_rate:.1f} img/s; text classifier {text_seconds:.2f}s)")
-    print(f"clip_benchmark: {cb_seconds:.2f}s ({cb_rate:.1f} img/s)")
+    print(f"images: ours {ours_images}, clip_benchmark {cb_images}; templates {templates.name} ({len(cb_templates)}), "
+          f"classes {len(names)}, batch {args.batch_size}, workers {args.workers}, device {args.device}, "
+          f"classifier built {'once' if args.one_classifier else 'per config'} by clip_benchmark")  # fmt: skip
+    print(f"ours: median {ours_seconds:.2f}s of {args.repeats} ({ours_rate:.1f} img/s; text classifier "
+          f"{statistics.median(r[2] for r in ours_runs):.2f}s)")  # fmt: skip
+    print(f"clip_benchmark: median {cb_seconds:.2f}s of {args.repeats} ({cb_rate:.1f} img/s)")
+    print("ratio per interleaved pair: " + " ".join(f"{r:.2f}" for r in pair_ratios))
     print(f"load average (1/5/15 min): {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; cpus {os.cpu_count()}")
     print(f"ratio={ours_rate / cb_rate:.3f}")
     return 0
-
-
-def _count(release, config: str) -> int:
-    import tarfile
-
-    return sum(
-        sum(1 for m in tarfile.open(path).getmembers() if m.name.endswith(".cls")) for path in release.shards[config]
-    )
 
 
 if __name__ == "__main__":

@@ -122,7 +122,9 @@ class ModelSpec:
         if self.zero_shot:
             from evaluation.zero_shot import DEFAULT_TEMPLATES, load_template_set, parse_reference
 
-            parse_reference(self.name)  # a malformed reference is one line before anything runs
+            model, tag = parse_reference(self.name)  # a malformed reference is one line before anything runs
+            if tag is None and not model.startswith("hf-hub:"):
+                self._digest_open_clip_dir(Path(model.removeprefix(LOCAL_DIR)))
             if self.checkpoint is not None or self.class_map is not None:
                 raise ValueError(
                     f"--model {self.name!r} is a zero-shot classifier over the release's own classes: --checkpoint "
@@ -171,6 +173,19 @@ class ModelSpec:
         self.local_dir_sha256 = local_dir_digest(self.local_dir, LOCAL_DIR_FILES)
         self.name = public_model_name(self.name)
 
+    def _digest_open_clip_dir(self, folder: Path) -> None:
+        """An ``open_clip:DIR`` model is identified by its files' digest (config and safetensors weights), so new
+        weights in the same folder are a new result, never skipped as already evaluated."""
+        from lance_pipeline.clip.loader import CONFIG_NAME
+
+        weights = sorted(p.name for p in folder.glob("*.safetensors") if p.is_file())
+        if not (folder / CONFIG_NAME).is_file() or not weights:
+            raise ValueError(
+                f"--model {self.name!r}: {str(folder)!r} needs {CONFIG_NAME} and .safetensors weights (open_clip's "
+                "local layout; pickle checkpoints are never loaded)"
+            )
+        self.local_dir_sha256 = local_dir_digest(folder, (CONFIG_NAME, *weights))
+
     @property
     def timm_name(self) -> str:
         """The name ``timm.create_model`` gets (a local directory's path; ``name`` has only its folder name)."""
@@ -192,7 +207,7 @@ class ModelSpec:
     @property
     def weights_id(self) -> str:
         """A string that changes whenever the weights do: used to skip models already evaluated."""
-        if self.local_dir is not None:
+        if self.local_dir_sha256 is not None:  # local-dir:DIR, or open_clip:DIR
             return f"local-dir:sha256:{self.local_dir_sha256}"
         if self.checkpoint is not None:
             return f"checkpoint:sha256:{self.checkpoint_sha256}"
@@ -217,7 +232,7 @@ class ModelSpec:
             base = f"{base[: MAX_SLUG_CHARS - 13]}-{digest}"
         if self.checkpoint is not None:
             return f"{base}__ckpt-{self.checkpoint_sha256[:12]}"
-        if self.local_dir is not None:
+        if self.local_dir_sha256 is not None:
             return f"{base}__sha-{self.local_dir_sha256[:12]}"
         return base if self.pretrained else f"{base}__random"
 

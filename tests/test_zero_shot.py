@@ -9,6 +9,7 @@ preprocessing, CLIP's zero-shot rule written out (mean of the normalised prompt 
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -17,6 +18,7 @@ import torch
 from release_fixture import write_release
 from test_eval_harness import read_release_images
 
+from evaluation.harness import EvalOptions
 from evaluation.models import ModelSpec
 from evaluation.zero_shot import SIMPLE_TEMPLATE, class_names_for, load_template_set
 from lance_pipeline.tiny.clip_components import create_tiny_open_clip
@@ -195,7 +197,9 @@ def test_leaderboard_has_template_columns_note_and_sensitivity(zero_shot_run, bo
     assert "different prompt template sets (openai, simple)" in markdown
     from dataset_cards.markdown import md_escape
 
-    assert md_escape("tinyclip [simple templates]") in markdown and "## Template sensitivity" in markdown
+    # a local folder is named by its folder name and its files' digest
+    digest = simple["model"]["weights"]["id"].rsplit(":", 1)[-1][:12]
+    assert md_escape(f"tinyclip ({digest}) [simple templates]") in markdown and "## Template sensitivity" in markdown
     table = pd.read_csv(board["out"] / "template_sensitivity.csv")
     assert len(table) == 1
     row = table.iloc[0]
@@ -226,3 +230,36 @@ def test_timm_format_csv_reads_like_timm_results(zero_shot_run, board, where):
         mine = ours[ours["templates"] == "simple"].iloc[0]
         assert mine["top1"] == pytest.approx(simple["metrics"][config]["acc1"], abs=5e-4)
         assert mine["interpolation"] == "bicubic" and mine["img_size"] == 32
+
+
+def test_new_weights_in_the_same_open_clip_folder_are_a_new_result(tmp_path):
+    """open_clip:DIR is identified by its files' digest: other weights in the same folder change the weights id, the
+    run key (so eval never skips them as already evaluated) and the results folder; the machine path is never in
+    the id."""
+    from safetensors.torch import load_file, save_file
+
+    from evaluation.harness import run_key
+    from evaluation.release_reader import open_release
+    from lance_pipeline.tiny.clip_components import WEIGHTS_NAME
+
+    clip_dir = create_tiny_open_clip(tmp_path / "tinyclip")
+    release = open_release(write_release(tmp_path / "rel", labels=(0, 1), label_names=NAMES[:2], edits_per_original=1))
+    before = ModelSpec(f"open_clip:{clip_dir}", templates=load_template_set("simple"))
+    assert before.weights_id.startswith("local-dir:sha256:") and str(tmp_path) not in before.weights_id
+    weights = load_file(clip_dir / WEIGHTS_NAME)
+    weights["logit_scale"] = weights["logit_scale"] + 1.0
+    save_file(weights, clip_dir / WEIGHTS_NAME)
+    after = ModelSpec(f"open_clip:{clip_dir}", templates=load_template_set("simple"))
+    assert after.weights_id != before.weights_id and after.slug != before.slug
+    options = EvalOptions(device="cpu", batch_size=8, workers=0)
+    assert run_key(release, after, options) != run_key(release, before, options)
+    # the same files elsewhere: the same identity
+    moved = tmp_path / "elsewhere" / "tinyclip"
+    shutil.copytree(clip_dir, moved)
+    assert ModelSpec(f"open_clip:{moved}", templates=load_template_set("simple")).weights_id == after.weights_id
+
+
+def test_an_open_clip_folder_without_its_files_is_one_line(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"needs open_clip_config\.json and \.safetensors weights"):
+        ModelSpec(f"open_clip:{tmp_path / 'empty'}", templates=load_template_set("simple"))
