@@ -25,6 +25,8 @@ what it had written; the suite always writes its report.
 5. ``text``: ``bench_text_stages.py``: BLIP-2 OPT-2.7b and the 7B perturber, batched, and their time share of editing.
 6. ``build``: ``lance-cf build`` of the ``hardimagenet`` stages on the demo source's images with ``--record-memory``:
    each stage's peak memory.
+7. ``judge``: ``bench_judge.py``: the judge stage's model (Qwen2.5-VL-7B-Instruct's published architecture, random
+   bf16 weights) answering yes/no questions on 448 px images: questions per second per batch size, peak memory.
 
 Output: ``suite.json`` (everything, with the GPU, driver, torch and CUDA versions), ``suite.md`` (the tables and the
 ratios against the targets) and ``suite.log`` (every section's output). ``--dry-run`` runs the same sections on the
@@ -135,6 +137,10 @@ def sections(args: argparse.Namespace, work: Path, out: Path) -> list[dict[str, 
     build = [py, "-m", "builder.cli", "build", str(models / "config.yaml"), "--output", str(build_out)]
     build += ["--device", device, "--record-memory", "--no-progress", "--allow-empty", "--limit", "1" if dry else "2"]
     build += ["--torch-threads", "1"]
+    judge = [py, str(BENCH / "bench_judge.py"), "--device", device, "--size", "tiny" if dry else "full"]
+    judge += ["--json", str(work / "judge.json")]
+    if dry:
+        judge += ["--threads", "1", "--repeats", "1"]
     write_models = [py, str(BENCH / "random_models.py"), "--preset", "hardimagenet", "--size", args.size]
     write_models += ["--output", str(models), "--device", device]
     return [
@@ -145,6 +151,7 @@ def sections(args: argparse.Namespace, work: Path, out: Path) -> list[dict[str, 
         {"name": "models", "share": 0.12, "argv": write_models},
         {"name": "text", "share": 0.14, "argv": text, "json": work / "text.json", "needs": "models"},
         {"name": "build", "share": 0.21, "argv": build, "manifest": build_out / "manifest.json", "needs": "models"},
+        {"name": "judge", "share": 0.06, "argv": judge, "json": work / "judge.json"},
     ]
 
 
@@ -413,6 +420,22 @@ def markdown(report: dict[str, Any]) -> str:
             f"Text stages (batched, {text['size']} size): {text['text_share_time_measured']:.1%} of editing time per "
             f"image, {text['text_share_flops_measured']:.1%} of its FLOPs (measured in this run).",
         ]
+    judge = by_name.get("judge", {}).get("data")
+    if judge:
+        lines += [
+            "",
+            f"Judge ({judge['model']}, {judge['parameters'] / 1e9:.2f}B parameters, {judge['dtype']}, "
+            f"{judge['image_px']} px = {judge['visual_tokens']} visual tokens + {judge['text_tokens']} text tokens):",
+            "",
+            "| batch | questions / s | images / s (2 questions) | peak GiB |",
+            "|---:|---:|---:|---:|",
+        ]
+        for r in judge["rows"]:
+            peak = f"{r['peak_gib']:.1f}" if r.get("peak_gib") is not None else "n/a"
+            lines.append(
+                f"| {r['batch']} | {r['questions_per_second']:.1f} | {r['images_per_second_two_questions']:.1f} "
+                f"| {peak} |"
+            )
     memory = (by_name.get("build", {}).get("data") or {}).get("stage_memory") or {}
     if memory:
         lines += ["", "| stage | peak memory GiB (per device) |", "|---|---|"]

@@ -50,6 +50,7 @@ DEMO_COMPONENTS = Registry(
         "tiny-controlnet": "lance_pipeline.tiny.controlnet_components:create_tiny_controlnet",
         "tiny-star-tokens": "builder.interfaces.cli:create_demo_star_tokens",
         "tiny-safety-checker": "lance_pipeline.tiny.safety_components:create_tiny_safety_checker",
+        "tiny-judge": "lance_pipeline.tiny.judge_components:create_tiny_judge",
     },
 )
 

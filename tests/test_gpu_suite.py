@@ -37,7 +37,7 @@ def test_the_dry_run_runs_every_section_and_reports_what_the_gpu_run_reports(tmp
     report = run_suite(tmp_path, "--dry-run")
     assert report["size"] == "small" and report["environment"]["device"] == "cpu"
     sections = {s["name"]: s for s in report["sections"]}
-    assert list(sections) == ["matmul", "editor", "eval_resnet50", "eval_vit_b16", "models", "text", "build"]
+    assert list(sections) == ["matmul", "editor", "eval_resnet50", "eval_vit_b16", "models", "text", "build", "judge"]
     assert {name: s["status"] for name, s in sections.items()} == dict.fromkeys(sections, "ok")
 
     editor = sections["editor"]["data"]
@@ -67,7 +67,13 @@ def test_the_dry_run_runs_every_section_and_reports_what_the_gpu_run_reports(tmp
     assert set(memory) == HARDIMAGENET_STAGES  # every stage of the preset ran on the random-weight models
     assert all(per_device["cpu"]["measure"] == "rss_peak_growth" for per_device in memory.values())
 
+    judge = sections["judge"]["data"]
+    assert [r["batch"] for r in judge["rows"]] == [1, 2] and judge["visual_tokens"] == 4  # 56 px: 4x4 patches, merged
+    for row in judge["rows"]:
+        assert row["questions_per_second"] == pytest.approx(row["batch"] / row["seconds_per_batch"])
+
     markdown = (tmp_path / "out" / "suite.md").read_text()
+    assert "questions / s" in markdown
     assert "| reference fp32 |" in markdown and "harness / validate.py" in markdown and "| edit | cpu:" in markdown
     assert (tmp_path / "out" / "suite.log").stat().st_size > 0
 

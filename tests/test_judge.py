@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import io
+
+import numpy as np
 import pytest
+from PIL import Image
 
 from builder import release_format as rf
 from builder.registry import STAGES
@@ -13,6 +17,7 @@ from lance_pipeline.screening.judge import (
     EDIT_QUESTION,
     JUDGE_FIELDS,
     JudgeStage,
+    LanceRJudgeStage,
 )
 
 JUDGE_TYPES = ("judge", "judge_lance_r", "judge_strength", "judge_generated", "judge_discovery")
@@ -43,3 +48,162 @@ def test_every_judge_stage_declares_the_fields_and_records_the_judge(stage_type)
 def test_filter_below_must_be_a_fraction():
     with pytest.raises(ValueError, match="filter_below"):
         JudgeStage(filter_below=1.5)
+
+
+# -- the tiny model of the judge's architecture, through the loading code of the pinned id -----------------------------
+@pytest.fixture(scope="module")
+def tiny_judge(tmp_path_factory):
+    from lance_pipeline.tiny.judge_components import create_tiny_judge
+
+    return create_tiny_judge(tmp_path_factory.mktemp("judge") / "tiny-judge")
+
+
+def test_the_tiny_judge_loads_through_the_stage_and_its_p_yes_is_the_models_own(tiny_judge, single_thread_torch):
+    """P(yes) of the stage (batched, left-padded) equals an independent computation: each prompt alone through
+    transformers' own classes, softmax over the vocabulary at the last position, the yes token's entry."""
+    import torch
+    from PIL import Image
+    from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
+
+    stage = JudgeStage(model=str(tiny_judge), batch_size=3)
+    stage.load("cpu")
+    images = [Image.new("RGB", (40 + 8 * i, 32), (30 * i, 200 - 20 * i, 90)) for i in range(4)]
+    questions = [CLASS_QUESTION.format(label=w) for w in ("dog", "cat", "sled dog", "monkey")]
+    ours = stage.judge.p_yes(images, questions, batch_size=3)
+
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(tiny_judge)).eval()
+    size = {"shortest_edge": 56 * 56, "longest_edge": stage.options.max_pixels}
+    processor = AutoProcessor.from_pretrained(str(tiny_judge), size=size)
+    yes = processor.tokenizer.convert_tokens_to_ids("Yes")
+    for image, question, p in zip(images, questions, ours, strict=True):
+        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
+        text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        with torch.inference_mode():
+            logits = model(**processor(text=[text], images=[image], return_tensors="pt")).logits[0, -1]
+        assert p == pytest.approx(torch.softmax(logits.float(), -1)[yes].item(), abs=2e-6)
+        assert 0.0 <= p <= 1.0
+    assert stage.describe()["answer_tokens"]["yes_id"] == yes
+    assert stage.describe()["revision"] is None  # a local directory: no revision recorded
+    # One load per process: a second judge stage with the same model gets the same object.
+    other = LanceRJudgeStage(model=str(tiny_judge))
+    other.load("cpu")
+    assert other.judge is stage.judge
+
+
+# -- a deterministic stand-in judge for behaviour (builds through the engine) -------------------------------------------
+class StandInJudge:
+    """Deterministic stand-in for the VLM (not a model): P(yes) is 0.9 for a question naming 'cat' and 0.2 otherwise,
+    plus the image's mean red / 10000 (so every image gets its own score). Records what it was asked."""
+
+    yes_id, no_id = 1, 2
+
+    def __init__(self):
+        self.asked: list[str] = []
+
+    def p_yes(self, images, questions, batch_size):
+        import numpy as np
+
+        self.asked += questions
+        return [
+            round((0.9 if "cat" in q else 0.2) + float(np.asarray(im)[..., 0].mean()) / 10000, 6)
+            for im, q in zip(images, questions, strict=True)
+        ]
+
+
+def _build(tmp_path, name, judge_stages, monkeypatch, judge=None, model=None):
+    from builder_helpers import make_imagefolder, write_config
+
+    from builder.config import load_config
+    from builder.engine import build
+
+    monkeypatch.setenv("LANCE_CF_ALLOW_CODE", "1")
+    if judge is not None:
+        monkeypatch.setattr("lance_pipeline.screening.judge.load_judge", lambda options, device: judge)
+    folder = tmp_path / "src"
+    if not folder.exists():
+        make_imagefolder(folder, ["cat", "dog"], per_class=2)
+    configs = ["original", "reconstructed", "counterfactual", "lance_r"]
+    judge_stages = [{**s, "options": {**s.get("options", {}), "model": str(model)}} for s in judge_stages]
+    stages = [{"name": "edit", "type": "tests.test_screening:PeopleEditStage", "configs": configs[1:]}, *judge_stages]
+    path = write_config(tmp_path / f"{name}.yaml", f"imagefolder:{folder}", stages=stages, configs=configs,
+                        safety="off")  # fmt: skip
+    return build(load_config(str(path)), tmp_path / name, progress=False)
+
+
+def _samples(release, config):
+    import tarfile
+
+    out = {}
+    for shard in sorted((release / "data" / config).glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            for member in tar.getmembers():
+                key, ext = member.name.split(".", 1)
+                out.setdefault(key, {})[ext] = tar.extractfile(member).read()
+    return out
+
+
+JUDGE_ALL = [
+    {"name": "judge", "type": "judge", "configs": ["counterfactual"]},
+    {"name": "judge_lance_r", "type": "judge_lance_r", "configs": ["lance_r"]},
+]
+
+
+def test_the_judge_scores_every_edit_and_changes_nothing_else_of_a_sample(tmp_path, monkeypatch, tiny_judge):
+    import json
+
+    from builder.release_format import verify_release
+
+    plain = _build(tmp_path, "plain", [], monkeypatch)
+    judge = StandInJudge()
+    judged = _build(tmp_path, "judged", JUDGE_ALL, monkeypatch, judge=judge, model=tiny_judge)
+    assert verify_release(tmp_path / "judged") == []
+    # Every edited image was asked both questions (class, then the edit's caption); the class is the sample's.
+    assert len(judge.asked) == 2 * (4 * 2 + 4 * 1)
+    assert {q for q in judge.asked if "holding" not in q} == {CLASS_QUESTION.format(label=c) for c in ("cat", "dog")}
+    for config in ("original", "reconstructed"):  # not judged: byte-identical shards
+        assert [s["sha256"] for s in judged["shards"] if s["config"] == config] == [
+            s["sha256"] for s in plain["shards"] if s["config"] == config
+        ]
+    for config in ("counterfactual", "lance_r"):
+        before, after = _samples(tmp_path / "plain", config), _samples(tmp_path / "judged", config)
+        assert list(before) == list(after) and len(after) == {"counterfactual": 8, "lance_r": 4}[config]
+        for key, sample in after.items():
+            assert sample["png"] == before[key]["png"] and sample["cls"] == before[key]["cls"]
+            meta = json.loads(sample["json"])
+            class_p, edit_p = meta.pop("judge_class_p"), meta.pop("judge_edit_p")
+            assert meta == json.loads(before[key]["json"])  # every other field as without the judge, in order
+            red = float(np.asarray(Image.open(io.BytesIO(sample["png"])))[..., 0].mean()) / 10000
+            assert class_p == pytest.approx((0.9 if meta["label_name"] == "cat" else 0.2) + red, abs=1e-6)
+            cat_caption = "cat" in meta["edited_caption"]  # the edit question names the class in the caption
+            assert edit_p == pytest.approx((0.9 if cat_caption else 0.2) + red, abs=1e-6)
+    assert judged["stages"]["judge"]["class_question"] == CLASS_QUESTION
+    assert judged["screening"]["judge"] | {"fields": None} == {
+        "fields": None, "kind": "judge", "checked": 8, "removed_by_config": {}, "removed": {"counterfactuals": 0},
+    }  # fmt: skip
+    fields = [f["name"] for f in judged["release_spec"]["configs"]["counterfactual"]["fields"]]
+    assert fields == ["judge_class_p", "judge_edit_p"]
+    assert judged["failures"] == []
+
+
+def test_filter_below_removes_what_the_judge_doubts_and_the_manifest_counts_it_per_config(
+    tmp_path, monkeypatch, tiny_judge
+):
+    from builder.release_format import verify_release
+
+    stages = [{**s, "options": {"filter_below": 0.5}} for s in JUDGE_ALL]
+    manifest = _build(tmp_path, "filtered", stages, monkeypatch, judge=StandInJudge(), model=tiny_judge)
+    assert verify_release(tmp_path / "filtered") == []
+    # the dog images score 0.2 + red/10000 < 0.5: removed; the cat images 0.9 + ...: kept
+    assert manifest["counts"]["counterfactual"]["total"] == 4 and manifest["counts"]["lance_r"]["total"] == 2
+    assert manifest["screening"]["judge"]["removed_by_config"] == {"counterfactual": 4}
+    assert manifest["screening"]["judge_lance_r"]["removed_by_config"] == {"lance_r": 2}
+    reasons = [f for f in manifest["failures"] if f["stage"] in ("judge", "judge_lance_r")]
+    assert len(reasons) == 6 and all("judged not to show its class" in f["reason"] for f in reasons)
+    assert {f["source_key"].split("_")[0] for f in reasons} == {"dog"}
+    kept = _samples(tmp_path / "filtered", "counterfactual")
+    assert sorted(k.rsplit("_", 1)[1] for k in kept) == [
+        "cf000",
+        "cf000",
+        "cf001",
+        "cf001",
+    ]  # keys kept, not renumbered

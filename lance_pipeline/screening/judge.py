@@ -75,6 +75,7 @@ EDIT_QUESTION = 'Does this image show "{edited_caption}"? Please answer yes or n
 # The answer tokens: Qwen2.5-VL-Instruct answers such questions with a capitalised "Yes" / "No", one token each.
 YES_TOKEN = "Yes"
 NO_TOKEN = "No"
+MIN_PIXELS = 56 * 56
 SCORE_RULE = (
     "P(yes) = softmax over the vocabulary of the model's next-token logits after the chat prompt (image, question, "
     "assistant turn opened), taken at the yes token; rounded to 6 decimals (VQAScore)"
@@ -190,7 +191,9 @@ def load_judge(options: JudgeOptions, device: str) -> VlmJudge:
             options.model, dtype=_torch_dtype(options.dtype, device), use_safetensors=True, **common
         )
         model = model.to(device).eval()
-        processor = AutoProcessor.from_pretrained(options.model, max_pixels=options.max_pixels, **common)
+        # Qwen2.5-VL's pixel budget: at least 56x56 (its processor's own minimum), at most max_pixels
+        size = {"shortest_edge": MIN_PIXELS, "longest_edge": options.max_pixels}
+        processor = AutoProcessor.from_pretrained(options.model, size=size, **common)
         processor.tokenizer.padding_side = "left"
         logger.info("loaded the judge %s@%s on %s", options.model, revision, device)
         return VlmJudge(model, processor, str(device))
@@ -216,7 +219,7 @@ class JudgeStage:
         ModelOption(
             "model",
             TRANSFORMERS_FILES,
-            ("config.json", "preprocessor_config.json", "model*.safetensors"),
+            ("config.json", "tokenizer.json", "model*.safetensors"),
             cache_dir="cache_dir",
             role="the judge (vision-language model)",
         ),
