@@ -61,9 +61,45 @@ def screening_section(manifest: dict[str, Any]) -> str:
         )
     else:
         lines.append("- **Safety checker.** No safety checker ran on this release's images.")
+    lines += judge_lines(manifest)
     if (manifest.get("config") or {}).get("safety") == "off":
         lines.append(
             "- **Safety checking is off** (`safety: off` in the build config): generated or edited images of this "
             "release may have been released without Stable Diffusion's safety checker screening them."
         )
     return "\n".join(lines) + "\n"
+
+
+def judge_lines(manifest: dict[str, Any]) -> list[str]:
+    """The judge's bullet (only where a judge stage ran): which model, what it asked, what it removed, per config."""
+    screening = manifest.get("screening") or {}
+    judged = {k: v for k, v in screening.items() if v.get("kind") == "judge"}
+    if not judged:
+        return []
+    stages = manifest.get("stages") or {}
+    records = [stages.get(k) or {} for k in sorted(judged)]
+    models = sorted({f"{r.get('model')}@{str(r.get('revision'))[:12]}" if r.get("revision") else str(r.get("model"))
+                     for r in records})  # fmt: skip
+    licences = sorted({str(r.get("license")) for r in records})
+    checked = sum(int(e.get("checked", 0)) for e in judged.values())
+    removed: dict[str, int] = {}
+    for entry in judged.values():
+        for config, n in (entry.get("removed_by_config") or {}).items():
+            removed[config] = removed.get(config, 0) + int(n)
+    thresholds = sorted({r.get("filter_below") for r in records if r.get("filter_below") is not None})
+    if thresholds:
+        per_config = ", ".join(f"{code_span(c)}: {md_escape(n)}" for c, n in sorted(removed.items())) or "none"
+        outcome = (
+            f"samples with `judge_class_p` below {', '.join(md_escape(t) for t in thresholds)} were removed "
+            f"({per_config}) and are listed in `manifest.json` under `failures` with their scores"
+        )
+    else:
+        outcome = "it removed nothing (no `filter_below`)"
+    first = records[0]
+    return [
+        f"- **Judge.** {', '.join(code_span(m) for m in models)} (licence {', '.join(md_escape(x) for x in licences)}) "
+        f'scored {checked} edited or generated images, VQAScore-style (the probability of the answer "Yes"): '
+        f"`judge_class_p` for {code_span(first.get('class_question'))} and `judge_edit_p` for "
+        f"{code_span(first.get('edit_question'))} (null for images that are not edits); {outcome}. The judge's "
+        "agreement with people is only known where a review study measured it."
+    ]

@@ -183,6 +183,9 @@ def test_the_judge_scores_every_edit_and_changes_nothing_else_of_a_sample(tmp_pa
     fields = [f["name"] for f in judged["release_spec"]["configs"]["counterfactual"]["fields"]]
     assert fields == ["judge_class_p", "judge_edit_p"]
     assert judged["failures"] == []
+    card = (tmp_path / "judged" / "README.md").read_text()
+    assert "**Judge.**" in card and "scored 12 edited or generated images" in card and "removed nothing" in card
+    assert "**Judge.**" not in (tmp_path / "plain" / "README.md").read_text()
 
 
 def test_filter_below_removes_what_the_judge_doubts_and_the_manifest_counts_it_per_config(
@@ -207,3 +210,46 @@ def test_filter_below_removes_what_the_judge_doubts_and_the_manifest_counts_it_p
         "cf001",
         "cf001",
     ]  # keys kept, not renumbered
+    card = (tmp_path / "filtered" / "README.md").read_text()
+    assert "below 0.5 were removed (`counterfactual`: 4, `lance_r`: 2)" in card
+
+
+def test_the_strength_candidates_follow_their_counterfactual_and_never_contradict_it():
+    """The selected candidate is the counterfactual's image: it takes the counterfactual's scores (not asked again),
+    and with filter_below an edit whose counterfactual was removed loses every candidate (they would link to a sample
+    that is not released)."""
+    from lance_pipeline.editing.strength import STRENGTH_FIELD
+    from lance_pipeline.screening.judge import StrengthJudgeStage
+
+    image = Image.new("RGB", (8, 8), (100, 0, 0))  # red mean 100: the stand-in adds 0.01
+    stage = StrengthJudgeStage(filter_below=0.5)
+    stage.judge = judge = StandInJudge()
+    cf = {"image": image, "edited_caption": "a dog in the snow"}
+    record = {
+        "key": "dog_1",
+        "label_name": "cat",  # the stand-in says 0.91 to the class question
+        # the judge stage before kept cf000 (scored 0.3: say a batch decided it) and removed cf001
+        "counterfactuals": [{**cf, "sample_index": 0, "judge_class_p": 0.3, "judge_edit_p": 0.25}],
+        STRENGTH_FIELD: [
+            {**cf, "selected": True, "counterfactual_key": "dog_1_cf000", "sample_index": 0},
+            {**cf, "selected": False, "counterfactual_key": "dog_1_cf000", "sample_index": 1},
+            {**cf, "selected": True, "counterfactual_key": "dog_1_cf001", "sample_index": 2},
+            {**cf, "selected": False, "counterfactual_key": "dog_1_cf001", "sample_index": 3},
+        ],
+    }
+    (update,) = stage.process([record])
+    # asked (class + edit each): the unselected candidates and cf001's selected one (its counterfactual has no
+    # scores); cf000's selected candidate is not asked again
+    assert len(judge.asked) == 2 * 3
+    # cf000's selected candidate takes 0.3 < 0.5 from its counterfactual: removed with its whole edit; cf001 was not
+    # released: its edit goes too, although the stand-in would say 0.91 to its candidates
+    assert update[STRENGTH_FIELD] == []
+    removed = sorted((r["index"], r["reason"].split(":")[0]) for r in update[f"{STRENGTH_FIELD}_judge_removed"])
+    assert [i for i, _ in removed] == [0, 1, 2, 3]
+    # without a filter nothing goes, and the selected candidate carries exactly the counterfactual's scores
+    stage = StrengthJudgeStage()
+    stage.judge = StandInJudge()
+    (update,) = stage.process([record])
+    kept = {item["sample_index"]: item for item in update[STRENGTH_FIELD]}
+    assert (kept[0]["judge_class_p"], kept[0]["judge_edit_p"]) == (0.3, 0.25)
+    assert kept[1]["judge_class_p"] == pytest.approx(0.91) and kept[3]["judge_class_p"] == pytest.approx(0.91)
