@@ -254,8 +254,19 @@ def test_the_screening_section_of_a_tampered_record_carries_nothing_raw():
                 "by_attribute": {HOSTILE[2]: HOSTILE[6]},
             },
             "safety": {"kind": "safety_checker", "checked": 3, "flagged": 1},
+            "judge": {"kind": "judge", "checked": 2, "removed_by_config": {HOSTILE[4]: 1}},
         },
-        "stages": {"safety": {"model": HOSTILE[1]}},
+        "stages": {
+            "safety": {"model": HOSTILE[1]},
+            "judge": {
+                "model": HOSTILE[5],
+                "revision": HOSTILE[6],
+                "license": HOSTILE[2],
+                "filter_below": HOSTILE[3],
+                "class_question": HOSTILE[0],
+                "edit_question": HOSTILE[1],
+            },
+        },
     }
     text = screening_section(manifest)
     assert text and _raw(text) == []
