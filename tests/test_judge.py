@@ -27,6 +27,7 @@ def test_the_judge_fields_are_declared_fractions_that_are_null_when_not_judged()
     specs = {f.name: rf.FieldSpec(f.name, f.dtype, description=f.description, minimum=f.minimum, maximum=f.maximum)
              for f in JUDGE_FIELDS}  # fmt: skip
     assert list(specs) == ["judge_class_p", "judge_edit_p"]
+    assert list(specs) == [rf.JUDGE_CLASS_FIELD, rf.JUDGE_EDIT_FIELD]  # the names review, cards and eval read
     for spec in specs.values():
         assert spec.check(0.25, "t") == 0.25 and spec.check(None, "t") is None and spec.check(1, "t") == 1.0
         for bad in (1.5, -0.1):

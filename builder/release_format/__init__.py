@@ -109,6 +109,8 @@ from builder.release_format.shards import (
 from builder.release_format.spec import (
     CONFIG_NAMES,
     FIELD_DTYPES,
+    JUDGE_CLASS_FIELD,
+    JUDGE_EDIT_FIELD,
     LANCE_EDIT_TYPES,
     V1_CONFIGS,
     V1_EDIT_TYPES,
@@ -128,6 +130,8 @@ EDIT_TYPES = V1_EDIT_TYPES
 SCORE_NAMES = V1_SCORE_NAMES
 
 __all__ = [
+    "JUDGE_CLASS_FIELD",
+    "JUDGE_EDIT_FIELD",
     "ASSETS_DIR",
     "CARD_NAME",
     "CONFIG_NAMES",

@@ -48,6 +48,10 @@ V1_SCORE_NAMES = (
     "clip_text_original",
     "clip_text_edited",
 )
+# The judge stage's declared fields (``lance_pipeline.screening.judge.JUDGE_FIELDS``, which the method declares with
+# their types and ranges; a test keeps the names equal): the names that review, cards and eval read from a sample.
+JUDGE_CLASS_FIELD = "judge_class_p"
+JUDGE_EDIT_FIELD = "judge_edit_p"
 
 
 @dataclass(frozen=True)

@@ -31,11 +31,11 @@ from typing import Any
 
 import numpy as np
 
+from builder import release_format as rf
 from builder.review.index import ReleaseIndex
-from lance_pipeline.screening import judge
 
 # the judge stage's P(yes) for "Does this image show a {class}?" (its P(yes) for the edit is not calibrated here)
-JUDGE_CLASS_FIELD = judge.JUDGE_CLASS_FIELD.name
+JUDGE_CLASS_FIELD = rf.JUDGE_CLASS_FIELD
 QUESTION = "still_class"  # the review question the judge's class score answers
 UNCALIBRATED_THRESHOLD = 0.5  # the threshold of a release without a calibration: P(yes) > P(no), stated as such
 DEFAULT_RESAMPLES = 1000
