@@ -23,6 +23,7 @@ machine falls on both alike; the medians are compared and every pair's ratio is 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -45,7 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--clip-dir", type=Path, help="an open_clip directory (default: the tiny export)")
+    parser.add_argument("--clip-dir", type=Path, help="an open_clip directory (default: --size's random-weight model)")
+    parser.add_argument(
+        "--size", choices=("tiny", "full"), default="tiny",
+        help="without --clip-dir: the tiny open_clip export, or ViT-L/14 (QuickGELU, 224 px) with random weights",
+    )  # fmt: skip
+    parser.add_argument("--json", type=Path, help="also write the figures here (the GPU suite reads them)")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved runs of each side (medians reported)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads on both sides")
     parser.add_argument("--one-classifier", action="store_true", help="CLIP_benchmark: build the classifier once")
@@ -71,7 +77,15 @@ def main(argv: list[str] | None = None) -> int:
     root = write_release(work / "rel", labels=tuple(range(args.classes)), label_names=names,
                          originals_per_class=args.originals, edits_per_original=args.edits,
                          image_size=args.image_size, shard_size=64)  # fmt: skip
-    clip_dir = args.clip_dir or create_tiny_open_clip(work / "tinyclip")
+    if args.clip_dir is not None:
+        clip_dir = args.clip_dir
+    elif args.size == "full":
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from random_models import write_open_clip
+
+        clip_dir = write_open_clip(work / "clip", "full")
+    else:
+        clip_dir = create_tiny_open_clip(work / "tinyclip")
     templates = load_template_set(args.templates)
     release = open_release(root)
     options = EvalOptions(device=args.device, batch_size=args.batch_size, workers=args.workers, channels_last=False)
@@ -131,6 +145,17 @@ def main(argv: list[str] | None = None) -> int:
     print("ratio per interleaved pair: " + " ".join(f"{r:.2f}" for r in pair_ratios))
     print(f"load average (1/5/15 min): {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; cpus {os.cpu_count()}")
     print(f"ratio={ours_rate / cb_rate:.3f}")
+    if args.json is not None:
+        figures = {
+            "model": "tiny open_clip" if args.clip_dir is None and args.size == "tiny" else clip_dir.name,
+            "device": args.device, "batch_size": args.batch_size, "workers": args.workers, "repeats": args.repeats,
+            "templates": len(cb_templates), "classes": len(names), "images": ours_images,
+            "one_classifier": args.one_classifier,
+            "ours_seconds_median": ours_seconds, "clip_benchmark_seconds_median": cb_seconds,
+            "images_per_second": {"ours": ours_rate, "clip_benchmark": cb_rate},
+            "ratio": ours_rate / cb_rate, "pair_ratios": pair_ratios,
+        }  # fmt: skip
+        args.json.write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
     return 0
 
 

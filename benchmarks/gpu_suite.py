@@ -21,9 +21,12 @@ what it had written; the suite always writes its report.
    memory, and the UNet's achieved TFLOP/s (counted FLOPs of a sample-forward x counted forward-equivalents / s).
 3. ``eval_resnet50``, ``eval_vit_b16``: ``bench_eval.py`` (the harness against timm's validate.py loop like for like:
    same batch, channels_last, AMP bf16; and the forward-only ceiling on pre-decoded tensors).
-4. ``models``: random-weight copies of every ``hardimagenet`` model (``random_models.py``), shared by 5 and 6.
-5. ``text``: ``bench_text_stages.py``: BLIP-2 OPT-2.7b and the 7B perturber, batched, and their time share of editing.
-6. ``build``: ``lance-cf build`` of the ``hardimagenet`` stages on the demo source's images with ``--record-memory``:
+4. ``zero_shot``: ``bench_zero_shot.py``: a zero-shot open_clip ViT-L/14 (random weights, 224 px, OpenAI's 80
+   templates) scored by ``lance-cf eval``'s harness and by CLIP_benchmark's own loop like for like (text classifier
+   built once each, batch 256, 8 workers), interleaved three times: images per second and their ratio.
+5. ``models``: random-weight copies of every ``hardimagenet`` model (``random_models.py``), shared by 6 and 7.
+6. ``text``: ``bench_text_stages.py``: BLIP-2 OPT-2.7b and the 7B perturber, batched, and their time share of editing.
+7. ``build``: ``lance-cf build`` of the ``hardimagenet`` stages on the demo source's images with ``--record-memory``:
    each stage's peak memory.
 7. ``judge``: ``bench_judge.py``: the judge stage's model (Qwen2.5-VL-7B-Instruct's published architecture, random
    bf16 weights) answering yes/no questions on 448 px images: questions per second per batch size, peak memory.
@@ -78,8 +81,11 @@ DEVICE_PACKAGES = frozenset(
 )
 # There, but older than this project's code needs (1.x there when this was written): carried anyway.
 CARRY_ANYWAY = ("huggingface_hub",)
+# Not a dependency of the project, but the zero-shot section compares against its loop (installed without its own
+# dependencies: the two modules it uses need only what the project needs).
+CARRY_FOR_SECTIONS = ("clip-benchmark",)
 # The modules the sections import that those wheels provide.
-NEEDED_MODULES = ("diffusers", "open_clip", "datasets", "jsonschema")
+NEEDED_MODULES = ("diffusers", "open_clip", "datasets", "jsonschema", "clip_benchmark")
 WHEEL_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "any")
 
 # Dense (no sparsity) bf16 tensor-core peaks from NVIDIA's datasheets, TFLOP/s, by a substring of the device name.
@@ -133,6 +139,13 @@ def sections(args: argparse.Namespace, work: Path, out: Path) -> list[dict[str, 
     text += ["--captioner-dir", str(models / "00-captioner"), "--perturber-dir", str(models / "01-perturber")]
     if dry:
         text += ["--threads", "1", "--editing-size", "tiny"]
+    zero_shot = [py, str(BENCH / "bench_zero_shot.py"), "--device", device, "--one-classifier"]
+    zero_shot += ["--json", str(work / "zero_shot.json")]
+    if dry:
+        zero_shot += ["--classes", "4", "--originals", "2", "--edits", "1", "--repeats", "1", "--batch-size", "8"]
+    else:  # ViT-L/14 at 224 px, random weights; 100 classes x 4 originals x (1 + 3 edits) = 1,600 images a side
+        zero_shot += ["--size", "full", "--classes", "100", "--originals", "4", "--image-size", "224"]
+        zero_shot += ["--batch-size", "256", "--workers", "8", "--repeats", "3", "--threads", "8"]
     build_out = work / "build"
     build = [py, "-m", "builder.cli", "build", str(models / "config.yaml"), "--output", str(build_out)]
     build += ["--device", device, "--record-memory", "--no-progress", "--allow-empty", "--limit", "1" if dry else "2"]
@@ -148,6 +161,7 @@ def sections(args: argparse.Namespace, work: Path, out: Path) -> list[dict[str, 
         {"name": "editor", "share": 0.33, "argv": editor, "json": work / "editor.json"},
         evaluation("resnet50" if not dry else "resnet18", "eval_resnet50"),
         evaluation("vit_base_patch16_224" if not dry else "vit_tiny_patch16_224", "eval_vit_b16"),
+        {"name": "zero_shot", "share": 0.07, "argv": zero_shot, "json": work / "zero_shot.json"},
         {"name": "models", "share": 0.12, "argv": write_models},
         {"name": "text", "share": 0.14, "argv": text, "json": work / "text.json", "needs": "models"},
         {"name": "build", "share": 0.21, "argv": build, "manifest": build_out / "manifest.json", "needs": "models"},
@@ -217,7 +231,7 @@ def missing_packages() -> list[str]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     todo = [Requirement(spec).name for spec in project["dependencies"]]
     seen: set[str] = set()
-    missing = {normalise(n) for n in CARRY_ANYWAY}
+    missing = {normalise(n) for n in (*CARRY_ANYWAY, *CARRY_FOR_SECTIONS)}
     environment = {"python_version": "3.12", "sys_platform": "linux", "platform_machine": "x86_64", "extra": ""}
     while todo:
         name = normalise(todo.pop())
@@ -361,7 +375,8 @@ def markdown(report: dict[str, Any]) -> str:
     lines += [f"| {s['name']} | {s['status']} | {s['wall_s']} |" for s in report["sections"]]
     ceiling = (by_name.get("matmul", {}).get("data") or {}).get("tflops")
     peak = env.get("datasheet_bf16_tflops")
-    lines += ["", f"bf16 matmul ceiling measured: {ceiling or 0:.0f} TFLOP/s; datasheet dense bf16 peak: {peak}."]
+    measured = f"{ceiling:.0f} TFLOP/s" if ceiling is not None else "not measured (the matmul section did not run)"
+    lines += ["", f"bf16 matmul ceiling: {measured}; datasheet dense bf16 peak: {peak or 'unknown'}."]
     editor = by_name.get("editor", {}).get("data")
     if editor:
         flops = editor["unet_flops_per_sample_forward"]
@@ -413,6 +428,16 @@ def markdown(report: dict[str, Any]) -> str:
                 f"(target >= 1), harness / forward = {data['ratio_vs_forward']:.2f} "
                 f"(target >= {TARGET_EVAL_VS_FORWARD}).",
             ]
+    zero_shot = by_name.get("zero_shot", {}).get("data")
+    if zero_shot:
+        ips = zero_shot["images_per_second"]
+        lines += [
+            "",
+            f"Zero-shot, {zero_shot['model']}, {zero_shot['templates']} templates, {zero_shot['classes']} classes, "
+            f"batch {zero_shot['batch_size']}: ours {ips['ours']:.0f} img/s, CLIP_benchmark's loop like for like "
+            f"{ips['clip_benchmark']:.0f} img/s; ratio {zero_shot['ratio']:.2f} (median of {zero_shot['repeats']}; "
+            "target >= 1).",
+        ]
     text = by_name.get("text", {}).get("data")
     if text:
         lines += [

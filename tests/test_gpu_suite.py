@@ -37,7 +37,9 @@ def test_the_dry_run_runs_every_section_and_reports_what_the_gpu_run_reports(tmp
     report = run_suite(tmp_path, "--dry-run")
     assert report["size"] == "small" and report["environment"]["device"] == "cpu"
     sections = {s["name"]: s for s in report["sections"]}
-    assert list(sections) == ["matmul", "editor", "eval_resnet50", "eval_vit_b16", "models", "text", "build", "judge"]
+    assert list(sections) == [
+        "matmul", "editor", "eval_resnet50", "eval_vit_b16", "zero_shot", "models", "text", "build", "judge"
+    ]  # fmt: skip
     assert {name: s["status"] for name, s in sections.items()} == dict.fromkeys(sections, "ok")
 
     editor = sections["editor"]["data"]
@@ -59,6 +61,11 @@ def test_the_dry_run_runs_every_section_and_reports_what_the_gpu_run_reports(tmp
         assert data["ratio_vs_forward"] == pytest.approx(ips["harness"] / ips["forward"])
         assert data["images"] == 4 * 6  # originals x (original + reconstructed + 3 edits + lance_r) of the fixture
 
+    zero_shot = sections["zero_shot"]["data"]
+    assert zero_shot["images"] == 4 * 2 * 4  # classes x originals x (original, reconstructed, 1 edit, lance_r)
+    ips = zero_shot["images_per_second"]
+    assert zero_shot["ratio"] == pytest.approx(ips["ours"] / ips["clip_benchmark"])
+
     text = sections["text"]["data"]
     assert {(s["stage"], s["mode"]) for s in text["stages"]} == {("caption", "batched"), ("perturb", "batched")}
     assert 0 < text["text_share_time_measured"]
@@ -73,7 +80,7 @@ def test_the_dry_run_runs_every_section_and_reports_what_the_gpu_run_reports(tmp
         assert row["questions_per_second"] == pytest.approx(row["batch"] / row["seconds_per_batch"])
 
     markdown = (tmp_path / "out" / "suite.md").read_text()
-    assert "questions / s" in markdown
+    assert "questions / s" in markdown and "CLIP_benchmark's loop like for like" in markdown
     assert "| reference fp32 |" in markdown and "harness / validate.py" in markdown and "| edit | cpu:" in markdown
     assert (tmp_path / "out" / "suite.log").stat().st_size > 0
 
@@ -112,6 +119,6 @@ def test_the_wheels_to_carry_are_the_dependencies_the_lent_machine_lacks():
     finally:
         sys.path.pop(0)
     missing = gpu_suite.missing_packages()
-    assert {"diffusers", "open-clip-torch", "datasets", "ftfy", "huggingface-hub"} <= set(missing)
+    assert {"diffusers", "open-clip-torch", "datasets", "ftfy", "huggingface-hub", "clip-benchmark"} <= set(missing)
     assert not {"torch", "transformers", "timm", "numpy", "pandas", "pyarrow"} & set(missing)  # already there
     assert gpu_suite.pinned("diffusers").startswith("diffusers==")
