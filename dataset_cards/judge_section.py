@@ -89,8 +89,8 @@ def judge_section(manifest: dict[str, Any]) -> str:
         f"{md_escape(judge.get('folds', '?'))}-fold cross-validated (each fold decided with a threshold chosen on "
         f"the others), not in-sample. AUROC of the score = {_number(judge.get('auroc'))} ({confidence}% CI "
         f"{_interval(judge.get('auroc_ci'))}). Intervals are percentile bootstraps over items with "
-        f"{md_escape(judge.get('resamples', '?'))} resamples. Nothing was removed: every sample is in the release "
-        "with its score.",
+        f"{md_escape(judge.get('resamples', '?'))} resamples. Nothing was removed: `lance-cf eval` reports every "
+        "metric on the judge-kept samples beside all of them.",
         "",
     ]
     return "\n".join(lines) + "\n"

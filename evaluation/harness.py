@@ -471,6 +471,7 @@ def predict_release(
                         "top5_prob": [float(p) for p in top_prob[i]],
                         "strength": meta.get("strength"),
                         "counterfactual_key": meta.get("counterfactual_key"),
+                        "judge_class_p": meta.get("judge_class_p"),
                     }
                 )
     if device.type == "cuda":

@@ -50,6 +50,7 @@ PREDICTION_COLUMNS = {
     "top5_prob": "their probabilities",
     "strength": "edit strength of a strength-config sample, 1 - self_replace (null elsewhere)",
     "counterfactual_key": "key of the selected counterfactual of a strength-config sample's edit (null elsewhere)",
+    "judge_class_p": "the label-kept judge's P(yes) that the sample shows its class (null where not judged)",
 }
 
 # Every results key the built-in metrics write, and the one a metric registered by a user writes, come from here.

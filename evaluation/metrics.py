@@ -17,11 +17,14 @@ Definitions (docs/evaluation.md has the full text and sources):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 import numpy as np
 
+from evaluation.judge_kept import SECTION as JUDGE_KEPT_SECTION
+from evaluation.judge_kept import judge_view, kept_rows
 from evaluation.metric_registry import (
     Metric,
     MetricContext,
@@ -485,6 +488,9 @@ def compute_metrics(
     )
     selected = select_metrics(metrics)
     out, computed = run_metrics(context, selected)
+    view = judge_view(manifest)
+    if view is not None:  # the second view: every selected metric again on the judge-kept samples
+        out[JUDGE_KEPT_SECTION] = _judge_kept_section(rows, view, context, selected)
     # default metrics that would have run here but were not selected: such a run is not complete (evaluation.results)
     left_out = [n for n in default_metric_names() if n not in selected and metric_applies(create_metric(n), context)]
     # the sections the results format always has, even when no selected metric applies to them
@@ -496,6 +502,32 @@ def compute_metrics(
         "computed_metrics": computed,
     } | ({"metrics_left_out": left_out} if left_out else {})
     return _deep_clean(out)
+
+
+def _judge_kept_section(
+    rows: list[dict[str, Any]], view: dict[str, Any], context: MetricContext, selected: list[str]
+) -> dict[str, Any]:
+    """``view`` (evaluation.judge_kept) with the counts it kept and every metric of ``selected`` on its rows, computed
+    as the full view is (same bootstrap seed and resamples, same configs order)."""
+    import pandas as pd
+
+    kept, counts = kept_rows(rows, view)
+    if not kept:  # the judge kept nothing and nothing else was scored: an empty view, said so
+        return {**view, "counts": counts, "metrics": {}, "sensitivity": _empty_sensitivity(),
+                "sensitivity_by_config": {}}  # fmt: skip
+    df = pd.DataFrame(kept)
+    df["edit_type"] = df["edit_type"].fillna(NONE_EDIT_TYPE)
+    sub = dataclasses.replace(context, rows=kept, predictions=df, _cache={})
+    sub.configs = [c for c in context.configs if c in set(df["config"])]
+    out, _ = run_metrics(sub, selected)
+    return {
+        **view,
+        "counts": counts,
+        "metrics": out.pop("metrics"),
+        "sensitivity": out.pop("sensitivity", None) or _empty_sensitivity(),
+        "sensitivity_by_config": out.pop("sensitivity_by_config", {}),
+        **out,
+    }
 
 
 def _deep_clean(value: Any) -> Any:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from builder import release_format as rf
+from evaluation.judge_kept import SECTION as JUDGE_KEPT_SECTION
 from evaluation.leaderboard import fmt_number
 from evaluation.metric_registry import metric_columns
 from evaluation.pages import render_page
@@ -84,6 +85,27 @@ def _headline(results: dict[str, Any]) -> dict[str, Any]:
         "incomplete": incomplete,
         "run_options": shown or "defaults",
         "device": str((results.get("run") or {}).get("device")),
+    }
+
+
+def _judge_kept(results: dict[str, Any]) -> dict[str, Any] | None:
+    """The headline table again on the judge-kept samples (results' ``judge_kept`` section), with what it kept."""
+    section = results.get(JUDGE_KEPT_SECTION)
+    if not section:
+        return None
+    view = {k: section.get(k) for k in ("metrics", "sensitivity", "sensitivity_by_config")} | {
+        "release": results.get("release")
+    }
+    counts = section.get("counts") or {}
+    kept = "; ".join(
+        f"{config}: {c.get('kept')} kept, {c.get('below')} below, {c.get('unscored')} unscored"
+        for config, c in counts.items()
+    )
+    return {
+        "threshold": _fmt(section.get("threshold"), 4),
+        "calibrated": bool(section.get("calibrated")),
+        "counts": kept,
+        "rows": _headline(view)["headline"],
     }
 
 
@@ -230,6 +252,7 @@ def write_model_report(
         created_at=results.get("run", {}).get("created_at", ""),
         **_headline(results),
         kind_section=_kind_section(results),
+        judge_kept=_judge_kept(results),
         extra_metrics=metric_columns(results),
         sensitivity=_sensitivity(results),
         plots=[{"src": f"assets/{p.name}", "alt": p.stem} for p in plots]

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from evaluation.judge_kept import SECTION as JUDGE_KEPT_SECTION
+from evaluation.judge_kept import validate_judge_kept
 from lance_pipeline.release_kinds import kind_of_results, list_kinds, resolve_target
 
 RESULTS_SCHEMA = "lance-cf/eval-results"
@@ -36,6 +38,7 @@ METRIC_SECTIONS = (
     "sensitivity",
     "sensitivity_by_config",
     "insights",
+    JUDGE_KEPT_SECTION,  # every metric again on the judge-kept samples (evaluation.judge_kept)
     *(section for kind in list_kinds() for section in kind.results_sections),
 )
 MAX_COUNT = 10**9  # samples of one release: far above any release this tool builds, far below a typo's 10^12
@@ -123,6 +126,8 @@ def validate_results(obj: Any) -> None:
     _check_accuracies_are_counts(metrics)
     if obj.get("strength") is not None:
         validate_strength(obj["strength"])
+    if obj.get(JUDGE_KEPT_SECTION) is not None:
+        validate_judge_kept(obj[JUDGE_KEPT_SECTION])
     _validate_kind_sections(obj)
     if version >= 2:
         _require(obj, "tool.version", str)
