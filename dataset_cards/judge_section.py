@@ -12,11 +12,11 @@ from typing import Any
 
 from builder import release_format as rf
 from dataset_cards.markdown import code_span, md_escape
+from evaluation.judge_kept import RECORD
 
 QUESTION = md_escape("“Does this image show a <class>?”")
 STILL_CLASS = md_escape("“Is it still a <class>?”")
 JUDGE_CLASS_FIELD = rf.JUDGE_CLASS_FIELD
-RECORD = "judge_calibration"  # builder.review.calibrate.RECORD
 
 
 def _number(value: Any, digits: int = 2, scale: float = 1.0) -> str:

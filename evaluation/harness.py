@@ -471,7 +471,7 @@ def predict_release(
                         "top5_prob": [float(p) for p in top_prob[i]],
                         "strength": meta.get("strength"),
                         "counterfactual_key": meta.get("counterfactual_key"),
-                        "judge_class_p": meta.get("judge_class_p"),
+                        rf.JUDGE_CLASS_FIELD: meta.get(rf.JUDGE_CLASS_FIELD),
                     }
                 )
     if device.type == "cuda":

@@ -17,7 +17,7 @@ from typing import Any
 from builder import release_format as rf
 
 SECTION = "judge_kept"  # the results JSON's section (evaluation.results declares it)
-FIELD = "judge_class_p"  # lance_pipeline.screening.judge.JUDGE_CLASS_FIELD (a test checks the two agree)
+FIELD = rf.JUDGE_CLASS_FIELD  # the judge stage's class score, as the release format names it
 RECORD = "judge_calibration"  # builder.review.calibrate.RECORD: the manifest's record of a calibration
 UNCALIBRATED_THRESHOLD = 0.5  # builder.review.calibration.UNCALIBRATED_THRESHOLD (a test checks the two agree)
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from evaluation import judge_kept
 from evaluation.judge_kept import SECTION as JUDGE_KEPT_SECTION
 from evaluation.judge_kept import judge_view, kept_rows
 from evaluation.metric_registry import (
@@ -489,7 +490,9 @@ def compute_metrics(
     selected = select_metrics(metrics)
     out, computed = run_metrics(context, selected)
     view = judge_view(manifest)
-    if view is not None:  # the second view: every selected metric again on the judge-kept samples
+    # the second view: every selected metric again on the judge-kept samples (rows that do not carry the judge's
+    # score at all, written before it was read, get none rather than a view that keeps nothing judged)
+    if view is not None and any(judge_kept.FIELD in row for row in rows):
         out[JUDGE_KEPT_SECTION] = _judge_kept_section(rows, view, context, selected)
     # default metrics that would have run here but were not selected: such a run is not complete (evaluation.results)
     left_out = [n for n in default_metric_names() if n not in selected and metric_applies(create_metric(n), context)]

@@ -25,6 +25,7 @@ from dataset_cards import judge_section
 from evaluation import judge_kept
 from evaluation.metrics import compute_metrics
 from evaluation.results import validate_results
+from lance_pipeline.screening import judge
 
 
 def _unit(*parts) -> float:
@@ -113,7 +114,7 @@ def test_a_release_without_judge_scores_has_no_judge_kept_view(releases):
     results = _metrics(prediction_rows(release), manifest, manifest["label_space"]["names"])
     assert "judge_kept" not in results
     # the names the view reads are the ones the judge stage and calibrate write
-    assert judge_kept.FIELD == JUDGE_CLASS_FIELD == judge_section.JUDGE_CLASS_FIELD
+    assert judge_kept.FIELD == JUDGE_CLASS_FIELD == judge_section.JUDGE_CLASS_FIELD == judge.JUDGE_CLASS_FIELD.name
     assert judge_kept.RECORD == RECORD == judge_section.RECORD
     assert judge_kept.UNCALIBRATED_THRESHOLD == UNCALIBRATED_THRESHOLD
 
