@@ -47,6 +47,7 @@ QWEN3_4B = {
     "vocab_size": 151936,
     "head_dim": 128,
     "max_position_embeddings": 40960,
+    "tie_word_embeddings": True,
 }
 
 
