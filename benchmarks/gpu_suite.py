@@ -19,6 +19,8 @@ what it had written; the suite always writes its report.
 2. ``editor``: ``bench_edit.py`` at 512 px, the authors' algorithm against ours, fp32 and bf16, null-text and direct
    inversion, plus the ControlNet editor: seconds per counterfactual and per image, UNet forward-equivalents, peak
    memory, and the UNet's achieved TFLOP/s (counted FLOPs of a sample-forward x counted forward-equivalents / s).
+   ``instruct``: ``bench_instruct.py``, FLUX.2 [klein] 4B (the default instruction editor) at its published
+   architecture with random weights: seconds per image, denoiser forward-equivalents, FLOPs and peak memory.
 3. ``eval_resnet50``, ``eval_vit_b16``: ``bench_eval.py`` (the harness against timm's validate.py loop like for like:
    same batch, channels_last, AMP bf16; and the forward-only ceiling on pre-decoded tensors).
 4. ``zero_shot``: ``bench_zero_shot.py``: a zero-shot open_clip ViT-L/14 (random weights, 224 px, OpenAI's 80
@@ -154,11 +156,14 @@ def sections(args: argparse.Namespace, work: Path, out: Path) -> list[dict[str, 
     judge += ["--json", str(work / "judge.json")]
     if dry:
         judge += ["--threads", "1", "--repeats", "1"]
+    instruct = [py, str(BENCH / "bench_instruct.py"), "--device", device, "--size", "tiny" if dry else "full"]
+    instruct += ["--json", str(work / "instruct.json")] + (["--threads", "1", "--images", "1"] if dry else [])
     write_models = [py, str(BENCH / "random_models.py"), "--preset", "hardimagenet", "--size", args.size]
     write_models += ["--output", str(models), "--device", device]
     return [
         {"name": "matmul", "share": 0.02, "call": lambda: matmul_ceiling(device, dry)},
-        {"name": "editor", "share": 0.33, "argv": editor, "json": work / "editor.json"},
+        {"name": "editor", "share": 0.27, "argv": editor, "json": work / "editor.json"},
+        {"name": "instruct", "share": 0.06, "argv": instruct, "json": work / "instruct.json"},
         evaluation("resnet50" if not dry else "resnet18", "eval_resnet50"),
         evaluation("vit_base_patch16_224" if not dry else "vit_tiny_patch16_224", "eval_vit_b16"),
         {"name": "zero_shot", "share": 0.07, "argv": zero_shot, "json": work / "zero_shot.json"},
@@ -416,6 +421,17 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{reference['s_per_cf'] / best['s_per_cf']:.1f}x faster per counterfactual "
                 f"(target >= {TARGET_SPEEDUP_VS_REFERENCE:.0f}x).",
             ]
+    instruct = by_name.get("instruct", {}).get("data")
+    if instruct:
+        peak_gib = instruct["peak_gib"]
+        lines += [
+            "",
+            f"Instruction editor, {instruct['architecture']}, {instruct['image_size']} px, {instruct['steps']} steps: "
+            f"{instruct['s_per_image']:.3f} s / image, {instruct['denoiser_fwd_eq_per_image']:.0f} denoiser "
+            f"sample-forwards / image (counted), {instruct['flops_per_image'] / 1e12:.2f} TFLOP / image (counted), "
+            f"{instruct['achieved_tflops']:.1f} TFLOP/s, peak "
+            + (f"{peak_gib:.1f} GiB." if peak_gib is not None else "n/a (CPU)."),
+        ]
     for name in ("eval_resnet50", "eval_vit_b16"):
         data = by_name.get(name, {}).get("data")
         if data:

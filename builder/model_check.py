@@ -50,7 +50,7 @@ def build_needs(validated: Any) -> list[ModelNeed]:
 BUILD_OFFLINE_WAYS = (
     "without the Hub: every key above also takes a local directory (lance-cf models download PRESET --local-dir DIR, "
     "run where the Hub answers, writes copies and a config pointing at them), and the demo presets (demo, "
-    "demo-controlnet, demo-star) build offline on tiny models (noise), with --source imagefolder:PATH for your photos"
+    "demo-controlnet, demo-instruct, demo-star) build offline on tiny models (noise), with --source imagefolder:PATH for your photos"
 )
 
 

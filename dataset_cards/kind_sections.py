@@ -71,6 +71,41 @@ def controlnet_intro(manifest: rf.Manifest, pretty_name: str) -> str:
     )
 
 
+def _instruct_editors(manifest: rf.Manifest) -> list[dict]:
+    """The instruction-edit stages' descriptions (``lance_pipeline.instruct``): editor, model, licence."""
+    return [d for d in manifest.stages.values() if isinstance(d, dict) and isinstance(d.get("instruct_editing"), dict)]
+
+
+def instruct_intro(manifest: rf.Manifest, pretty_name: str) -> str:
+    """LANCE's pipeline with an instruction editor; the editor, its model and licence, and a non-commercial warning."""
+    described = _instruct_editors(manifest)
+    editors = (
+        ", ".join(
+            f"{code_span(d.get('editor'))} ({code_span(d.get('model'))}, licence {md_escape(str(d.get('license')))})"
+            for d in described
+        )
+        or "an instruction editor"
+    )
+    restricted = [d for d in described if d.get("non_commercial")]
+    warning = (
+        "\n\n**Non-commercial model.** Its images were made with a model under a non-commercial licence ("
+        + ", ".join(f"{code_span(d.get('model'))}: {md_escape(str(d.get('license')))}" for d in restricted)
+        + "); the build accepted it explicitly (`accept_non_commercial_license`). Check those terms before any use "
+        "of these images.\n"
+        if restricted
+        else ""
+    )
+    return (
+        f"{pretty_name} is a counterfactual stress test for image classifiers made with **LANCE**'s pipeline (Prabhu et "
+        "al.,\nNeurIPS 2023) and an **instruction editor**: each source image is captioned, the caption is perturbed "
+        f"by a language\nmodel along one axis ({edit_axes(manifest)}), the perturbation becomes a written "
+        "instruction by its edit type's rule\n(each sample's `instruction`), and the editor "
+        f"{editors} edits the image with it. LANCE's label check and CLIP\ngates filter the results. The "
+        "ground-truth label of every counterfactual is the label of its source image.\n"
+        f"{warning}\n"
+    )
+
+
 def interfaces_intro(manifest: rf.Manifest, pretty_name: str) -> str:
     return (
         f"{pretty_name} holds images **generated** under named distribution shifts with *dataset interfaces* "

@@ -11,7 +11,12 @@ type holds:
   type (``lance_pipeline.perturber.collect.judge_variation``);
 * ``checks``: the named per-type checks a collected variation must pass (``CHECKS``, implemented in
   ``judge_variation``);
-* ``description``: one line for docs and cards.
+* ``description``: one line for docs and cards;
+* ``editor_instruction`` and ``editor_instruction_add``: the rule that turns a structured edit of this type into the
+  instruction an instruction editor is given (``lance_pipeline.instruct``): a template over the edit's spans,
+  ``{original}`` and ``{edited}``; the second is used when the edit only adds words (its original span is empty).
+  ``editor_instruction(edit)`` applies it; an edit of no row's type (DILLEMA's ``multi``) is given
+  ``MULTI_EDIT_INSTRUCTION`` over its whole edited caption.
 
 Readers: the perturb stage (instructions, examples, the types it asks for by default), the DILLEMA keyword stage (the
 aspects it names), the collect rules, the CLI's defaults and help, the release vocabulary
@@ -50,6 +55,9 @@ class EditType:
         example: ``(caption, class, edits)``: a worked example for the few-shot prompt (at least one edit).
         max_span_words: Longest change (words on either side of the span diff) that is still one aspect.
         checks: Names of ``CHECKS`` a collected variation must pass.
+        editor_instruction: An instruction editor's instruction for an edit of this type, over ``{original}`` and
+            ``{edited}`` (the edit's spans).
+        editor_instruction_add: The same for an edit that only adds words (``{edited}`` only).
     """
 
     name: str
@@ -58,6 +66,8 @@ class EditType:
     example: tuple[str, str, tuple[str, ...]]
     max_span_words: int
     checks: tuple[str, ...] = ("keeps_domain",)
+    editor_instruction: str = 'Change "{original}" to "{edited}". Keep everything else as it is.'
+    editor_instruction_add: str = 'Add "{edited}". Keep everything else as it is.'
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("_", "").isalnum() or not self.name.islower():
@@ -72,6 +82,20 @@ class EditType:
             raise ValueError(f"edit type {self.name!r}: max_span_words must be a positive int")
         if not self.instruction.strip() or not self.description.strip():
             raise ValueError(f"edit type {self.name!r}: instruction and description must be non-empty")
+        for template, fields in (
+            (self.editor_instruction, ("original", "edited")),
+            (self.editor_instruction_add, ("edited",)),
+        ):
+            try:
+                template.format(**dict.fromkeys(fields, "x"))
+            except (KeyError, IndexError, ValueError) as err:
+                raise ValueError(
+                    f"edit type {self.name!r}: editor instruction {template!r} may use only {{{'}, {'.join(fields)}}}"
+                ) from err
+            if not all("{" + f + "}" in template for f in fields):
+                raise ValueError(
+                    f"edit type {self.name!r}: editor instruction {template!r} must name {{{'} and {'.join(fields)}}}"
+                )
 
 
 _KEEP = " Keep everything else as it is."
@@ -96,6 +120,8 @@ _BUILT_IN = (
         ),
         4,
         ("one_place", "keeps_domain", "replaces"),
+        editor_instruction='Replace "{original}" with "{edited}".' + _KEEP,
+        editor_instruction_add='Add "{edited}".' + _KEEP,
     ),
     EditType(
         "object",
@@ -113,6 +139,8 @@ _BUILT_IN = (
         ),
         4,
         ("one_place", "keeps_domain", "replaces"),
+        editor_instruction='Replace "{original}" with "{edited}".' + _KEEP,
+        editor_instruction_add='Add "{edited}" next to the subject.' + _KEEP,
     ),
     EditType(
         "background",
@@ -130,6 +158,8 @@ _BUILT_IN = (
         ),
         10,
         ("keeps_domain",),
+        editor_instruction='Change the background from "{original}" to "{edited}". Do not change the foreground.',
+        editor_instruction_add='Put the scene "{edited}". Do not change the foreground.',
     ),
     EditType(
         "weather",
@@ -146,6 +176,8 @@ _BUILT_IN = (
         ),
         8,
         ("keeps_domain", "adds_weather"),
+        editor_instruction='Change the weather from "{original}" to "{edited}".' + _KEEP,
+        editor_instruction_add='Change the weather: "{edited}".' + _KEEP,
     ),
     EditType(
         "adjective",
@@ -162,6 +194,8 @@ _BUILT_IN = (
         ),
         3,
         ("one_place", "keeps_domain"),
+        editor_instruction='Change "{original}" to "{edited}".' + _KEEP,
+        editor_instruction_add='Make it "{edited}".' + _KEEP,
     ),
     EditType(
         "domain",
@@ -179,6 +213,8 @@ _BUILT_IN = (
         ),
         4,
         ("changes_domain",),
+        editor_instruction='Turn the image from "{original}" into "{edited}", keeping its content exactly the same.',
+        editor_instruction_add='Turn the image into "{edited}", keeping its content exactly the same.',
     ),
 )
 
@@ -189,6 +225,29 @@ EDIT_TYPES: tuple[str, ...] = tuple(EDIT_TYPE_TABLE)
 # DILLEMA's counterfactuals apply up to three alternatives at once (lance_pipeline.dillema.text_stages): a release may
 # also hold this type. The perturber never asks for it.
 MULTI_EDIT_TYPE = "multi"
+# The instruction of an edit of no row's type (``multi``): its spans may be several places, so the whole caption.
+MULTI_EDIT_INSTRUCTION = 'Edit the image so that it shows "{edited_caption}". Keep everything else as it is.'
+
+
+def editor_instruction(edit: dict) -> str:
+    """The instruction an instruction editor is given for a structured edit (its type's rule, see ``EditType``).
+
+    ``edit`` is a caption edit as the perturb or DILLEMA stages write it: ``edit_type``, ``original_span``,
+    ``edited_span``, ``edited_caption``. An edit of a type in the table with an edited span gets the type's template
+    (``editor_instruction``, or ``editor_instruction_add`` when its original span is empty); any other edit (``multi``,
+    or no edited span, i.e. words only dropped) the caption-wide ``MULTI_EDIT_INSTRUCTION``.
+    """
+    original = " ".join(str(edit.get("original_span") or "").split())
+    edited = " ".join(str(edit.get("edited_span") or "").split())
+    row = EDIT_TYPE_TABLE.get(str(edit.get("edit_type")))
+    if row is None or not edited:
+        caption = " ".join(str(edit.get("edited_caption") or "").split())
+        if not caption:
+            raise ValueError(f"edit {edit!r} has neither an edited span of a known type nor an edited caption")
+        return MULTI_EDIT_INSTRUCTION.format(edited_caption=caption)
+    if not original:
+        return row.editor_instruction_add.format(edited=edited)
+    return row.editor_instruction.format(original=original, edited=edited)
 
 
 def register_edit_type(edit_type: EditType) -> EditType:
@@ -264,14 +323,14 @@ def _cell(text: str) -> str:
 def render_markdown() -> str:
     """The docs table: one row per type, with its instruction, example, span limit and checks."""
     lines = [
-        "| type | changes | instruction | example (class) | span limit | checks |",
-        "|---|---|---|---|---|---|",
+        "| type | changes | instruction | example (class) | span limit | checks | instruction editor's rule (adding only) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for t in EDIT_TYPE_TABLE.values():
         caption, label, edits = t.example
         checks = "; ".join(f"{CHECKS[c][1]} (`{CHECKS[c][0]}`)" for c in t.checks)
         cells = [f"`{t.name}`", t.description, t.instruction, f'"{caption}" → "{edits[0]}" ({label})',
-                 f"{t.max_span_words} words", checks]  # fmt: skip
+                 f"{t.max_span_words} words", checks, f"{t.editor_instruction} ({t.editor_instruction_add})"]  # fmt: skip
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -120,6 +120,12 @@ EDITORS = Registry(
     {
         "prompt_to_prompt": "lance_pipeline.editing.prompt_to_prompt:PromptToPromptEditor",
         "controlnet": "lance_pipeline.dillema.controlnet_editing:ControlNetEditor",
+        # the instruction editors: one class, one name per family (lance_pipeline.instruct.editing.FAMILIES)
+        "instruct_pix2pix": "lance_pipeline.instruct.editing:InstructEditor",
+        "flux2_klein": "lance_pipeline.instruct.editing:InstructEditor",
+        "longcat_edit": "lance_pipeline.instruct.editing:InstructEditor",
+        "longcat_edit_turbo": "lance_pipeline.instruct.editing:InstructEditor",
+        "qwen_image_edit": "lance_pipeline.instruct.editing:InstructEditor",
     },
 )
 

@@ -195,6 +195,7 @@ RELEASE_KINDS = Registry(
         "discovery": "lance_pipeline.discovery.release_kind:DISCOVERY",
         "interfaces": "lance_pipeline.interfaces.release_kind:INTERFACES",
         "controlnet": "lance_pipeline.dillema.release_kind:CONTROLNET",
+        "instruct": "lance_pipeline.instruct.release_kind:INSTRUCT",
         "lance": "lance_pipeline.editing.release_kind:LANCE",
     },
 )

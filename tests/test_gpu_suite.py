@@ -38,7 +38,8 @@ def test_the_dry_run_runs_every_section_and_reports_what_the_gpu_run_reports(tmp
     assert report["size"] == "small" and report["environment"]["device"] == "cpu"
     sections = {s["name"]: s for s in report["sections"]}
     assert list(sections) == [
-        "matmul", "editor", "eval_resnet50", "eval_vit_b16", "zero_shot", "models", "text", "build", "judge"
+        "matmul", "editor", "instruct", "eval_resnet50", "eval_vit_b16", "zero_shot", "models", "text", "build",
+        "judge",
     ]  # fmt: skip
     assert {name: s["status"] for name, s in sections.items()} == dict.fromkeys(sections, "ok")
 
@@ -54,6 +55,10 @@ def test_the_dry_run_runs_every_section_and_reports_what_the_gpu_run_reports(tmp
         seconds = row["s_per_cf"] * editor["images"] * editor["edits_per_image"]
         fwd_eq = row["unet_fwd_eq_per_cf"] * editor["images"] * editor["edits_per_image"]
         assert row["unet_tflops_achieved"] == pytest.approx(fwd_eq * flops / seconds / 1e12, rel=1e-6)
+
+    instruct = sections["instruct"]["data"]  # the tiny FLUX.2 [klein], through the product's editor and its hook
+    assert instruct["denoiser_fwd_eq_per_image"] == instruct["steps"] == 4  # distilled: one sample per step
+    assert instruct["flops_per_image"] > 0 and instruct["peak_gib"] is None
 
     for name in ("eval_resnet50", "eval_vit_b16"):
         data = sections[name]["data"]
@@ -82,13 +87,14 @@ def test_the_dry_run_runs_every_section_and_reports_what_the_gpu_run_reports(tmp
     markdown = (tmp_path / "out" / "suite.md").read_text()
     assert "questions / s" in markdown and "CLIP_benchmark's loop like for like" in markdown
     assert "| reference fp32 |" in markdown and "harness / validate.py" in markdown and "| edit | cpu:" in markdown
+    assert "Instruction editor, tiny random FLUX.2 [klein]" in markdown
     assert (tmp_path / "out" / "suite.log").stat().st_size > 0
 
 
 @pytest.mark.e2e
 def test_a_section_that_outlives_its_slot_is_stopped_and_the_report_is_still_written(tmp_path):
     # No in-process section first: on a busy machine it could spend the whole budget before the editor starts.
-    # The editor's slot is 6 s x 0.33 / 0.66 = 3 s; its imports alone take longer on any machine.
+    # The editor's slot is 6 s x 0.27 / 0.60 = 2.7 s; its imports alone take longer on any machine.
     report = run_suite(tmp_path, "--dry-run", "--sections", "editor,models,build", "--budget-s", "6")
     sections = {s["name"]: s for s in report["sections"]}
     assert sections["editor"]["status"].startswith("stopped: out of its time slot")

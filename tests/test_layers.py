@@ -44,6 +44,12 @@ ALLOWED: dict[str, set[str]] = {
         "lance_pipeline.clip",
         "lance_pipeline.editing",
     },
+    "lance_pipeline.instruct": {
+        "lance_pipeline",
+        "lance_pipeline.models",
+        "lance_pipeline.clip",
+        "lance_pipeline.editing",
+    },
     "lance_pipeline.discovery": {
         "lance_pipeline",
         "lance_pipeline.models",
@@ -65,6 +71,7 @@ ALLOWED: dict[str, set[str]] = {
         "lance_pipeline.editing",
         "lance_pipeline.interfaces",
         "lance_pipeline.dillema",
+        "lance_pipeline.instruct",
         "lance_pipeline.discovery",
         "lance_pipeline.perturber",
     },

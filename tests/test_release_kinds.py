@@ -85,7 +85,7 @@ def test_releases_without_a_recorded_kind_are_recognised_and_a_recorded_kind_win
     assert kind_of_manifest(_manifest(source_kind="generate")).name == "interfaces"
     assert kind_of_manifest(_manifest(source_kind="discovery")).name == "discovery"
     assert kind_of_manifest(_manifest(source_kind="generate", kind="lance")).name == "lance"  # recorded wins
-    with pytest.raises(ValueError, match=r"kind 'hologram'.*known: controlnet, discovery, interfaces, lance"):
+    with pytest.raises(ValueError, match=r"kind 'hologram'.*known: controlnet, discovery, instruct, interfaces, lance"):
         kind_of_manifest(_manifest(kind="hologram"))
 
 

@@ -237,13 +237,23 @@ class CounterfactualEditStage(_ImageStage):
     def _edits(self, record: Record) -> list[dict]:
         return [e for e in record.get(self.edits_field) or [] if e.get("kept")]
 
+    # What the editor's text encoder reads of an edit (the length check counts its tokens), named in rejections.
+    rendered_text_name = "edited caption"
+
+    def _rendered_text(self, edit: dict) -> str:
+        return edit["edited_caption"]
+
+    def _request(self, edit: dict) -> EditRequest:
+        """The editor's request for one kept edit (an editor that reads more of the edit returns a subclass)."""
+        return EditRequest(edit["edited_caption"], span_of(edit, "edited_span"))
+
     def _split_by_length(self, edits: list[dict]) -> tuple[list[int], list[dict]]:
         """Positions of the edits whose caption fits the text encoder, and rejection records for the others."""
         editor = self._require_editor()
         limit = editor.max_prompt_tokens
         positions, rejected = [], []
         for index, edit in enumerate(edits):
-            length = editor.count_tokens(edit["edited_caption"])
+            length = editor.count_tokens(self._rendered_text(edit))
             if length <= limit:
                 positions.append(index)
                 continue
@@ -261,8 +271,8 @@ class CounterfactualEditStage(_ImageStage):
                     "scores": {k: label_scores.get(k) for k in ("label_similarity", "span_similarity")},
                     "passed": False,
                     "chosen": False,
-                    "reject_reason": f"edited caption is {length} tokens, more than the text encoder's {limit}: "
-                    "the edit would not reach the image",
+                    "reject_reason": f"{self.rendered_text_name} is {length} tokens, more than the text encoder's "
+                    f"{limit}: the edit would not reach the image",
                 }
             )
         return positions, rejected
@@ -289,7 +299,7 @@ class CounterfactualEditStage(_ImageStage):
                 out.append({self.output_field: [], self.candidates_field: too_long, **self._strength(keep, [])})
                 continue
             edits_in_context = [edits[i] for i in positions]
-            requests = [EditRequest(e["edited_caption"], span_of(e, "edited_span")) for e in edits_in_context]
+            requests = [self._request(e) for e in edits_in_context]
             sweep = editor.render(record, requests)
             chosen, candidates = selector.select(caption, edits_in_context, sweep)
             for sample in chosen:

@@ -1,0 +1,253 @@
+"""The instruction editors (lance_pipeline/instruct): options, licences, instructions, the tiny pipelines loaded
+through the editor's own loading code, counted cost, and the demo builds (byte-identical rebuild and resume, same
+bytes on the devices engine and the stage-major schedule)."""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from lance_pipeline.edit_types import EDIT_TYPE_TABLE, MULTI_EDIT_INSTRUCTION, editor_instruction
+from lance_pipeline.instruct import cost
+from lance_pipeline.instruct.editing import (
+    FAMILIES,
+    InstructEditorOptions,
+    InstructEditStage,
+    bench_instruct_edit,
+    candidate_seed,
+)
+from lance_pipeline.registry import EDITORS
+from lance_pipeline.stage import SampleFailure
+
+OPEN_GATES = {
+    "clip_directional_threshold": -1.0,
+    "clip_image_threshold": -1.0,
+    "clip_text_threshold": -1.0,
+    "require_edited_closer": False,
+}
+
+
+# -- options, licences, instructions ----------------------------------------------------------------------------------
+
+
+def test_every_family_is_a_registered_editor_pinned_to_a_commit_with_a_licence():
+    for name, family in FAMILIES.items():
+        assert name in EDITORS and EDITORS.target(name).endswith(":InstructEditor")
+        options = InstructEditorOptions(editor=name)
+        assert options.model == family.model and re.fullmatch(r"[0-9a-f]{40}", options.revision)
+        assert options.license == family.license and not options.is_non_commercial
+        assert options.num_inference_steps == family.steps and options.guidance_scale == family.guidance
+    assert InstructEditorOptions().editor == "instruct_pix2pix"
+    assert InstructEditorOptions(editor="instruct_pix2pix").image_guidance_scales == (1.5,)
+    assert InstructEditorOptions(editor="flux2_klein").image_guidance_scales == ()
+
+
+def test_non_commercial_models_are_refused_unless_accepted_and_unknown_models_state_their_licence():
+    with pytest.raises(ValueError, match=r"non-commercial licence \(flux-non-commercial-license\); set "
+                                         r"accept_non_commercial_license: true"):  # fmt: skip
+        InstructEditorOptions(editor="flux2_klein", model="black-forest-labs/FLUX.2-klein-9B", revision="main")
+    accepted = InstructEditorOptions(
+        editor="flux2_klein", model="black-forest-labs/FLUX.2-klein-9B", accept_non_commercial_license=True
+    )
+    assert accepted.is_non_commercial and accepted.describe()["non_commercial"] is True
+    with pytest.raises(ValueError, match=r"license: model 'someone/an-editor' is not one of the pinned editors"):
+        InstructEditorOptions(editor="flux2_klein", model="someone/an-editor")
+    with pytest.raises(ValueError, match="set accept_non_commercial_license"):
+        InstructEditorOptions(editor="longcat_edit", model="someone/an-editor", license="cc-by-nc-4.0")
+    assert InstructEditorOptions(editor="longcat_edit", model="someone/an-editor", license="mit").license == "mit"
+
+
+def test_options_refuse_what_the_editor_has_no_knob_for():
+    with pytest.raises(ValueError, match="image_guidance_scales: editor 'flux2_klein' has no image guidance"):
+        InstructEditorOptions(editor="flux2_klein", image_guidance_scales=(1.5,))
+    with pytest.raises(ValueError, match="keep_candidates: an instruction editor's candidates are separate"):
+        InstructEditorOptions(keep_candidates=True)
+    with pytest.raises(ValueError, match="image_guidance_scales has duplicates"):
+        InstructEditorOptions(image_guidance_scales=(1.5, 1.5))
+    with pytest.raises(ValueError, match="editor"):
+        InstructEditorOptions(editor="kontext")
+
+
+def test_each_edit_type_has_an_instruction_rule_over_its_spans():
+    for name, row in EDIT_TYPE_TABLE.items():
+        edit = {"edit_type": name, "original_span": " red  car ", "edited_span": "blue bus", "edited_caption": "x"}
+        text = editor_instruction(edit)
+        assert text == row.editor_instruction.format(original="red car", edited="blue bus")
+        assert '"red car"' in text and '"blue bus"' in text
+        added = editor_instruction({**edit, "original_span": ""})
+        assert added == row.editor_instruction_add.format(edited="blue bus") and "red car" not in added
+    assert editor_instruction({"edit_type": "weather", "original_span": "", "edited_span": "in thick fog",
+                               "edited_caption": "c"}) == 'Change the weather: "in thick fog". Keep everything else as it is.'  # fmt: skip
+    multi = {"edit_type": "multi", "original_span": "man", "edited_span": "boy; at night", "edited_caption": "a boy"}
+    assert editor_instruction(multi) == MULTI_EDIT_INSTRUCTION.format(edited_caption="a boy")
+
+
+# -- the editor on tiny pipelines ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory):
+    from lance_pipeline.tiny.clip_components import create_tiny_open_clip
+    from lance_pipeline.tiny.instruct_components import create_tiny_flux2_klein, create_tiny_instruct_pix2pix
+
+    root = tmp_path_factory.mktemp("tiny-instruct")
+    return {
+        "instruct_pix2pix": create_tiny_instruct_pix2pix(root / "ip2p"),
+        "flux2_klein": create_tiny_flux2_klein(root / "klein"),
+        "clip": create_tiny_open_clip(root / "clip"),
+    }
+
+
+def _stage(tiny_dirs, editor: str, **options) -> InstructEditStage:
+    stage = InstructEditStage(
+        editor=editor,
+        model=str(tiny_dirs[editor]),
+        image_size=64,
+        clip_model=str(tiny_dirs["clip"]),
+        clip_pretrained=None,
+        **{"num_inference_steps": 3, **OPEN_GATES, **options},
+    )
+    stage.load("cpu")
+    return stage
+
+
+def _photo(seed: int = 0) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    array = np.zeros((64, 64, 3), dtype=np.uint8)
+    for _ in range(6):
+        x, y = rng.integers(0, 48, size=2)
+        array[y : y + 16, x : x + 16] = rng.integers(0, 256, size=3)
+    return Image.fromarray(array)
+
+
+EDITS = [
+    {"edit_type": "subject", "edited_caption": "a photo of a woman with a dog", "original_span": "man",
+     "edited_span": "woman", "kept": True, "scores": {"label_similarity": 0.1, "span_similarity": 0.3}},
+    {"edit_type": "weather", "edited_caption": "a photo of a man with a dog in the snow", "original_span": "",
+     "edited_span": "in the snow", "kept": True},
+    {"edit_type": "object", "edited_caption": "a photo of a man with a cat", "kept": False},
+]  # fmt: skip
+
+
+def _record(key: str = "k0", seed: int = 11) -> dict:
+    return {"key": key, "image": _photo(), "label": 1, "label_name": "dog", "seed": seed,
+            "caption": "a photo of a man with a dog", "edits": [dict(e) for e in EDITS]}  # fmt: skip
+
+
+def _bytes(image: Image.Image) -> bytes:
+    return np.asarray(image).tobytes()
+
+
+@pytest.mark.parametrize("editor", ["instruct_pix2pix", "flux2_klein"])
+def test_stage_renders_each_instruction_gates_and_counts_its_denoiser(tiny_dirs, editor, single_thread_torch):
+    scales = {"image_guidance_scales": (1.2, 2.0)} if editor == "instruct_pix2pix" else {}
+    stage = _stage(tiny_dirs, editor, images_per_edit=2, batch_size=3, **scales)
+    assert type(stage.editor.pipeline).__name__ == FAMILIES[editor].pipeline  # the family's class, from the directory
+    out = stage.process([_record()])[0]
+    result = bench_instruct_edit(stage, _record())  # counts from zero (a fresh counter) over one more record
+    per_edit = 2 * max(1, len(scales.get("image_guidance_scales", ())))
+    kept = [e for e in EDITS if e["kept"]]
+    assert result.candidates == len(out["edit_candidates"]) == len(kept) * per_edit
+    # Cost, counted by the forward hook: 3 steps, one sample-forward per guidance branch and candidate (InstructPix2Pix
+    # guides text and image: 3 branches; the distilled klein none: 1), as the build's estimate plans it.
+    branches = 3 if editor == "instruct_pix2pix" else 1
+    assert result.counts.denoiser_samples == len(kept) * per_edit * 3 * branches
+    # Without a perturb stage the estimate plans one edit per image; this record has two.
+    planned = cost.unet_evaluations([("edit", "instruct_edit", stage.options, lambda: stage)])["edit"]
+    assert planned * len(kept) == result.counts.denoiser_samples
+    assert result.counts.text_encoder_samples > 0
+    samples = out["counterfactuals"]
+    assert [s["edit_type"] for s in samples] == ["subject", "weather"]
+    assert samples[0]["instruction"] == 'Replace "man" with "woman". Keep everything else as it is.'
+    assert samples[1]["instruction"] == 'Change the weather: "in the snow". Keep everything else as it is.'
+    for sample in samples:
+        assert sample["editor"] == editor and sample["image"].size == (64, 64) and sample["self_replace"] is None
+        assert sample["instruct_seed"] in {candidate_seed(11, 0), candidate_seed(11, 1)}
+        assert sample["image_guidance_scale"] == (None if editor == "flux2_klein" else sample["image_guidance_scale"])
+    candidates = out["edit_candidates"]
+    assert {c["instruction"] for c in candidates} == {s["instruction"] for s in samples}
+    assert sum(c["chosen"] for c in candidates) == 2 and all(c["passed"] for c in candidates)
+    if editor == "instruct_pix2pix":
+        assert {c["image_guidance_scale"] for c in candidates} == {1.2, 2.0}
+    description = stage.describe()
+    assert description["editor"] == editor and description["instruct_editing"]["editor"] == editor
+    assert description["license"] == "not stated (local directory)"
+    assert description["instruct_editing"]["strength"].startswith("image_guidance" if scales else "none")
+
+
+def test_same_seed_same_bytes_and_the_instruction_reaches_the_image(tiny_dirs, single_thread_torch):
+    stage = _stage(tiny_dirs, "instruct_pix2pix")
+    editor = stage.editor
+    image = _photo()
+    first = editor.generate(image, ["make it snow", "make it a painting"], [5, 5], 1.5)
+    again = editor.generate(image, ["make it snow", "make it a painting"], [5, 5], 1.5)
+    assert [_bytes(i) for i in first] == [_bytes(i) for i in again]
+    assert _bytes(first[0]) != _bytes(first[1])  # only the instruction differs
+    graded = editor.generate(image, ["make it snow", "make it a painting"], [5, 5], 2.5)
+    assert _bytes(graded[0]) != _bytes(first[0])  # the image guidance reaches the image
+    assert candidate_seed(7, 0) == candidate_seed(7, 0) and len({candidate_seed(7, 0), candidate_seed(7, 1)}) == 2
+    # A record is rendered in calls of its own candidates only: its images do not depend on the batch it came in.
+    alone = stage.process([_record("k1", seed=12)])[0]
+    together = stage.process([_record("k0"), _record("k1", seed=12)])[1]
+    assert [_bytes(s["image"]) for s in alone["counterfactuals"]] == [
+        _bytes(s["image"]) for s in together["counterfactuals"]
+    ]
+
+
+def test_a_long_instruction_is_refused_before_rendering_and_a_record_without_an_image_fails(
+    tiny_dirs, single_thread_torch
+):
+    stage = _stage(tiny_dirs, "instruct_pix2pix")  # CLIP's 77 tokens
+    long = {"edit_type": "subject", "edited_caption": "x", "original_span": "man",
+            "edited_span": " ".join(["woman"] * 90), "kept": True}  # fmt: skip
+    out = stage.process([{**_record(), "edits": [long]}])[0]
+    assert out["counterfactuals"] == [] and "instruction is" in out["edit_candidates"][0]["reject_reason"]
+    failed = stage.process([{**_record(), "image": None}])[0]
+    assert isinstance(failed, SampleFailure) and "no source image" in failed.reason
+
+
+# -- the demo builds -------------------------------------------------------------------------------------------------
+
+
+def _demo_config(tmp_path, name: str, preset: str = "demo-instruct", **changes):
+    from builder.config import load_config, preset_path
+    from lance_pipeline.readers import read_yaml
+
+    data = read_yaml(preset_path(preset))
+    data.update({"batch_size": 2, **changes})
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(json.dumps(data))
+    return load_config(str(path))
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_demo_instruct_rebuilds_resumes_and_runs_on_the_devices_engine_stage_major_to_the_same_bytes(tmp_path):
+    from builder_helpers import release_files
+
+    from builder.engine import build
+    from builder.release_format.verify import verify_release
+
+    config = _demo_config(tmp_path, "c", limit=4)
+    clean = tmp_path / "clean"
+    manifest = build(config, clean, progress=False, device="cpu")
+    assert verify_release(clean) == [] and manifest["kind"] == "instruct"
+    assert manifest["counts"]["counterfactual"]["total"] > 0
+    # Resume: forget the last batch's edits and its release rows, build again: the edit stage reruns on it only.
+    resumed = tmp_path / "resumed"
+    build(config, resumed, progress=False, device="cpu")
+    with sqlite3.connect(resumed / ".lance-cf" / "ledger.sqlite") as db:
+        db.execute("DELETE FROM done_batches WHERE batch = 1")
+        db.execute("DELETE FROM stage_batches WHERE batch = 1 AND stage = 'edit'")
+    build(config, resumed, progress=False, device="cpu")
+    assert release_files(resumed) == release_files(clean)
+    # Engine independence: two worker processes, then the stage-major schedule, give the local engine's bytes.
+    build(config, tmp_path / "devices", progress=False, engine="devices", engine_options={"devices": ["cpu", "cpu"]})
+    build(config, tmp_path / "stage", progress=False, device="cpu", schedule="stage-major")
+    for out in ("devices", "stage"):
+        assert release_files(tmp_path / out) == release_files(clean), out
