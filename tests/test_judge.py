@@ -254,3 +254,27 @@ def test_the_strength_candidates_follow_their_counterfactual_and_never_contradic
     kept = {item["sample_index"]: item for item in update[STRENGTH_FIELD]}
     assert (kept[0]["judge_class_p"], kept[0]["judge_edit_p"]) == (0.3, 0.25)
     assert kept[1]["judge_class_p"] == pytest.approx(0.91) and kept[3]["judge_class_p"] == pytest.approx(0.91)
+
+
+@pytest.mark.parametrize("stage_type", ["judge_generated", "judge_discovery"])
+def test_a_generated_image_gets_the_class_question_only_and_a_removed_one_is_routed_nowhere(stage_type):
+    cls = STAGES.resolve(stage_type)
+    route = "release_config" if stage_type == "judge_generated" else "discovery_config"
+    image = Image.new("RGB", (8, 8), (0, 0, 0))
+    records = [
+        {cls.field: image, route: "in_the_snow", "prompt": "a cat in the snow", "label_name": "cat"},
+        {cls.field: image, route: "in_the_snow", "prompt": "a dog in the snow", "label_name": "dog"},
+        {cls.field: None, route: None, "prompt": "a dog in the fog", "label_name": "dog"},  # nothing generated
+    ]
+    stage = cls(filter_below=0.5)
+    stage.judge = judge = StandInJudge()
+    kept, removed, empty = stage.process(records)
+    assert judge.asked == [CLASS_QUESTION.format(label="cat"), CLASS_QUESTION.format(label="dog")]
+    assert (kept["judge_class_p"], kept["judge_edit_p"], kept[route]) == (0.9, None, "in_the_snow")
+    assert kept[cls.field] is image and kept[stage.removed_field] == []
+    assert removed[cls.field] is None and removed[route] is None  # routed to no config: counted as not released
+    assert removed["judge_class_p"] == 0.2 and removed[stage.removed_field][0]["config"] == "in_the_snow"
+    assert "judged not to show its class" in removed[stage.removed_field][0]["reason"]
+    assert empty == {cls.field: None, route: None, stage.removed_field: [], "judge_class_p": None, "judge_edit_p": None}
+    summary = cls.summarize([kept, removed, empty])
+    assert summary == {"kind": "judge", "checked": 2, "removed_by_config": {"in_the_snow": 1}}
