@@ -278,3 +278,52 @@ def test_a_generated_image_gets_the_class_question_only_and_a_removed_one_is_rou
     assert empty == {cls.field: None, route: None, stage.removed_field: [], "judge_class_p": None, "judge_edit_p": None}
     summary = cls.summarize([kept, removed, empty])
     assert summary == {"kind": "judge", "checked": 2, "removed_by_config": {"in_the_snow": 1}}
+
+
+@pytest.mark.slow  # one more build of the demo (about 1.5 min on the 2-core machine); the plain one is shared
+def test_the_demo_with_the_tiny_judge_changes_no_image_and_no_other_field_of_any_config(local_demo, tmp_path):
+    """The demo's real tiny stages plus every LANCE judge stage on the tiny Qwen2.5-VL, against the same build without
+    them: unjudged configs byte-identical shards; judged ones the same images, labels and other fields; the strength
+    config's selected candidates carry exactly their counterfactual's scores."""
+    import dataclasses
+    import json
+
+    from builder_helpers import demo_config
+
+    from builder.config import StageConfig
+    from builder.engine import build
+    from builder.release_format import verify_release
+
+    config = demo_config()
+    tiny = {"model": "demo:tiny-judge", "revision": None}
+    judges = [StageConfig(t, t, [c], dict(tiny)) for t, c in
+              (("judge", "counterfactual"), ("judge_lance_r", "lance_r"), ("judge_strength", "strength"))]  # fmt: skip
+    manifest = build(dataclasses.replace(config, stages=[*config.stages, *judges]), tmp_path / "r", progress=False)
+    assert verify_release(tmp_path / "r") == []
+    plain = json.loads((local_demo / "manifest.json").read_text())
+    assert manifest["configs"] == plain["configs"]
+    for config_name in plain["configs"]:
+        before, after = _samples(local_demo, config_name), _samples(tmp_path / "r", config_name)
+        assert list(after) == list(before)
+        judged = config_name in ("counterfactual", "lance_r", "strength")
+        for key, sample in after.items():
+            assert sample["png"] == before[key]["png"] and sample["cls"] == before[key]["cls"]
+            meta = json.loads(sample["json"])
+            scores = [meta.pop(name, None) for name in ("judge_class_p", "judge_edit_p")]
+            assert meta == json.loads(before[key]["json"])
+            assert all(0.0 <= p <= 1.0 for p in scores) if judged else scores == [None, None]
+        if not judged:
+            assert [s["sha256"] for s in manifest["shards"] if s["config"] == config_name] == [
+                s["sha256"] for s in plain["shards"] if s["config"] == config_name
+            ]
+    counterfactuals = {k: json.loads(s["json"]) for k, s in _samples(tmp_path / "r", "counterfactual").items()}
+    selected = [m for m in map(json.loads, (s["json"] for s in _samples(tmp_path / "r", "strength").values()))
+                if m["selected"]]  # fmt: skip
+    assert selected and all(
+        (m["judge_class_p"], m["judge_edit_p"])
+        == (
+            counterfactuals[m["counterfactual_key"]]["judge_class_p"],
+            counterfactuals[m["counterfactual_key"]]["judge_edit_p"],
+        )
+        for m in selected
+    )
