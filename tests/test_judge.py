@@ -74,13 +74,13 @@ def test_the_tiny_judge_loads_through_the_stage_and_its_p_yes_is_the_models_own(
 
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(tiny_judge)).eval()
     size = {"shortest_edge": 56 * 56, "longest_edge": stage.options.max_pixels}
-    processor = AutoProcessor.from_pretrained(str(tiny_judge), size=size)
+    processor = AutoProcessor.from_pretrained(str(tiny_judge))
     yes = processor.tokenizer.convert_tokens_to_ids("Yes")
     for image, question, p in zip(images, questions, ours, strict=True):
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
         text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         with torch.inference_mode():
-            logits = model(**processor(text=[text], images=[image], return_tensors="pt")).logits[0, -1]
+            logits = model(**processor(text=[text], images=[image], size=size, return_tensors="pt")).logits[0, -1]
         assert p == pytest.approx(torch.softmax(logits.float(), -1)[yes].item(), abs=2e-6)
         assert 0.0 <= p <= 1.0
     assert stage.describe()["answer_tokens"]["yes_id"] == yes
@@ -89,6 +89,31 @@ def test_the_tiny_judge_loads_through_the_stage_and_its_p_yes_is_the_models_own(
     other = LanceRJudgeStage(model=str(tiny_judge))
     other.load("cpu")
     assert other.judge is stage.judge
+
+
+def test_max_pixels_holds_for_a_repository_laid_out_as_the_hubs(tiny_judge, tmp_path, single_thread_torch):
+    """Qwen's repository has a preprocessor_config.json with its own min_pixels / max_pixels (12.8 MP), which
+    transformers prefers to a size given at loading: the stage's budget is given with every call, so a 512 px image
+    becomes 32 x 32 patches (448 x 448) from either layout."""
+    import json
+    import shutil
+
+    hub = tmp_path / "hub-layout"
+    shutil.copytree(tiny_judge, hub)
+    saved = json.loads((hub / "processor_config.json").read_text())["image_processor"]
+    (hub / "processor_config.json").unlink()
+    (hub / "preprocessor_config.json").write_text(json.dumps({
+        **{k: saved[k] for k in ("patch_size", "temporal_patch_size", "merge_size", "image_mean", "image_std")},
+        "min_pixels": 3136, "max_pixels": 12845056, "image_processor_type": "Qwen2VLImageProcessor",
+        "processor_class": "Qwen2_5_VLProcessor",
+    }))  # fmt: skip
+    (hub / "chat_template.json").write_text(json.dumps({"chat_template": (hub / "chat_template.jinja").read_text()}))
+    (hub / "chat_template.jinja").unlink()
+    for directory in (tiny_judge, hub):
+        stage = JudgeStage(model=str(directory))
+        stage.load("cpu")
+        inputs = stage.judge.inputs([Image.new("RGB", (512, 512))], [CLASS_QUESTION.format(label="cat")])
+        assert inputs["image_grid_thw"].tolist() == [[1, 32, 32]], directory
 
 
 # -- a deterministic stand-in judge for behaviour (builds through the engine) -------------------------------------------

@@ -140,8 +140,11 @@ class JudgeOptions(Options):
 class VlmJudge:
     """The loaded judge; ``p_yes(images, questions)`` gives P(yes) per (image, question) pair."""
 
-    def __init__(self, model: Any, processor: Any, device: str) -> None:
+    def __init__(self, model: Any, processor: Any, device: str, max_pixels: int) -> None:
         self.model, self.processor, self.device = model, processor, device
+        # Qwen2.5-VL's pixel budget, given with every call: a repository's preprocessor_config.json (min_pixels,
+        # max_pixels) takes precedence over a size given to from_pretrained, never over one given to the call.
+        self.size = {"shortest_edge": MIN_PIXELS, "longest_edge": max_pixels}
         tokenizer = processor.tokenizer
         ids = {t: tokenizer.encode(t, add_special_tokens=False) for t in (YES_TOKEN, NO_TOKEN)}
         for token, found in ids.items():
@@ -153,14 +156,19 @@ class VlmJudge:
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
         return self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
+    def inputs(self, images: list[Any], questions: list[str]) -> Any:
+        """The model's inputs for one batch: chat prompts (left-padded), image patches and their grids."""
+        texts = [self.prompt(q) for q in questions]
+        chunk = [image.convert("RGB") for image in images]
+        inputs = self.processor(text=texts, images=chunk, size=self.size, padding=True, return_tensors="pt")
+        return inputs.to(self.device)
+
     def p_yes(self, images: list[Any], questions: list[str], batch_size: int) -> list[float]:
         import torch
 
         out: list[float] = []
         for start in range(0, len(images), batch_size):
-            chunk = [image.convert("RGB") for image in images[start : start + batch_size]]
-            texts = [self.prompt(q) for q in questions[start : start + batch_size]]
-            inputs = self.processor(text=texts, images=chunk, padding=True, return_tensors="pt").to(self.device)
+            inputs = self.inputs(images[start : start + batch_size], questions[start : start + batch_size])
             with torch.inference_mode():
                 logits = self.model(**inputs).logits[:, -1, :].float()  # left padding: the last position answers
             probs = torch.softmax(logits, dim=-1)[:, self.yes_id]
@@ -191,12 +199,10 @@ def load_judge(options: JudgeOptions, device: str) -> VlmJudge:
             options.model, dtype=_torch_dtype(options.dtype, device), use_safetensors=True, **common
         )
         model = model.to(device).eval()
-        # Qwen2.5-VL's pixel budget: at least 56x56 (its processor's own minimum), at most max_pixels
-        size = {"shortest_edge": MIN_PIXELS, "longest_edge": options.max_pixels}
-        processor = AutoProcessor.from_pretrained(options.model, size=size, **common)
+        processor = AutoProcessor.from_pretrained(options.model, **common)
         processor.tokenizer.padding_side = "left"
         logger.info("loaded the judge %s@%s on %s", options.model, revision, device)
-        return VlmJudge(model, processor, str(device))
+        return VlmJudge(model, processor, str(device), options.max_pixels)
 
     return shared_model(key, load)
 
