@@ -200,6 +200,7 @@ def validate_build(config: BuildConfig, *, allow_code: bool | None = None) -> Va
         outputs.append(output)
     outputs = _with_screen_fields(outputs, active)
     _check_generated_images_screened(config, active, source_outputs, selected)
+    _check_judge_filter_keeps_strength_linked(active, selected)
     spec = _release_spec(config, outputs, writers)
     return ValidatedBuild(config, tuple(stages), tuple(active), tuple(outputs), tuple(known), spec, written)
 
@@ -244,6 +245,27 @@ def _check_generated_images_screened(
             "safety_check_strength, safety_check_reconstruction, safety_check_generated, safety_check_discovery), "
             "or say `safety: off` in the config (the card then says the images were not screened)"
         )
+
+
+def _check_judge_filter_keeps_strength_linked(active: list[ValidatedStage], selected: set[str]) -> None:
+    """A judge that removes counterfactuals (``filter_below``) in a build of the ``strength`` config needs a judge
+    stage of the strength candidates after it: otherwise the removed counterfactual's candidates would name a sample
+    that is not released, which the release's declared invariants refuse only once every image is made."""
+    if "strength" not in selected:
+        return
+
+    def judges(stage: ValidatedStage) -> bool:
+        return any(f.name == rf.JUDGE_CLASS_FIELD for screen in stage.contract.screens for f in screen.fields)
+
+    for index, stage in enumerate(active):
+        removes = getattr(stage.options, "filter_below", None) is not None
+        if not (judges(stage) and removes and "counterfactual" in stage.config.configs):
+            continue
+        if not any(judges(later) and "strength" in later.config.configs for later in active[index + 1 :]):
+            raise ValueError(
+                f"stage {stage.config.name!r}: filter_below removes counterfactuals whose strength candidates would "
+                "then name a sample that is not released: add a judge_strength stage (configs: [strength]) after it"
+            )
 
 
 def _switch_outputs(stage: ValidatedStage, selected: set[str]) -> ValidatedStage:

@@ -352,3 +352,23 @@ def test_the_demo_with_the_tiny_judge_changes_no_image_and_no_other_field_of_any
         )
         for m in selected
     )
+
+
+def test_a_filtering_judge_in_a_strength_build_needs_the_strength_judge_after_it():
+    import dataclasses
+
+    from builder.config import StageConfig, load_config
+    from builder.validation import validate_build
+
+    config = load_config("demo")
+    tiny = {"model": "demo:tiny-judge", "revision": None}
+    judge = StageConfig("judge", "judge", ["counterfactual"], {**tiny, "filter_below": 0.5})
+    strength = StageConfig("judge_strength", "judge_strength", ["strength"], dict(tiny))
+    with pytest.raises(ValueError, match="add a judge_strength stage") as error:
+        validate_build(dataclasses.replace(config, stages=[*config.stages, judge]))
+    assert "\n" not in str(error.value)
+    with pytest.raises(ValueError, match="add a judge_strength stage"):  # before it is too early
+        validate_build(dataclasses.replace(config, stages=[*config.stages, strength, judge]))
+    validate_build(dataclasses.replace(config, stages=[*config.stages, judge, strength]))
+    no_filter = StageConfig("judge", "judge", ["counterfactual"], dict(tiny))
+    validate_build(dataclasses.replace(config, stages=[*config.stages, no_filter]))  # removes nothing: no link breaks
