@@ -46,9 +46,11 @@ def test_every_judge_stage_declares_the_fields_and_records_the_judge(stage_type)
     assert record["answer_tokens"]["yes"] == "Yes" and record["answer_tokens"]["no"] == "No"
 
 
-def test_filter_below_must_be_a_fraction():
+def test_filter_below_must_be_a_fraction_and_max_pixels_at_least_qwens_minimum():
     with pytest.raises(ValueError, match="filter_below"):
         JudgeStage(filter_below=1.5)
+    with pytest.raises(ValueError, match="max_pixels"):
+        JudgeStage(max_pixels=1000)  # below 56 x 56, Qwen2.5-VL's processor minimum
 
 
 # -- the tiny model of the judge's architecture, through the loading code of the pinned id -----------------------------

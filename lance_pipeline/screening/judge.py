@@ -30,13 +30,13 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from lance_pipeline.editing.stages import CounterfactualEditStage
 from lance_pipeline.editing.strength import STRENGTH_FIELD
 from lance_pipeline.models.needs import TRANSFORMERS_FILES, ModelOption
 from lance_pipeline.models.shared import shared_model
-from lance_pipeline.option_types import Fraction, Options, PositiveInt
+from lance_pipeline.option_types import Fraction, Interval, Options, PositiveInt
 from lance_pipeline.stage import SAMPLE_INDEX, MetadataField, OutputScreen, Record, SampleFailure, stage_options
 
 logger = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ class JudgeOptions(Options):
     revision: str | None = DEFAULT_JUDGE_REVISION
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     batch_size: PositiveInt = 8
-    max_pixels: PositiveInt = 448 * 448
+    max_pixels: Annotated[int, Interval(ge=MIN_PIXELS, le=4096 * 4096)] = 448 * 448
     filter_below: Fraction | None = None
     cache_dir: str | None = None
 
