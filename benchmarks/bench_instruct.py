@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         editor = InstructEditor(pipeline, options)
         rng = np.random.default_rng(0)
         photo = Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8))
-        instruction = 'Change the weather: "in the snow". Keep everything else as it is.'
+        instruction = "Change the weather: in the snow. Keep everything else as it is."
 
         def edit(seed: int):
             return editor.generate(photo, [instruction], [seed], None)

@@ -16,7 +16,8 @@ type holds:
   instruction an instruction editor is given (``lance_pipeline.instruct``): a template over the edit's spans,
   ``{original}`` and ``{edited}``; the second is used when the edit only adds words (its original span is empty).
   ``editor_instruction(edit)`` applies it; an edit of no row's type (DILLEMA's ``multi``) is given
-  ``MULTI_EDIT_INSTRUCTION`` over its whole edited caption.
+  ``MULTI_EDIT_INSTRUCTION`` over its whole edited caption. The spans are not quoted: instruction editors trained to
+  render text (Qwen-Image, LongCat) read a quoted string as text to write into the image.
 
 Readers: the perturb stage (instructions, examples, the types it asks for by default), the DILLEMA keyword stage (the
 aspects it names), the collect rules, the CLI's defaults and help, the release vocabulary
@@ -66,8 +67,8 @@ class EditType:
     example: tuple[str, str, tuple[str, ...]]
     max_span_words: int
     checks: tuple[str, ...] = ("keeps_domain",)
-    editor_instruction: str = 'Change "{original}" to "{edited}". Keep everything else as it is.'
-    editor_instruction_add: str = 'Add "{edited}". Keep everything else as it is.'
+    editor_instruction: str = "Change {original} to {edited}. Keep everything else as it is."
+    editor_instruction_add: str = "Add {edited}. Keep everything else as it is."
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("_", "").isalnum() or not self.name.islower():
@@ -120,8 +121,8 @@ _BUILT_IN = (
         ),
         4,
         ("one_place", "keeps_domain", "replaces"),
-        editor_instruction='Replace "{original}" with "{edited}".' + _KEEP,
-        editor_instruction_add='Add "{edited}".' + _KEEP,
+        editor_instruction="Replace {original} with {edited}." + _KEEP,
+        editor_instruction_add="Add {edited}." + _KEEP,
     ),
     EditType(
         "object",
@@ -139,8 +140,8 @@ _BUILT_IN = (
         ),
         4,
         ("one_place", "keeps_domain", "replaces"),
-        editor_instruction='Replace "{original}" with "{edited}".' + _KEEP,
-        editor_instruction_add='Add "{edited}" next to the subject.' + _KEEP,
+        editor_instruction="Replace {original} with {edited}." + _KEEP,
+        editor_instruction_add="Add {edited} next to the subject." + _KEEP,
     ),
     EditType(
         "background",
@@ -158,8 +159,8 @@ _BUILT_IN = (
         ),
         10,
         ("keeps_domain",),
-        editor_instruction='Change the background from "{original}" to "{edited}". Do not change the foreground.',
-        editor_instruction_add='Put the scene "{edited}". Do not change the foreground.',
+        editor_instruction="Change the background from {original} to {edited}. Do not change the foreground.",
+        editor_instruction_add="Put the scene {edited}. Do not change the foreground.",
     ),
     EditType(
         "weather",
@@ -176,8 +177,8 @@ _BUILT_IN = (
         ),
         8,
         ("keeps_domain", "adds_weather"),
-        editor_instruction='Change the weather from "{original}" to "{edited}".' + _KEEP,
-        editor_instruction_add='Change the weather: "{edited}".' + _KEEP,
+        editor_instruction="Change the weather from {original} to {edited}." + _KEEP,
+        editor_instruction_add="Change the weather: {edited}." + _KEEP,
     ),
     EditType(
         "adjective",
@@ -194,8 +195,8 @@ _BUILT_IN = (
         ),
         3,
         ("one_place", "keeps_domain"),
-        editor_instruction='Change "{original}" to "{edited}".' + _KEEP,
-        editor_instruction_add='Make it "{edited}".' + _KEEP,
+        editor_instruction="Change {original} to {edited}." + _KEEP,
+        editor_instruction_add="Make it {edited}." + _KEEP,
     ),
     EditType(
         "domain",
@@ -213,8 +214,8 @@ _BUILT_IN = (
         ),
         4,
         ("changes_domain",),
-        editor_instruction='Turn the image from "{original}" into "{edited}", keeping its content exactly the same.',
-        editor_instruction_add='Turn the image into "{edited}", keeping its content exactly the same.',
+        editor_instruction="Turn the image from {original} into {edited}, keeping its content exactly the same.",
+        editor_instruction_add="Turn the image into {edited}, keeping its content exactly the same.",
     ),
 )
 
@@ -226,7 +227,7 @@ EDIT_TYPES: tuple[str, ...] = tuple(EDIT_TYPE_TABLE)
 # also hold this type. The perturber never asks for it.
 MULTI_EDIT_TYPE = "multi"
 # The instruction of an edit of no row's type (``multi``): its spans may be several places, so the whole caption.
-MULTI_EDIT_INSTRUCTION = 'Edit the image so that it shows "{edited_caption}". Keep everything else as it is.'
+MULTI_EDIT_INSTRUCTION = "Edit the image so that it shows {edited_caption}. Keep everything else as it is."
 
 
 def editor_instruction(edit: dict) -> str:

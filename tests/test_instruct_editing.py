@@ -78,11 +78,11 @@ def test_each_edit_type_has_an_instruction_rule_over_its_spans():
         edit = {"edit_type": name, "original_span": " red  car ", "edited_span": "blue bus", "edited_caption": "x"}
         text = editor_instruction(edit)
         assert text == row.editor_instruction.format(original="red car", edited="blue bus")
-        assert '"red car"' in text and '"blue bus"' in text
+        assert "red car" in text and "blue bus" in text and '"' not in text  # unquoted: quotes mean text to render
         added = editor_instruction({**edit, "original_span": ""})
         assert added == row.editor_instruction_add.format(edited="blue bus") and "red car" not in added
     assert editor_instruction({"edit_type": "weather", "original_span": "", "edited_span": "in thick fog",
-                               "edited_caption": "c"}) == 'Change the weather: "in thick fog". Keep everything else as it is.'  # fmt: skip
+                               "edited_caption": "c"}) == 'Change the weather: in thick fog. Keep everything else as it is.'  # fmt: skip
     multi = {"edit_type": "multi", "original_span": "man", "edited_span": "boy; at night", "edited_caption": "a boy"}
     assert editor_instruction(multi) == MULTI_EDIT_INSTRUCTION.format(edited_caption="a boy")
 
@@ -163,8 +163,8 @@ def test_stage_renders_each_instruction_gates_and_counts_its_denoiser(tiny_dirs,
     assert result.counts.text_encoder_samples > 0
     samples = out["counterfactuals"]
     assert [s["edit_type"] for s in samples] == ["subject", "weather"]
-    assert samples[0]["instruction"] == 'Replace "man" with "woman". Keep everything else as it is.'
-    assert samples[1]["instruction"] == 'Change the weather: "in the snow". Keep everything else as it is.'
+    assert samples[0]["instruction"] == "Replace man with woman. Keep everything else as it is."
+    assert samples[1]["instruction"] == "Change the weather: in the snow. Keep everything else as it is."
     for sample in samples:
         assert sample["editor"] == editor and sample["image"].size == (64, 64) and sample["self_replace"] is None
         assert sample["instruct_seed"] in {candidate_seed(11, 0), candidate_seed(11, 1)}
@@ -209,6 +209,22 @@ def test_a_long_instruction_is_refused_before_rendering_and_a_record_without_an_
     assert out["counterfactuals"] == [] and "instruction is" in out["edit_candidates"][0]["reject_reason"]
     failed = stage.process([{**_record(), "image": None}])[0]
     assert isinstance(failed, SampleFailure) and "no source image" in failed.reason
+
+
+@pytest.mark.slow  # the pipeline resizes the reference image to a megapixel for its VAE: about a minute on a CPU
+def test_qwen_image_edit_runs_one_candidate_per_call_through_the_same_loading_code(tmp_path, single_thread_torch):
+    from lance_pipeline.tiny.instruct_components import create_tiny_qwen_image_edit
+
+    directory = create_tiny_qwen_image_edit(tmp_path / "qwen")
+    options = InstructEditorOptions(editor="qwen_image_edit", model=str(directory), image_size=64,
+                                    num_inference_steps=1, guidance_scale=1.0)  # fmt: skip
+    editor = EDITORS.resolve("qwen_image_edit").load(options, "cpu")
+    assert type(editor.pipeline).__name__ == "QwenImageEditPlusPipeline" and not editor.family.batched
+    images = editor.generate(_photo(), ["make it snow", "make it a painting"], [1, 2], None)
+    assert [i.size for i in images] == [(64, 64), (64, 64)]
+    # One call per instruction (its processor wants one image per prompt), no guidance branch at scale 1: 1 step each.
+    assert editor.counts.denoiser_calls == 2 and editor.counts.denoiser_samples == 2
+    assert editor.counts.text_encoder_samples == 2
 
 
 # -- the demo builds -------------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ What this module does, per record:
 
 1. The instruction of each kept caption edit, from the edit's type by its rule in the edit-type table
    (``lance_pipeline.edit_types.editor_instruction``): the perturber's structured edit (type, original and edited
-   span) becomes, e.g., ``Replace "man" with "woman". Keep everything else as it is.``
+   span) becomes, e.g., ``Replace man with woman. Keep everything else as it is.``
 2. Candidates: every instruction for each of ``images_per_edit`` seeds (and, for InstructPix2Pix, each image guidance
    scale), one pipeline call per chunk of ``batch_size`` candidates of this record. A candidate's seed derives from
    (sample seed, image index) only, so all edits of a sample start from the same noise.
@@ -94,6 +94,8 @@ class InstructFamily:
         image_guidance: The default image guidance scales (InstructPix2Pix only; empty: the editor has none).
         denoiser: The pipeline's denoising network (``unet`` or ``transformer``): the hooked one.
         sized_output: Whether the pipeline takes the output's height and width (LongCat follows its input).
+        batched: Whether one call edits several prompts (LongCat encodes only its first prompt; Qwen-Image-Edit's
+            processor wants one image per prompt): if not, each candidate is its own call.
         components: The model's subfolders the pipeline loads (what ``lance-cf models`` lists).
         title: The editor in a few words, for the card.
     """
@@ -109,6 +111,7 @@ class InstructFamily:
     image_guidance: tuple[float, ...] = ()
     denoiser: str = "transformer"
     sized_output: bool = True
+    batched: bool = True
     components: tuple[str, ...] = ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")
     title: str = ""
 
@@ -150,6 +153,7 @@ FAMILIES: dict[str, InstructFamily] = {
             50,  # the pipeline's defaults
             4.5,
             sized_output=False,
+            batched=False,
             components=("transformer", "vae", "text_encoder", "tokenizer", "text_processor", "scheduler"),
             title="LongCat-Image-Edit (Meituan, 6B)",
         ),
@@ -162,6 +166,7 @@ FAMILIES: dict[str, InstructFamily] = {
             8,  # the Turbo variant: 8 steps, guidance 1
             1.0,
             sized_output=False,
+            batched=False,
             components=("transformer", "vae", "text_encoder", "tokenizer", "text_processor", "scheduler"),
             title="LongCat-Image-Edit-Turbo (Meituan, 6B, 8 steps)",
         ),
@@ -174,6 +179,7 @@ FAMILIES: dict[str, InstructFamily] = {
             40,  # 40 steps, true_cfg_scale 4.0 (the model card's example)
             4.0,
             guidance_argument="true_cfg_scale",
+            batched=False,
             components=("transformer", "vae", "text_encoder", "tokenizer", "processor", "scheduler"),
             title="Qwen-Image-Edit-2511 (Qwen, 20B MMDiT with a Qwen2.5-VL 7B encoder)",
         ),
@@ -584,6 +590,12 @@ class InstructEditor:
         if not instructions:
             return []
         o, family = self.options, self.family
+        if not family.batched and len(instructions) > 1:
+            return [
+                edited
+                for instruction, seed in zip(instructions, seeds, strict=True)
+                for edited in self.generate(image, [instruction], [seed], image_guidance_scale)
+            ]
         # CPU generators: the same noise on any device (diffusers draws on the generator's device, then moves it).
         generators = [torch.Generator("cpu").manual_seed(int(seed)) for seed in seeds]
         arguments: dict[str, Any] = {

@@ -37,13 +37,16 @@ QWEN_CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 QWEN_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+# Qwen2.5-VL's vision markers (the processor expands <|image_pad|> to one token per merged image patch).
+QWEN_VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 # FLUX.2 [klein] reads the hidden states of these text-encoder layers by default (Flux2KleinPipeline.__call__).
 KLEIN_TEXT_LAYERS = (9, 18, 27)
 TINY_TEXT_HIDDEN = 16
 
 
-def write_byte_level_qwen_tokenizer(directory: str | Path):
-    """A ``Qwen2TokenizerFast``: byte-level BPE over the 256 byte symbols, no merges, ChatML specials and template.
+def write_byte_level_qwen_tokenizer(directory: str | Path, vision: bool = False):
+    """A ``Qwen2TokenizerFast``: byte-level BPE over the 256 byte symbols, no merges, ChatML specials and template
+    (and Qwen2.5-VL's vision tokens with ``vision``).
 
     Returns:
         The tokenizer (also saved to ``directory``).
@@ -55,7 +58,8 @@ def write_byte_level_qwen_tokenizer(directory: str | Path):
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     backend.decoder = decoders.ByteLevel()
-    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN_SPECIAL_TOKENS])
+    specials = QWEN_SPECIAL_TOKENS + (QWEN_VISION_TOKENS if vision else ())
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     tokenizer = Qwen2TokenizerFast(
         tokenizer_object=backend,
         unk_token=None,
@@ -189,4 +193,98 @@ def create_tiny_flux2_klein(path: str | Path) -> Path:
     )
     _tiny_note(path, "tiny random Flux2KleinPipeline")
     logger.info("wrote tiny FLUX.2 [klein] to %s", path)
+    return path
+
+
+def create_tiny_qwen_image_edit(path: str | Path) -> Path:
+    """Write a tiny ``QwenImageEditPlusPipeline`` directory (Qwen-Image-Edit-2511's classes) to ``path``.
+
+    ``QwenImageTransformer2DModel`` and ``AutoencoderKLQwenImage`` at the sizes of diffusers' fast test of this
+    pipeline, a tiny ``Qwen2_5_VLForConditionalGeneration`` text encoder whose vision-token ids are the local
+    tokenizer's, and its ``Qwen2VLProcessor`` (a 14-pixel patch image processor with 2x2 merging, as Qwen2.5-VL's).
+    """
+    import torch
+    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
+    from transformers import (
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen2VLImageProcessor,
+        Qwen2VLProcessor,
+        Qwen2VLVideoProcessor,
+    )
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer = write_byte_level_qwen_tokenizer(path / "tokenizer", vision=True)
+    image_processor = Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=28 * 28 * 16, patch_size=14, merge_size=2)
+    Qwen2VLProcessor(
+        image_processor=image_processor, tokenizer=tokenizer, video_processor=Qwen2VLVideoProcessor()
+    ).save_pretrained(path / "processor")
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_VISION_TOKENS}
+    torch.manual_seed(0)
+    QwenImageTransformer2DModel(
+        patch_size=2,
+        in_channels=16,
+        out_channels=4,
+        num_layers=2,
+        attention_head_dim=16,
+        num_attention_heads=3,
+        joint_attention_dim=TINY_TEXT_HIDDEN,
+        guidance_embeds=False,
+        axes_dims_rope=(8, 4, 4),
+    ).save_pretrained(path / "transformer", safe_serialization=True)
+    z_dim = 4
+    torch.manual_seed(0)
+    AutoencoderKLQwenImage(
+        base_dim=z_dim * 6,
+        z_dim=z_dim,
+        dim_mult=[1, 2, 4],
+        num_res_blocks=1,
+        temperal_downsample=[False, True],
+        latents_mean=[0.0] * z_dim,
+        latents_std=[1.0] * z_dim,
+    ).save_pretrained(path / "vae", safe_serialization=True)
+    torch.manual_seed(0)
+    Qwen2_5_VLForConditionalGeneration(
+        Qwen2_5_VLConfig(
+            text_config={
+                "vocab_size": len(tokenizer),
+                "hidden_size": TINY_TEXT_HIDDEN,
+                "intermediate_size": 16,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 2,
+                "num_key_value_heads": 2,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [1, 1, 2]},
+                "bos_token_id": None,
+                "pad_token_id": tokenizer.pad_token_id,
+                "eos_token_id": tokenizer.eos_token_id,
+            },
+            vision_config={
+                "depth": 2,
+                "hidden_size": 16,
+                "intermediate_size": 16,
+                "num_heads": 2,
+                "out_hidden_size": TINY_TEXT_HIDDEN,
+            },  # fmt: skip
+            image_token_id=ids["<|image_pad|>"],
+            video_token_id=ids["<|video_pad|>"],
+            vision_start_token_id=ids["<|vision_start|>"],
+            vision_end_token_id=ids["<|vision_end|>"],
+        )
+    ).save_pretrained(path / "text_encoder", safe_serialization=True)
+    FlowMatchEulerDiscreteScheduler().save_pretrained(path / "scheduler")
+    _model_index(
+        path,
+        "QwenImageEditPlusPipeline",
+        {
+            "processor": ("transformers", "Qwen2VLProcessor"),
+            "scheduler": ("diffusers", "FlowMatchEulerDiscreteScheduler"),
+            "text_encoder": ("transformers", "Qwen2_5_VLForConditionalGeneration"),
+            "tokenizer": ("transformers", "Qwen2TokenizerFast"),
+            "transformer": ("diffusers", "QwenImageTransformer2DModel"),
+            "vae": ("diffusers", "AutoencoderKLQwenImage"),
+        },
+    )
+    _tiny_note(path, "tiny random QwenImageEditPlusPipeline")
+    logger.info("wrote tiny Qwen-Image-Edit to %s", path)
     return path
