@@ -147,6 +147,24 @@ def test_agreement_reports_judge_and_human_kappas_that_equal_an_independent_comp
     hh_seed = seed_by_hand(seed_by_hand(study.seed, study.name, "agreement"), "human_human")
     assert hh["kappa_ci"] == pytest.approx(bootstrap_by_hand(lambda i: sk_kappa(a[i], b[i]), len(a), 200, hh_seed),
                                            abs=1e-6)  # fmt: skip
+    # the judge against each single rater, on the items both raters answered and the judge scored
+    index = ReleaseIndex(release)
+    both = [(config, key) for config, key in sorted(items)
+            if all(planted_answer(r, key) in ("yes", "no") for r in RATERS)
+            and index.get(config, key).meta["judge_class_p"] is not None]  # fmt: skip
+    rows = [[(int(index.get(c, k).meta["judge_class_p"] >= 0.5), int(planted_answer(r, k) == "yes")) for r in RATERS]
+            for c, k in both]  # fmt: skip
+    flat = np.array([x for row in rows for x in row])
+    jr = out["judge_rater"]
+    assert (jr["items"], jr["labels"]) == (len(both), 2 * len(both))
+    assert jr["kappa"] == pytest.approx(cohen_kappa_score(flat[:, 0], flat[:, 1]), abs=1e-6)
+
+    def pooled(idx):
+        picked = np.array([x for i in idx for x in rows[i]])
+        return sk_kappa(picked[:, 0], picked[:, 1])
+
+    jr_seed = seed_by_hand(seed_by_hand(study.seed, study.name, "agreement"), "judge_rater")
+    assert jr["kappa_ci"] == pytest.approx(bootstrap_by_hand(pooled, len(both), 200, jr_seed), abs=1e-6)
     assert main(["review", "agreement", str(release), "--study-name", study.name, "--threshold", "0.3",
                  "--resamples", "100"]) == 0  # fmt: skip
     at = json.loads(capsys.readouterr().out)["judge"]["judge_human"]

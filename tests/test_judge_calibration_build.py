@@ -61,6 +61,8 @@ def test_a_built_judged_release_is_not_calibrated_until_a_study_calibrates_it(
     assert judge["judge_human"]["items"] == 7 and judge["judge_human"]["kappa"] == 1.0
     assert judge["left_out"] == {"raters tied": 1} and judge["threshold_calibrated"] is False
     assert judge["human_human"]["items"] == 8 and judge["human_human"]["kappa"] == pytest.approx(0.75)
+    # the judge against each rater on those 8 items: 15 of 16 labels agree, both sides half yes: kappa 0.875
+    assert judge["judge_rater"]["labels"] == 16 and judge["judge_rater"]["kappa"] == pytest.approx(0.875)
 
     out = tmp_path / "calibrated"
     args = ["review", "calibrate", str(release), "--output", str(out), "--study-name", "calib", "--folds", "3"]

@@ -139,6 +139,8 @@ class LabelledItems:
         pairs: (item position, label of the first rater, label of the second) for every pair of raters, in name
             order, who both answered yes / no for the same item (of every reviewed item, judged or not).
         pair_items: how many items have at least one such pair.
+        pair_labels: per item with a pair (by its position there), its raters' labels (in name order) and its judge
+            score (None where the judge did not score it): the judge against each single rater, like for like.
         raters: how many raters answered the question.
         left_out: items of the study left out, by reason.
     """
@@ -150,6 +152,7 @@ class LabelledItems:
     pair_items: int
     raters: int
     left_out: dict[str, int] = field(default_factory=dict)
+    pair_labels: list[tuple[list[int], float | None]] = field(default_factory=list)
 
 
 def labelled_items(index: ReleaseIndex, latest: dict, items: list[tuple[str, str]]) -> LabelledItems:
@@ -190,9 +193,13 @@ def labelled_items(index: ReleaseIndex, latest: dict, items: list[tuple[str, str
     paired = sorted({item for item, _, _ in pair_rows})
     position = {item: i for i, item in enumerate(paired)}
     pairs = [(position[item], a, b) for item, a, b in pair_rows]
+    pair_labels = []
+    for item in paired:
+        score = index.get(*item).meta.get(JUDGE_CLASS_FIELD)
+        pair_labels.append(([answers[item][r] for r in sorted(answers[item])], None if score is None else float(score)))
     return LabelledItems(
         kept, np.array(human, dtype=int), np.array(judge, dtype=float), pairs, len(paired), len(raters),
-        {k: v for k, v in left_out.items() if v},
+        {k: v for k, v in left_out.items() if v}, pair_labels,
     )  # fmt: skip
 
 
@@ -221,6 +228,36 @@ def human_human(labelled: LabelledItems, resamples: int, seed: int) -> dict[str,
     boot = bootstrap_interval(kappa, labelled.pair_items, resamples, seed)
     return entry | {
         "kappa": _round(kappa(range(labelled.pair_items))),
+        "kappa_ci": _rounded(boot["interval"]),
+        "resamples": resamples,
+        "undefined_resamples": boot["undefined_resamples"],
+    }
+
+
+def judge_rater(labelled: LabelledItems, threshold: float, resamples: int, seed: int) -> dict[str, Any]:
+    """Cohen's kappa of the judge's decision against each single rater's label, on the items of the human-human kappa
+    that the judge scored (each rater's label one observation): like for like with the human-human kappa, one rater
+    against another, where ``judge_human`` compares the judge with the raters' majority, a less noisy label. The
+    interval resamples items (an item's labels stay together)."""
+    rows = [
+        [(int(score >= threshold), label) for label in labels]
+        for labels, score in labelled.pair_labels
+        if score is not None
+    ]
+
+    def kappa(indices) -> float | None:
+        flat = [row for i in indices for row in rows[i]]
+        if not flat:
+            return None
+        a, b = np.array(flat).T
+        return cohen_kappa(a, b)
+
+    entry: dict[str, Any] = {"items": len(rows), "labels": sum(len(r) for r in rows), "threshold": threshold}
+    if not rows:
+        return entry | {"kappa": None, "kappa_ci": None, "note": "needs items rated by two raters and judged"}
+    boot = bootstrap_interval(kappa, len(rows), resamples, seed)
+    return entry | {
+        "kappa": _round(kappa(range(len(rows)))),
         "kappa_ci": _rounded(boot["interval"]),
         "resamples": resamples,
         "undefined_resamples": boot["undefined_resamples"],
@@ -259,6 +296,7 @@ def judge_agreement(
         "threshold_calibrated": calibrated,
         "judge_human": judge_human(labelled, threshold, resamples, seed_of(seed, "judge_human")),
         "human_human": human_human(labelled, resamples, seed_of(seed, "human_human")),
+        "judge_rater": judge_rater(labelled, threshold, resamples, seed_of(seed, "judge_rater")),
         "left_out": labelled.left_out,
         "confidence": CONFIDENCE,
     }

@@ -52,7 +52,9 @@ def register(subparsers) -> None:
     )
     review.add_argument("target", metavar="[apply|export|agreement|calibrate] RELEASE", help="the release directory")
     review.add_argument("release", nargs="?", type=Path, help=argparse.SUPPRESS)
-    review.add_argument("--output", "-o", type=Path, help="apply: the new release directory; export: a .csv/.parquet")
+    review.add_argument(
+        "--output", "-o", type=Path, help="apply, calibrate: the new release directory; export: a .csv/.parquet"
+    )
     review.add_argument("--version", dest="release_version", metavar="SEMVER", help="apply, calibrate: the new version")
     judge = review.add_argument_group('the judge (agreement, calibrate; docs/review.md, "The judge against people")')
     judge.add_argument(
