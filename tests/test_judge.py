@@ -206,7 +206,8 @@ def test_the_judge_scores_every_edit_and_changes_nothing_else_of_a_sample(tmp_pa
             assert edit_p == pytest.approx((0.9 if cat_caption else 0.2) + red, abs=1e-6)
     assert judged["stages"]["judge"]["class_question"] == CLASS_QUESTION
     assert judged["screening"]["judge"] | {"fields": None} == {
-        "fields": None, "kind": "judge", "checked": 8, "removed_by_config": {}, "removed": {"counterfactuals": 0},
+        "fields": None, "kind": "judge", "checked": 8, "questions": 16, "removed_by_config": {},
+        "removed": {"counterfactuals": 0},
     }  # fmt: skip
     fields = [f["name"] for f in judged["release_spec"]["configs"]["counterfactual"]["fields"]]
     assert fields == ["judge_class_p", "judge_edit_p"]
@@ -268,7 +269,7 @@ def test_the_strength_candidates_follow_their_counterfactual_and_never_contradic
     (update,) = stage.process([record])
     # asked (class + edit each): the unselected candidates and cf001's selected one (its counterfactual has no
     # scores); cf000's selected candidate is not asked again
-    assert len(judge.asked) == 2 * 3
+    assert len(judge.asked) == 2 * 3 == update[f"{STRENGTH_FIELD}_judge_questions"]
     # cf000's selected candidate takes 0.3 < 0.5 from its counterfactual: removed with its whole edit; cf001 was not
     # released: its edit goes too, although the stand-in would say 0.91 to its candidates
     assert update[STRENGTH_FIELD] == []
@@ -302,9 +303,13 @@ def test_a_generated_image_gets_the_class_question_only_and_a_removed_one_is_rou
     assert removed[cls.field] is None and removed[route] is None  # routed to no config: counted as not released
     assert removed["judge_class_p"] == 0.2 and removed[stage.removed_field][0]["config"] == "in_the_snow"
     assert "judged not to show its class" in removed[stage.removed_field][0]["reason"]
-    assert empty == {cls.field: None, route: None, stage.removed_field: [], "judge_class_p": None, "judge_edit_p": None}
+    assert empty == {
+        cls.field: None, route: None, stage.removed_field: [], "judge_class_p": None, "judge_edit_p": None,
+        stage.questions_field: 0,
+    }  # fmt: skip
+    assert (kept[stage.questions_field], removed[stage.questions_field]) == (1, 1)
     summary = cls.summarize([kept, removed, empty])
-    assert summary == {"kind": "judge", "checked": 2, "removed_by_config": {"in_the_snow": 1}}
+    assert summary == {"kind": "judge", "checked": 2, "questions": 2, "removed_by_config": {"in_the_snow": 1}}
 
 
 @pytest.mark.slow  # one more build of the demo (about 1.5 min on the 2-core machine); the plain one is shared

@@ -218,7 +218,11 @@ class JudgeStage:
     many = True
     edits = True  # the images are edits of a requested change: judge_edit_p is asked
     consumes = {"counterfactuals": "list", "label_name": "str"}
-    produces = {"counterfactuals": "list", "counterfactuals_judge_removed": "list"}
+    produces = {
+        "counterfactuals": "list",
+        "counterfactuals_judge_removed": "list",
+        "counterfactuals_judge_questions": "int",
+    }
     screens = (OutputScreen("counterfactuals", JUDGE_FIELDS, removed="counterfactuals_judge_removed"),)
     options_class = JudgeOptions
     model_options = (
@@ -238,6 +242,11 @@ class JudgeStage:
     @property
     def removed_field(self) -> str:
         return f"{self.field}_judge_removed"
+
+    @property
+    def questions_field(self) -> str:
+        """How many questions the judge was asked for the record (its cost: one prefill per question)."""
+        return f"{self.field}_judge_questions"
 
     def load(self, device: str) -> None:
         self.judge = load_judge(self.options, device)
@@ -274,19 +283,20 @@ class JudgeStage:
                         images.append(item["image"])
                         questions.append(question)
         scores = iter(self.judge.p_yes(images, questions, self.options.batch_size) if images else ())
-        # 3. back to their samples: (class p, edit p or None) per item
-        per_record: list[list[tuple[float, float | None]]] = []
+        # 3. back to their samples: (class p, edit p or None) per item, and the questions asked per record
+        out: list[Record | SampleFailure] = []
         for record in records:
-            results = []
+            results, asked = [], 0
             for item in self._items(record):
                 known = self._known(record, item)
                 if known is not None:
                     results.append(known)
                     continue
                 got = [next(scores) for _ in self._questions(record, item)]
+                asked += len(got)
                 results.append((got[0], got[1] if len(got) > 1 else None))
-            per_record.append(results)
-        return [self._update(record, results) for record, results in zip(records, per_record, strict=True)]
+            out.append({**self._update(record, results), self.questions_field: asked})
+        return out
 
     def _below(self, p: float) -> bool:
         return self.options.filter_below is not None and p < self.options.filter_below
@@ -320,20 +330,27 @@ class JudgeStage:
 
     @classmethod
     def summarize(cls, updates: list[dict[str, Any]]) -> dict[str, Any]:
-        """The manifest's ``screening.<stage>``: images judged, and removals per config (none without filter_below)."""
+        """The manifest's ``screening.<stage>``: images judged, questions asked (the judge's cost: one prefill each),
+        and removals per config (none without filter_below)."""
         removed_field = f"{cls.field}_judge_removed"
-        judged = 0
+        judged = questions = 0
         removed_by_config: dict[str, int] = {}
         for update in updates:
             removed = update.get(removed_field) or []
             for entry in removed:
                 config = str(entry.get("config"))
                 removed_by_config[config] = removed_by_config.get(config, 0) + 1
+            questions += int(update.get(f"{cls.field}_judge_questions") or 0)
             if cls.many:
                 judged += len(update.get(cls.field) or []) + len(removed)
             else:
                 judged += 1 if (update.get(cls.field) is not None or removed) else 0
-        return {"kind": "judge", "checked": judged, "removed_by_config": dict(sorted(removed_by_config.items()))}
+        return {
+            "kind": "judge",
+            "checked": judged,
+            "questions": questions,
+            "removed_by_config": dict(sorted(removed_by_config.items())),
+        }
 
 
 class LanceRJudgeStage(JudgeStage):
@@ -343,7 +360,7 @@ class LanceRJudgeStage(JudgeStage):
     field = "lance_r"
     config = "lance_r"
     consumes = {"lance_r": "list", "label_name": "str"}
-    produces = {"lance_r": "list", "lance_r_judge_removed": "list"}
+    produces = {"lance_r": "list", "lance_r_judge_removed": "list", "lance_r_judge_questions": "int"}
     screens = (OutputScreen("lance_r", JUDGE_FIELDS, removed="lance_r_judge_removed"),)
 
 
@@ -356,7 +373,11 @@ class StrengthJudgeStage(JudgeStage):
     field = STRENGTH_FIELD
     config = "strength"
     consumes = {STRENGTH_FIELD: "list", "counterfactuals": "list", "key": "str", "label_name": "str"}
-    produces = {STRENGTH_FIELD: "list", f"{STRENGTH_FIELD}_judge_removed": "list"}
+    produces = {
+        STRENGTH_FIELD: "list",
+        f"{STRENGTH_FIELD}_judge_removed": "list",
+        f"{STRENGTH_FIELD}_judge_questions": "int",
+    }
     screens = (OutputScreen(STRENGTH_FIELD, JUDGE_FIELDS, removed=f"{STRENGTH_FIELD}_judge_removed"),)
 
     def _counterfactual_keys(self, record: Record) -> dict[str, dict[str, Any]]:
@@ -440,6 +461,7 @@ class GeneratedJudgeStage(_SingleImageJudge):
         "generated": "image",
         "release_config": "any",
         "generated_judge_removed": "list",
+        "generated_judge_questions": "int",
         "judge_class_p": "float",
         "judge_edit_p": "float",
     }
@@ -465,6 +487,7 @@ class DiscoveryJudgeStage(_SingleImageJudge):
         "image": "image",
         "discovery_config": "any",
         "image_judge_removed": "list",
+        "image_judge_questions": "int",
         "judge_class_p": "float",
         "judge_edit_p": "float",
     }
