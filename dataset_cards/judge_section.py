@@ -53,7 +53,8 @@ def judge_section(manifest: dict[str, Any]) -> str:
             f"P(yes) for {QUESTION}. **Not calibrated**: no human study of this release has "
             "measured the judge's agreement with people, so this card states no share of counterfactuals that keep "
             "their class. Review a study that asks `still_class` (`lance-cf review RELEASE --questions still_class "
-            f"--group-by {JUDGE_CLASS_FIELD} --per-group 20`) and run `lance-cf review calibrate` (docs/review.md).",
+            f"--group-by {JUDGE_CLASS_FIELD} --per-group 20 --blind`) and run `lance-cf review calibrate` "
+            "(docs/review.md).",
             "",
         ]
         return "\n".join(lines) + "\n"
@@ -62,6 +63,11 @@ def judge_section(manifest: dict[str, Any]) -> str:
     people = record.get("human_human") or {}
     study = record.get("study") or {}
     confidence = _number(record.get("confidence"), 0, 100)
+    blind = (
+        "blind: the reviewers did not see the judge's score"
+        if study.get("blind") is True
+        else "not blind: the reviewers could see the judge's score"
+    )
     judges = [j for j in (record.get("judge") or {}).values() if isinstance(j, dict)]
     named = ", ".join(
         code_span(f"{j.get('model')}" + (f"@{j['revision']}" if j.get("revision") else "")) for j in judges
@@ -85,7 +91,8 @@ def judge_section(manifest: dict[str, Any]) -> str:
         f"{md_escape(kept.get('kept', 0))} of the {md_escape(kept.get('scored', 0))} scored samples of {configs} "
         f"(Wilson interval; {md_escape(kept.get('unscored', 0))} not scored). The threshold maximises Cohen's κ "
         f"against the human answers to {STILL_CLASS} of study {md_escape(study.get('name', ''))} "
-        f"(v{md_escape(str((record.get('previous') or {}).get('version', '?')))}); the κ above is "
+        f"(v{md_escape(str((record.get('previous') or {}).get('version', '?')))}"
+        f"; {blind}); the κ above is "
         f"{md_escape(judge.get('folds', '?'))}-fold cross-validated (each fold decided with a threshold chosen on "
         f"the others), not in-sample. AUROC of the score = {_number(judge.get('auroc'))} ({confidence}% CI "
         f"{_interval(judge.get('auroc_ci'))}). Intervals are percentile bootstraps over items with "

@@ -252,7 +252,7 @@ def test_calibrate_writes_the_next_version_with_every_shard_byte_identical_and_f
         f"κ = {cohen_kappa_score(a, b):.2f}"
     )
     assert sentence in card, card
-    assert "Not calibrated" not in card
+    assert "Not calibrated" not in card and "not blind: the reviewers could see the judge's score" in card
     # the same judgements give the same bytes
     again = tmp_path / "again"
     assert main(["review", "calibrate", str(release), "--output", str(again), "--study-name", study.name,

@@ -44,7 +44,7 @@ def test_a_built_judged_release_is_not_calibrated_until_a_study_calibrates_it(
     # Alice says a cat is still a cat and a dog is not (the stand-in agrees); Bob slips on the first dog.
     index = ReleaseIndex(release)
     store = JudgementStore(release, index.manifest_sha)
-    study = Study(name="calib", questions=(QUESTIONS["still_class"],))
+    study = Study(name="calib", questions=(QUESTIONS["still_class"],), blind=True, shuffle=True)
     store.save_study(study.name, study.to_dict())
     items = select(study, index)
     assert len(items) == 8 and {c for c, _ in items} == {"counterfactual"}
@@ -80,7 +80,8 @@ def test_a_built_judged_release_is_not_calibrated_until_a_study_calibrates_it(
     scores = [m["judge_class_p"] for m in _scores(out, "counterfactual")]
     kept = sum(p >= threshold for p in scores)
     assert (record["kept"]["scored"], record["kept"]["kept"]) == (len(scores), kept) == (8, 4)
-    assert "**50.0% (95% CI" in (out / rf.CARD_NAME).read_text()
+    card = (out / rf.CARD_NAME).read_text()
+    assert "**50.0% (95% CI" in card and "blind: the reviewers did not see the judge's score" in card
 
     eval_out = tmp_path / "eval"
     class_map = tmp_path / "map.txt"

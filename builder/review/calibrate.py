@@ -82,7 +82,7 @@ def calibrate_release(
     if QUESTION not in [q.id for q in study.questions]:
         raise ValueError(
             f"study {study.name!r} does not ask {QUESTION!r}: calibrate on a study with --questions {QUESTION} "
-            f"(e.g. --group-by {JUDGE_CLASS_FIELD} --per-group 20)"
+            f"(e.g. --group-by {JUDGE_CLASS_FIELD} --per-group 20 --blind)"
         )
     version = version or next_version(old.version)
     rf.parse_release_version(version)
