@@ -281,3 +281,30 @@ def test_a_release_without_a_study_says_not_calibrated_and_one_without_scores_sa
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "give fewer --folds" in err
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
+
+
+def test_the_judge_section_of_a_tampered_record_carries_nothing_raw(judged):
+    from test_text_paths import HOSTILE, _raw
+
+    from dataset_cards.judge_section import judge_section
+
+    manifest = json.loads((judged / rf.MANIFEST_NAME).read_text())
+    manifest["judge_calibration"] = {
+        "threshold": HOSTILE[0],
+        "confidence": HOSTILE[1],
+        "study": {"name": HOSTILE[2], "blind": HOSTILE[3]},
+        "judge": {"judge": {"model": HOSTILE[3], "revision": HOSTILE[4]}},
+        "previous": {"version": HOSTILE[5]},
+        "judge_human": {
+            "cv_kappa": HOSTILE[6],
+            "cv_kappa_ci": [HOSTILE[0], 1],
+            "folds": HOSTILE[1],
+            "items": HOSTILE[2],
+        },
+        "human_human": {"kappa": HOSTILE[4], "kappa_ci": HOSTILE[5], "items": HOSTILE[3]},
+        "kept": {"share": HOSTILE[0], "share_ci": [0.1, HOSTILE[6]], "configs": [HOSTILE[4]], "kept": HOSTILE[1]},
+    }
+    text = judge_section(manifest)
+    assert "## Label-kept judge" in text and _raw(text) == [], _raw(text)
+    assert "&lt;img src=x onerror=alert(1)&gt;" in text
+    assert "not blind" in text  # a blind flag that is not true is not taken as blind
