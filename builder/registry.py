@@ -51,6 +51,7 @@ DEMO_COMPONENTS = Registry(
         "tiny-instruct-pix2pix": "lance_pipeline.tiny.instruct_components:create_tiny_instruct_pix2pix",
         "tiny-flux2-klein": "lance_pipeline.tiny.instruct_components:create_tiny_flux2_klein",
         "tiny-qwen-image-edit": "lance_pipeline.tiny.instruct_components:create_tiny_qwen_image_edit",
+        "tiny-longcat-edit": "lance_pipeline.tiny.instruct_components:create_tiny_longcat_edit",
         "tiny-star-tokens": "builder.interfaces.cli:create_demo_star_tokens",
         "tiny-safety-checker": "lance_pipeline.tiny.safety_components:create_tiny_safety_checker",
         "tiny-judge": "lance_pipeline.tiny.judge_components:create_tiny_judge",

@@ -227,6 +227,31 @@ def test_qwen_image_edit_runs_one_candidate_per_call_through_the_same_loading_co
     assert editor.counts.text_encoder_samples == 2
 
 
+@pytest.mark.slow  # the pipeline renders at a megapixel whatever the input: tens of seconds per candidate on a CPU
+def test_longcat_edit_renders_through_the_same_loading_code_and_comes_back_at_the_image_size(
+    tmp_path, single_thread_torch
+):
+    from lance_pipeline.tiny.instruct_components import create_tiny_longcat_edit
+
+    directory = create_tiny_longcat_edit(tmp_path / "longcat")
+    stage = InstructEditStage(editor="longcat_edit_turbo", model=str(directory), image_size=64,
+                              num_inference_steps=1, clip_model=create_tiny_clip(tmp_path), clip_pretrained=None,
+                              **OPEN_GATES)  # fmt: skip
+    stage.load("cpu")
+    assert type(stage.editor.pipeline).__name__ == "LongCatImageEditPipeline" and not stage.editor.family.batched
+    record = {**_record(), "edits": [EDITS[0]]}
+    out = stage.process([record])[0]
+    assert [s["image"].size for s in out["counterfactuals"]] == [(64, 64)]  # rendered at 1024 px, resized back
+    assert out["counterfactuals"][0]["editor"] == "longcat_edit_turbo"
+    assert stage.editor.counts.denoiser_samples == 1  # Turbo: guidance 1, no second branch, 1 step
+
+
+def create_tiny_clip(tmp_path) -> str:
+    from lance_pipeline.tiny.clip_components import create_tiny_open_clip
+
+    return str(create_tiny_open_clip(tmp_path / "clip"))
+
+
 # -- the demo builds -------------------------------------------------------------------------------------------------
 
 

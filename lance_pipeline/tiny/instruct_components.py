@@ -288,3 +288,66 @@ def create_tiny_qwen_image_edit(path: str | Path) -> Path:
     _tiny_note(path, "tiny random QwenImageEditPlusPipeline")
     logger.info("wrote tiny Qwen-Image-Edit to %s", path)
     return path
+
+
+def create_tiny_longcat_edit(path: str | Path) -> Path:
+    """Write a tiny ``LongCatImageEditPipeline`` directory (LongCat-Image-Edit's classes) to ``path``.
+
+    ``LongCatImageTransformer2DModel`` (one double and one single block, heads of 16), a four-level ``AutoencoderKL``
+    with LongCat's 16 latent channels (8x downsampling, as the pipeline assumes), the tiny Qwen2.5-VL text encoder of
+    ``create_tiny_qwen_image_edit`` and its ``Qwen2VLProcessor`` as ``text_processor``.
+    """
+    import torch
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, LongCatImageTransformer2DModel
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="tiny-qwen-for-longcat-") as tmp:
+        qwen = create_tiny_qwen_image_edit(Path(tmp) / "qwen")
+        for part, target in (
+            ("tokenizer", "tokenizer"),
+            ("processor", "text_processor"),
+            ("text_encoder", "text_encoder"),
+        ):
+            shutil.copytree(qwen / part, path / target, dirs_exist_ok=True)
+    torch.manual_seed(0)
+    LongCatImageTransformer2DModel(
+        patch_size=1,
+        in_channels=64,
+        num_layers=1,
+        num_single_layers=1,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=TINY_TEXT_HIDDEN,
+        pooled_projection_dim=TINY_TEXT_HIDDEN,
+        axes_dims_rope=[4, 6, 6],
+    ).save_pretrained(path / "transformer", safe_serialization=True)
+    torch.manual_seed(0)
+    AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        block_out_channels=(4, 4, 4, 4),
+        layers_per_block=1,
+        latent_channels=16,
+        norm_num_groups=2,
+        shift_factor=0.0,  # the pipeline shifts and scales latents as FLUX's VAE (whose config sets both)
+        scaling_factor=1.0,
+    ).save_pretrained(path / "vae", safe_serialization=True)
+    FlowMatchEulerDiscreteScheduler().save_pretrained(path / "scheduler")
+    _model_index(
+        path,
+        "LongCatImageEditPipeline",
+        {
+            "scheduler": ("diffusers", "FlowMatchEulerDiscreteScheduler"),
+            "text_encoder": ("transformers", "Qwen2_5_VLForConditionalGeneration"),
+            "text_processor": ("transformers", "Qwen2VLProcessor"),
+            "tokenizer": ("transformers", "Qwen2TokenizerFast"),
+            "transformer": ("diffusers", "LongCatImageTransformer2DModel"),
+            "vae": ("diffusers", "AutoencoderKL"),
+        },
+    )
+    _tiny_note(path, "tiny random LongCatImageEditPipeline")
+    logger.info("wrote tiny LongCat-Image-Edit to %s", path)
+    return path
