@@ -292,3 +292,22 @@ def test_demo_instruct_rebuilds_resumes_and_runs_on_the_devices_engine_stage_maj
     build(config, tmp_path / "stage", progress=False, device="cpu", schedule="stage-major")
     for out in ("devices", "stage"):
         assert release_files(tmp_path / out) == release_files(clean), out
+
+
+def test_the_card_names_the_editor_and_its_licence_and_warns_of_a_non_commercial_model(tmp_path):
+    from release_fixture import write_release
+
+    from builder import release_format as rf
+    from dataset_cards.kind_sections import instruct_intro
+
+    typed = rf.load_manifest(write_release(tmp_path / "rel", originals_per_class=1, edits_per_original=1))
+    accepted = InstructEditorOptions(
+        editor="flux2_klein", model="black-forest-labs/FLUX.2-klein-9B", accept_non_commercial_license=True
+    )
+    typed.stages["edit"] = {**accepted.describe(), "instruct_editing": {"editor": "flux2_klein"}}
+    text = instruct_intro(typed, "X")
+    assert "`flux2_klein` (`black-forest-labs/FLUX.2-klein-9B`, licence flux-non-commercial-license)" in text
+    assert "**Non-commercial model.**" in text and "accept_non_commercial_license" in text
+    typed.stages["edit"] = {**InstructEditorOptions(editor="flux2_klein").describe(), "instruct_editing": {}}
+    text = instruct_intro(typed, "X")
+    assert "licence apache-2.0" in text and "Non-commercial" not in text
