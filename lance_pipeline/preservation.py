@@ -62,6 +62,9 @@ SSIM_SIGMA = 1.5
 SSIM_BORDER = int(3.5 * SSIM_SIGMA + 0.5)
 
 MEASURES = ("lpips", "psnr", "ssim")
+# What the manifest records per editor and edit type besides the means: the edits the edit stage was given, those
+# its gates kept (a chosen candidate), and their counted cost (``lance_pipeline.editing.cost.count_network_cost``).
+ACCOUNTING_KEYS = ("edits", "edits_kept", "forward_equivalents", "flops")
 PRESERVATION_FIELDS = (
     MetadataField(
         "preservation_lpips",
@@ -385,8 +388,14 @@ class PreservationStage:
     name = "preservation"
     version = "1"
     field = "counterfactuals"
-    consumes = {"key": "str", "image": "image", "counterfactuals": "list"}
-    produces = {"counterfactuals": "list"}
+    consumes = {
+        "key": "str",
+        "image": "image",
+        "counterfactuals": "list",
+        "edit_candidates": "list",
+        "edit_cost": "dict",
+    }
+    produces = {"counterfactuals": "list", "edit_accounting": "dict"}
     screens = (OutputScreen("counterfactuals", PRESERVATION_FIELDS),)
     options_class = PreservationOptions
     model_options = (
@@ -432,29 +441,65 @@ class PreservationStage:
                     self.field: [
                         {**item, **v, SAMPLE_INDEX: item.get(SAMPLE_INDEX, i)}
                         for i, (item, v) in enumerate(zip(items, values, strict=True))
-                    ]
+                    ],
+                    "edit_accounting": edit_accounting(record.get("edit_candidates"), record.get("edit_cost")),
                 }
             )
         return out
 
     @classmethod
     def summarize(cls, updates: list[dict[str, Any]]) -> dict[str, Any]:
-        """The manifest's record: counts and the mean of each field per editor and edit type (``all`` too)."""
+        """The manifest's record, per editor and edit type (``all`` too): the number of counterfactuals measured
+        (``n``) and the mean of each field, and the edits given to the editor, those its gates kept and their counted
+        cost (``ACCOUNTING_KEYS``; a record's cost split evenly over its edits)."""
         groups: dict[tuple[str, str], list[dict]] = {}
+        accounts: dict[tuple[str, str], dict[str, float]] = {}
         for update in updates:
             for item in update.get(cls.field) or []:
                 editor = str(item.get("editor") or "unknown")
                 groups.setdefault((editor, str(item.get("edit_type") or "none")), []).append(item)
                 groups.setdefault((editor, "all"), []).append(item)
+            account = update.get("edit_accounting") or {}
+            for edit_type, counts in (account.get("by_edit_type") or {}).items():
+                for group in ((account["editor"], edit_type), (account["editor"], "all")):
+                    slot = accounts.setdefault(group, dict.fromkeys(ACCOUNTING_KEYS, 0))
+                    for name in ACCOUNTING_KEYS:
+                        slot[name] += counts.get(name) or 0
         by_editor: dict[str, dict[str, Any]] = {}
-        for (editor, edit_type), items in sorted(groups.items()):
+        for editor, edit_type in sorted(set(groups) | set(accounts)):
+            items = groups.get((editor, edit_type), [])
             entry: dict[str, Any] = {"n": len(items)}
             for name in FIELD_NAMES:
                 values = [i[name] for i in items if isinstance(i.get(name), (int, float))]
                 entry[name] = round(sum(values) / len(values), 6) if values else None
+            account = accounts.get((editor, edit_type))
+            for name in ACCOUNTING_KEYS:
+                entry[name] = None if account is None else round(account[name], 3)
             by_editor.setdefault(editor, {})[edit_type] = entry
-        return {
-            "kind": "preservation",
-            "measured": sum(g["all"]["n"] for g in by_editor.values()),
-            "by_editor": by_editor,
-        }
+        measured = sum(g.get("all", {}).get("n", 0) for g in by_editor.values())
+        return {"kind": "preservation", "measured": measured, "by_editor": by_editor}
+
+
+def edit_accounting(candidates: list[dict] | None, cost: dict[str, Any] | None) -> dict[str, Any]:
+    """Per edit type of one record: the edits the edit stage was given (its candidate records' ``edit_index``), those
+    with a chosen candidate (kept by the gates), and the record's counted cost (render and gates, plus the inversion
+    where the editor consumed one) split evenly over its edits."""
+    cost = cost or {}
+    edits: dict[int, tuple[str, bool]] = {}
+    for candidate in candidates or []:
+        index = int(candidate.get("edit_index", -1))
+        edit_type = str(candidate.get("edit_type") or "none")
+        kept = bool(candidate.get("chosen")) or edits.get(index, ("", False))[1]
+        edits[index] = (edit_type, kept)
+    parts = [p for p in (cost.get("edit"), cost.get("inversion")) if isinstance(p, dict)]
+    forward_equivalents = sum(float(p.get("forward_equivalents") or 0) for p in parts)
+    flops = sum(float(p.get("flops") or 0) for p in parts)
+    share = 1 / len(edits) if edits else 0.0
+    by_type: dict[str, dict[str, float]] = {}
+    for edit_type, kept in edits.values():
+        slot = by_type.setdefault(edit_type, dict.fromkeys(ACCOUNTING_KEYS, 0))
+        slot["edits"] += 1
+        slot["edits_kept"] += int(kept)
+        slot["forward_equivalents"] += forward_equivalents * share
+        slot["flops"] += flops * share
+    return {"editor": str(cost.get("editor") or "unknown"), "counted": bool(parts), "by_edit_type": by_type}
