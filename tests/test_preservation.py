@@ -154,3 +154,91 @@ def test_bad_inputs_are_one_line(tmp_path, backbone):
         pv.Lpips(str(other), None, "cpu")
     with pytest.raises(ValueError, match="object mask is"):
         pv.psnr(Image.new("RGB", (8, 8)), Image.new("RGB", (8, 8)), np.zeros((4, 4)))
+
+
+def test_network_cost_counts_forwards_backwards_and_flops_and_changes_no_result():
+    from lance_pipeline.editing.cost import BACKWARD_FORWARD_EQUIVALENT, count_network_cost, editor_networks
+
+    torch.manual_seed(0)
+
+    class Editor:  # networks found in the editor's attributes and theirs; the inner layer counts with its network
+        def __init__(self):
+            self.components = type("C", (), {})()
+            self.components.unet = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Conv2d(4, 2, 1))
+            self.text = torch.nn.Linear(8, 6)
+            self.name = "x"
+
+    editor = Editor()
+    networks = editor_networks(editor)
+    assert sorted(networks) == ["components.unet", "text"]
+    x, tokens = torch.randn(2, 3, 10, 10), torch.randn(5, 8)
+    with torch.inference_mode():
+        expected = (editor.components.unet(x), editor.text(tokens))
+    # conv 3->4 (3x3) on 8x8 outputs, conv 4->2 (1x1), linear 8->6: 2 FLOPs per multiply-add
+    conv_flops = 2 * (2 * 4 * 8 * 8 * 3 * 9) + 2 * (2 * 2 * 8 * 8 * 4)
+    linear_flops = 2 * 5 * 8 * 6
+    for mode in (torch.inference_mode, torch.no_grad):  # diffusers' pipelines run in inference mode
+        with count_network_cost(networks) as cost, mode():
+            got = (editor.components.unet(x), editor.text(tokens))
+        assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+        assert cost.forwards == {"components.unet": 2, "text": 5} and cost.flops == conv_flops + linear_flops
+    # a forward under gradients (null-text optimisation's) also counts its backward
+    embedding = torch.randn(3, 8, requires_grad=True)
+    with count_network_cost({"text": editor.text}) as cost:
+        (grad,) = torch.autograd.grad(editor.text(embedding).sum(), embedding)
+    assert cost.forwards == cost.backwards == {"text": 3}
+    assert cost.forward_equivalents == pytest.approx(3 + BACKWARD_FORWARD_EQUIVALENT * 3)
+    assert cost.flops == 2 * (2 * 3 * 8 * 6)  # forward and the input gradient
+    with count_network_cost({"text": editor.text}, flops=False) as cost:
+        editor.text(tokens)
+    assert cost.flops == 0 and cost.forwards == {"text": 5}
+
+
+def test_gates_and_cost_per_editor_and_edit_type_reach_the_manifest_record():
+    candidates = [  # edit 0 (subject): two sweep candidates, one chosen; edit 1 (weather): none passed
+        {"edit_index": 0, "edit_type": "subject", "chosen": False},
+        {"edit_index": 0, "edit_type": "subject", "chosen": True},
+        {"edit_index": 1, "edit_type": "weather", "chosen": False},
+    ]
+    cost = {
+        "editor": "prompt_to_prompt",
+        "edit": {"forward_equivalents": 30.0, "flops": 3e9},
+        "inversion": {"forward_equivalents": 10.0, "flops": 1e9},
+    }
+    account = pv.edit_accounting(candidates, cost)
+    assert account["by_edit_type"] == {
+        "subject": {"edits": 1, "edits_kept": 1, "forward_equivalents": 20.0, "flops": 2e9},
+        "weather": {"edits": 1, "edits_kept": 0, "forward_equivalents": 20.0, "flops": 2e9},
+    }
+    other = pv.edit_accounting([{"edit_index": 0, "edit_type": "subject", "chosen": True}], {**cost, "inversion": None})
+    items = [{"editor": "prompt_to_prompt", "edit_type": "subject", "preservation_lpips": 0.2}]
+    summary = pv.PreservationStage.summarize(
+        [{"counterfactuals": items, "edit_accounting": account}, {"counterfactuals": [], "edit_accounting": other}]
+    )
+    subject = summary["by_editor"]["prompt_to_prompt"]["subject"]
+    assert (subject["edits"], subject["edits_kept"], subject["forward_equivalents"]) == (2, 2, 50.0)
+    assert summary["by_editor"]["prompt_to_prompt"]["all"]["edits"] == 3
+    assert summary["by_editor"]["prompt_to_prompt"]["weather"]["n"] == 0  # rendered, none kept: still accounted
+
+    from evaluation.fidelity import fidelity_table
+
+    manifest = {"screening": {"preservation": summary}}
+    rows = [
+        {"editor": "prompt_to_prompt", "release": "r", "edit_type": "subject", "judge_class_p": p, "lpips": 0.2}
+        for p in (0.9, 0.4, None)
+    ]
+    for row in rows:
+        row.update({c: None for c in ("clip_image", "edge_ssim", "background_psnr")})
+
+    def subject_row(m):
+        return next(r for r in fidelity_table(rows, None, {"r": m}) if r["edit_type"] == "subject")
+
+    row = subject_row({**manifest, "judge_calibration": {"threshold": 0.5}})
+    assert row["gate_kept"] == 1.0 and row["label_kept"] == 0.5  # 1 of the 2 judged at >= 0.5
+    assert row["forward_equivalents_per_kept"] == 25.0 and row["tflops_per_kept"] == pytest.approx(2.5e9 / 1e12)
+    assert row["lpips"] == pytest.approx(0.2)
+    assert subject_row(manifest)["label_kept"] == "not calibrated"
+    for row in rows:
+        row["judge_class_p"] = None
+    assert subject_row({**manifest, "judge_calibration": {"threshold": 0.5}})["label_kept"] == "not judged"
+    assert subject_row({})["gate_kept"] is None  # a release built without the preservation stage
