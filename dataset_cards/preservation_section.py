@@ -57,14 +57,32 @@ def preservation_section(manifest: dict[str, Any]) -> str:
             lines += [f"- LPIPS's VGG16 backbone: {code_span(backbone)}."]
         if not options.get("masks"):
             lines += ["- No object masks were given: the outside-the-object columns are empty."]
-        lines += ["", "| editor | edit type | n | " + " | ".join(t for _, t in COLUMNS) + " |"]
-        lines += ["|---|---|---|" + "---|" * len(COLUMNS)]
+        lines += [
+            "- Kept by the gates: the share of the edits given to the editor that its gates kept; cost per kept: "
+            "network forward-equivalents (every forward of the editor's and the gates' networks, null-text inversion "
+            "included where the editor needs one) and TFLOPs, counted by hooks during the build, over the kept edits.",
+            "",
+            "| editor | edit type | n | kept by the gates | forward-equivalents per kept | TFLOPs per kept | "
+            + " | ".join(t for _, t in COLUMNS)
+            + " |",
+        ]
+        lines += ["|---|---|---|---|---|---|" + "---|" * len(COLUMNS)]
         for editor, by_type in sorted((entry.get("by_editor") or {}).items()):
             ordered = sorted(by_type.items(), key=lambda kv: (kv[0] == "all", kv[0]))
             for edit_type, stats in ordered:
                 cells = " | ".join(_cell(stats.get(field)) for field, _ in COLUMNS)
+                edits, kept = stats.get("edits"), stats.get("edits_kept")
+                numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (edits, kept))
+                share = f"{kept / edits:.0%} ({md_escape(kept)} of {md_escape(edits)})" if numbers and edits else "–"
+                per_kept = [
+                    _cell(stats.get(name) / kept / scale)
+                    if numbers and kept and isinstance(stats.get(name), (int, float))
+                    else "–"
+                    for name, scale in (("forward_equivalents", 1.0), ("flops", 1e12))
+                ]
                 lines.append(
-                    f"| {md_escape(editor)} | {md_escape(edit_type)} | {md_escape(stats.get('n', 0))} | {cells} |"
+                    f"| {md_escape(editor)} | {md_escape(edit_type)} | {md_escape(stats.get('n', 0))} | {share} | "
+                    f"{' | '.join(per_kept)} | {cells} |"
                 )
         lines.append("")
     return "\n".join(lines) + "\n"
