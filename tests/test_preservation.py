@@ -128,7 +128,7 @@ def test_the_stage_adds_the_fields_to_every_editors_counterfactuals(backbone, im
     no_mask = updates[1]["counterfactuals"][0]
     assert no_mask["preservation_ssim"] == first["preservation_ssim"]
     assert [no_mask[f] for f in ("preservation_lpips_outside", "preservation_psnr_outside")] == [None, None]
-    assert updates[2] == {"counterfactuals": []}
+    assert updates[2]["counterfactuals"] == [] and updates[2]["edit_accounting"]["by_edit_type"] == {}
     summary = pv.PreservationStage.summarize(updates)
     assert summary["measured"] == 3 and summary["kind"] == "preservation"
     controlnet = summary["by_editor"]["controlnet"]["weather"]
