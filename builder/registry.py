@@ -24,6 +24,7 @@ STAGES = Registry(
         "sensitive_edit_screen_lance_r": "lance_pipeline.screening.sensitive_edits:LanceRSensitiveEditScreen",
         "sensitive_edit_screen_strength": "lance_pipeline.screening.sensitive_edits:StrengthSensitiveEditScreen",
         "safety_check": "lance_pipeline.screening.safety_checker:SafetyCheckStage",
+        "preservation": "lance_pipeline.preservation:PreservationStage",
         "safety_check_lance_r": "lance_pipeline.screening.safety_checker:LanceRSafetyCheckStage",
         "safety_check_strength": "lance_pipeline.screening.safety_checker:StrengthSafetyCheckStage",
         "safety_check_reconstruction": "lance_pipeline.screening.safety_checker:ReconstructionSafetyCheckStage",
@@ -55,6 +56,7 @@ DEMO_COMPONENTS = Registry(
         "tiny-star-tokens": "builder.interfaces.cli:create_demo_star_tokens",
         "tiny-safety-checker": "lance_pipeline.tiny.safety_components:create_tiny_safety_checker",
         "tiny-judge": "lance_pipeline.tiny.judge_components:create_tiny_judge",
+        "tiny-lpips-backbone": "lance_pipeline.tiny.preservation_components:create_tiny_lpips_backbone",
     },
 )
 

@@ -22,6 +22,7 @@ from dataset_cards.deviations_section import deviations_section
 from dataset_cards.gallery import read_shard_samples, select_pairs, write_gallery
 from dataset_cards.judge_section import judge_section
 from dataset_cards.markdown import Markdown, code_span, code_text, markdown_template, md_escape
+from dataset_cards.preservation_section import preservation_section
 from dataset_cards.review_section import review_section
 from dataset_cards.screening_section import screening_section
 from evaluation.leaderboard import leaderboard_section
@@ -217,6 +218,7 @@ def _template_context(
         # hostile data)
         "deviations_section": Markdown(deviations_section(manifest.to_dict())),
         "screening_section": Markdown(screening_section(manifest.to_dict())),
+        "preservation_section": Markdown(preservation_section(manifest.to_dict())),
         "review_section": Markdown(review_section(manifest.to_dict())),
         "judge_section": Markdown(judge_section(manifest.to_dict())),
         "leaderboard_section": Markdown(leaderboard_section(results or [])),

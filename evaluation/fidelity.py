@@ -43,6 +43,7 @@ from evaluation.pages import render_page
 from evaluation.plots import _figure, _plain, _pyplot
 from evaluation.release_reader import open_release
 from evaluation.results import model_label
+from lance_pipeline import preservation as pv
 from lance_pipeline.clip.gates import ClipScorer
 from lance_pipeline.models.needs import clip_need
 from lance_pipeline.readers import load_json, read_json
@@ -55,6 +56,12 @@ SSIM_K1, SSIM_K2 = 0.01, 0.03
 CANNY_THRESHOLDS = (100, 200)
 FIDELITY_COLUMNS = ("clip_image", "edge_ssim", "background_psnr")
 ACCURACY_COLUMNS = ("paired_delta_acc1", "flip_rate")
+# Preservation of the source image (lance_pipeline.preservation): the sample's metadata where the build measured it.
+PRESERVATION_COLUMNS = ("lpips", "psnr", "ssim", "lpips_outside", "psnr_outside", "ssim_outside")
+# Per (editor, edit type) of a release: edits kept by the gates, kept by the calibrated judge, cost per kept edit.
+EDITING_COLUMNS = ("gate_kept", "label_kept", "forward_equivalents_per_kept", "tflops_per_kept")
+JUDGE_CLASS_FIELD = "judge_class_p"  # lance_pipeline.screening.judge's declared field
+JUDGE_CALIBRATION = "judge_calibration"  # the manifest record of `lance-cf review calibrate` (its `threshold`)
 
 
 # ---------------------------------------------------------------------------------------------- measures
@@ -215,6 +222,8 @@ def release_fidelity(
                     "clip_image": None,
                     "edge_ssim": edge_ssim(original, image),
                     "background_psnr": None if mask is None else background_psnr(original, image, mask),
+                    **preservation_of(meta, original, image, mask),
+                    JUDGE_CLASS_FIELD: _number_or_none(meta.get(JUDGE_CLASS_FIELD)),
                 }
             )
             pairs.append((original, image))
@@ -228,6 +237,67 @@ def release_fidelity(
                 row["clip_image"] = float(value)
         rows += chunk_rows
     return sorted(rows, key=lambda r: r["key"])
+
+
+def _number_or_none(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def preservation_of(meta: dict[str, Any], original, edited, mask) -> dict[str, Any]:
+    """The preservation columns of one counterfactual: its metadata's ``preservation_*`` fields where the build
+    measured them (``lance_pipeline.preservation``, LPIPS included), else PSNR and SSIM computed here with the same
+    functions (LPIPS then stays empty: it needs the backbone the build loaded). Outside the object: the metadata's
+    where the build had masks, else computed here from ``mask`` (PSNR and SSIM)."""
+    out: dict[str, Any] = {}
+    measured = _number_or_none(meta.get("preservation_ssim")) is not None
+    for measure in pv.MEASURES:
+        out[measure] = _number_or_none(meta.get(pv.field_name(measure, False))) if measured else None
+    if not measured:
+        out["psnr"], out["ssim"] = pv.psnr(original, edited), pv.ssim(original, edited)
+    measured_outside = _number_or_none(meta.get(pv.field_name("ssim", True))) is not None
+    for measure in pv.MEASURES:
+        out[f"{measure}_outside"] = (
+            _number_or_none(meta.get(pv.field_name(measure, True))) if measured_outside else None
+        )
+    if not measured_outside and mask is not None:
+        out["psnr_outside"], out["ssim_outside"] = pv.psnr(original, edited, mask), pv.ssim(original, edited, mask)
+    out["preservation_from"] = "metadata" if measured else "computed"
+    return out
+
+
+def editing_accounting(manifest: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+    """``editor -> edit type -> {edits, edits_kept, forward_equivalents, flops}`` from the manifest's
+    preservation record (``screening``, kind ``preservation``: what the edit stages counted, by hooks, per record),
+    summed over the release's preservation stages; empty for a release built without one."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for entry in (manifest.get("screening") or {}).values():
+        if not isinstance(entry, dict) or entry.get("kind") != "preservation":
+            continue
+        for editor, by_type in (entry.get("by_editor") or {}).items():
+            for edit_type, stats in (by_type or {}).items():
+                if not isinstance(stats, dict) or stats.get("edits") is None:
+                    continue
+                slot = out.setdefault(editor, {}).setdefault(edit_type, dict.fromkeys(pv.ACCOUNTING_KEYS, 0))
+                for name in pv.ACCOUNTING_KEYS:
+                    slot[name] += stats.get(name) or 0
+    return out
+
+
+def judge_threshold(manifest: dict[str, Any]) -> float | None:
+    """The judge's calibrated threshold (``lance-cf review calibrate``), or None (not calibrated)."""
+    record = manifest.get(JUDGE_CALIBRATION)
+    return _number_or_none(record.get("threshold")) if isinstance(record, dict) else None
+
+
+def label_kept(scores: list[float | None], threshold: float | None) -> float | str:
+    """Share of the judged samples the calibrated judge keeps (``judge_class_p >= threshold``, as calibrate decides),
+    or why there is no number: ``not judged`` (no sample scored), ``not calibrated`` (no threshold)."""
+    judged = [s for s in scores if s is not None]
+    if not judged:
+        return "not judged"
+    if threshold is None:
+        return "not calibrated"
+    return sum(s >= threshold for s in judged) / len(judged)
 
 
 def _decode(release, config: str, ext: str, keys: set[str] | None = None) -> dict[str, tuple[dict, Any]]:
@@ -319,7 +389,9 @@ def results_of_release(release, results: list[dict[str, Any]]) -> list[dict[str,
 
 
 def fidelity_table(
-    rows: list[dict[str, Any]], results_by_release: dict[str, list[dict[str, Any]]] | None = None
+    rows: list[dict[str, Any]],
+    results_by_release: dict[str, list[dict[str, Any]]] | None = None,
+    manifests_by_release: dict[str, dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Per (edit type, editor, release, model): counts, fidelity means and the model's accuracy drop.
 
@@ -329,6 +401,9 @@ def fidelity_table(
             label (the rows' ``release``); each model contributes one row per edit type, its
             ``sensitivity.by_edit_type`` (``overall`` for the ``all`` row). A release without results gets one row
             per edit type with the accuracy columns empty.
+        manifests_by_release: each release's manifest, for the editing columns: the share of rendered edits the
+            gates kept and the cost per kept edit (:func:`editing_accounting`), and the judge's calibrated threshold
+            for ``label_kept`` (:func:`label_kept`). Without it those columns are empty.
     """
     by_group: dict[tuple[str, str, str], list[dict]] = {}
     for row in rows:
@@ -345,6 +420,8 @@ def fidelity_table(
             "edit_type": edit_type,
             "n": len(group),
             **{column: _mean([r[column] for r in group]) for column in FIDELITY_COLUMNS},
+            **{column: _mean([r.get(column) for r in group]) for column in PRESERVATION_COLUMNS},
+            **_editing_columns(editor, edit_type, group, (manifests_by_release or {}).get(release)),
         }
         matching = [r for r in (results_by_release or {}).get(release, []) if r.get("sensitivity")]
         if not matching:
@@ -358,6 +435,22 @@ def fidelity_table(
     return table
 
 
+def _editing_columns(editor: str, edit_type: str, group: list[dict], manifest: dict[str, Any] | None) -> dict:
+    """gate_kept, label_kept and the cost per kept edit of one (editor, edit type) of a release."""
+    out: dict[str, Any] = dict.fromkeys(EDITING_COLUMNS)
+    if manifest is None:
+        return out
+    out["label_kept"] = label_kept([r.get(JUDGE_CLASS_FIELD) for r in group], judge_threshold(manifest))
+    stats = editing_accounting(manifest).get(editor, {}).get(edit_type)
+    if stats and stats["edits"]:
+        kept = stats["edits_kept"]
+        out["gate_kept"] = kept / stats["edits"]
+        if kept:
+            out["forward_equivalents_per_kept"] = stats["forward_equivalents"] / kept
+            out["tflops_per_kept"] = stats["flops"] / kept / 1e12
+    return out
+
+
 def table_markdown(table: list[dict[str, Any]], *, escaped: bool = False) -> str:
     """The side-by-side table in Markdown; a ``release`` column appears when one editor has several releases.
     ``escaped``: text cells through the Markdown escaper (``md_escape``), for ``fidelity.md``; the copy printed to the
@@ -367,46 +460,62 @@ def table_markdown(table: list[dict[str, Any]], *, escaped: bool = False) -> str
         releases_per_editor.setdefault(row["editor"], set()).add(row["release"])
     with_release = any(len(r) > 1 for r in releases_per_editor.values())
     columns = ["edit_type", "editor", *(["release"] if with_release else []), "model", "n"]
-    columns += [*ACCURACY_COLUMNS, *FIDELITY_COLUMNS]
+    columns += [*ACCURACY_COLUMNS, *FIDELITY_COLUMNS, *EDITING_COLUMNS, *PRESERVATION_COLUMNS]
     header = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n"
 
     def cell(value: Any) -> str:
         if value is None:
             return "–"
         if isinstance(value, float):
-            return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+            return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}" if abs(value) < 1e5 else f"{value:.3g}"
         return md_escape(value) if escaped else str(value).replace("|", "\\|")
 
     return header + "".join("| " + " | ".join(cell(row.get(c)) for c in columns) + " |\n" for row in table)
 
 
 def plot_fidelity(table: list[dict[str, Any]], path: Path) -> Path:
-    """One figure: per edit type, a bar per editor for each of the accuracy drop, CLIP image similarity, edge SSIM.
+    """One figure: per edit type, a bar per editor for each of the accuracy drop, the share of edits the gates kept,
+    the share the calibrated judge keeps, LPIPS and SSIM to the source image, and the forward-equivalents per kept
+    edit.
 
-    With several models the accuracy bar is their mean. A missing value (no eval results, no CLIP) is no bar.
+    With several models the accuracy bar is their mean. A missing value (no eval results, not judged, not measured)
+    is no bar.
     """
     panels = [
         ("paired_delta_acc1", "paired Δ acc@1 (points; mean over models)"),
-        ("clip_image", "CLIP image similarity"),
-        ("edge_ssim", "SSIM of Canny edges"),
+        ("gate_kept", "share of edits kept by the gates"),
+        ("label_kept", "share kept by the calibrated judge"),
+        ("lpips", "LPIPS to the source (lower = preserved)"),
+        ("ssim", "SSIM to the source"),
+        ("forward_equivalents_per_kept", "network forward-equivalents per kept edit"),
     ]
     editors = sorted({r["editor"] for r in table})
     edit_types = sorted({r["edit_type"] for r in table}, key=lambda t: (t == "all", t))
-    fig, axes = _figure(nrows=1, ncols=len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
+    fig, axes = _figure(nrows=2, ncols=3, figsize=(15, 7.2), squeeze=False)
     width = 0.8 / max(len(editors), 1)
-    for ax, (column, title) in zip(axes[0], panels, strict=True):
+    for ax, (column, title) in zip([a for row in axes for a in row], panels, strict=True):
+        drawn = []
         for i, editor in enumerate(editors):
             xs, values = [], []
             for x, edit_type in enumerate(edit_types):
-                value = _mean([r[column] for r in table if r["editor"] == editor and r["edit_type"] == edit_type])
+                value = _mean(
+                    [
+                        r.get(column) if isinstance(r.get(column), (int, float)) else None
+                        for r in table
+                        if r["editor"] == editor and r["edit_type"] == edit_type
+                    ]
+                )
                 if value is not None:
                     xs.append(x + i * width)
                     values.append(value)
-            ax.bar(xs, values, width, label=_plain(editor))
+            ax.bar(xs, values, width, label=_plain(editor), color=f"C{i % 10}")
+            drawn += values
         ax.set_xticks([x + width * (len(editors) - 1) / 2 for x in range(len(edit_types))], edit_types, rotation=30)
         ax.axhline(0, color="black", linewidth=0.6)
         ax.set_title(title)
-    axes[0][0].legend()
+        if not drawn:  # no release measured it: say so rather than leave an empty axis
+            ax.text(0.5, 0.5, "not measured", transform=ax.transAxes, ha="center", va="center", color="grey")
+    axes[0][1].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     _pyplot().close(fig)
@@ -463,7 +572,8 @@ def side_by_side(
         release_rows = release_fidelity(release, clip=clip, masks_dir=masks_dir, label=label)
         counts[label] = len({r["source_key"] for r in release_rows})
         rows += release_rows
-    table = fidelity_table(rows, results_by_release)
+    manifests = {label: r.manifest for r, label in zip(releases, labels, strict=True)}
+    table = fidelity_table(rows, results_by_release, manifests)
     output.mkdir(parents=True, exist_ok=True)
     import pandas as pd  # lazy: a heavy import for one table
 
@@ -473,7 +583,14 @@ def side_by_side(
         f"Source images with counterfactuals in every release: {len(common)} "
         f"({', '.join(f'{label}: {n}' for label, n in counts.items())}). Each release's numbers are over all of its "
         "own counterfactuals. paired_delta_acc1: counterfactual minus original top-1, points (negative = the edits "
-        "cost accuracy); clip_image, edge_ssim, background_psnr: counterfactual against its source image."
+        "cost accuracy); clip_image, edge_ssim, background_psnr: counterfactual against its source image. "
+        "gate_kept: share of the rendered edits that the release's gates kept (counted by its edit stage); "
+        "label_kept: share of the judged counterfactuals the judge keeps at the release's calibrated threshold "
+        "(judge_class_p >= threshold; 'not judged' / 'not calibrated' where it has no scores / no calibration); "
+        "forward_equivalents_per_kept, tflops_per_kept: what the editing cost (every network forward of the editor "
+        "and its gates, null-text inversion included where the editor needs one, and FLOPs, counted by hooks at build "
+        "time) per kept edit; lpips, psnr, ssim and their _outside forms: preservation of the source image (each "
+        "counterfactual's metadata where the build measured it; else PSNR and SSIM computed here and LPIPS empty)."
     )
     limits = sorted({r["limit"] for group in (results_by_release or {}).values() for r in group if r.get("limit")})
     if limits:
@@ -503,11 +620,14 @@ def side_by_side(
 def _write_html(path: Path, note: str, table: list[dict[str, Any]]) -> None:
     """``fidelity.html`` from ``templates/fidelity.html.jinja`` (autoescaped)."""
     columns = ["edit_type", "editor", "release", "model", "n", *ACCURACY_COLUMNS, *FIDELITY_COLUMNS]
+    columns += [*EDITING_COLUMNS, *PRESERVATION_COLUMNS]
 
     def cell(value: Any) -> str:
         if value is None:
             return "–"
-        return f"{value:.3f}" if isinstance(value, float) else str(value)
+        if isinstance(value, float):
+            return f"{value:.3f}" if abs(value) < 1e5 else f"{value:.3g}"
+        return str(value)
 
     rows = [[cell(row.get(c)) for c in columns] for row in table]
     path.write_text(render_page("fidelity.html.jinja", note=note, columns=columns, rows=rows), encoding="utf-8")

@@ -73,6 +73,8 @@ METHOD_STAGES = {"caption", "perturb", "label_check", "random_edit", "invert", "
 # The release screens (lance_pipeline/screening) the LANCE presets run after the image stages.
 SCREEN_STAGES = {"screen", "screen_lance_r", "safety_reconstruction", "safety", "safety_lance_r"}
 STRENGTH_SCREENS = {"screen_strength", "safety_strength"}  # the demo's, which keeps the strength config
+# What every preset measures on the released counterfactuals (lance_pipeline/preservation.py).
+MEASURE_STAGES = {"preservation"}
 
 
 def env() -> dict[str, str]:

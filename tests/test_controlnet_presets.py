@@ -34,10 +34,12 @@ def test_controlnet_presets_construct_without_weights(preset, tmp_path):
     instances = _construct(config, tmp_path)
     validated = cli("validate", preset)  # the declared field graph, without loading a model
     assert "controlnet_edit v1" in validated.stdout and "=> counterfactual" in validated.stdout
-    # The editor, then the release screens (lance_pipeline/screening) on what it rendered.
-    assert [s.type for s in config.stages][-3:] == ["controlnet_edit", "sensitive_edit_screen", "safety_check"]
+    # The editor, then the release screens (lance_pipeline/screening) on what it rendered, then its preservation.
+    assert [s.type for s in config.stages][-4:] == [
+        "controlnet_edit", "sensitive_edit_screen", "safety_check", "preservation",
+    ]  # fmt: skip
     assert {s.name for s in config.stages} == {
-        "caption", "keywords", "alternatives", "rewrite", "label_check", "edit", "screen", "safety",
+        "caption", "keywords", "alternatives", "rewrite", "label_check", "edit", "screen", "safety", "preservation",
     }  # fmt: skip
     for name, instance in instances.items():
         assert instance.name == name

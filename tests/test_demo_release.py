@@ -6,6 +6,7 @@ import json
 
 import pytest
 from builder_helpers import (
+    MEASURE_STAGES,
     METHOD_STAGES,
     SCREEN_STAGES,
     STRENGTH_SCREENS,
@@ -41,7 +42,7 @@ def test_demo_populates_all_configs_with_complete_metadata(demo, tmp_path):
     counts = {c: manifest["counts"][c]["total"] for c in CONFIG_NAMES}
     assert counts["original"] == counts["reconstructed"] == 5
     assert counts["counterfactual"] >= 5 and counts["lance_r"] >= 5
-    assert set(manifest["stages"]) == METHOD_STAGES | SCREEN_STAGES | STRENGTH_SCREENS
+    assert set(manifest["stages"]) == METHOD_STAGES | SCREEN_STAGES | STRENGTH_SCREENS | MEASURE_STAGES
     rows = {
         c: list(datasets.load_dataset(str(demo), c, split="test", cache_dir=str(tmp_path / "hf"))) for c in CONFIG_NAMES
     }
@@ -67,6 +68,9 @@ def test_demo_populates_all_configs_with_complete_metadata(demo, tmp_path):
         meta = row["json"]
         assert meta["edit_type"] in EDIT_TYPES
         assert all(isinstance(meta["scores"][s], float) for s in SCORE_NAMES)
+        # preservation against the source image (no masks in the demo: the outside fields are null)
+        assert 0.0 < meta["preservation_lpips"] and -1.0 <= meta["preservation_ssim"] < 1.0
+        assert meta["preservation_psnr"] > 0 and meta["preservation_psnr_outside"] is None
     assert {r["json"]["edit_type"] for r in rows["lance_r"]} == {None}
     card = (demo / "README.md").read_text()
     assert "reconstructions and counterfactuals are noise" in card

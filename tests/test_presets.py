@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from builder_helpers import METHOD_STAGES, SCREEN_STAGES, STRENGTH_SCREENS, cli
+from builder_helpers import MEASURE_STAGES, METHOD_STAGES, SCREEN_STAGES, STRENGTH_SCREENS, cli
 
 from builder.config import list_presets, load_config
 from builder.imagenet import HARD_IMAGENET_CLASSES, resolve_class, synsets
@@ -15,7 +15,7 @@ from builder.registry import STAGES
 @pytest.mark.parametrize("preset", ["demo", "hardimagenet"])
 def test_preset_stages_construct_without_loading_weights(preset, tmp_path):
     config = load_config(preset)
-    assert {s.name for s in config.stages} == METHOD_STAGES | SCREEN_STAGES | (
+    assert {s.name for s in config.stages} == METHOD_STAGES | SCREEN_STAGES | MEASURE_STAGES | (
         STRENGTH_SCREENS if preset == "demo" else set()
     )
     served = {c for s in config.stages for c in s.configs}
@@ -33,7 +33,7 @@ def test_preset_stages_construct_without_loading_weights(preset, tmp_path):
         assert instance.name == stage.name
         if preset == "hardimagenet":
             described = repr(instance.describe())
-            for key in ("model", "clip_model"):
+            for key in ("model", "clip_model", "lpips_backbone"):
                 if key in stage.options and "/" in str(stage.options[key]):
                     assert stage.options[key] in described
             revision = stage.options.get("revision")

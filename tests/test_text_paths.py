@@ -271,3 +271,20 @@ def test_the_screening_section_of_a_tampered_record_carries_nothing_raw():
     text = screening_section(manifest)
     assert text and _raw(text) == []
     assert "&lt;img src=x onerror=alert(1)&gt;" in text
+
+
+def test_the_preservation_section_of_a_tampered_record_carries_nothing_raw():
+    from dataset_cards.preservation_section import preservation_section
+
+    stats = {"n": HOSTILE[0], "edits": HOSTILE[1], "edits_kept": 1, "forward_equivalents": HOSTILE[2]}
+    manifest = {
+        "screening": {
+            "preservation": {
+                "kind": "preservation",
+                "by_editor": {HOSTILE[3]: {HOSTILE[4]: {**stats, "preservation_lpips": HOSTILE[5]}, "all": {"n": 2}}},
+            }
+        },
+        "config": {"stages": [{"name": "preservation", "options": {"lpips_backbone": HOSTILE[6], "masks": "m"}}]},
+    }
+    text = preservation_section(manifest)
+    assert text.startswith("## Preservation") and _raw(text) == []

@@ -5,6 +5,10 @@
   machine-independent. ``forward_equivalents`` weighs a backward w.r.t. the null embedding only as
   ``BACKWARD_FORWARD_EQUIVALENT`` forwards (0.866 of 0.803 TFLOP, measured with torch's FLOP counter on the SD 1.x
   UNet at 512², shared/reference/editing-2026.md).
+* ``count_network_cost(editor_networks(editor))``: the same count for any editor, without knowing its networks: the
+  sample-forwards of every ``torch.nn.Module`` the editor holds (and the backwards of forwards under gradients), and
+  the FLOPs of everything run in the block (``torch.utils.flop_counter.FlopCounterMode``). The image stages record it
+  per record (``invert``: in each ``inversion``; the edit stage: ``edit_cost``), whatever the editor.
 * ``reference_sweep`` / ``reference_reconstruction``: the algorithm as the authors ran it, one prompt-to-prompt run
   of ``[caption, edited caption]`` per (edit, sweep value) and a separate reconstruction pass, built from the same
   primitives as the editor so tests and ``benchmarks/bench_edit.py`` can compare outputs and counts.
@@ -13,6 +17,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -138,3 +143,171 @@ def unet_evaluations(stages: list[PlannedStage], edits: int | None = None) -> di
         elif kind == "lance_r_edit":
             counts[name] = 6 * steps + 2 * steps
     return counts
+
+
+# ---------------------------------------------------------------------------------------------- any editor's cost
+
+
+@dataclass
+class NetworkCost:
+    """What one block of editing cost, counted by hooks: sample-forwards (and the sample-backwards of forwards run
+    with gradients) of each network the editor holds, and the FLOPs of every operation torch's FLOP counter knows
+    (matrix products, convolutions, attention), forward and backward."""
+
+    forwards: dict[str, int]
+    backwards: dict[str, int]
+    flops: int = 0
+
+    @property
+    def forward_equivalents(self) -> float:
+        return sum(self.forwards.values()) + BACKWARD_FORWARD_EQUIVALENT * sum(self.backwards.values())
+
+    def merged(self, other: NetworkCost, prefix: str) -> NetworkCost:
+        """This count and ``other``'s (its networks' names prefixed), FLOPs added."""
+        return NetworkCost(
+            {**self.forwards, **{prefix + k: v for k, v in other.forwards.items()}},
+            {**self.backwards, **{prefix + k: v for k, v in other.backwards.items()}},
+            self.flops + other.flops,
+        )
+
+    def to_dict(self, share: float = 1.0) -> dict[str, Any]:
+        """JSON for a stage's update; ``share``: the part of the block charged to one record (1/n of a batch)."""
+        return {
+            "forwards": {k: round(v * share, 6) for k, v in sorted(self.forwards.items()) if v},
+            "backwards": {k: round(v * share, 6) for k, v in sorted(self.backwards.items()) if v},
+            "forward_equivalents": round(self.forward_equivalents * share, 6),
+            "flops": round(self.flops * share, 3),
+        }
+
+
+def editor_networks(editor: Any, depth: int = 2) -> dict[str, Any]:
+    """The ``torch.nn.Module``s an editor holds, by attribute path (``components.unet``, ``controlnet``), found in its
+    attributes and theirs down to ``depth``; a module inside another one found is left out (counted with it)."""
+    import torch
+
+    found: dict[str, Any] = {}
+    seen: set[int] = set()
+
+    def walk(obj: Any, prefix: str, level: int) -> None:
+        if level > depth or obj is None or isinstance(obj, (str, bytes, int, float, bool)):
+            return
+        if isinstance(obj, torch.nn.Module):
+            if id(obj) not in seen:
+                seen.add(id(obj))
+                found[prefix] = obj
+            return
+        attributes = vars(obj) if hasattr(obj, "__dict__") else {}
+        if dataclasses.is_dataclass(obj) and not attributes:
+            attributes = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+        for name, value in sorted(attributes.items()):
+            if not name.startswith("__"):
+                walk(value, f"{prefix}.{name}" if prefix else name, level + 1)
+
+    walk(editor, "", 0)
+    inner = {id(m) for module in found.values() for m in list(module.modules())[1:]}
+    return {name: module for name, module in sorted(found.items()) if id(module) not in inner}
+
+
+def _composite_formulas() -> dict[Any, Callable]:
+    """FLOPs of the composite operations that reach a dispatch mode undecomposed under ``torch.inference_mode``
+    (which diffusers' pipelines enter), where autograd would otherwise have split them into ``addmm``, ``convolution``
+    and the attention kernels the counter's registry knows. Counted from shapes, so the operation itself runs as it
+    would without the counter (decomposing it instead changed the demo's bytes)."""
+    import math
+
+    import torch
+    from torch.utils.flop_counter import conv_flop_count, sdpa_flop_count
+
+    aten = torch.ops.aten
+
+    def linear(x, weight, bias=None, *, out_val):
+        return 2 * out_val.numel() * weight.shape[-1]
+
+    def matmul(a, b, *, out_val):
+        return 2 * out_val.numel() * a.shape[-1]
+
+    def conv(x, weight, bias=None, *args, out_val, transposed=False):
+        return conv_flop_count(list(x.shape), list(weight.shape), list(out_val.shape), transposed=transposed)
+
+    def conv_transpose(x, weight, bias=None, *args, out_val):
+        return conv(x, weight, bias, out_val=out_val, transposed=True)
+
+    def attention(q, k, v, *args, out_val, **kwargs):
+        batch = math.prod(q.shape[:-2])
+        heads_shape = (batch, 1, q.shape[-2], q.shape[-1])
+        return sdpa_flop_count(heads_shape, (batch, 1, *k.shape[-2:]), (batch, 1, *v.shape[-2:]))
+
+    return {
+        aten.linear: linear,
+        aten.matmul: matmul,
+        aten.conv1d: conv,
+        aten.conv2d: conv,
+        aten.conv3d: conv,
+        aten.conv_transpose1d: conv_transpose,
+        aten.conv_transpose2d: conv_transpose,
+        aten.scaled_dot_product_attention: attention,
+        # the CPU kernel SDPA dispatches to outside inference mode (the registry has the CUDA kernels' formulas)
+        aten._scaled_dot_product_flash_attention_for_cpu: lambda q, k, v, *a, out_val, **kw: attention(
+            q, k, v, out_val=out_val
+        ),
+    }
+
+
+def _flop_count_mode():
+    """A dispatch mode that adds up the FLOPs of every operation torch's FLOP counter has a formula for (its
+    ``FlopCounterMode.flop_registry``: matrix products, convolutions, attention kernels, forward and backward) and of
+    the composites :func:`_composite_formulas` covers; every operation runs unchanged. ``FlopCounterMode`` itself is
+    not used: its module tracker hooks autograd and breaks ``torch.autograd.grad`` (the null-text optimisation's)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    class FlopCount(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.registry = FlopCounterMode(display=False).flop_registry
+            self.composites = _composite_formulas()
+            self.flops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            packet = func._overloadpacket
+            if packet in self.registry:
+                self.flops += int(self.registry[packet](*args, **kwargs, out_val=out))
+            elif packet in self.composites:
+                self.flops += int(self.composites[packet](*args, **kwargs, out_val=out))
+            return out
+
+    return FlopCount()
+
+
+@contextlib.contextmanager
+def count_network_cost(networks: dict[str, Any], flops: bool = True) -> Iterator[NetworkCost]:
+    """Count the sample-forwards of each of ``networks`` (name -> module: the batch size of its first tensor input per
+    call; a call under gradients whose inputs require them also counts its backward) and, with ``flops``, every FLOP
+    of the block (:func:`_flop_count_mode`). Counting changes none of these networks' results (the demo's images are
+    byte-identical with and without it); it is kept off the CLIP gates (``flops=False``) because a dispatch mode
+    switches off ``nn.MultiheadAttention``'s fused path, which moves open_clip's scores in the last bits."""
+    import torch
+
+    cost = NetworkCost(dict.fromkeys(networks, 0), dict.fromkeys(networks, 0))
+
+    def hook_for(name: str) -> Callable:
+        def hook(module, args, kwargs, output):
+            tensors = [x for x in (*args, *kwargs.values()) if isinstance(x, torch.Tensor)]
+            batch = int(tensors[0].shape[0]) if tensors and tensors[0].dim() > 0 else 1
+            cost.forwards[name] += batch
+            if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
+                cost.backwards[name] += batch
+
+        return hook
+
+    handles = [m.register_forward_hook(hook_for(n), with_kwargs=True) for n, m in networks.items()]
+    counter = _flop_count_mode() if flops else None
+    try:
+        with counter if counter is not None else contextlib.nullcontext():
+            yield cost
+    finally:
+        for handle in handles:
+            handle.remove()
+        cost.flops = counter.flops if counter is not None else 0

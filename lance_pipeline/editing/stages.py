@@ -39,6 +39,7 @@ from lance_pipeline.editing.candidate_selection import (  # noqa: F401  (re-expo
     select_candidates,
     span_of,
 )
+from lance_pipeline.editing.cost import count_network_cost, editor_networks
 from lance_pipeline.editing.options import DEFAULT_SELF_REPLACE_SWEEP, ImageEditorOptions  # noqa: F401
 from lance_pipeline.editing.prompt_to_prompt import ImageEditor, PromptToPromptEditor  # noqa: F401
 from lance_pipeline.editing.sd_components import (  # noqa: F401
@@ -139,9 +140,12 @@ class InversionStage(_ImageStage):
                 out[position] = SampleFailure("invert: record has no caption (the caption stage must run first)")
             else:
                 todo.append(position)
-        # The whole batch is inverted together (one UNet call per step for all its images).
-        inversions = editor.invert_batch([records[p]["image"] for p in todo], [records[p]["caption"] for p in todo])
+        # The whole batch is inverted together (one UNet call per step for all its images); its counted cost is
+        # shared equally by its images.
+        with count_network_cost(editor_networks(editor)) as cost:
+            inversions = editor.invert_batch([records[p]["image"] for p in todo], [records[p]["caption"] for p in todo])
         for position, inversion in zip(todo, inversions, strict=True):
+            inversion = {**inversion, "cost": cost.to_dict(1 / len(todo))}
             if not (torch.isfinite(inversion["latent"]).all() and torch.isfinite(inversion["null_embeddings"]).all()):
                 out[position] = SampleFailure("invert: inversion diverged (non-finite latent or embeddings)")
             else:
@@ -181,7 +185,7 @@ class CounterfactualEditStage(_ImageStage):
     uses_clip = True
     model_options = (*_ImageStage.model_options, clip_option())
     consumes = {"key": "str", "caption": "str", "inversion": "dict", "edits": "list"}
-    produces = {"counterfactuals": "list", "edit_candidates": "list", STRENGTH_FIELD: "list"}
+    produces = {"counterfactuals": "list", "edit_candidates": "list", STRENGTH_FIELD: "list", "edit_cost": "dict"}
     outputs = (
         ReleaseOutput("counterfactual", "counterfactuals", "cf", many=True, fields=(EDITOR_FIELD,)),
         STRENGTH_OUTPUT,
@@ -191,6 +195,8 @@ class CounterfactualEditStage(_ImageStage):
     candidates_field = "edit_candidates"
     # The record field of the strength series (None: this stage keeps no strength config).
     strength_field: str | None = STRENGTH_FIELD
+    # The record field of what rendering and gating the record's edits cost, counted by hooks (None: not recorded).
+    cost_field: str | None = "edit_cost"
     word_check = False
 
     def __init__(self, options: ImageEditorOptions | None = None, /, scorer=None, **values: Any) -> None:
@@ -296,12 +302,16 @@ class CounterfactualEditStage(_ImageStage):
             positions, too_long = self._split_by_length(edits)
             keep = self.options.keep_candidates
             if not positions:
-                out.append({self.output_field: [], self.candidates_field: too_long, **self._strength(keep, [])})
+                update = {self.output_field: [], self.candidates_field: too_long, **self._strength(keep, [])}
+                out.append({**update, **self._cost(record, None, 0)})
                 continue
             edits_in_context = [edits[i] for i in positions]
             requests = [self._request(e) for e in edits_in_context]
-            sweep = editor.render(record, requests)
-            chosen, candidates = selector.select(caption, edits_in_context, sweep)
+            with count_network_cost(editor_networks(editor)) as cost:
+                sweep = editor.render(record, requests)
+            with count_network_cost(self._gate_networks(), flops=False) as gates:
+                chosen, candidates = selector.select(caption, edits_in_context, sweep)
+            cost = cost.merged(gates, prefix="gates.")
             for sample in chosen:
                 sample.setdefault("editor", self.editor_name)
             # Before edit_index is remapped below: the records are still aligned with the rendered candidates.
@@ -310,8 +320,28 @@ class CounterfactualEditStage(_ImageStage):
                 candidate["edit_index"] = positions[candidate["edit_index"]]
             candidates = sorted(candidates + too_long, key=lambda c: c["edit_index"])
             logger.debug("%s %s: %d of %d edits kept", self.name, record.get("key"), len(chosen), len(edits))
-            out.append({self.output_field: chosen, self.candidates_field: candidates, **self._strength(keep, series)})
+            update = {self.output_field: chosen, self.candidates_field: candidates, **self._strength(keep, series)}
+            out.append({**update, **self._cost(record, cost, len(positions))})
         return out
+
+    def _gate_networks(self) -> dict[str, Any]:
+        """The networks of the CLIP gates: their forwards are part of what a kept edit costs."""
+        return editor_networks(self.scorer) if self.scorer is not None else {}
+
+    def _cost(self, record: Record, cost, rendered: int) -> dict[str, Any]:
+        """The cost field of an update: the render's and gates' counted cost, and the inversion's where this stage
+        consumes one (prompt-to-prompt's; the ``invert`` stage counted it). Absent when the stage records none."""
+        if self.cost_field is None or self.cost_field not in self.produces:
+            return {}
+        inversion = record.get("inversion") if "inversion" in self.consumes else None
+        return {
+            self.cost_field: {
+                "editor": self.editor_name,
+                "edits_rendered": rendered,
+                "edit": cost.to_dict() if cost is not None else None,
+                "inversion": inversion.get("cost") if isinstance(inversion, dict) else None,
+            }
+        }
 
     def _strength(self, keep: bool, series: list[dict]) -> dict[str, list]:
         """The strength field of an update: present only when the option keeps candidates (otherwise the stored

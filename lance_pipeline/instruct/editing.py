@@ -708,7 +708,7 @@ class InstructEditStage(CounterfactualEditStage):
         clip_option(),
     )  # fmt: skip
     consumes = {"key": "str", "image": "image", "caption": "str", "seed": "int", "edits": "list"}
-    produces = {"counterfactuals": "list", "edit_candidates": "list"}
+    produces = {"counterfactuals": "list", "edit_candidates": "list", "edit_cost": "dict"}
     outputs = (ReleaseOutput("counterfactual", "counterfactuals", "cf", many=True, fields=METADATA_FIELDS),)
     strength_field = None  # InstructEditorOptions.not_a_strength_series
     editing_section = "instruct_editing"

@@ -1,0 +1,61 @@
+"""compare-editors across the three editor families on the same source images and edits: the offline demos of
+prompt-to-prompt (``demo``), ControlNet (``demo-controlnet``) and an instruction editor (``demo-instruct``), each built
+through the engine with the preservation stage, then compared by ``lance-cf compare-editors``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from builder.cli import main
+from builder.config import load_config, preset_path
+from builder.engine import build
+from lance_pipeline.readers import read_yaml
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # three demo builds
+
+PRESETS = {"demo": "prompt_to_prompt", "demo-controlnet": "controlnet", "demo-instruct": None}
+
+
+def _build(tmp_path, preset: str):
+    data = read_yaml(preset_path(preset))
+    data.update({"limit": 2, "batch_size": 2})
+    path = tmp_path / f"{preset}.yaml"
+    path.write_text(json.dumps(data))
+    out = tmp_path / preset
+    build(load_config(str(path)), out, progress=False, device="cpu")
+    return out
+
+
+def test_compare_editors_reads_every_familys_gates_cost_and_preservation(tmp_path, capsys):
+    releases = {preset: _build(tmp_path, preset) for preset in PRESETS}
+    argv = ["compare-editors", "--no-clip", "--output", str(tmp_path / "cmp")]
+    for release in releases.values():
+        argv += ["--release", str(release)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((tmp_path / "cmp" / "fidelity.json").read_text())
+    table = summary["table"]
+    editors = {r["editor"] for r in table}
+    assert {"prompt_to_prompt", "controlnet"} < editors and len(editors) == 3  # the instruction editor is the third
+    for preset, release in releases.items():
+        manifest = json.loads((release / "manifest.json").read_text())
+        record = manifest["screening"]["preservation"]["by_editor"]
+        (editor,) = record
+        assert PRESETS[preset] in (None, editor)
+        overall = next(r for r in table if r["editor"] == editor and r["edit_type"] == "all")
+        counted = record[editor]["all"]
+        # the table's columns are the manifest's counts, divided
+        assert overall["gate_kept"] == pytest.approx(counted["edits_kept"] / counted["edits"])
+        assert overall["forward_equivalents_per_kept"] == pytest.approx(
+            counted["forward_equivalents"] / counted["edits_kept"]
+        )
+        assert overall["forward_equivalents_per_kept"] > 0 and overall["tflops_per_kept"] > 0
+        # preservation from each counterfactual's metadata (LPIPS measured at build time)
+        assert overall["lpips"] == pytest.approx(counted["preservation_lpips"], abs=1e-6)
+        assert overall["n"] == counted["n"] == manifest["counts"]["counterfactual"]["total"]
+        assert overall["label_kept"] in ("not judged", "not calibrated")  # no calibrated judge in the demos
+    samples = (tmp_path / "cmp" / "fidelity_samples.csv").read_text()
+    assert "computed" not in samples.split("\n", 1)[1]  # every row's preservation came from its metadata
+    assert "forward_equivalents_per_kept" in printed and (tmp_path / "cmp" / "fidelity.png").stat().st_size > 0
