@@ -252,7 +252,7 @@ def _rewrite_shard(root: Path, rel: str, change) -> None:
 def test_modified_shard_is_refused_with_one_line_and_no_output(setup, tmp_path, capsys):
     root = write_release(tmp_path / "rel", labels=(0, 1, 2, 3), label_names=NAMES, originals_per_class=1,
                          edits_per_original=1, shard_size=4)  # fmt: skip
-    rel = rf.shard_path("original", 0)
+    rel = rf.load_manifest(root).shards_of("original")[0].path
     data = bytearray((root / rel).read_bytes())
     data[1000] ^= 0xFF  # same length, other bytes: edited after the build
     (root / rel).write_bytes(bytes(data))
@@ -272,7 +272,7 @@ def test_modified_shard_is_refused_with_one_line_and_no_output(setup, tmp_path, 
 def test_corrupt_image_fails_that_sample_not_the_model(setup, tmp_path):
     root = write_release(tmp_path / "rel", labels=(0, 1, 2, 3), label_names=NAMES, originals_per_class=2,
                          edits_per_original=1, shard_size=4)  # fmt: skip
-    rel = rf.shard_path("counterfactual", 0)
+    rel = rf.load_manifest(root).shards_of("counterfactual")[0].path
     broken = {}
 
     def corrupt(members):
@@ -300,7 +300,7 @@ def test_corrupt_image_fails_that_sample_not_the_model(setup, tmp_path):
 def test_truncated_shard_names_shard_and_key_and_fails_those_samples(setup, tmp_path):
     root = write_release(tmp_path / "rel", labels=(0, 1, 2, 3), label_names=NAMES, originals_per_class=2,
                          edits_per_original=1, shard_size=4)  # fmt: skip
-    rel = rf.shard_path("original", 1)
+    rel = rf.load_manifest(root).shards_of("original")[1].path
     data = (root / rel).read_bytes()
     (root / rel).write_bytes(data[: len(data) // 2])
     results, preds = run(setup | {"root": root}, tmp_path / "out", "--no-verify", "--workers", "1")
