@@ -42,6 +42,24 @@ def has_judge_scores(manifest: dict[str, Any]) -> bool:
     return any(c.field(JUDGE_CLASS_FIELD) is not None for c in spec.configs)
 
 
+def _removed_at_build(manifest: dict[str, Any]) -> str:
+    """A sentence when the build's judge stages removed samples (``filter_below``): the share above is of the
+    samples left, not of every counterfactual made."""
+    screening = manifest.get("screening") or {}
+    removed = sum(
+        int(n)
+        for entry in screening.values()
+        if isinstance(entry, dict) and entry.get("kind") == "judge"
+        for n in (entry.get("removed_by_config") or {}).values()
+    )
+    if not removed:
+        return ""
+    return (
+        f" The build itself had removed {md_escape(removed)} samples below its `filter_below` (see the judge under "
+        "ethics and limitations), so the share above is of the samples it released."
+    )
+
+
 def judge_section(manifest: dict[str, Any]) -> str:
     if not has_judge_scores(manifest):
         return ""
@@ -96,8 +114,8 @@ def judge_section(manifest: dict[str, Any]) -> str:
         f"{md_escape(judge.get('folds', '?'))}-fold cross-validated (each fold decided with a threshold chosen on "
         f"the others), not in-sample. AUROC of the score = {_number(judge.get('auroc'))} ({confidence}% CI "
         f"{_interval(judge.get('auroc_ci'))}). Intervals are percentile bootstraps over items with "
-        f"{md_escape(judge.get('resamples', '?'))} resamples. Nothing was removed: `lance-cf eval` reports every "
-        "metric on the judge-kept samples beside all of them.",
+        f"{md_escape(judge.get('resamples', '?'))} resamples. The calibration removes nothing: `lance-cf eval` "
+        "reports every metric on the judge-kept samples beside all of them." + _removed_at_build(manifest),
         "",
     ]
     return "\n".join(lines) + "\n"

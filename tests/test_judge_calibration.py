@@ -308,3 +308,27 @@ def test_the_judge_section_of_a_tampered_record_carries_nothing_raw(judged):
     assert "## Label-kept judge" in text and _raw(text) == [], _raw(text)
     assert "&lt;img src=x onerror=alert(1)&gt;" in text
     assert "not blind" in text  # a blind flag that is not true is not taken as blind
+
+
+def test_the_judge_section_says_what_the_build_removed_before_the_share(judged):
+    """With filter_below, the build's judge removed samples before any study: the kept share is of those released,
+    and the section says so with the manifest's own count; without removals it says nothing of the kind."""
+    from dataset_cards.judge_section import judge_section
+
+    manifest = json.loads((judged / rf.MANIFEST_NAME).read_text())
+    manifest["judge_calibration"] = {
+        "threshold": 0.5,
+        "confidence": 95,
+        "study": {"name": "s", "blind": True},
+        "judge_human": {"cv_kappa": 0.5, "cv_kappa_ci": [0.2, 0.7], "folds": 4, "items": 30},
+        "human_human": {"kappa": 0.6, "kappa_ci": [0.3, 0.8], "items": 10},
+        "kept": {"share": 0.8, "share_ci": [0.7, 0.9], "configs": ["counterfactual"], "kept": 8, "scored": 10},
+    }
+    assert "The calibration removes nothing" in judge_section(manifest)
+    assert "The build itself had removed" not in judge_section(manifest)
+    manifest["screening"] = {
+        "judge": {"kind": "judge", "removed_by_config": {"counterfactual": 3}},
+        "judge_lance_r": {"kind": "judge", "removed_by_config": {"lance_r": 2}},
+        "safety": {"kind": "safety", "removed_by_config": {"counterfactual": 7}},  # not the judge's
+    }
+    assert "The build itself had removed 5 samples below its `filter_below`" in judge_section(manifest)
