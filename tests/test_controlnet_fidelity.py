@@ -113,6 +113,13 @@ def test_release_fidelity_rows_match_direct_computation(two_releases, tmp_path):
     original, edited = image("original", "src-0000-00"), image("counterfactual", "src-0000-00-cf01")
     assert row["edge_ssim"] == pytest.approx(edge_ssim(original, edited))
     assert row["background_psnr"] == pytest.approx(background_psnr(original, edited, mask))
+    # a release built without the preservation stage: PSNR and SSIM computed here (the outside ones with the mask)
+    from lance_pipeline import preservation as pv
+
+    assert row["preservation_from"] == "computed" and row["lpips"] is None and row["lpips_outside"] is None
+    assert row["psnr_outside"] == pytest.approx(background_psnr(original, edited, mask))
+    assert row["ssim"] == pytest.approx(pv.ssim(original, edited))
+    assert row["ssim_outside"] == pytest.approx(pv.ssim(original, edited, mask))
     assert all(r["background_psnr"] is None for r in rows if r["source_key"] != "src-0000-00")
     assert all(r["clip_image"] is None for r in rows)
 
