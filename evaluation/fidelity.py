@@ -589,8 +589,9 @@ def side_by_side(
         "(judge_class_p >= threshold; 'not judged' / 'not calibrated' where it has no scores / no calibration); "
         "forward_equivalents_per_kept, tflops_per_kept: what the editing cost (every network forward of the editor "
         "and its gates, null-text inversion included where the editor needs one, and the render's FLOPs, counted by "
-        "hooks at build time) per kept edit; lpips, psnr, ssim and their _outside forms: preservation of the source image (each "
-        "counterfactual's metadata where the build measured it; else PSNR and SSIM computed here and LPIPS empty)."
+        "hooks at build time) per kept edit; lpips, psnr, ssim and their _outside forms: preservation of the source "
+        "image (each counterfactual's metadata where the build measured it; else PSNR and SSIM computed here and LPIPS "
+        "empty)."
     )
     limits = sorted({r["limit"] for group in (results_by_release or {}).values() for r in group if r.get("limit")})
     if limits:
