@@ -39,8 +39,9 @@ def preservation_section(manifest: dict[str, Any]) -> str:
         "## Preservation of the source image",
         "",
         "How much of its source image each counterfactual keeps (`lance_pipeline/preservation.py`): LPIPS (Zhang "
-        "et al. 2018, VGG, v0.1; lower = closer), PSNR (dB) and SSIM (Wang et al. 2004) against the source image, over the "
-        "whole image and outside the object where an object mask was given. Means over the released counterfactuals; "
+        "et al. 2018, VGG, v0.1; lower = closer), PSNR (dB) and SSIM (Wang et al. 2004) against the source image, "
+        "over the whole image and outside the object where an object mask was given. Means over the released "
+        "counterfactuals; "
         "each sample's values are in its metadata (`preservation_lpips`, `preservation_psnr`, `preservation_ssim` "
         "and their `_outside` forms).",
         "",
