@@ -9,9 +9,17 @@ Per counterfactual, against its source image (the ``original`` config, same ``so
   against the photo, so the recorded gate scores are not comparable across editors);
 * ``edge_ssim``: SSIM (Wang, Bovik, Sheikh, Simoncelli, IEEE TIP 2004; Gaussian window sigma 1.5, K1 0.01,
   K2 0.03) between the Canny edge maps (OpenCV, thresholds 100/200) of the two images: does the structure survive?
-  No learned metric (LPIPS) is needed;
+  structure only;
 * ``background_psnr``: PSNR over the pixels outside the object mask, where a mask is known (``--masks DIR`` with
   ``SOURCE_KEY.png``, non-zero = object, e.g. Hard ImageNet's segmentations): does the edit leave the rest alone?
+* ``lpips``, ``psnr``, ``ssim`` and their ``_outside`` forms: preservation of the source image
+  (``lance_pipeline.preservation``), from each counterfactual's metadata where the build measured it, else PSNR and
+  SSIM computed here (LPIPS empty).
+
+Per (editor, edit type) of each release, from its manifest: ``gate_kept`` (edits kept by the gates over edits given
+to the editor), ``forward_equivalents_per_kept`` and ``tflops_per_kept`` (the cost its edit stage counted, per kept
+edit; :func:`editing_accounting`) and ``label_kept`` (the judge's ``judge_class_p`` at the release's calibrated
+threshold, or ``not judged`` / ``not calibrated``: never a number that was not measured).
 
 Per (editor, edit type, model) the table joins these means with the accuracy drop that ``lance-cf eval`` measured on
 the same release (``paired_delta_acc1`` and ``flip_rate`` of ``sensitivity.by_edit_type`` in each model's results),
@@ -702,9 +710,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "The side-by-side table of `lance-cf eval --release A --release B`, without evaluating any model: per "
             "editor and edit type, the image fidelity (CLIP image similarity, SSIM of Canny edges, background PSNR "
-            "with --masks) of two or more releases of the same source images and, from earlier `lance-cf eval` "
-            "outputs (--results), the paired accuracy drop and flip rate. Writes fidelity.md, fidelity.csv, "
-            "fidelity.json, fidelity.png, fidelity.html and fidelity_samples.csv."
+            "with --masks), the share of edits the gates kept, the share the calibrated judge keeps, the cost per "
+            "kept counterfactual (forward-equivalents and FLOPs counted at build time) and the preservation of the "
+            "source image (LPIPS, PSNR, SSIM, whole and outside the object) of two or more releases of the same "
+            "source images and, from earlier `lance-cf eval` outputs (--results), the paired accuracy drop and flip "
+            "rate. Writes fidelity.md, fidelity.csv, fidelity.json, fidelity.png, fidelity.html and "
+            "fidelity_samples.csv."
         ),
     )
     p.add_argument("--release", action="append", required=True, help="release directory or Hub id (twice or more)")
