@@ -287,7 +287,9 @@ def editing_accounting(manifest: dict[str, Any]) -> dict[str, dict[str, dict[str
                     continue
                 slot = out.setdefault(editor, {}).setdefault(edit_type, dict.fromkeys(pv.ACCOUNTING_KEYS, 0))
                 for name in pv.ACCOUNTING_KEYS:
-                    slot[name] += stats.get(name) or 0
+                    value = stats.get(name)
+                    # a cost not counted for every record (None) stays unknown
+                    slot[name] = None if value is None or slot[name] is None else slot[name] + value
     return out
 
 
@@ -453,8 +455,9 @@ def _editing_columns(editor: str, edit_type: str, group: list[dict], manifest: d
     if stats and stats["edits"]:
         kept = stats["edits_kept"]
         out["gate_kept"] = kept / stats["edits"]
-        if kept:
+        if kept and stats["forward_equivalents"] is not None:
             out["forward_equivalents_per_kept"] = stats["forward_equivalents"] / kept
+        if kept and stats["flops"] is not None:
             out["tflops_per_kept"] = stats["flops"] / kept / 1e12
     return out
 

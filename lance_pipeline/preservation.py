@@ -442,7 +442,7 @@ class PreservationStage:
                         {**item, **v, SAMPLE_INDEX: item.get(SAMPLE_INDEX, i)}
                         for i, (item, v) in enumerate(zip(items, values, strict=True))
                     ],
-                    "edit_accounting": edit_accounting(record.get("edit_candidates"), record.get("edit_cost")),
+                    "edit_accounting": edit_accounting(record.get("edit_candidates"), record.get("edit_cost"), items),
                 }
             )
         return out
@@ -462,9 +462,11 @@ class PreservationStage:
             account = update.get("edit_accounting") or {}
             for edit_type, counts in (account.get("by_edit_type") or {}).items():
                 for group in ((account["editor"], edit_type), (account["editor"], "all")):
-                    slot = accounts.setdefault(group, dict.fromkeys(ACCOUNTING_KEYS, 0))
+                    slot = accounts.setdefault(group, {**dict.fromkeys(ACCOUNTING_KEYS, 0), "uncounted": 0})
                     for name in ACCOUNTING_KEYS:
                         slot[name] += counts.get(name) or 0
+                    # an edit stage that recorded no cost (a build directory of an earlier version, resumed)
+                    slot["uncounted"] += 0 if account.get("counted") else 1
         by_editor: dict[str, dict[str, Any]] = {}
         for editor, edit_type in sorted(set(groups) | set(accounts)):
             items = groups.get((editor, edit_type), [])
@@ -475,15 +477,20 @@ class PreservationStage:
             account = accounts.get((editor, edit_type))
             for name in ACCOUNTING_KEYS:
                 entry[name] = None if account is None else round(account[name], 3)
+            if account is not None and account["uncounted"]:  # a cost that was not counted for every record is none
+                entry["forward_equivalents"] = entry["flops"] = None
             by_editor.setdefault(editor, {})[edit_type] = entry
         measured = sum(g.get("all", {}).get("n", 0) for g in by_editor.values())
         return {"kind": "preservation", "measured": measured, "by_editor": by_editor}
 
 
-def edit_accounting(candidates: list[dict] | None, cost: dict[str, Any] | None) -> dict[str, Any]:
+def edit_accounting(
+    candidates: list[dict] | None, cost: dict[str, Any] | None, items: list[dict] | None = None
+) -> dict[str, Any]:
     """Per edit type of one record: the edits the edit stage was given (its candidate records' ``edit_index``), those
     with a chosen candidate (kept by the gates), and the record's counted cost (render and gates, plus the inversion
-    where the editor consumed one) split evenly over its edits."""
+    where the editor consumed one) split evenly over its edits. The editor is the one the cost names, else the one its
+    counterfactuals name (``items``)."""
     cost = cost or {}
     edits: dict[int, tuple[str, bool]] = {}
     for candidate in candidates or []:
@@ -502,4 +509,5 @@ def edit_accounting(candidates: list[dict] | None, cost: dict[str, Any] | None) 
         slot["edits_kept"] += int(kept)
         slot["forward_equivalents"] += forward_equivalents * share
         slot["flops"] += flops * share
-    return {"editor": str(cost.get("editor") or "unknown"), "counted": bool(parts), "by_edit_type": by_type}
+    editor = cost.get("editor") or next((i.get("editor") for i in items or [] if i.get("editor")), None)
+    return {"editor": str(editor or "unknown"), "counted": bool(parts), "by_edit_type": by_type}

@@ -242,3 +242,13 @@ def test_gates_and_cost_per_editor_and_edit_type_reach_the_manifest_record():
         row["judge_class_p"] = None
     assert subject_row({**manifest, "judge_calibration": {"threshold": 0.5}})["label_kept"] == "not judged"
     assert subject_row({})["gate_kept"] is None  # a release built without the preservation stage
+    # a record whose edit stage recorded no cost (an earlier version's build resumed): the cost is unknown, not lower
+    uncounted = pv.edit_accounting(
+        [{"edit_index": 0, "edit_type": "subject", "chosen": True}], None, [{"editor": "prompt_to_prompt"}]
+    )
+    assert uncounted["counted"] is False and uncounted["editor"] == "prompt_to_prompt"
+    partial = pv.PreservationStage.summarize([{"edit_accounting": account}, {"edit_accounting": uncounted}])
+    subject = partial["by_editor"]["prompt_to_prompt"]["subject"]
+    assert (subject["edits"], subject["edits_kept"]) == (2, 2) and subject["forward_equivalents"] is None
+    row = subject_row({"screening": {"preservation": partial}})
+    assert row["gate_kept"] == 1.0 and row["forward_equivalents_per_kept"] is None and row["tflops_per_kept"] is None
