@@ -311,3 +311,50 @@ def test_the_card_names_the_editor_and_its_licence_and_warns_of_a_non_commercial
     typed.stages["edit"] = {**InstructEditorOptions(editor="flux2_klein").describe(), "instruct_editing": {}}
     text = instruct_intro(typed, "X")
     assert "licence apache-2.0" in text and "Non-commercial" not in text
+
+
+def test_models_list_and_download_fetch_exactly_the_files_the_editor_loads_from_a_hub_id(hub, tmp_path, capsys,
+                                                                                          monkeypatch):  # fmt: skip
+    """The tiny FLUX.2 [klein] pushed to the Hub double as a repository (with a safety checker and a pickle it never
+    needs): ``models list`` names it with its files and size, ``download`` fetches exactly those, and the editor then
+    loads the Hub id at its commit offline, through the same ``from_pretrained`` as the pinned id."""
+    from huggingface_hub import constants
+    from test_models import _point_at, push
+
+    from builder.cli import main
+    from builder.config import preset_path
+    from lance_pipeline.instruct.editing import load_instruct_pipeline
+    from lance_pipeline.models.needs import select_files
+    from lance_pipeline.readers import read_yaml
+    from lance_pipeline.tiny.instruct_components import create_tiny_flux2_klein
+
+    hub.gate_reads = True
+    _point_at(monkeypatch, tmp_path, hub.url)
+    local = create_tiny_flux2_klein(tmp_path / "klein")
+    files = {str(p.relative_to(local)): p.read_bytes() for p in sorted(local.rglob("*")) if p.is_file()}
+    files |= {"safety_checker/model.safetensors": b"never read", "transformer/diffusion_pytorch_model.bin": b"pickle",
+              "README.md": b"---\nlicense: apache-2.0\n---\n"}  # fmt: skip
+    commit = push(hub, tmp_path, "org/tiny-klein", files)
+    needed = select_files(list(files), InstructEditStage.model_options[0].files)
+    assert "transformer/diffusion_pytorch_model.safetensors" in needed and "model_index.json" in needed
+    assert not {"safety_checker/model.safetensors", "transformer/diffusion_pytorch_model.bin", "TINY_MODEL.json"} & set(
+        needed
+    )
+    data = read_yaml(preset_path("demo-instruct"))
+    edit = next(s for s in data["stages"] if s["name"] == "edit")
+    edit["options"].update(model="org/tiny-klein", revision=commit, license="apache-2.0")
+    config = tmp_path / "hub-instruct.yaml"
+    config.write_text(json.dumps(data))
+
+    assert main(["models", "list", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert f"org/tiny-klein@{commit}" in out and f"in {len(needed)} file(s), licence apache-2.0" in out
+    assert "instruction editor for stages[edit].options.model" in out
+    assert main(["models", "download", str(config), "--no-progress"]) == 0
+    snapshot = tmp_path / "hf-cache" / "models--org--tiny-klein" / "snapshots" / commit
+    assert sorted(str(p.relative_to(snapshot)) for p in snapshot.rglob("*") if p.is_file()) == needed
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    options = InstructEditorOptions(editor="flux2_klein", model="org/tiny-klein", revision=commit, license="apache-2.0")
+    pipeline = load_instruct_pipeline(options, "cpu")
+    assert type(pipeline).__name__ == "Flux2KleinPipeline" and pipeline.config.is_distilled
