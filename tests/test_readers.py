@@ -61,6 +61,9 @@ NOT_USER_INPUT: dict[tuple[str, str], str] = {
     # Tiny random-weight components built for the tests and demos by the same module.
     ("lance_pipeline/tiny/image_components.py", "create_tiny_stable_diffusion"): "a vocabulary this module wrote",
     ("lance_pipeline/tiny/text_components.py", "create_tiny_lora_adapter"): "an adapter config this module wrote",
+    ("lance_pipeline/tiny/instruct_components.py", "create_tiny_instruct_pix2pix"): (
+        "the configs create_tiny_stable_diffusion just wrote"
+    ),
     # A server's own JSON response (a chat-completions server), not a file a user passes.
     ("lance_pipeline/perturber/collect.py", "_chat_content"): "the chat-completions server's JSON response",
     # A language model's reply, parsed leniently (JSON, else a Python literal) and validated field by field after.
