@@ -159,6 +159,14 @@ def write_perturber(path: Path, size: str, device: str = "cpu") -> Path:
     return write(path, size, device)
 
 
+def write_lpips_backbone(path: Path, size: str, device: str = "cpu") -> Path:
+    """LPIPS's VGG16 backbone in timm's layout. LPIPS's linear layers fix its widths, so the random stand-in is the
+    published architecture at either size."""
+    from lance_pipeline.tiny.preservation_components import create_tiny_lpips_backbone
+
+    return create_tiny_lpips_backbone(path)
+
+
 # Stage type -> {option key: writer} for the models each stage loads.
 WRITERS = {
     "blip2_captioner": {"model": write_captioner},
@@ -183,6 +191,7 @@ WRITERS = {
         ),
         {"model": write_safety_checker},
     ),
+    "preservation": {"lpips_backbone": write_lpips_backbone},
 }
 # Options that make random models' outputs reach the image stages (the demo preset's settings).
 OPEN_FILTERS = {

@@ -16,6 +16,7 @@ SUITE = REPO / "benchmarks" / "gpu_suite.py"
 # Every stage of the hardimagenet preset (the build section must reach each one on the random-weight models).
 HARDIMAGENET_STAGES = {"caption", "perturb", "label_check", "random_edit", "invert", "reconstruct", "edit"}
 HARDIMAGENET_STAGES |= {"lance_r_edit", "screen", "screen_lance_r", "safety_reconstruction", "safety", "safety_lance_r"}
+HARDIMAGENET_STAGES |= {"preservation"}
 
 
 def run_suite(tmp_path: Path, *args: str) -> dict:
