@@ -379,3 +379,19 @@ def test_a_filtering_judge_in_a_strength_build_needs_the_strength_judge_after_it
     validate_build(dataclasses.replace(config, stages=[*config.stages, judge, strength]))
     no_filter = StageConfig("judge", "judge", ["counterfactual"], dict(tiny))
     validate_build(dataclasses.replace(config, stages=[*config.stages, no_filter]))  # removes nothing: no link breaks
+
+
+def test_the_demo_judged_preset_is_the_demo_plus_the_three_judge_stages():
+    """demo-judged (the offline walk of the judge's calibration) cannot drift from demo: the same config and stages,
+    plus the judge on every edited config on the tiny judge, removing nothing."""
+    from builder.config import load_config
+
+    demo, judged = load_config("demo").to_dict(), load_config("demo-judged").to_dict()
+    extra = judged["stages"][len(demo["stages"]) :]
+    assert judged["stages"][: len(demo["stages"])] == demo["stages"]
+    assert [(s["type"], s["configs"]) for s in extra] == [
+        ("judge", ["counterfactual"]), ("judge_lance_r", ["lance_r"]), ("judge_strength", ["strength"])
+    ]  # fmt: skip
+    assert all(s["options"] == {"model": "demo:tiny-judge", "revision": None} for s in extra)
+    same = {k: v for k, v in judged.items() if k not in ("stages", "name", "description")}
+    assert same == {k: v for k, v in demo.items() if k not in ("stages", "name", "description")}
