@@ -210,7 +210,11 @@ def test_sweep_keeps_the_best_passing_candidate_and_records_all(record, sd_dir):
     rec = dict(record)
     rec["edits"] = [edit(good, "cat", "dog"), edit(CAPTION + " in snow", "in snow", kept=False), edit(bad, "at night")]
     (update,) = stage.process([rec])
-    assert set(update) == {"counterfactuals", "edit_candidates"}
+    assert set(update) == {
+        "counterfactuals",
+        "edit_candidates",
+        "edit_cost",
+    }  # the cost counted by hooks (editing/cost.py)
 
     # The scorer saw the null-text reconstruction as the original image, for every candidate.
     (originals, edited_images, captions, edited_captions) = scorer.calls[0]
@@ -339,7 +343,8 @@ def test_failures_are_data_and_options_are_validated(record, sd_dir):
     ok = CounterfactualEditStage(**options(sd_dir), scorer=StubScorer())
     ok.load("cpu")
     (empty,) = ok.process([dict(record, edits=[edit(CAPTION + " at night", "at night", kept=False)])])
-    assert empty == {"counterfactuals": [], "edit_candidates": []}
+    assert {k: v for k, v in empty.items() if k != "edit_cost"} == {"counterfactuals": [], "edit_candidates": []}
+    assert empty["edit_cost"]["edits_rendered"] == 0 and empty["edit_cost"]["edit"] is None  # nothing rendered
 
 
 def test_stored_inversion_round_trips_through_the_ledger_codec(record, sd_dir):
