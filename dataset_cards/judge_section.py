@@ -12,6 +12,7 @@ from typing import Any
 
 from builder import release_format as rf
 from dataset_cards.markdown import code_span, md_escape
+from dataset_cards.screening_section import judge_removed
 from evaluation.judge_kept import RECORD
 
 QUESTION = md_escape("“Does this image show a <class>?”")
@@ -45,13 +46,7 @@ def has_judge_scores(manifest: dict[str, Any]) -> bool:
 def _removed_at_build(manifest: dict[str, Any]) -> str:
     """A sentence when the build's judge stages removed samples (``filter_below``): the share above is of the
     samples left, not of every counterfactual made."""
-    screening = manifest.get("screening") or {}
-    removed = sum(
-        int(n)
-        for entry in screening.values()
-        if isinstance(entry, dict) and entry.get("kind") == "judge"
-        for n in (entry.get("removed_by_config") or {}).values()
-    )
+    removed = sum(judge_removed(manifest).values())
     if not removed:
         return ""
     return (

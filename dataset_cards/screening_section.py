@@ -70,6 +70,16 @@ def screening_section(manifest: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def judge_removed(manifest: dict[str, Any]) -> dict[str, int]:
+    """Per config, the samples the build's judge stages removed (``filter_below``); empty when none did."""
+    removed: dict[str, int] = {}
+    for entry in (manifest.get("screening") or {}).values():
+        if isinstance(entry, dict) and entry.get("kind") == "judge":
+            for config, n in (entry.get("removed_by_config") or {}).items():
+                removed[config] = removed.get(config, 0) + int(n)
+    return removed
+
+
 def judge_lines(manifest: dict[str, Any]) -> list[str]:
     """The judge's bullet (only where a judge stage ran): which model, what it asked, what it removed, per config."""
     screening = manifest.get("screening") or {}
@@ -82,10 +92,7 @@ def judge_lines(manifest: dict[str, Any]) -> list[str]:
                      for r in records})  # fmt: skip
     licences = sorted({str(r.get("license")) for r in records})
     checked = sum(int(e.get("checked", 0)) for e in judged.values())
-    removed: dict[str, int] = {}
-    for entry in judged.values():
-        for config, n in (entry.get("removed_by_config") or {}).items():
-            removed[config] = removed.get(config, 0) + int(n)
+    removed = judge_removed(manifest)
     thresholds = sorted({r.get("filter_below") for r in records if r.get("filter_below") is not None})
     if thresholds:
         per_config = ", ".join(f"{code_span(c)}: {md_escape(n)}" for c, n in sorted(removed.items())) or "none"

@@ -34,7 +34,6 @@ candidates of one sample are batched only with each other, so a sample's images 
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import logging
 import math
@@ -676,13 +675,7 @@ class ControlNetEditStage(CounterfactualEditStage):
 
     def _editing_description(self) -> dict[str, Any]:
         """The editor's record (scheduler, condition, candidates), the selection rule, the gates and the CLIP model."""
-        editor = self.editor.describe() if self.editor is not None else {"editor": self.editor_name}
-        return {
-            **editor,
-            "selection": self._selector().describe(),
-            "gates": dataclasses.asdict(self.options.gate_thresholds()),
-            "clip": self.scorer.describe() if self.scorer is not None and hasattr(self.scorer, "describe") else None,
-        }
+        return {**self._editor_and_gates(), "selection": self._selector().describe()}
 
 
 @dataclass

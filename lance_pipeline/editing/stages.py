@@ -213,15 +213,21 @@ class CounterfactualEditStage(_ImageStage):
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), self.editing_section: self._editing_description()}
 
-    def _editing_description(self) -> dict[str, Any]:
-        o = self.options
+    def _editor_and_gates(self) -> dict[str, Any]:
+        """What every editor's record holds: the editor's own description, the gates and the CLIP model."""
         editor = self.editor.describe() if self.editor is not None else {"editor": self.editor_name}
         return {
             **editor,
+            "gates": dataclasses.asdict(self.options.gate_thresholds()),
+            "clip": self.scorer.describe() if self.scorer is not None and hasattr(self.scorer, "describe") else None,
+        }
+
+    def _editing_description(self) -> dict[str, Any]:
+        o = self.options
+        return {
+            **self._editor_and_gates(),
             "selection": self.selection,
             "selection_rule": self._selector().describe(),
-            "gates": dataclasses.asdict(o.gate_thresholds()),
-            "clip": self.scorer.describe() if self.scorer is not None and hasattr(self.scorer, "describe") else None,
             **(
                 {"keep_candidates": o.keep_candidates, "strength": STRENGTH_DEFINITION}
                 if self.strength_field is not None

@@ -48,7 +48,6 @@ ancestral steps draw from them too), and candidates of one sample are batched on
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import logging
 import os
@@ -731,13 +730,7 @@ class InstructEditStage(CounterfactualEditStage):
 
     def _editing_description(self) -> dict[str, Any]:
         """The editor's record (pipeline, licence, sampling), the selection rule, the gates and the CLIP model."""
-        editor = self.editor.describe() if self.editor is not None else {"editor": self.editor_name}
-        return {
-            **editor,
-            "selection": self._selector().describe(),
-            "gates": dataclasses.asdict(self.options.gate_thresholds()),
-            "clip": self.scorer.describe() if self.scorer is not None and hasattr(self.scorer, "describe") else None,
-        }
+        return {**self._editor_and_gates(), "selection": self._selector().describe()}
 
 
 @dataclass
