@@ -76,16 +76,20 @@ def _instruct_editors(manifest: rf.Manifest) -> list[dict]:
     return [d for d in manifest.stages.values() if isinstance(d, dict) and isinstance(d.get("instruct_editing"), dict)]
 
 
+def _editor_with_licence(described: dict) -> str:
+    """``editor`` (``model``, licence L), with the terms its weights inherit where the stage recorded them."""
+    licence = f"licence {md_escape(str(described.get('license')))}"
+    if described.get("weights_license"):
+        licence += f"; weights: {md_escape(str(described['weights_license']))}"
+        if described.get("license_note"):
+            licence += f": {md_escape(str(described['license_note']))}"
+    return f"{code_span(described.get('editor'))} ({code_span(described.get('model'))}, {licence})"
+
+
 def instruct_intro(manifest: rf.Manifest, pretty_name: str) -> str:
     """LANCE's pipeline with an instruction editor; the editor, its model and licence, and a non-commercial warning."""
     described = _instruct_editors(manifest)
-    editors = (
-        ", ".join(
-            f"{code_span(d.get('editor'))} ({code_span(d.get('model'))}, licence {md_escape(str(d.get('license')))})"
-            for d in described
-        )
-        or "an instruction editor"
-    )
+    editors = ", ".join(_editor_with_licence(d) for d in described) or "an instruction editor"
     restricted = [d for d in described if d.get("non_commercial")]
     warning = (
         "\n\n**Non-commercial model.** Its images were made with a model under a non-commercial licence ("

@@ -310,7 +310,19 @@ def test_the_card_names_the_editor_and_its_licence_and_warns_of_a_non_commercial
     assert "**Non-commercial model.**" in text and "accept_non_commercial_license" in text
     typed.stages["edit"] = {**InstructEditorOptions(editor="flux2_klein").describe(), "instruct_editing": {}}
     text = instruct_intro(typed, "X")
-    assert "licence apache-2.0" in text and "Non-commercial" not in text
+    assert "licence apache-2.0" in text and "Non-commercial" not in text and "weights:" not in text
+    # InstructPix2Pix: MIT code, weights fine-tuned from Stable Diffusion v1.5 under CreativeML OpenRAIL-M's use-based
+    # restrictions (the repository's LICENSE); both recorded and stated, and commercial use stays allowed.
+    pix2pix = InstructEditorOptions(editor="instruct_pix2pix")
+    assert pix2pix.license_terms()["weights_license"] == "creativeml-openrail-m" and not pix2pix.is_non_commercial
+    typed.stages["edit"] = {**pix2pix.describe(), "instruct_editing": {}}
+    text = " ".join(instruct_intro(typed, "X").split())
+    assert "licence mit; weights: creativeml-openrail-m: MIT covers the code; the weights are fine-tuned from " in text
+    assert "Stable Diffusion v1.5" in text and "use-based restrictions (commercial use allowed)" in text
+    assert "Non-commercial" not in text
+    # a model that is not the family's own inherits no terms from it
+    other = InstructEditorOptions(editor="instruct_pix2pix", model="someone/an-editor", license="mit")
+    assert other.license_terms() == {"license": "mit"}
 
 
 def test_models_list_and_download_fetch_exactly_the_files_the_editor_loads_from_a_hub_id(hub, tmp_path, capsys,

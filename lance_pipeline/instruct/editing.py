@@ -36,7 +36,10 @@ seed and image guidance scale. Cost: the denoiser's sample-forwards are counted 
 
 Licences: each family records its model's licence (``FAMILIES``; ``license`` states it for another model). A model
 under a non-commercial licence (``NON_COMMERCIAL_LICENSES``, e.g. FLUX.2 [klein] 9B) is refused unless
-``accept_non_commercial_license: true``; the manifest and the card then say so.
+``accept_non_commercial_license: true``; the manifest and the card then say so. A model fine-tuned from another
+carries that model's terms too: InstructPix2Pix's code is MIT, its weights are fine-tuned from Stable Diffusion v1.5
+and carry CreativeML OpenRAIL-M's use-based restrictions (``weights_license``, ``license_note``; commercial use
+allowed), and the manifest and the card state both.
 
 Memory: ``offload: model`` moves each component to the GPU only while it runs (diffusers' model CPU offload),
 ``sequential`` each layer (slowest, least memory); with the build's stage-major schedule the editor is the only model
@@ -88,6 +91,9 @@ class InstructFamily:
         pipeline: The diffusers pipeline class.
         model, revision: The Hub id and the commit it is pinned to.
         license: The model's licence (the Hub card's ``license``).
+        weights_license: The licence the weights inherit where it differs from ``license`` ("": none): a model
+            fine-tuned from another model carries that model's terms too.
+        license_note: One sentence saying what ``license`` and ``weights_license`` cover, for the card ("": none).
         steps, guidance: The published number of steps and guidance scale.
         guidance_argument: The pipeline's argument for ``guidance`` (Qwen-Image-Edit: ``true_cfg_scale``).
         image_guidance: The default image guidance scales (InstructPix2Pix only; empty: the editor has none).
@@ -113,6 +119,8 @@ class InstructFamily:
     batched: bool = True
     components: tuple[str, ...] = ("transformer", "vae", "text_encoder", "tokenizer", "scheduler")
     title: str = ""
+    weights_license: str = ""
+    license_note: str = ""
 
 
 # The commits are those public projects pin for these repositories (each found in a project's source); like the
@@ -132,6 +140,13 @@ FAMILIES: dict[str, InstructFamily] = {
             denoiser="unet",
             components=("unet", "vae", "text_encoder", "tokenizer", "scheduler"),
             title="InstructPix2Pix (Brooks et al., CVPR 2023; Stable Diffusion 1.5, about 1B parameters)",
+            # The repository's LICENSE is MIT for the code and says of the checkpoints: fine-tuned from Stable
+            # Diffusion checkpoints, "Further restrictions may apply. Please consult the Stable Diffusion license".
+            weights_license="creativeml-openrail-m",
+            license_note=(
+                "MIT covers the code; the weights are fine-tuned from Stable Diffusion v1.5 and carry the CreativeML "
+                "OpenRAIL-M licence's use-based restrictions (commercial use allowed)"
+            ),
         ),
         InstructFamily(
             "flux2_klein",
@@ -319,8 +334,25 @@ class InstructEditorOptions(EditorOptions):
         return None
 
     @property
+    def weights_license(self) -> str:
+        """The licence the weights inherit beyond ``license`` (the family's, for its own model; else "")."""
+        return self.family.weights_license if self.model == self.family.model else ""
+
+    @property
+    def license_note(self) -> str:
+        return self.family.license_note if self.model == self.family.model else ""
+
+    @property
     def is_non_commercial(self) -> bool:
-        return str(self.license).lower() in NON_COMMERCIAL_LICENSES
+        return any(str(name).lower() in NON_COMMERCIAL_LICENSES for name in (self.license, self.weights_license))
+
+    def license_terms(self) -> dict[str, Any]:
+        """The licence as the manifest records it: ``license``, and where the weights inherit more terms their
+        ``weights_license`` and a ``license_note`` saying what each covers."""
+        terms: dict[str, Any] = {"license": self.license}
+        if self.weights_license:
+            terms.update(weights_license=self.weights_license, license_note=self.license_note)
+        return terms
 
     @property
     def candidates_per_edit(self) -> int:
@@ -331,7 +363,7 @@ class InstructEditorOptions(EditorOptions):
         return {
             "editor": self.editor,
             **super().describe(),
-            "license": self.license,
+            **self.license_terms(),
             "non_commercial": self.is_non_commercial,
             "num_inference_steps": self.num_inference_steps,
             "guidance_scale": self.guidance_scale,
@@ -513,7 +545,7 @@ class InstructEditor:
             "editor": self.name,
             "pipeline": f"diffusers {self.family.pipeline} (no safety checker; the build's screens run after it)",
             "title": self.family.title,
-            "license": o.license,
+            **o.license_terms(),
             "non_commercial": o.is_non_commercial,
             "scheduler": {
                 "class": type(self.pipeline.scheduler).__name__,
