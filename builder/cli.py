@@ -45,6 +45,7 @@ SUBCOMMAND_MODULES = (
     "evaluation.cli",  # eval, leaderboard
     "evaluation.clip_benchmark_export",  # export clip-benchmark
     "evaluation.fidelity",  # compare-editors
+    "builder.review.comparison",  # add-comparison (compare-editors' table onto a release's card)
     "builder.discovery.cli",  # discover
     "builder.cli_publish",  # publish
     "evaluation.cli_publish",  # publish-results

@@ -18,6 +18,7 @@ from builder.ledger import Ledger
 from builder.release_format import ShardSample, Tally, group_into_shards, write_shard
 from builder.sources import Source
 from dataset_cards import render_release_card, write_gallery
+from dataset_cards.editors_section import write_comparison_plot
 from lance_pipeline.edit_types import release_edit_types
 from lance_pipeline.release_kinds import kind_of_manifest
 from lance_pipeline.stage import SCORE_NAMES
@@ -195,7 +196,8 @@ def seal_release(
     invariants: rf.InvariantCheck,
     previous_manifest: dict[str, Any] | None = None,
 ) -> None:
-    """Finish a release whose shards are written: the card's gallery (hashed into ``assets``), the sealed manifest,
+    """Finish a release whose shards are written: the card's gallery and the editor comparison's plot where the
+    manifest records one (hashed into ``assets``), the sealed manifest,
     ``_info.json`` and the card. ``manifest`` holds every other field; it is completed in place.
 
     Args:
@@ -207,7 +209,7 @@ def seal_release(
     invariants.check_complete({c: manifest["counts"][c]["total"] for c in manifest["configs"]})
     gallery = write_gallery(output, manifest["configs"], manifest["shards"])
     manifest["assets"] = []
-    for entry in gallery:
+    for entry in [*gallery, *write_comparison_plot(output, manifest)]:
         digest, size = rf.file_sha256(output / entry["path"])
         manifest["assets"].append({"path": entry["path"], "sha256": digest, "bytes": size})
     manifest.pop("manifest_sha256", None)

@@ -6,7 +6,7 @@ Everything the card states comes from the release's manifest, read through the r
 The prose describes the method (LANCE, Prabhu et al., NeurIPS 2023), how this release was built (every stage's models
 and every constant of its options), its counts, a gallery of original/counterfactual pairs (PNG files under
 ``assets/``, hashed in the manifest), known failure modes, an ethics note, loading and evaluation snippets, the
-leaderboard and a changelog against the previous release. Text from data is escaped (``dataset_cards.markdown``).
+leaderboard, the editors compared (``dataset_cards.editors_section``) and a changelog against the previous release. Text from data is escaped (``dataset_cards.markdown``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 from builder import release_format as rf
 from builder.release_format.yaml_text import dump_yaml
 from dataset_cards.deviations_section import deviations_section
+from dataset_cards.editors_section import editors_section, write_comparison_plot
 from dataset_cards.gallery import read_shard_samples, select_pairs, write_gallery
 from dataset_cards.judge_section import judge_section
 from dataset_cards.markdown import Markdown, code_span, code_text, markdown_template, md_escape
@@ -57,7 +58,8 @@ def render_release_card(
     repo_id: str | None = None,
     output_dir: Path | None = None,
 ) -> str:
-    """Write README.md (and its gallery PNGs under assets/) and return the card text.
+    """Write README.md (and its gallery PNGs under assets/, and the editor comparison's plot where the manifest
+    records one) and return the card text.
 
     Args:
         release_dir: the release directory (shards under ``data/`` are read for the gallery).
@@ -81,7 +83,9 @@ def render_release_card(
         output_dir=output_dir,
         edit_types=typed.release_spec.edit_types,
     )
+    plot = write_comparison_plot(output_dir, manifest)
     context = _template_context(typed, results, previous_manifest, gallery, repo_id)
+    context["editors_section"] = Markdown(editors_section(manifest, plot[0]["path"] if plot else None))
     # What huggingface_hub's DatasetCard.from_template writes (the template gets the card data's keys and the YAML
     # block as ``card_data``), without its two pure-Python YAML dumps and one parse: about 1 s for an ImageNet card,
     # whose front matter lists the 1,000 class names once per config. ``verify`` reads the front matter back.

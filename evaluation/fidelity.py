@@ -70,6 +70,18 @@ PRESERVATION_COLUMNS = ("lpips", "psnr", "ssim", "lpips_outside", "psnr_outside"
 EDITING_COLUMNS = ("gate_kept", "label_kept", "forward_equivalents_per_kept", "tflops_per_kept")
 JUDGE_CLASS_FIELD = "judge_class_p"  # lance_pipeline.screening.judge's declared field
 JUDGE_CALIBRATION = "judge_calibration"  # the manifest record of `lance-cf review calibrate` (its `threshold`)
+# What the columns mean: under fidelity.md's table and the card's (dataset_cards.editors_section).
+COLUMN_NOTE = (
+    "paired_delta_acc1: counterfactual minus original top-1, points (negative = the edits cost accuracy); clip_image, "
+    "edge_ssim, background_psnr: counterfactual against its source image. gate_kept: share of the rendered edits that "
+    "the release's gates kept (counted by its edit stage); label_kept: share of the judged counterfactuals the judge "
+    "keeps at the release's calibrated threshold (judge_class_p >= threshold; 'not judged' / 'not calibrated' where "
+    "it has no scores / no calibration); forward_equivalents_per_kept, tflops_per_kept: what the editing cost (every "
+    "network forward of the editor and its gates, null-text inversion included where the editor needs one, and the "
+    "render's FLOPs, counted by hooks at build time) per kept edit; lpips, psnr, ssim and their _outside forms: "
+    "preservation of the source image (each counterfactual's metadata where the build measured it; else PSNR and SSIM "
+    "computed here and LPIPS empty)."
+)
 
 
 # ---------------------------------------------------------------------------------------------- measures
@@ -593,16 +605,7 @@ def side_by_side(
     note = (
         f"Source images with counterfactuals in every release: {len(common)} "
         f"({', '.join(f'{label}: {n}' for label, n in counts.items())}). Each release's numbers are over all of its "
-        "own counterfactuals. paired_delta_acc1: counterfactual minus original top-1, points (negative = the edits "
-        "cost accuracy); clip_image, edge_ssim, background_psnr: counterfactual against its source image. "
-        "gate_kept: share of the rendered edits that the release's gates kept (counted by its edit stage); "
-        "label_kept: share of the judged counterfactuals the judge keeps at the release's calibrated threshold "
-        "(judge_class_p >= threshold; 'not judged' / 'not calibrated' where it has no scores / no calibration); "
-        "forward_equivalents_per_kept, tflops_per_kept: what the editing cost (every network forward of the editor "
-        "and its gates, null-text inversion included where the editor needs one, and the render's FLOPs, counted by "
-        "hooks at build time) per kept edit; lpips, psnr, ssim and their _outside forms: preservation of the source "
-        "image (each counterfactual's metadata where the build measured it; else PSNR and SSIM computed here and LPIPS "
-        "empty)."
+        f"own counterfactuals. {COLUMN_NOTE}"
     )
     limits = sorted({r["limit"] for group in (results_by_release or {}).values() for r in group if r.get("limit")})
     if limits:
@@ -613,11 +616,22 @@ def side_by_side(
     markdown = table_markdown(table, escaped=True)
     (output / "fidelity.md").write_text(f"{note}\n\n{markdown}", encoding="utf-8")
     plot_fidelity(table, output / "fidelity.png")
+    edits = {label: sum(r["release"] == label for r in rows) for label in labels}
     summary = {
         "releases": [
-            {"label": label, "name": r.name, "version": r.version, "manifest_sha256": r.manifest_sha256}
+            {
+                "label": label,
+                "name": r.name,
+                "version": r.version,
+                "config_hash": r.manifest.get("config_hash"),
+                "manifest_sha256": r.manifest_sha256,
+                "counterfactuals": edits[label],
+                "sources": counts[label],
+            }
             for r, label in zip(releases, labels, strict=True)
         ],
+        # the models whose eval results gave the accuracy columns
+        "models": sorted({str(row["model"]) for row in table if row.get("model") is not None}),
         "shared_sources": len(common),
         "sources_with_counterfactuals": counts,
         "clip": _clip_description(clip),

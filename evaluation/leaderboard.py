@@ -961,14 +961,21 @@ def leaderboard_section(results: list[dict]) -> str:
 
 def replace_leaderboard_section(card_text: str, results: list[dict]) -> str:
     """Refresh the leaderboard of an already rendered card (no shards needed), keeping everything else."""
-    section = leaderboard_section(results)
-    start = card_text.find("\n" + LEADERBOARD_HEADING)
+    return replace_card_section(card_text, LEADERBOARD_HEADING, leaderboard_section(results), LEADERBOARD_ANCHOR)
+
+
+def replace_card_section(card_text: str, heading: str, section: str, anchor: str) -> str:
+    """``card_text`` with its section under ``heading`` (up to the next ``## `` heading) replaced by ``section`` ("":
+    removed); a card without one gets it before the ``anchor`` heading, else at its end. Everything else is kept."""
+    start = card_text.find("\n" + heading)
     if start >= 0:
         start += 1
-        end = card_text.find("\n## ", start + len(LEADERBOARD_HEADING))
+        end = card_text.find("\n## ", start + len(heading))
         end = len(card_text) if end < 0 else end + 1
         return card_text[:start] + section + card_text[end:]
-    anchor = card_text.find("\n" + LEADERBOARD_ANCHOR)
-    if anchor < 0:
+    if not section:
+        return card_text
+    at = card_text.find("\n" + anchor)
+    if at < 0:
         return card_text.rstrip("\n") + "\n\n" + section
-    return card_text[: anchor + 1] + section + card_text[anchor + 1 :]
+    return card_text[: at + 1] + section + card_text[at + 1 :]

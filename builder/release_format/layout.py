@@ -14,6 +14,9 @@ CARD_NAME = "README.md"
 TIMM_INFO_NAME = "_info.json"
 DATA_DIR = "data"
 ASSETS_DIR = "assets"  # card gallery images: hashed in the manifest (v2), not part of the data
+# A release's record of an editor comparison (``lance-cf add-comparison``) and the card's plot of it (an asset).
+EDITOR_COMPARISON = "editor_comparison"
+COMPARISON_PLOT = f"{ASSETS_DIR}/editors-compared.png"
 WORK_DIR = ".lance-cf"  # build work directory (ledger); never hashed, never published
 
 # The members of one WebDataset sample: KEY.<ext>. The image extension is per release (lossless by default).

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,37 @@ def next_version(version: str) -> str:
     parsed = rf.parse_release_version(version)
     major, minor, _ = parsed.release
     return f"{major}.{minor + 1}.0"
+
+
+def reseal_next_version(
+    release: Path, output: Path, index: ReleaseIndex, update: dict[str, Any], version: str
+) -> dict[str, Any]:
+    """The next version of a release whose samples do not change: every shard copied byte for byte (the new manifest
+    lists the very same shard records, and each copy is checked against them), the old manifest with ``version`` and
+    ``update``, sealed (card, gallery, croissant) with the old one as the changelog's previous release.
+
+    Args:
+        index: ``ReleaseIndex(release)``: its samples go through the release's declared invariants again.
+        update: manifest fields to add or replace (e.g. a calibration, an editor comparison).
+
+    Returns:
+        The new manifest.
+    """
+    old = index.manifest
+    output.mkdir(parents=True, exist_ok=True)
+    for shard in old.shards:
+        target = output / shard.path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(release / shard.path, target)
+        if rf.file_sha256(target) != (shard.sha256, shard.bytes):
+            raise ValueError(f"{target}: the copy of {shard.path} differs from the manifest's record; copy again")
+    invariants = rf.InvariantCheck(old.release_spec, old.configs)
+    for (config, key), sample in sorted(index.samples.items()):
+        invariants.add(config, sample.meta, f"{config}:{key}")
+    manifest = {k: v for k, v in (old.raw or old.to_dict()).items() if k not in ("manifest_sha256", "assets")}
+    manifest.update(update, version=version)
+    seal_release(output, manifest, invariants, previous_manifest=old.raw)
+    return manifest
 
 
 def review_fields(review: ItemReview) -> dict[str, Any]:

@@ -13,13 +13,11 @@ samples; the card states it. Nothing is filtered: eval reports the judge-kept su
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 from typing import Any
 
 from builder import release_format as rf
-from builder.release import seal_release
-from builder.review.apply import check_new_output, choose_study, next_version
+from builder.review.apply import check_new_output, choose_study, next_version, reseal_next_version
 from builder.review.calibration import (
     CONFIDENCE,
     DEFAULT_FOLDS,
@@ -95,26 +93,12 @@ def calibrate_release(
     people = human_human(labelled, resamples, seed_of(seed, "human_human"))
     kept = kept_share(index, judged_configs(index), calibration["threshold"])
 
-    # 2. Every shard, byte for byte: the new manifest lists the same records, and each copy is checked against them.
-    output.mkdir(parents=True, exist_ok=True)
-    for shard in old.shards:
-        target = output / shard.path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(release / shard.path, target)
-        if rf.file_sha256(target) != (shard.sha256, shard.bytes):
-            raise ValueError(f"{target}: the copy of {shard.path} differs from the manifest's record; copy again")
-    invariants = rf.InvariantCheck(old.release_spec, old.configs)
-    for (config, key), sample in sorted(index.samples.items()):
-        invariants.add(config, sample.meta, f"{config}:{key}")
-
-    # 3. The manifest: the old one with the new version and the calibration.
-    manifest = {k: v for k, v in (old.raw or old.to_dict()).items() if k not in ("manifest_sha256", "assets")}
-    manifest["version"] = version
-    manifest[RECORD] = {
+    # 2. Every shard, byte for byte, and the old manifest with the new version and the calibration.
+    record = {
         "field": JUDGE_CLASS_FIELD,
         "question": QUESTION,
         "study": study.to_dict(),
-        "judge": judge_stages(manifest),
+        "judge": judge_stages(old.raw or old.to_dict()),
         "previous": {"name": old.name, "version": old.version, "manifest_sha256": old.manifest_sha256},
         "confidence": CONFIDENCE,
         "threshold": calibration["threshold"],
@@ -123,7 +107,7 @@ def calibrate_release(
         "left_out": labelled.left_out,
         "kept": kept,
     }
-    seal_release(output, manifest, invariants, previous_manifest=old.raw)
+    manifest = reseal_next_version(release, output, index, {RECORD: record}, version)
     logger.info(
         "judge calibrated: %s %s -> %s (threshold %s, cross-validated kappa %s)",
         old.name, old.version, version, calibration["threshold"], calibration["cv_kappa"],
