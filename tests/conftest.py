@@ -27,6 +27,18 @@ if "LANCE_CF_CACHE" not in os.environ:
     os.environ["LANCE_CF_CACHE"] = _cache
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 
+# Releases built once per session (``shared_release``). Like the cache, the folder is made by the process that loads
+# this file first: under pytest-xdist that is the controller, whose environment every worker inherits, so all workers
+# share one folder and one build of each release.
+if "LANCE_CF_TEST_RELEASES" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    _releases = tempfile.mkdtemp(prefix="lance-cf-test-releases-")
+    os.environ["LANCE_CF_TEST_RELEASES"] = _releases
+    atexit.register(shutil.rmtree, _releases, ignore_errors=True)
+
 
 # -- the Hub double (tests/hub_double.py) and the environment that points huggingface_hub at it ---------------------
 @pytest.fixture
@@ -139,3 +151,66 @@ def local_demo(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo-local") / "release"
     build(demo_config(), out, device="cpu", progress=False)
     return out
+
+
+# -- preset releases built once per test session, for the tests that only read them ----------------------------------
+class SharedReleases:
+    """``shared_release("demo")``: the preset built once per test session by ``lance-cf build PRESET --device cpu``,
+    whichever worker asks first; a worker asking meanwhile waits at the house lock (``output_lock(..., wait=True)`` on
+    the build's own lock folder) and then finds the finished release. ``shared_release.loads("demo")`` gives the model
+    loads that build made (tests/load_counter.py). A test must not write into a shared release:
+    ``shared_release.copy("demo", dest)`` gives a private copy. That rule is checked: at the end of the session every
+    shared release must still hold the bytes it was built with, or the session fails naming the files that changed."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.built: dict[str, dict[str, str]] = {}  # what this process saw when it first took each release
+
+    def __call__(self, preset: str) -> Path:
+        from builder_helpers import counting_loads, release_files
+
+        from builder.release_format.lock import output_lock
+
+        folder = self.root / preset
+        lock = self.root / ".build-locks" / preset
+        lock.mkdir(parents=True, exist_ok=True)
+        with output_lock(lock, f"test session: shared build of {preset}", wait=True):
+            if not (folder / "manifest.json").is_file():  # the engine writes the manifest last
+                counting_loads(self.root / f"{preset}.loads.json", "build", preset, "--output", str(folder),
+                               "--no-progress", "--device", "cpu")  # fmt: skip
+            self.built.setdefault(preset, release_files(folder))
+        return folder
+
+    def loads(self, preset: str) -> dict[str, dict[str, int]]:
+        """The model loads of the shared build of ``preset``, per loader and model (tests/load_counter.py)."""
+        import json
+
+        self(preset)
+        return json.loads((self.root / f"{preset}.loads.json").read_text())
+
+    def copy(self, preset: str, destination: Path) -> Path:
+        """A private copy of the shared ``preset`` at ``destination`` (the build ledger included, so a resume of the
+        copy finds every batch done), to change or rebuild into."""
+        import shutil
+
+        shutil.copytree(self(preset), destination, ignore=shutil.ignore_patterns("lock"))
+        return destination
+
+    def check_unchanged(self) -> list[str]:
+        from builder_helpers import release_files
+
+        changed = []
+        for preset, files in self.built.items():
+            now = release_files(self.root / preset)
+            changed += [
+                f"{preset}/{name}" for name in sorted(set(files) | set(now)) if files.get(name) != now.get(name)
+            ]
+        return changed
+
+
+@pytest.fixture(scope="session")
+def shared_release():
+    releases = SharedReleases(Path(os.environ["LANCE_CF_TEST_RELEASES"]))
+    yield releases
+    changed = releases.check_unchanged()
+    assert not changed, f"a test wrote into a shared release (use shared_release.copy): {', '.join(changed)}"

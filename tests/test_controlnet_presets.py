@@ -122,10 +122,9 @@ def test_hardimagenet_controlnet_shares_classes_captions_and_label_check_with_ha
 
 
 @pytest.fixture(scope="module")
-def demo_controlnet(tmp_path_factory):
-    out = tmp_path_factory.mktemp("demo-controlnet") / "release"
-    cli("build", "demo-controlnet", "--output", str(out), "--no-progress", "--device", "cpu", timeout=None)
-    return out
+def demo_controlnet(shared_release):
+    """``lance-cf build demo-controlnet``, built once for the session; the tests here only read it."""
+    return shared_release("demo-controlnet")
 
 
 @pytest.mark.e2e  # builds demo-controlnet through the CLI (the module's release)

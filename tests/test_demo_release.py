@@ -23,14 +23,10 @@ pytestmark = pytest.mark.e2e  # the demo preset built through the CLI
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    """The demo, built with every stage loading its own models (no sharing between stages): the reference whose bytes
-    the shared-model rebuild must reproduce."""
-    root = tmp_path_factory.mktemp("demo")
-    out = root / "release"
-    counting_loads(root / "loads.json", "build", "demo", "--output", str(out), "--no-progress", "--device", "cpu",
-                   unshared=True)  # fmt: skip
-    return out
+def demo(shared_release):
+    """The demo as ``lance-cf build demo`` makes it (each model shared by the stages that use it), built once for the
+    session; the tests here only read it."""
+    return shared_release("demo")
 
 
 def test_demo_populates_all_configs_with_complete_metadata(demo, tmp_path):
@@ -79,16 +75,16 @@ def test_demo_populates_all_configs_with_complete_metadata(demo, tmp_path):
         assert "demo-components" not in (demo / name).read_text()
 
 
-def test_demo_rebuild_is_byte_identical(demo, tmp_path, monkeypatch):
+def test_demo_rebuild_is_byte_identical(demo, shared_release, tmp_path, monkeypatch):
     """Same inputs and config, every model stage included: identical shards, manifest and card, even with the tiny
-    models rebuilt in another cache directory (the release names them demo:NAME, never a local path). The rebuild
+    models rebuilt in another cache directory (the release names them demo:NAME, never a local path). The reference
     shares each model between the stages that use it (the label check and three sensitive-edit screens: one
-    all-MiniLM-L6-v2; four safety stages: one checker); the reference loaded one per stage: same bytes."""
+    all-MiniLM-L6-v2; four safety stages: one checker); the rebuild loads one per stage: same bytes."""
     monkeypatch.setenv("LANCE_CF_CACHE", str(tmp_path / "other-cache"))
     again = tmp_path / "again"
-    loads = counting_loads(tmp_path / "loads.json", "build", "demo", "--output", str(again), "--no-progress",
-                           "--device", "cpu")  # fmt: skip
-    unshared = json.loads((demo.parent / "loads.json").read_text())
+    unshared = counting_loads(tmp_path / "loads.json", "build", "demo", "--output", str(again), "--no-progress",
+                              "--device", "cpu", unshared=True)  # fmt: skip
+    loads = shared_release.loads("demo")
     # The hook sees every load: label_check, screen, screen_lance_r and screen_strength each loaded their own.
     assert sum(unshared["sentence-transformers"].values()) == 4
     assert sum(loads["sentence-transformers"].values()) == 1  # all-MiniLM-L6-v2, once for four stages

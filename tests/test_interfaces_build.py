@@ -21,10 +21,8 @@ SHIFTS = ["base", "in_the_snow", "pencil_sketch"]
 
 
 @pytest.fixture(scope="module")
-def star(tmp_path_factory):
-    out = tmp_path_factory.mktemp("star") / "release"
-    build(load_config("demo-star"), out, progress=False, device="cpu")
-    return out
+def star(shared_release):
+    return shared_release("demo-star")
 
 
 def test_demo_star_builds_one_verified_config_per_shift_with_every_score(star, tmp_path):

@@ -17,9 +17,6 @@ import numpy as np
 import pytest
 from builder_helpers import cli
 
-from builder.config import load_config
-from builder.engine import build
-
 SHIFTS = ["in_the_snow", "pencil_sketch"]
 DEMO_CLASSES = [281, 652, 657, 698, 967]  # the demo and demo-star releases' classes (demo-star: 281, 652, 967)
 MIN_PER_CLASS = 2  # demo-star has 2 images per class and shift; the paper's 5 would leave no class
@@ -163,11 +160,8 @@ def test_card_yields_thresholds_and_object_rule_from_the_manifest():
 
 
 @pytest.fixture(scope="module")
-def releases(tmp_path_factory):
-    root = tmp_path_factory.mktemp("releases")
-    build(load_config("demo-star"), root / "star", progress=False, device="cpu")
-    build(load_config("demo"), root / "demo", progress=False, device="cpu")
-    return {"star": root / "star", "demo": root / "demo"}
+def releases(shared_release):
+    return {"star": shared_release("demo-star"), "demo": shared_release("demo")}
 
 
 def _wanted_prediction(config: str, meta: dict, index: int) -> int:

@@ -18,7 +18,7 @@ from builder_helpers import lock_held_by_another_process, make_imagefolder
 from release_fixture import write_release
 
 from builder.cli import build_parser, main
-from builder.release_format.lock import NO_OUTPUT, WritesOutput, output_lock
+from builder.release_format.lock import NO_OUTPUT, OutputLocked, WritesOutput, output_lock
 
 
 def _leaves(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()):
@@ -132,3 +132,29 @@ def test_a_command_may_take_the_lock_its_cli_already_holds(tmp_path):
     assert not _locked(tmp_path)  # released by the outer block only
     with output_lock(tmp_path, "build"):
         pass
+
+
+def test_a_waiting_hold_takes_the_lock_when_the_holder_leaves_and_a_plain_one_is_refused(tmp_path):
+    """``wait=True`` (one shared build that several processes need) blocks at the kernel lock instead of refusing;
+    it gets the directory only after the other process has let go."""
+    import threading
+
+    from builder_helpers import lock_held_by_another_process
+
+    taken: list[bool] = []
+    leaving = threading.Event()  # set just before the holder is told to let go
+
+    def take() -> None:
+        with output_lock(tmp_path, "build", wait=True):  # an OutputLocked here leaves `taken` empty
+            taken.append(leaving.is_set())
+
+    with lock_held_by_another_process(tmp_path, "build"):
+        with pytest.raises(OutputLocked, match="in use by lance-cf pid"):
+            with output_lock(tmp_path, "build"):
+                pass
+        waiter = threading.Thread(target=take)
+        waiter.start()
+        leaving.set()
+    waiter.join()
+    # The waiter got the lock, and not while the other process held it (it would have recorded False).
+    assert taken == [True]

@@ -69,11 +69,15 @@ _HELD: dict[tuple[int, int], bool] = {}
 
 
 @contextlib.contextmanager
-def output_lock(directory: str | os.PathLike, command: str, *, shared: bool = False) -> Iterator[None]:
+def output_lock(
+    directory: str | os.PathLike, command: str, *, shared: bool = False, wait: bool = False
+) -> Iterator[None]:
     """Hold ``directory`` for ``command`` (exclusive, or shared for readers) until the block ends.
 
-    Raises ``OutputLocked`` at once (never waits) when another process holds it in a conflicting mode. Taking it again
-    inside the block, in this process, is a no-op where the first hold covers the second (exclusive covers both).
+    Raises ``OutputLocked`` at once when another process holds it in a conflicting mode; with ``wait`` it blocks until
+    the holder is done instead (for work that is the same whoever does it, like one shared build that several
+    processes need: the second finds the first's result). Taking it again inside the block, in this process, is a
+    no-op where the first hold covers the second (exclusive covers both).
     """
     directory = Path(directory)
     fd = os.open(directory, os.O_RDONLY)
@@ -85,7 +89,7 @@ def output_lock(directory: str | os.PathLike, command: str, *, shared: bool = Fa
         return
     try:
         try:
-            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
             holder = _read_info(directory)
             who = f"pid {holder.get('pid')}" if holder.get("pid") else "another process"
