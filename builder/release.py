@@ -17,8 +17,7 @@ from builder.croissant import write_release_croissant
 from builder.ledger import Ledger
 from builder.release_format import ShardSample, Tally, group_into_shards, write_shard
 from builder.sources import Source
-from dataset_cards import render_release_card, write_gallery
-from dataset_cards.editors_section import write_comparison_plot
+from dataset_cards import render_release_card, write_comparison_plot, write_gallery
 from lance_pipeline.edit_types import release_edit_types
 from lance_pipeline.release_kinds import kind_of_manifest
 from lance_pipeline.stage import SCORE_NAMES

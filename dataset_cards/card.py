@@ -6,7 +6,8 @@ Everything the card states comes from the release's manifest, read through the r
 The prose describes the method (LANCE, Prabhu et al., NeurIPS 2023), how this release was built (every stage's models
 and every constant of its options), its counts, a gallery of original/counterfactual pairs (PNG files under
 ``assets/``, hashed in the manifest), known failure modes, an ethics note, loading and evaluation snippets, the
-leaderboard, the editors compared (``dataset_cards.editors_section``) and a changelog against the previous release. Text from data is escaped (``dataset_cards.markdown``).
+leaderboard and the editors compared (evaluation's sections of the card) and a changelog against the previous release.
+Text from data is escaped (``dataset_cards.markdown``).
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ from typing import Any
 from builder import release_format as rf
 from builder.release_format.yaml_text import dump_yaml
 from dataset_cards.deviations_section import deviations_section
-from dataset_cards.editors_section import editors_section, write_comparison_plot
 from dataset_cards.gallery import read_shard_samples, select_pairs, write_gallery
 from dataset_cards.judge_section import judge_section
 from dataset_cards.markdown import Markdown, code_span, code_text, markdown_template, md_escape
 from dataset_cards.preservation_section import preservation_section
 from dataset_cards.review_section import review_section
 from dataset_cards.screening_section import screening_section
+from evaluation.editors_section import editors_section, write_comparison_plot
 from evaluation.leaderboard import leaderboard_section
 from lance_pipeline.release_kinds import ReleaseKind, kind_of_manifest, resolve_target
 

@@ -9,6 +9,7 @@ import argparse
 
 from builder.release_format.hub_client import talk_to_hub
 from builder.release_format.lock import declare_output
+from evaluation.publish_comparison import publish_comparison
 from evaluation.publish_results import publish_results
 
 
@@ -29,6 +30,23 @@ def register(subparsers) -> None:
     results.set_defaults(func=run_publish_results)
     declare_output(results, "publish-results", None)  # to the Hub
 
+    comparison = subparsers.add_parser(
+        "publish-comparison",
+        help="add the editors compared (compare-editors' output) to a published release repo's card",
+        description=(
+            "Upload compare-editors' fidelity.json, .md, .csv and .png under results/editors/ and refresh the card's "
+            "'Editors compared' section (table and plot), as one new commit; the comparison must include the release "
+            "the branch holds. Existing version tags are not moved. (`lance-cf add-comparison` makes a release's "
+            "next version that carries it instead.)"
+        ),
+    )
+    comparison.add_argument("comparison", metavar="COMPARISON", help="the --output folder of compare-editors")
+    comparison.add_argument("--repo-id", required=True, help="target dataset repo, ORG/NAME")
+    comparison.add_argument("--dry-run", action="store_true", help="print the files that would be added only")
+    comparison.add_argument("--revision", default="main", help="branch to commit to (default: main)")
+    comparison.set_defaults(func=run_publish_comparison)
+    declare_output(comparison, "publish-comparison", None)  # to the Hub
+
 
 def run_publish_results(args: argparse.Namespace) -> int:
     outcome = talk_to_hub(
@@ -39,6 +57,20 @@ def run_publish_results(args: argparse.Namespace) -> int:
         return 1
     prefix = "dry run: would add" if args.dry_run else f"committed {outcome['commit']}:"
     print(f"{prefix} {len(outcome['files'])} results files to {outcome['repo_id']}@{outcome['revision']}")
+    for path in outcome["files"]:
+        print(f"  {path}")
+    return 0
+
+
+def run_publish_comparison(args: argparse.Namespace) -> int:
+    outcome = talk_to_hub(
+        "publish-comparison",
+        lambda: publish_comparison(args.comparison, args.repo_id, revision=args.revision, dry_run=args.dry_run),
+    )
+    if outcome is None:
+        return 1
+    prefix = "dry run: would add" if args.dry_run else f"committed {outcome['commit']}:"
+    print(f"{prefix} {len(outcome['files'])} files to {outcome['repo_id']}@{outcome['revision']}")
     for path in outcome["files"]:
         print(f"  {path}")
     return 0

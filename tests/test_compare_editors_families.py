@@ -1,6 +1,7 @@
 """compare-editors across the three editor families on the same source images and edits: the offline demos of
 prompt-to-prompt (``demo``), ControlNet (``demo-controlnet``) and an instruction editor (``demo-instruct``), each built
-through the engine with the preservation stage, then compared by ``lance-cf compare-editors``."""
+through the engine with the preservation stage, then compared by ``lance-cf compare-editors``, and the comparison put on
+``demo-instruct``'s card by ``lance-cf add-comparison`` (README's walk)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import json
 
 import pytest
 
+from builder import release_format as rf
 from builder.cli import main
 from builder.config import load_config, preset_path
 from builder.engine import build
+from builder.release_format.verify import verify_release
+from evaluation.fidelity import table_markdown
 from lance_pipeline.readers import read_yaml
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # three demo builds
@@ -59,3 +63,15 @@ def test_compare_editors_reads_every_familys_gates_cost_and_preservation(tmp_pat
     samples = (tmp_path / "cmp" / "fidelity_samples.csv").read_text()
     assert "computed" not in samples.split("\n", 1)[1]  # every row's preservation came from its metadata
     assert "forward_equivalents_per_kept" in printed and (tmp_path / "cmp" / "fidelity.png").stat().st_size > 0
+
+    # The next step of README's walk: the table and the plot onto demo-instruct's card, in its next version.
+    assert main(["add-comparison", str(releases["demo-instruct"]), str(tmp_path / "cmp"), "--output",
+                 str(tmp_path / "instruct-1.1")]) == 0  # fmt: skip
+    assert verify_release(tmp_path / "instruct-1.1") == []
+    card = (tmp_path / "instruct-1.1" / rf.CARD_NAME).read_text()
+    section = card[card.index("## Editors compared") : card.index("## How it was built")]
+    assert table_markdown(table, escaped=True).strip() in section
+    assert f"]({rf.COMPARISON_PLOT})" in section and (tmp_path / "instruct-1.1" / rf.COMPARISON_PLOT).is_file()
+    for entry in summary["releases"]:
+        assert f"`{entry['config_hash']}`" in section
+    assert f"{summary['shared_sources']} source images have counterfactuals in every release" in section

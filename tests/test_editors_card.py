@@ -12,7 +12,7 @@ from release_fixture import write_manifest, write_release
 from builder import release_format as rf
 from builder.cli import main
 from builder.release_format.verify import verify_release
-from dataset_cards.editors_section import COMPARISON_RECORD, EDITORS_HEADING, PLOT_PATH, editors_section
+from evaluation.editors_section import COMPARISON_RECORD, EDITORS_HEADING, PLOT_PATH, editors_section
 from evaluation.fidelity import table_markdown
 
 
@@ -98,19 +98,45 @@ def test_a_card_without_a_comparison_has_no_section():
     assert editors_section({"name": "x"}) == ""
 
 
-def test_the_published_card_shows_the_table_and_the_plot_file_it_links(compared, hub_env, tmp_path):
-    """Published through the Hub client to the Hub double (a real HTTP server): the card read back from the repo has
-    the table's rows and links the plot by a relative path to a file the repo holds, the bytes the manifest records."""
+@pytest.mark.slow  # two publishes to the Hub double
+def test_the_published_card_shows_the_table_and_the_plot_file_it_links(compared, hub_env, tmp_path, capsys):
+    """Through the Hub client to the Hub double (a real HTTP server), both ways: ``publish-comparison`` onto the card of
+    a published release (a new commit, the tag not moved), then ``publish`` of the next version ``add-comparison``
+    made. Each card read back from the repo has the table's rows and links the plot by a relative path to a file the
+    repo holds."""
     from builder.publish import publish_release
 
-    _, two, cmp = compared
+    one, two, cmp = compared
+    repo = "org/rel-two"
+    first = publish_release(two, repo)
+    # 1. publish-comparison: the card of the release on main gains the section; v1.0.0 stays where it was
+    assert main(["publish-comparison", str(cmp), "--repo-id", repo]) == 0
+    assert "results/editors/fidelity.png" in capsys.readouterr().out
+    assert hub_env.resolve("datasets", repo, "v1.0.0") == first.commit != hub_env.resolve("datasets", repo, "main")
+    entries = hub_env.entries("datasets", repo, "main")
+    card = hub_env.read_file("datasets", repo, entries[rf.CARD_NAME]).decode()
+    assert EDITORS_HEADING in card and "](results/editors/fidelity.png)" in card
+    assert "| all | ed\\*two | model\\|x | 4 | -12.5 | 25.0 |" in card and "| all | ed\\_one | – | 4 |" in card
+    assert entries["results/editors/fidelity.png"]["lfs"]["oid"] == rf.file_sha256(cmp / "fidelity.png")[0]
+    # a comparison that did not include the release on the branch is refused, nothing committed
+    other = tmp_path / "cmp-other"
+    commits = len(hub_env.commits("datasets", repo))
+    one_copy = tmp_path / "one-copy"
+    assert main(["add-comparison", str(one), str(cmp), "--output", str(one_copy)]) == 0  # rel-one 1.1.0
+    argv = ["compare-editors", "--release", str(one), "--release", str(one_copy), "--no-clip", "--output", str(other)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert main(["publish-comparison", str(other), "--repo-id", repo]) == 1
+    assert "not rel-two 1.0.0, the release org/rel-two@main holds" in capsys.readouterr().err
+    assert len(hub_env.commits("datasets", repo)) == commits
+
+    # 2. the next version made by add-comparison, published: its own card carries the section and the plot asset
     new = tmp_path / "two-1.1"
     assert main(["add-comparison", str(two), str(cmp), "--output", str(new)]) == 0
-    result = publish_release(new, "org/rel-two")
-    assert result.tag == "v1.1.0"
-    entries = hub_env.entries("datasets", "org/rel-two", "v1.1.0")
-    card = hub_env.read_file("datasets", "org/rel-two", entries[rf.CARD_NAME]).decode()
-    assert EDITORS_HEADING in card and f"]({PLOT_PATH})" in card
+    assert publish_release(new, repo).tag == "v1.1.0"
+    entries = hub_env.entries("datasets", repo, "v1.1.0")
+    card = hub_env.read_file("datasets", repo, entries[rf.CARD_NAME]).decode()
+    assert card.count(EDITORS_HEADING) == 1 and f"]({PLOT_PATH})" in card
     assert "| all | ed\\*two | model\\|x | 4 | -12.5 | 25.0 |" in card and "| all | ed\\_one | – | 4 |" in card
     recorded = {a.path: a.sha256 for a in rf.load_manifest(new).assets}
     assert entries[PLOT_PATH]["lfs"]["oid"] == recorded[PLOT_PATH] == rf.file_sha256(new / PLOT_PATH)[0]

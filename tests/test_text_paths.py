@@ -288,3 +288,26 @@ def test_the_preservation_section_of_a_tampered_record_carries_nothing_raw():
     }
     text = preservation_section(manifest)
     assert text.startswith("## Preservation") and _raw(text) == []
+
+
+def test_the_editors_section_of_a_tampered_record_carries_nothing_raw():
+    from evaluation.editors_section import editors_section
+
+    row = {"edit_type": HOSTILE[4], "editor": HOSTILE[0], "release": HOSTILE[5], "model": HOSTILE[1], "n": HOSTILE[2],
+           "label_kept": HOSTILE[3], "gate_kept": 0.5}  # fmt: skip
+    release = {"label": HOSTILE[5], "name": HOSTILE[2], "version": HOSTILE[6], "config_hash": HOSTILE[0],
+               "counterfactuals": HOSTILE[1], "sources": HOSTILE[3]}  # fmt: skip
+    manifest = {
+        "name": "x",
+        rf.EDITOR_COMPARISON: {
+            "releases": [release],
+            "models": [HOSTILE[0], HOSTILE[3]],
+            "shared_sources": HOSTILE[1],
+            "clip": {"model": HOSTILE[3], "pretrained": HOSTILE[0]},
+            "table": [row],
+        },  # fmt: skip
+    }
+    text = editors_section(manifest, plot=None)
+    assert text.startswith("## Editors compared") and _raw(text) == []
+    assert "# injected" not in [line.strip() for line in text.splitlines()]
+    assert "&lt;img src=x onerror=alert(1)&gt;" in text and "\\!\\[tracker\\]" in text  # there, escaped

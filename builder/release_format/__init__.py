@@ -15,8 +15,10 @@ on the build machinery. Human-readable description: docs/release-format.md.
 - ``papers``: a release's kind, from its declaration, and the papers it implements (citations, ``arxiv:`` tags).
 - ``croissant``: ``croissant.json`` and the per-config metadata index it reads.
 - ``verify``: ``verify_release``.
+- ``comparison``: the editor comparison a card shows (``read_comparison``: ``compare-editors``' ``fidelity.json``).
 """
 
+from builder.release_format.comparison import COMPARISON_FILE, read_comparison
 from builder.release_format.croissant import (
     CROISSANT_NAME,
     INDEX_DIR,
@@ -135,6 +137,7 @@ __all__ = [
     "JUDGE_CLASS_FIELD",
     "JUDGE_EDIT_FIELD",
     "ASSETS_DIR",
+    "COMPARISON_FILE",
     "COMPARISON_PLOT",
     "EDITOR_COMPARISON",
     "CARD_NAME",
@@ -215,6 +218,7 @@ __all__ = [
     "split_card",
     "read_manifest_dict",
     "read_member",
+    "read_comparison",
     "read_samples",
     "read_shard",
     "release_kind",

@@ -8,7 +8,7 @@ that RELEASE is one of the releases compared there (by its manifest digest) and 
 name, version and config hash, the shared source images, the counterfactuals of each, the models whose results gave
 the accuracy drop, the CLIP model, the table). The card's ``## Editors compared`` section and its plot
 (``assets/editors-compared.png``, hashed into the manifest's ``assets``) are rendered from that record
-(``dataset_cards.editors_section``), by the build's card and by publish's alike, so the new version verifies and
+(``evaluation.editors_section``), by the build's card and by publish's alike, so the new version verifies and
 publishes as every release does. A new version, not an edited card: the manifest (and with it its digest) changes, and
 a version names one manifest.
 """
@@ -24,36 +24,8 @@ from builder import release_format as rf
 from builder.release_format.lock import declare_output
 from builder.review.apply import check_new_output, next_version, reseal_next_version
 from builder.review.index import ReleaseIndex
-from lance_pipeline.readers import read_json
 
 logger = logging.getLogger(__name__)
-
-COMPARISON_FILE = "fidelity.json"  # what compare-editors writes (evaluation.fidelity.side_by_side)
-RECORDED_KEYS = ("releases", "models", "shared_sources", "sources_with_counterfactuals", "clip", "masks", "table")
-RELEASE_KEYS = ("name", "version", "config_hash", "manifest_sha256", "counterfactuals", "sources")
-
-
-def read_comparison(comparison: Path) -> dict[str, Any]:
-    """The comparison of ``compare-editors``' output folder (or its ``fidelity.json``), checked: every key the card
-    states is there. Raises ValueError (one line) naming the file and what to do."""
-    path = Path(comparison)
-    path = path / COMPARISON_FILE if path.is_dir() else path
-    if not path.is_file():
-        raise ValueError(
-            f"{comparison}: no {COMPARISON_FILE}; give the --output folder of `lance-cf compare-editors` (or its "
-            f"{COMPARISON_FILE})"
-        )
-    data = read_json(path, what=str(path))
-    rerun = "run `lance-cf compare-editors` again with this version of lance-cf"
-    if not isinstance(data, dict) or any(key not in data for key in RECORDED_KEYS):
-        missing = [k for k in RECORDED_KEYS if not isinstance(data, dict) or k not in data]
-        raise ValueError(f"{path}: not a compare-editors comparison (no {', '.join(missing)}); {rerun}")
-    if not isinstance(data["table"], list) or not data["table"]:
-        raise ValueError(f"{path}: its table is empty; {rerun}")
-    for entry in data["releases"] if isinstance(data["releases"], list) else [None]:
-        if not isinstance(entry, dict) or any(key not in entry for key in RELEASE_KEYS):
-            raise ValueError(f"{path}: a release entry lacks {', '.join(RELEASE_KEYS)}; {rerun}")
-    return {key: data[key] for key in RECORDED_KEYS}
 
 
 def add_comparison(release: Path, comparison: Path, output: Path, *, version: str | None = None) -> dict[str, Any]:
@@ -65,7 +37,7 @@ def add_comparison(release: Path, comparison: Path, output: Path, *, version: st
     """
     release, output = Path(release), Path(output)
     check_new_output(release, output)
-    record = read_comparison(comparison)
+    record = rf.read_comparison(comparison)
     index = ReleaseIndex(release)
     old = index.manifest
     compared = {entry["manifest_sha256"] for entry in record["releases"]}

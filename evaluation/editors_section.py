@@ -1,11 +1,14 @@
-"""The card's ``## Editors compared`` section: the cross-editor table of ``lance-cf compare-editors`` and its plot.
+"""The card's ``## Editors compared`` section: the cross-editor table of ``lance-cf compare-editors`` and its plot
+(evaluation's section of the card, as the leaderboard's is ``evaluation.leaderboard.leaderboard_section``; text from
+data through the card's escaper, ``md_escape`` and ``code_span``, which ``dataset_cards.markdown`` re-exports).
 
 ``lance-cf compare-editors --release A --release B ... --output CMP`` writes ``CMP/fidelity.json`` (the table, the
 releases compared, the shared source images, the models whose results gave the accuracy columns). ``lance-cf
 add-comparison RELEASE CMP --output NEW`` (``builder.review.comparison``) records it in the manifest of the release's next
-version (:data:`COMPARISON_RECORD`); from there every render of the card, the build's and publish's, writes the section
+version (:data:`COMPARISON_RECORD`); from there every render of the card (``dataset_cards.card``), the build's and publish's, writes the section
 and the plot (``assets/editors-compared.png``, hashed in the manifest like the gallery, uploaded with the card and
-linked by that relative path, which the Hub resolves inside the repository).
+linked by that relative path, which the Hub resolves inside the repository). ``lance-cf publish-comparison`` refreshes
+the section of a published repo's card instead (``evaluation.publish_comparison``, :func:`replace_editors_section`).
 
 The table's Markdown is ``evaluation.fidelity.table_markdown``'s (text cells through the card's escaper), the column
 glossary ``evaluation.fidelity.COLUMN_NOTE`` and the plot ``evaluation.fidelity.plot_fidelity``: one owner each, shared
@@ -18,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from builder import release_format as rf
-from dataset_cards.markdown import code_span, md_escape
+from builder.release_format.text_out import code_span, md_escape
 from evaluation.fidelity import COLUMN_NOTE, plot_fidelity, table_markdown
 from evaluation.leaderboard import LEADERBOARD_ANCHOR, replace_card_section
 
