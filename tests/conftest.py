@@ -141,16 +141,12 @@ def tiny_sd(tiny_sd_dir):
 
 # -- one local build of the demo preset's real tiny stages, the reference of every engine/schedule byte comparison ---
 @pytest.fixture(scope="session")
-def local_demo(tmp_path_factory):
-    """``builder_helpers.demo_config()`` built by the local engine, batch-major (tests/test_scale.py,
-    tests/test_builder_ray.py, tests/test_builder_schedule.py compare other engines and schedules to it)."""
+def local_demo(shared_release):
+    """``builder_helpers.demo_config()`` built by the local engine, batch-major, once for the session
+    (tests/test_scale.py, tests/test_builder_ray.py, tests/test_judge.py compare other engines and schedules to it)."""
     from builder_helpers import demo_config
 
-    from builder.engine import build
-
-    out = tmp_path_factory.mktemp("demo-local") / "release"
-    build(demo_config(), out, device="cpu", progress=False)
-    return out
+    return shared_release.of_config("demo-local", demo_config)
 
 
 # -- preset releases built once per test session, for the tests that only read them ----------------------------------
@@ -167,18 +163,33 @@ class SharedReleases:
         self.built: dict[str, dict[str, str]] = {}  # what this process saw when it first took each release
 
     def __call__(self, preset: str) -> Path:
-        from builder_helpers import counting_loads, release_files
+        from builder_helpers import counting_loads
+
+        def build_preset(folder: Path) -> None:
+            counting_loads(self.root / f"{preset}.loads.json", "build", preset, "--output", str(folder),
+                           "--no-progress", "--device", "cpu")  # fmt: skip
+
+        return self._once(preset, build_preset)
+
+    def of_config(self, name: str, make_config) -> Path:
+        """``make_config()`` (a ``BuildConfig``) built once per session as ``name``, by the local engine in the asking
+        process (batch-major, CPU)."""
+        from builder.engine import build
+
+        return self._once(name, lambda folder: build(make_config(), folder, device="cpu", progress=False))
+
+    def _once(self, name: str, build_into) -> Path:
+        from builder_helpers import release_files
 
         from builder.release_format.lock import output_lock
 
-        folder = self.root / preset
-        lock = self.root / ".build-locks" / preset
+        folder = self.root / name
+        lock = self.root / ".build-locks" / name
         lock.mkdir(parents=True, exist_ok=True)
-        with output_lock(lock, f"test session: shared build of {preset}", wait=True):
+        with output_lock(lock, f"test session: shared build of {name}", wait=True):
             if not (folder / "manifest.json").is_file():  # the engine writes the manifest last
-                counting_loads(self.root / f"{preset}.loads.json", "build", preset, "--output", str(folder),
-                               "--no-progress", "--device", "cpu")  # fmt: skip
-            self.built.setdefault(preset, release_files(folder))
+                build_into(folder)
+            self.built.setdefault(name, release_files(folder))
         return folder
 
     def loads(self, preset: str) -> dict[str, dict[str, int]]:
