@@ -732,7 +732,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "source image (LPIPS, PSNR, SSIM, whole and outside the object) of two or more releases of the same "
             "source images and, from earlier `lance-cf eval` outputs (--results), the paired accuracy drop and flip "
             "rate. Writes fidelity.md, fidelity.csv, fidelity.json, fidelity.png, fidelity.html and "
-            "fidelity_samples.csv."
+            "fidelity_samples.csv. Then `lance-cf add-comparison RELEASE OUTPUT --output NEW` puts the table and the "
+            "plot on a compared release's card (its next version), or `lance-cf publish-comparison OUTPUT --repo-id "
+            "ORG/NAME` on a published one's."
         ),
     )
     p.add_argument("--release", action="append", required=True, help="release directory or Hub id (twice or more)")
@@ -775,4 +777,8 @@ def run_compare_editors(args: argparse.Namespace) -> int:
     table = compare_editors(args.release, args.output, results_paths=args.results, clip=clip, masks_dir=args.masks)
     print(table_markdown(table))
     print(f"wrote {args.output}/fidelity.md, fidelity.csv, fidelity.json, fidelity.png, fidelity.html")
+    print(
+        f"on a release's card: lance-cf add-comparison RELEASE {args.output} --output NEW (its next version), or "
+        f"lance-cf publish-comparison {args.output} --repo-id ORG/NAME (a published release)"
+    )
     return 0
