@@ -291,14 +291,14 @@ def _allow_code(args: argparse.Namespace) -> bool:
 def run_validate(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     config = apply_overrides(config, source=args.source, configs=args.configs)
-    if config.source is None:  # validate the stages anyway; the source is checked when one is given
-        config = apply_overrides(config, source="demo")
+    if config.source is None:  # validate the stages anyway; the source and its options are checked when one is given
+        config = apply_overrides(config, source="demo", source_options={})
         source_line = "source: none given (pass --source SPEC to check it)"
     else:
         source_line = None
     validated = validate_build(config, allow_code=_allow_code(args))
     if source_line is None:
-        source = create_source(config.source, config.source_options)
+        source = create_source(config.source, validated.source_options)
         check_stages_against_source(validated, source)
         source_line = (
             f"source: {config.source} ({len(source.samples)} images, {source.label_space.num_classes} classes)"

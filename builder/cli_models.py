@@ -111,8 +111,8 @@ def _target_needs(args: argparse.Namespace) -> tuple[list[Any], str, Any]:
     config = load_config(args.target)
     configs = [c.strip() for c in args.configs.split(",") if c.strip()] if args.configs else None
     config = apply_overrides(config, configs=configs)
-    # The stages do not depend on the source: a config without one is checked with the demo's.
-    validated = validate_build(config if config.source else apply_overrides(config, source="demo"))
+    # The stages do not depend on the source: a config without one is checked with the demo's (and no source options).
+    validated = validate_build(config if config.source else apply_overrides(config, source="demo", source_options={}))
     return build_needs(validated), f"{args.target} (configs {','.join(config.configs)})", config
 
 

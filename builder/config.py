@@ -11,7 +11,6 @@ import dataclasses
 import datetime
 import difflib
 import hashlib
-import inspect
 import json
 import logging
 import os
@@ -22,10 +21,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
 
-from builder.registry import SOURCES, STAGES
+from builder.registry import STAGES
 from builder.release_format import CONFIG_NAMES, IMAGE_FORMATS, is_release_version
 from builder.release_format.yaml_text import check_expansion, load_yaml
-from builder.sources import _path_name, public_spec
+from builder.sources import _path_name, check_source_options, public_spec
 from lance_pipeline.models.hub_cache import content_digest, local_copy
 from lance_pipeline.models.needs import LOCAL_PREFIXES as MODEL_PREFIXES
 from lance_pipeline.models.needs import local_model_inputs
@@ -391,11 +390,17 @@ def config_changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     return changes
 
 
-def hashed_view(config: BuildConfig, typed: dict[str, Any] | None = None, as_written: bool = False) -> dict[str, Any]:
+def hashed_view(
+    config: BuildConfig,
+    typed: dict[str, Any] | None = None,
+    as_written: bool = False,
+    source_options: Any = None,
+) -> dict[str, Any]:
     """What the config hash covers: the public config with the active stages only (local inputs by name and digest),
-    each stage's options by their effective value (``effective_options``; ``typed``: the stages' typed options by
-    name, when the caller has them). ``as_written``: the options as the config writes them, as releases made before
-    options were hashed by value hashed them (``BuildConfig.config_hash_as_written``)."""
+    each stage's options and the source's by their effective value (``effective_options``, ``effective_source_options``;
+    ``typed``: the stages' typed options by name, ``source_options``: the source's, when the caller has them).
+    ``as_written``: the options as the config writes them, as releases made before options were hashed by value hashed
+    them (``BuildConfig.config_hash_as_written``)."""
     data = config.public_dict()
     data["stages"] = [
         {
@@ -408,32 +413,21 @@ def hashed_view(config: BuildConfig, typed: dict[str, Any] | None = None, as_wri
         for s in config.active_stages()
     ]
     if not as_written:
-        data["source_options"] = effective_source_options(config.source, config.source_options)
+        data["source_options"] = effective_source_options(config.source, config.source_options, source_options)
     return data
 
 
-def effective_source_options(spec: Any, options: Any) -> Any:
-    """The source's options as they take effect: every keyword option of the source's constructor (its options: see
-    ``builder.sources.create_source``), defaults filled in, each value as its annotation reads it; as written for a
-    scheme that is not registered or a source whose constructor cannot be read (validation reports those)."""
-    scheme = spec.partition(":")[0] if isinstance(spec, str) else None
-    if scheme not in SOURCES.names() or not isinstance(options, dict):
-        return options
-    try:
-        init = SOURCES.resolve(scheme).__init__
-        hints = typing.get_type_hints(init, include_extras=True)
-        parameters = inspect.signature(init).parameters
-    except Exception:  # as in _stage_class: validation names a source that cannot be imported
-        return options
-    effective = dict(options)  # an unknown name stays (validation refuses it)
-    for name, parameter in parameters.items():
-        if name in ("self", "spec", "path") or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
-            continue
-        if name in options:
-            effective[name] = plain_value(options[name], hints.get(name, Any))
-        elif parameter.default is not parameter.empty:
-            effective[name] = plain_value(parameter.default, hints.get(name, Any))
-    return effective
+def effective_source_options(spec: Any, options: Any, typed: Any = None) -> Any:
+    """The source's options as they take effect: every field of its typed options (``options_class``, constructed by
+    ``builder.sources.check_source_options`` unless given as ``typed``), defaults filled in, each value as its
+    annotation reads it, so that a default written out, or left out, is the same config. As written for a spec or
+    options that validation refuses (it reports them), or a source that cannot be imported."""
+    if typed is None:
+        try:
+            typed = check_source_options(spec, options)
+        except Exception:  # as in _stage_class: validation reports a source that is unknown, refused or not importable
+            return options
+    return plain_options(typed)
 
 
 def effective_options(stage: StageConfig, typed: Any = None) -> dict[str, Any]:
@@ -449,6 +443,12 @@ def effective_options(stage: StageConfig, typed: Any = None) -> dict[str, Any]:
             typed = check_options(cls, stage.options, f"stage {stage.name!r} ({stage.type})")
         except (TypeError, ValueError, StageContractError):
             return dict(stage.options)
+    return plain_options(typed)
+
+
+def plain_options(typed: Any) -> dict[str, Any]:
+    """Typed options (a stage's or a source's) by name, every field, each value as its annotation reads it
+    (``plain_value``): what the config hash covers of them."""
     hints = typing.get_type_hints(type(typed), include_extras=True)
     return {name: plain_value(value, hints.get(name, Any)) for name, value in option_values(typed).items()}
 
@@ -458,12 +458,13 @@ def explain_config_change(
     config: BuildConfig,
     stored_view: dict[str, Any] | None = None,
     typed: dict[str, Any] | None = None,
+    source_options: Any = None,
 ) -> str:
     """Why a build directory refuses ``config``: what changed since the config it was started with (``stored``, a
     ``to_dict``/``public_dict`` as the ledger or manifest keeps it, or better ``stored_view``, its ``hashed_view``
     from then: local files that changed since are only seen there), and what to do, in one sentence. ``typed``: the
-    stages' typed options, when the stored view holds options by value; without them, the options are compared as
-    written (a build directory from before options were hashed by value)."""
+    stages' typed options (``source_options``: the source's), when the stored view holds options by value; without
+    them, the options are compared as written (a build directory from before options were hashed by value)."""
     as_written = typed is None
     try:
         before = (
@@ -473,7 +474,7 @@ def explain_config_change(
         )
     except (TypeError, ValueError):
         before = stored
-    changes = config_changes(before, hashed_view(config, typed, as_written=as_written))
+    changes = config_changes(before, hashed_view(config, typed, as_written=as_written, source_options=source_options))
     if not changes:
         return "it was started with another config; resume with that config, or use a new --output directory"
     if [c.split(":")[0] for c in changes] == ["version"]:

@@ -333,7 +333,11 @@ def _claim_ledger(
             # A ledger from before options were hashed by value holds their view as written: compared with that.
             by_value = ledger.get_meta("options_hashed") == "by value"
             why = explain_config_change(
-                stored, config, json.loads(view) if view else None, validated.written_options if by_value else None
+                stored,
+                config,
+                json.loads(view) if view else None,
+                validated.written_options if by_value else None,
+                validated.source_options if by_value else None,
             )
             raise BuildRefused(f"{ledger.path.parent.parent} holds a build of a different config: {why}")
         if ledger.plan() != sorted(plan, key=lambda r: (r[1], r[0])):
@@ -572,7 +576,7 @@ def build(config: BuildConfig, output: Path, options: BuildOptions | None = None
     # The build's own inputs first, in the order users get them wrong: the output, then the source (it exists and has
     # images), then the models. A bad source leaves no half-made output behind and is not hidden behind a model.
     _check_output_dir(output, validated)  # before creating anything in a directory that is not ours
-    source = create_source(config.source, config.source_options)
+    source = create_source(config.source, validated.source_options)  # the typed options validation made
     check_stages_against_source(validated, source)  # e.g. a token for every class to generate, before any model
     plan = _plan(config, source)
     if not plan:

@@ -11,6 +11,13 @@
 - ``wds:PATTERN``: local WebDataset shards (brace patterns allowed), image in ``jpg|jpeg|png|webp``, label in ``cls``.
 - ``demo``: the photos bundled with this package, offline.
 
+A source declares its options as one typed dataclass (``options_class``, an ``lance_pipeline.option_types.Options``):
+each field's annotation says its type, bounds, choices and lengths, and those are the only value checks; a relation
+between options, or a look-up (an ImageNet class name), goes in the options' ``__post_init__``. Validation constructs
+them once (``check_source_options``: "did you mean" for a misspelt name, one line naming the source and the option
+for a bad value); ``create_source`` builds the source from them, and the config hash covers their effective,
+defaulted values (``builder.config.effective_source_options``).
+
 A source lists its samples cheaply when it is created (``samples``, sorted by key) and reads a sample's bytes on
 demand (``read``); decoding is the builder's job (builder.images), so every source gets the same malformed-input
 handling.
@@ -43,16 +50,16 @@ import tempfile
 import typing
 import unicodedata
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, BinaryIO, Literal
+from typing import Any, BinaryIO, ClassVar, Literal
 
 from builder import imagenet
 from builder.registry import SOURCES
 from builder.release_format import sanitize_key
-from lance_pipeline.option_types import PositiveInt, check_value, describe_type
+from lance_pipeline.option_types import MinLen, Options, PositiveInt
+from lance_pipeline.stage import check_options, option_values, options_type, stage_options
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +109,17 @@ class Source:
     ``spec`` is what the user typed (it may hold local paths, and is used only in messages to that user);
     ``public_spec`` is what the manifest and dataset card record: the same spec with every local path reduced to the
     name of the folder, file or dataset, so that nothing about the machine is published.
+
+    A subclass declares ``options_class`` and takes ``__init__(self, spec, path, options=None, /, **values)``,
+    setting ``options`` to ``stage_options(type(self), options, values)``: the typed options validation made (checked
+    once), or made from keywords by a Python caller. A source without ``options_class`` (one written before sources
+    declared them) has its options derived from its constructor's annotated keywords, checked the same way.
     """
+
+    # The source's options: a dataclass subclassing ``Options`` (see the module docstring).
+    options_class: ClassVar[type | None] = None
+    # The constructor's arguments that are not options (the spec as typed and its ARG), for a derived options type.
+    non_option_arguments: ClassVar[tuple[str, ...]] = ("spec", "path")
 
     spec: str
     kind: str = ""
@@ -111,6 +128,7 @@ class Source:
     imagenet_derived: bool = False
     license: str = "The source data's own terms apply."
     public_spec: str = ""
+    options: Any = None  # the typed options (``options_class``), as validation constructed them
 
     def __post_init__(self) -> None:
         if not self.public_spec:
@@ -373,6 +391,68 @@ def _read_bounded(path: Path, limit: int, where: str) -> bytes:
     return data
 
 
+# -- options -----------------------------------------------------------------------------------------------------------
+@dataclass
+class ImageFolderOptions(Options):
+    max_image_bytes: PositiveInt = MAX_IMAGE_BYTES  # one image file's size limit
+
+
+@dataclass
+class ImageNetOptions(Options):
+    # ImageNet-1k classes by synset, index or name; left out: every class folder.
+    classes: typing.Annotated[list[str | int], MinLen(1)] | None = None
+    per_class: PositiveInt | None = None  # the first N images of each class, in key order
+    max_image_bytes: PositiveInt = MAX_IMAGE_BYTES
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # A look-up no annotation can say: each class is an ImageNet-1k class (the error says "did you mean").
+        for name in self.classes or ():
+            imagenet.resolve_class(str(name))
+
+
+@dataclass
+class DemoOptions(Options):
+    """The bundled photos take no options."""
+
+
+@dataclass
+class HFDatasetOptions(Options):
+    image_column: str | None = None  # left out: the one Image column, else image, img, jpg or png
+    label_column: str | None = None  # left out: label, labels, cls or class
+    key_column: str | None = None  # left out: SPLIT_ROW
+    label_space: Literal["imagenet-1k", "custom"] | None = None
+    class_names: list[str] | None = None
+    num_classes: PositiveInt | None = None
+    max_classes: PositiveInt = MAX_CLASSES
+    revision: str | None = None  # of a Hub dataset
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # Relations between options: a declared label space larger than the limit the same config sets.
+        for what, size in (("num_classes", self.num_classes), ("class_names", len(self.class_names or ()))):
+            if size is not None and size > self.max_classes:
+                raise ValueError(
+                    f"{what} declares {size} classes, over max_classes {self.max_classes}; raise max_classes if "
+                    "that many classes are meant"
+                )
+
+
+@dataclass
+class WebDatasetOptions(Options):
+    label_space: Literal["imagenet-1k", "custom"] | None = None  # left out: custom with class_names, else imagenet-1k
+    class_names: list[str] | None = None
+    max_image_bytes: PositiveInt = MAX_IMAGE_BYTES  # one shard member's size limit
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # Relations between the two options that say the label space.
+        if self.label_space == "custom" and self.class_names is None:
+            raise ValueError("a custom label space needs class_names")
+        if self.label_space == "imagenet-1k" and self.class_names is not None:
+            raise ValueError("class_names and label_space imagenet-1k contradict; give one of them")
+
+
 class _FileSource(Source):
     paths: dict[str, Path]
     relative: dict[str, str]
@@ -398,9 +478,11 @@ class _FileSource(Source):
 
 
 class ImageFolderSource(_FileSource):
-    def __init__(self, spec: str, path: str, max_image_bytes: PositiveInt = MAX_IMAGE_BYTES):
-        super().__init__(spec=spec, kind="imagefolder")
-        self.max_image_bytes = max_image_bytes
+    options_class = ImageFolderOptions
+
+    def __init__(self, spec: str, path: str, options: ImageFolderOptions | None = None, /, **values: Any):
+        super().__init__(spec=spec, kind="imagefolder", options=stage_options(type(self), options, values))
+        self.max_image_bytes = self.options.max_image_bytes
         root = Path(path).expanduser()
         folders = _list_class_folders(root, spec)
         synset = [imagenet.is_synset(f.name) for f in folders]
@@ -436,16 +518,13 @@ def _only_a_link(folder: Path, items: list[tuple[Path, str | None]]) -> bool:
 
 
 class ImageNetSource(_FileSource):
-    def __init__(
-        self,
-        spec: str,
-        path: str,
-        classes: list[str | int] | None = None,
-        per_class: PositiveInt | None = None,
-        max_image_bytes: PositiveInt = MAX_IMAGE_BYTES,
-    ):
-        super().__init__(spec=spec, kind="imagenet", imagenet_derived=True, license=IMAGENET_LICENSE)
-        self.max_image_bytes = max_image_bytes
+    options_class = ImageNetOptions
+
+    def __init__(self, spec: str, path: str, options: ImageNetOptions | None = None, /, **values: Any):
+        options = stage_options(type(self), options, values)
+        super().__init__(spec=spec, kind="imagenet", imagenet_derived=True, license=IMAGENET_LICENSE, options=options)
+        self.max_image_bytes = options.max_image_bytes
+        classes, per_class = options.classes, options.per_class
         root = Path(path).expanduser()
         folders = _list_class_folders(root, spec)
         not_synsets = [f.name for f in folders if not imagenet.is_synset(f.name)]
@@ -455,8 +534,6 @@ class ImageNetSource(_FileSource):
                 "for other class folders use imagefolder:PATH"
             )
         by_index = {imagenet.synset_to_index()[f.name]: f for f in folders}
-        if classes is not None and not classes:
-            raise ValueError(f"source {spec!r}: option classes is empty; leave it out to take every class folder")
         wanted = sorted({imagenet.resolve_class(str(c)) for c in classes}) if classes else sorted(by_index)
         missing = [imagenet.synsets()[i] for i in wanted if i not in by_index]
         if missing:
@@ -475,8 +552,10 @@ class ImageNetSource(_FileSource):
 class DemoSource(_FileSource):
     """A few real photos that ship inside Python packages, with honest ImageNet labels (see demo_images/SOURCES)."""
 
-    def __init__(self, spec: str = "demo", path: str = ""):
-        super().__init__(spec=spec, kind="demo", public_spec="demo")
+    options_class = DemoOptions
+
+    def __init__(self, spec: str = "demo", path: str = "", options: DemoOptions | None = None, /, **values: Any):
+        super().__init__(spec=spec, kind="demo", public_spec="demo", options=stage_options(type(self), options, values))
         root = Path(str(resources.files("builder") / "demo_images"))
         self.label_space = imagenet_label_space()
         walk = _FolderWalk(root)
@@ -498,21 +577,14 @@ class HFDatasetSource(Source):
     failures.
     """
 
-    def __init__(
-        self,
-        spec: str,
-        path: str,
-        image_column: str | None = None,
-        label_column: str | None = None,
-        key_column: str | None = None,
-        label_space: Literal["imagenet-1k", "custom"] | None = None,
-        class_names: list[str] | None = None,
-        num_classes: PositiveInt | None = None,
-        max_classes: PositiveInt = MAX_CLASSES,
-        revision: str | None = None,
-    ):
-        super().__init__(spec=spec, kind="hf")
+    options_class = HFDatasetOptions
+
+    def __init__(self, spec: str, path: str, options: HFDatasetOptions | None = None, /, **values: Any):
+        options = stage_options(type(self), options, values)
+        super().__init__(spec=spec, kind="hf", options=options)
         import datasets
+
+        image_column, label_column, key_column = options.image_column, options.label_column, options.key_column
 
         name, _, split = path.partition(":")
         if not name:
@@ -534,7 +606,7 @@ class HFDatasetSource(Source):
                 ds = loaded
         else:
             try:
-                ds = datasets.load_dataset(name, split=split, revision=revision)
+                ds = datasets.load_dataset(name, split=split, revision=options.revision)
             except Exception as err:  # datasets raises many types; the message names the dataset
                 hint = f"; choose it with hf:{name}:SPLIT" if "split" in str(err).lower() else ""
                 raise ValueError(
@@ -563,9 +635,7 @@ class HFDatasetSource(Source):
         feature = ds.features[label_column]
         _check_label_feature(feature, label_column, spec)
         labels = ds[label_column]
-        self.label_space = self._label_space(
-            feature, labels, label_column, spec, label_space, class_names, num_classes, max_classes
-        )
+        self.label_space = self._label_space(feature, labels, label_column, spec, options)
         self._ds = ds
         self._image_column = image_column
         keys = ds[key_column] if key_column else [f"{split}_{i:08d}" for i in range(len(ds))]
@@ -580,30 +650,19 @@ class HFDatasetSource(Source):
         self.samples = sorted(samples, key=lambda s: s.key)
 
     @staticmethod
-    def _label_space(
-        feature: Any,
-        labels: list[Any],
-        column: str,
-        spec: str,
-        label_space: str | None,
-        class_names: list[str] | None,
-        num_classes: int | None,
-        max_classes: int,
-    ) -> LabelSpace:
+    def _label_space(feature: Any, labels: list[Any], column: str, spec: str, options: HFDatasetOptions) -> LabelSpace:
+        label_space, class_names, num_classes = options.label_space, options.class_names, options.num_classes
+        max_classes = options.max_classes
         if label_space == "imagenet-1k" or (
             label_space is None and class_names is None and num_classes is None and _looks_like_imagenet(feature)
         ):
             return imagenet_label_space()
+        # A declared label space (class_names, num_classes) is within max_classes: HFDatasetOptions checks that.
         if class_names is not None:
-            space = LabelSpace("custom", [_nfc(n) for n in class_names])
-        elif num_classes is not None:
-            if num_classes > max_classes:
-                raise ValueError(
-                    f"source {spec!r}: num_classes {num_classes} for label column {column!r} is over the limit of "
-                    f"{max_classes} classes; raise source_options.max_classes if that many classes are meant"
-                )
-            space = LabelSpace("custom", [str(i) for i in range(num_classes)])
-        elif getattr(feature, "names", None):
+            return LabelSpace("custom", [_nfc(n) for n in class_names])
+        if num_classes is not None:
+            return LabelSpace("custom", [str(i) for i in range(num_classes)])
+        if getattr(feature, "names", None):
             space = LabelSpace("custom", [_nfc(str(n)) for n in feature.names])
         else:
             # A plain integer column: 0 .. the largest label, if that is a sensible size. The bound is checked
@@ -720,18 +779,14 @@ class WebDatasetSource(Source):
     is about the size of the shards.
     """
 
-    def __init__(
-        self,
-        spec: str,
-        path: str,
-        label_space: Literal["imagenet-1k", "custom"] | None = None,
-        class_names: list[str] | None = None,
-        max_image_bytes: PositiveInt = MAX_IMAGE_BYTES,
-    ):
-        super().__init__(spec=spec, kind="wds")
+    options_class = WebDatasetOptions
+
+    def __init__(self, spec: str, path: str, options: WebDatasetOptions | None = None, /, **values: Any):
+        options = stage_options(type(self), options, values)
+        super().__init__(spec=spec, kind="wds", options=options)
         import braceexpand
 
-        self.max_image_bytes = max_image_bytes
+        self.max_image_bytes = options.max_image_bytes
         try:
             shards = [Path(p).expanduser() for p in braceexpand.braceexpand(path)]
         except ValueError as err:  # UnbalancedBracesError
@@ -748,12 +803,9 @@ class WebDatasetSource(Source):
                 f"source {spec!r}: {len(missing)} of {len(shards)} shard(s) not found ({missing[:3]}); check the path "
                 "and the brace pattern"
             )
-        if class_names is not None and label_space != "imagenet-1k":
-            self.label_space = LabelSpace("custom", [_nfc(n) for n in class_names])
-        elif label_space == "custom":
-            raise ValueError(f"source {spec!r}: a custom label space needs source_options.class_names")
-        elif class_names is not None:
-            raise ValueError(f"source {spec!r}: class_names and label_space imagenet-1k contradict; give one of them")
+        # WebDatasetOptions refuses the contradicting combinations: class names mean a custom space.
+        if options.class_names is not None:
+            self.label_space = LabelSpace("custom", [_nfc(n) for n in options.class_names])
         else:
             self.label_space = imagenet_label_space()
         common = os.path.commonpath([os.path.abspath(p.parent) for p in shards])
@@ -905,12 +957,10 @@ class WebDatasetSource(Source):
 
 
 # -- creating a source -------------------------------------------------------------------------------------------------
-def create_source(spec: str, options: dict[str, Any] | None = None) -> Source:
-    """Build a source from ``SCHEME:ARG`` and its options; a bad spec or option is a one-line ``ValueError``."""
+def source_class(spec: Any) -> tuple[type, str]:
+    """The registered source class ``SCHEME:ARG`` names, and its ARG; a bad spec is a one-line ``ValueError``."""
     if not isinstance(spec, str):
         raise ValueError(f"source {spec!r}: expected a string SCHEME:ARG (e.g. imagefolder:/data/images)")
-    if options is not None and not isinstance(options, dict):
-        raise ValueError(f"source_options {options!r}: expected a mapping of option names to values")
     scheme, sep, arg = spec.partition(":")
     if scheme == "demo":
         if arg:
@@ -920,23 +970,28 @@ def create_source(spec: str, options: dict[str, Any] | None = None) -> Source:
             f"source {spec!r}: expected SCHEME:ARG with SCHEME one of {', '.join(SOURCES.names())} "
             "(e.g. imagefolder:/data/images, hf:user/dataset:test)"
         )
-    cls: Callable[..., Source] = SOURCES.resolve(scheme)
-    import inspect
+    return SOURCES.resolve(scheme), arg
 
-    accepted = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "spec", "path")]
-    unknown = sorted(set(options or {}) - set(accepted))
-    if unknown:
-        takes = f"it takes {', '.join(accepted)}" if accepted else "it takes none"
-        raise ValueError(f"source {spec!r} does not take option(s) {', '.join(unknown)} ({scheme} sources: {takes})")
-    try:
-        hints = typing.get_type_hints(cls.__init__, include_extras=True)
-    except Exception:  # a custom source with annotations that do not resolve: its own checks apply
-        hints = {}
-    for name, value in (options or {}).items():
-        problem = check_value(value, hints[name]) if name in hints else None
-        if problem is not None:
-            raise ValueError(
-                f"source {spec!r}: option {name} = {value!r} should be {describe_type(hints[name])} "
-                f"({problem}; set it in source_options)"
-            )
-    return cls(spec, arg, **(options or {}))
+
+def check_source_options(spec: Any, options: dict[str, Any] | None) -> Any:
+    """The source's typed options (its ``options_class``) from a config's ``source_options``, defaults filled in:
+    constructed, and so checked, by the stages' checker (``check_options``: an unknown name with "did you mean", each
+    value against its annotation, then the relations between options). Nothing is read from disk.
+
+    Raises ``ValueError`` in one line naming the source and the option."""
+    cls, _ = source_class(spec)
+    if options is not None and not isinstance(options, dict):
+        raise ValueError(f"source_options {options!r}: expected a mapping of option names to values")
+    return check_options(cls, options or {}, f"source {spec!r}")
+
+
+def create_source(spec: str, options: Any = None) -> Source:
+    """Build a source from ``SCHEME:ARG`` and its options: the typed options validation made
+    (``check_source_options``), not constructed again, or a mapping (checked here); a bad spec or option is a
+    one-line ``ValueError``."""
+    cls, arg = source_class(spec)
+    if not isinstance(options, options_type(cls)):
+        options = check_source_options(spec, options)
+    if getattr(cls, "options_class", None) is None:  # options derived from the constructor: passed as keywords
+        return cls(spec, arg, **option_values(options))
+    return cls(spec, arg, options)

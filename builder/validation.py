@@ -3,10 +3,11 @@
 ``lance-cf validate`` and every ``lance-cf build`` run this first. It constructs every stage's typed options once
 (``check_options``), creates the stage from them (stages load no weights when constructed; ``demo:``/``pkg:`` model
 references stay unresolved) and passes them on in ``ValidatedStage.options``; the config hash is computed from them
-(``ValidatedBuild.config_hash``). It checks:
+(``ValidatedBuild.config_hash``). The source's typed options are made the same way, once
+(``builder.sources.check_source_options``), and the build creates the source from them. It checks:
 
-1. every stage's options against its typed options (unknown names with "did you mean", types, bounds and choices as
-   the options' annotations say them, then the relations between options);
+1. every stage's options, then the source's, against their typed options (unknown names with "did you mean", types,
+   bounds and choices as the options' annotations say them, then the relations between options);
 2. the field graph of the active stages, in order: each consumed field is a source field or produced by an earlier
    active stage, with the same kind;
 3. the release configs: each selected config is written by exactly one active stage (or is the source's
@@ -28,6 +29,7 @@ from typing import Any
 from builder import release_format as rf
 from builder.config import BuildConfig, StageConfig, hashed_view, view_hash
 from builder.registry import SOURCES, STAGES
+from builder.sources import check_source_options
 from lance_pipeline.edit_types import release_edit_types
 from lance_pipeline.stage import (
     SCORE_NAMES,
@@ -78,11 +80,14 @@ class ValidatedBuild:
     # Every stage's typed options as the config writes them (before outputs are switched off for this build), by
     # stage name: what the config hash covers.
     written_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # The source's typed options (its ``options_class``), constructed and checked once, here: the source is created
+    # from them (``builder.sources.create_source``) and the config hash covers them.
+    source_options: Any = None
 
     @functools.cached_property
     def hashed_view(self) -> dict[str, Any]:
         """What the config hash covers (``builder.config.hashed_view``), from the options validated here."""
-        return hashed_view(self.config, self.written_options)
+        return hashed_view(self.config, self.written_options, source_options=self.source_options)
 
     @functools.cached_property
     def config_hash(self) -> str:
@@ -142,6 +147,9 @@ def validate_build(config: BuildConfig, *, allow_code: bool | None = None) -> Va
             raise ValueError(f"{where}: {err}") from err
         stages.append(ValidatedStage(stage, cls, contract, is_code, typed))
     written = {s.config.name: s.options for s in stages}
+    # The source's options, constructed once, like the stages' (the source itself is created by the build, after the
+    # output directory is checked: creating it reads the disk).
+    source_options = check_source_options(config.source, config.source_options)
 
     generates, source_fields, declared_outputs = source_declaration(config.source)
     # A source that generates (no image to read) releases nothing itself and gives its own fields instead of `image`;
@@ -202,7 +210,9 @@ def validate_build(config: BuildConfig, *, allow_code: bool | None = None) -> Va
     _check_generated_images_screened(config, active, source_outputs, selected)
     _check_judge_filter_keeps_strength_linked(active, selected)
     spec = _release_spec(config, outputs, writers)
-    return ValidatedBuild(config, tuple(stages), tuple(active), tuple(outputs), tuple(known), spec, written)
+    return ValidatedBuild(
+        config, tuple(stages), tuple(active), tuple(outputs), tuple(known), spec, written, source_options
+    )
 
 
 def _is_safety_screen(screen: Any) -> bool:

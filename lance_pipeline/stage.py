@@ -258,9 +258,10 @@ def contract_of(cls: type) -> StageContract:
 # -- options -----------------------------------------------------------------------------------------------------------
 @functools.cache
 def options_type(cls: type) -> type:
-    """The stage's options as a dataclass: ``cls.options_class`` as declared (an ``Options`` subclass, whose field
-    annotations are its value checks), or, for a stage that declares none (a custom stage), one derived from
-    ``__init__``'s signature, with a field per keyword parameter, its annotation and default.
+    """The stage's (or source's) options as a dataclass: ``cls.options_class`` as declared (an ``Options`` subclass,
+    whose field annotations are its value checks), or, for a class that declares none (a custom stage or source), one
+    derived from ``__init__``'s signature, with a field per keyword parameter, its annotation and default (a source's
+    ``spec`` and ``path``, named by its ``non_option_arguments``, are not options).
     """
     declared = getattr(cls, "options_class", None)
     if declared is not None:
@@ -269,8 +270,9 @@ def options_type(cls: type) -> type:
         return declared
     hints = typing.get_type_hints(cls.__init__, include_extras=True)
     fields = []
+    not_options = {"self", *getattr(cls, "non_option_arguments", ())}
     for name, parameter in inspect.signature(cls.__init__).parameters.items():
-        if name == "self" or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+        if name in not_options or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             continue
         annotation = hints.get(name, Any)
         if parameter.default is parameter.empty:
@@ -301,7 +303,8 @@ def check_options(cls: type, options: dict[str, Any], where: str) -> Any:
     for name in options:
         if name not in fields:
             close = difflib.get_close_matches(str(name), list(fields), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else f"; options are {', '.join(fields)}"
+            takes = f"options are {', '.join(fields)}" if fields else "it takes no options"
+            hint = f"; did you mean {close[0]!r}?" if close else f"; {takes}"
             raise ValueError(f"{where}: unknown option {name!r}{hint}")
     if not issubclass(kind, Options):  # a plain dataclass of a custom stage: its values checked here
         hints = typing.get_type_hints(kind, include_extras=True)
@@ -351,8 +354,9 @@ def create_stage(cls: type, options: Any) -> Any:
 
 
 def stage_options(cls: type, options: Any, values: dict[str, Any]) -> Any:
-    """For a stage's ``__init__(self, options=None, /, **values)``: the typed options given (by the builder, checked
-    once), or constructed (and so checked) from keyword values, as tests and Python callers write them."""
+    """For a stage's ``__init__(self, options=None, /, **values)`` (and a source's ``__init__(self, spec, path,
+    options=None, /, **values)``): the typed options given (by the builder, checked once), or constructed (and so
+    checked) from keyword values, as tests and Python callers write them."""
     declared = cls.options_class
     if options is None:
         return declared(**values)

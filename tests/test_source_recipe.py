@@ -1,15 +1,19 @@
-"""The recipe "A source" of docs/architecture.md, followed from a test file: a ``Source`` subclass and one registry
-line (here ``SOURCES.register`` from the test, in a project the line in ``builder/registry.py``), nothing else.
+"""The recipe "A source kind" of docs/architecture.md, followed from a test file: one module (its typed options and a
+``Source`` subclass) and one registry line (here ``SOURCES.register`` from the test, in a project the line in
+``builder/registry.py``), nothing else: two files.
 
 The new source (``stripes:N``: N classes of synthetic striped images) is then used the way a user would: ``lance-cf
 validate`` and ``lance-cf build`` (in process), ``lance-cf verify``; its options are checked by the one option
-checker; two builds give byte-identical releases.
+checker (their annotations: "did you mean", one-line errors); two builds give byte-identical releases, and writing an
+option at its default is the same config.
 """
 
 from __future__ import annotations
 
 import io
 import json
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import numpy as np
 import pytest
@@ -17,23 +21,37 @@ from builder_helpers import release_files, write_config
 from PIL import Image
 
 from builder.cli import main
+from builder.config import load_config
 from builder.registry import SOURCES
 from builder.sources import LabelSpace, Source, SourceSample
+from lance_pipeline.option_types import Interval, Options, PositiveInt
+from lance_pipeline.stage import stage_options
+
+
+@dataclass
+class StripesOptions(Options):
+    """The source's options: each annotation is the value's only check (type, bounds)."""
+
+    per_class: PositiveInt = 2
+    size: Annotated[int, Interval(ge=8, le=256)] = 24
 
 
 class StripesSource(Source):
     """``stripes:N``: N classes; class c's images have c + 1 stripes, each image a different colour."""
 
-    def __init__(self, spec: str, path: str, per_class: int = 2, size: int = 24):
-        super().__init__(spec=spec, kind="stripes", license="Synthetic images, CC0.")
+    options_class = StripesOptions
+
+    def __init__(self, spec: str, path: str, options: StripesOptions | None = None, /, **values: Any):
+        options = stage_options(type(self), options, values)  # validation's typed options, or made from keywords
+        super().__init__(spec=spec, kind="stripes", license="Synthetic images, CC0.", options=options)
         if not path.isdigit() or int(path) < 1:
             raise ValueError(f"source {spec!r}: expected stripes:N with N >= 1 classes")
-        self.size = size
+        self.size = options.size
         self.label_space = LabelSpace("custom", [f"{i + 1} stripes" for i in range(int(path))])
         self.samples = [
             SourceSample(f"s{label}_{i:03d}", label, f"class {label} image {i}")
             for label in range(int(path))
-            for i in range(per_class)
+            for i in range(options.per_class)
         ]
 
     def read(self, sample: SourceSample) -> bytes:
@@ -71,10 +89,20 @@ def test_a_source_registered_from_a_test_file_builds_verifies_and_rebuilds_ident
 
 def test_the_new_sources_options_are_checked_by_the_one_checker(tmp_path, capsys, stripes):
     for options, expected in [
-        ({"per_class": "two"}, "option per_class = 'two' should be an integer"),
-        ({"per_clas": 2}, "does not take option(s) per_clas"),
+        ({"per_class": "two"}, "source 'stripes:3': option per_class = 'two': expected an integer >= 1"),
+        ({"size": 4}, "source 'stripes:3': option size = 4: expected an integer in [8, 256]"),
+        ({"per_clas": 2}, "source 'stripes:3': unknown option 'per_clas'; did you mean 'per_class'?"),
     ]:
         config = write_config(tmp_path / "c.yaml", "stripes:3", source_options=options)
         assert main(["validate", str(config)]) == 2
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and expected in err, err
+
+
+def test_the_new_sources_defaults_written_out_are_the_same_config(tmp_path, capsys, stripes):
+    """Its options are hashed by their effective values: a default written out changes nothing, another value does."""
+    hashes = {}
+    for name, options in [("bare", {}), ("written", {"per_class": 2, "size": 24}), ("other", {"size": 32})]:
+        hashes[name] = load_config(str(write_config(tmp_path / f"{name}.yaml", "stripes:3", source_options=options)))
+    assert hashes["bare"].config_hash() == hashes["written"].config_hash() != hashes["other"].config_hash()
+    assert hashes["bare"].to_dict() != hashes["written"].to_dict()  # the manifest records the config as written

@@ -234,9 +234,9 @@ def test_hf_declared_label_space_makes_outliers_per_sample_failures(tmp_path):
     assert reasons["test_00000002"].startswith("label 4611686018427387904 out of range [0, 3)")
     assert reasons["test_00000003"].startswith("label -1 out of range [0, 3)")
     assert verify_release(out) == []
-    with pytest.raises(ValueError, match=r"num_classes 200000 for label column 'label' is over the limit of 100000"):
+    with pytest.raises(ValueError, match=r"num_classes declares 200000 classes, over max_classes 100000"):
         create_source(f"hf:{path}", {"num_classes": 200_000})
-    with pytest.raises(ValueError, match=r"label column 'label' has 3 classes, over the limit of 2"):
+    with pytest.raises(ValueError, match=r"class_names declares 3 classes, over max_classes 2"):
         create_source(f"hf:{path}", {"class_names": ["a", "b", "c"], "max_classes": 2})
 
 
@@ -524,13 +524,15 @@ def test_bad_specs_give_one_line(tmp_path, synset_folder):
 @pytest.mark.parametrize(
     ("options", "expected"),
     [
-        ({"classes": 5}, "option classes = 5 should be a list (of strings or integers) or null"),
-        ({"classes": "tench"}, "option classes = 'tench' should be a list (of strings or integers) or null"),
-        ({"per_class": "x"}, "option per_class = 'x' should be an integer >= 1 or null"),
-        ({"per_class": 0}, "option per_class = 0 should be an integer >= 1 or null"),
-        ({"per_class": True}, "option per_class = True should be an integer >= 1 or null"),
-        ({"max_image_bytes": -1}, "option max_image_bytes = -1 should be an integer >= 1"),
-        ({"classes": []}, "option classes is empty; leave it out to take every class folder"),
+        ({"classes": 5}, "option classes = 5: expected a list (of strings or integers) (at least 1 item) or null"),
+        ({"classes": "tench"}, "option classes = 'tench': expected a list (of strings or integers) (at least 1 item)"),
+        ({"per_class": "x"}, "option per_class = 'x': expected an integer >= 1 or null"),
+        ({"per_class": 0}, "option per_class = 0: expected an integer >= 1 or null"),
+        ({"per_class": True}, "option per_class = True: expected an integer >= 1 or null"),
+        ({"max_image_bytes": -1}, "option max_image_bytes = -1: expected an integer >= 1"),
+        ({"classes": []}, "option classes = []: expected a list (of strings or integers) (at least 1 item) or null"),
+        ({"classes": ["tenchh"]}, "class 'tenchh': not an ImageNet-1k synset, index or class name; did you mean"),
+        ({"per_clas": 2}, "unknown option 'per_clas'; did you mean 'per_class'?"),
     ],
 )
 def test_bad_source_options_give_one_line(tmp_path, synset_folder, options, expected):
@@ -542,7 +544,7 @@ def test_wds_label_space_options_contradicting_are_refused(tmp_path):
     shard = _tar(tmp_path / "s.tar", [("a.png", _png(1)), ("a.cls", b"0")])
     with pytest.raises(ValueError, match="contradict"):
         create_source(f"wds:{shard}", {"label_space": "imagenet-1k", "class_names": ["x"]})
-    with pytest.raises(ValueError, match="should be one of .imagenet-1k., .custom. or null"):
+    with pytest.raises(ValueError, match="expected one of .imagenet-1k., .custom. or null"):
         create_source(f"wds:{shard}", {"label_space": "imagenet-21k"})
     source = create_source(f"wds:{shard}", {"class_names": ["cat", "dog"]})  # class names alone mean custom
     assert source.label_space.names == ["cat", "dog"]

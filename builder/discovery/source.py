@@ -9,14 +9,16 @@ release is like every other (verify, publish, ``lance-cf eval`` on other models:
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from builder.discovery.run import LEDGER, DiscoveryLedger
 from builder.sources import Source, SourceSample, imagenet_label_space
 from lance_pipeline.discovery.search import discovered
+from lance_pipeline.option_types import Options
 from lance_pipeline.readers import read_json
-from lance_pipeline.stage import MetadataField, ReleaseOutput
+from lance_pipeline.stage import MetadataField, ReleaseOutput, stage_options
 
 DISCOVERY_FIELDS = {
     "discovery_config": "str",
@@ -45,6 +47,11 @@ def discovery_config_name(model: str, class_name: str, description: str, taken: 
         n += 1
     taken.add(name)
     return name
+
+
+@dataclass
+class DiscoverySourceOptions(Options):
+    """A discovery's output directory takes no options: what it releases is what the discovery found."""
 
 
 class DiscoverySource(Source):
@@ -87,9 +94,10 @@ class DiscoverySource(Source):
         ),
     )
 
-    def __init__(self, spec: str, path: str):
+    options_class = DiscoverySourceOptions
 
-        super().__init__(spec=spec, kind="discovery")
+    def __init__(self, spec: str, path: str, options: DiscoverySourceOptions | None = None, /, **values: Any):
+        super().__init__(spec=spec, kind="discovery", options=stage_options(type(self), options, values))
         root = Path(path)
         document_path = root / "discoveries.json"
         if not document_path.is_file() or not (root / LEDGER).is_file():

@@ -11,6 +11,7 @@ made from names only, so seeds (derived from the key) do not depend on anything 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ from builder import imagenet
 from builder.release_format import sanitize_key
 from builder.sources import LabelSpace, Source, SourceSample, imagenet_label_space
 from lance_pipeline.interfaces.shifts import shifts_by_name
+from lance_pipeline.option_types import Options, PositiveInt
+from lance_pipeline.stage import stage_options
 
 # The fields every generated record carries in place of an image (name -> contract kind).
 GENERATED_FIELDS = {
@@ -29,27 +32,32 @@ GENERATED_FIELDS = {
 }
 
 
+@dataclass
+class GenerationSourceOptions(Options):
+    classes: list[str | int] | None = None  # a subset of the label space (ImageNet: synsets, indices or names)
+    shifts: list[str] | None = None  # shift names (``lance-cf interfaces shifts``); left out: every built-in shift
+    custom_shifts: list[dict] | None = None  # shifts of the config's own (name, prompt, ...)
+    per_class: PositiveInt = 50  # images of each class and shift
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # A look-up and a relation no annotation can say: every shift named is built in or among custom_shifts.
+        shifts_by_name(self.shifts, self.custom_shifts)
+
+
 class GenerationSource(Source):
     """Plans class x shift x index samples; nothing is read from disk but an optional class-name file."""
 
     generates = True
     fields = GENERATED_FIELDS  # what each record starts with instead of an image (validated before any build)
 
-    def __init__(
-        self,
-        spec: str,
-        path: str,
-        classes: list[Any] | None = None,
-        shifts: list[str] | None = None,
-        custom_shifts: list[dict] | None = None,
-        per_class: int = 50,
-    ):
-        super().__init__(spec=spec, kind="generate")
-        if not isinstance(per_class, int) or isinstance(per_class, bool) or per_class < 1:
-            raise ValueError(f"source {spec!r}: per_class {per_class!r}: expected a positive integer")
-        if shifts is not None and (not isinstance(shifts, list) or not all(isinstance(s, str) for s in shifts)):
-            raise ValueError(f"source {spec!r}: shifts must be a list of shift names, got {shifts!r}")
-        self.shifts = shifts_by_name(shifts, custom_shifts)
+    options_class = GenerationSourceOptions
+
+    def __init__(self, spec: str, path: str, options: GenerationSourceOptions | None = None, /, **values: Any):
+        options = stage_options(type(self), options, values)
+        super().__init__(spec=spec, kind="generate", options=options)
+        classes, per_class = options.classes, options.per_class
+        self.shifts = shifts_by_name(options.shifts, options.custom_shifts)
         self.per_class = per_class
         if path == "imagenet":
             self.label_space = imagenet_label_space()
