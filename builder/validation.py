@@ -6,10 +6,10 @@ references stay unresolved) and passes them on in ``ValidatedStage.options``; th
 (``ValidatedBuild.config_hash``). The source's typed options are made the same way, once
 (``builder.sources.check_source_options``), and the build creates the source from them. It checks:
 
-1. every stage's options, then the source's, against their typed options (unknown names with "did you mean", types,
-   bounds and choices as the options' annotations say them, then the relations between options);
+1. every stage's options against its typed options (unknown names with "did you mean", types, bounds and choices as
+   the options' annotations say them, then the relations between options);
 2. the field graph of the active stages, in order: each consumed field is a source field or produced by an earlier
-   active stage, with the same kind;
+   active stage, with the same kind; then the source's options, as the stages' in 1;
 3. the release configs: each selected config is written by exactly one active stage (or is the source's
    ``original``), and each stage's ``configs`` names only configs some stage writes.
 
@@ -147,9 +147,6 @@ def validate_build(config: BuildConfig, *, allow_code: bool | None = None) -> Va
             raise ValueError(f"{where}: {err}") from err
         stages.append(ValidatedStage(stage, cls, contract, is_code, typed))
     written = {s.config.name: s.options for s in stages}
-    # The source's options, constructed once, like the stages' (the source itself is created by the build, after the
-    # output directory is checked: creating it reads the disk).
-    source_options = check_source_options(config.source, config.source_options)
 
     generates, source_fields, declared_outputs = source_declaration(config.source)
     # A source that generates (no image to read) releases nothing itself and gives its own fields instead of `image`;
@@ -182,6 +179,10 @@ def validate_build(config: BuildConfig, *, allow_code: bool | None = None) -> Va
     stages = [_switch_outputs(s, selected) for s in stages]
     active = [s for s in stages if set(s.config.configs) & selected]
     _check_field_graph(active, stages, available)
+    # The source's options, constructed once, like the stages' (the source itself is created by the build, after the
+    # output directory is checked: creating it reads the disk). After the field graph: a source that does not give
+    # what the stages read is the first thing to say of a config whose source was swapped.
+    source_options = check_source_options(config.source, config.source_options)
     produced = set(available) | {f for s in active for f in s.contract.produces}
     for stage in active:
         for output in stage.contract.outputs:

@@ -19,6 +19,7 @@ from builder_helpers import ALL_CONFIGS, FAKE_STAGES, make_imagefolder, release_
 from builder.cli import main
 from builder.config import load_config, preset_path
 from builder.engine import BuildRefused, build
+from builder.sources import MAX_IMAGE_BYTES
 from builder.validation import validate_build
 
 OLD = Path(__file__).parent / "data" / "pre-value-hash"
@@ -132,6 +133,22 @@ def test_a_build_directory_of_the_previous_version_is_resumed(tmp_path, monkeypa
     build(load_config("bare.yaml"), root / "release", progress=False, allow_code=True, allow_version_change=True)
     assert {k: v for k, v in _data(root / "release").items() if k.startswith("data/")} == old_shards
 
+    # The source's options too: its default written out is the same config, resumed; the manifest keeps the config as
+    # written.
+    written = dict(bare, source_options={"max_image_bytes": MAX_IMAGE_BYTES})
+    Path("written.yaml").write_text(yaml.safe_dump(written))
+    assert validate_build(load_config("written.yaml"), allow_code=True).config_hash == validated.config_hash
+    manifest = build(
+        load_config("written.yaml"), root / "release", progress=False, allow_code=True, allow_version_change=True
+    )
+    assert manifest["config_hash"] == validated.config_hash
+    assert manifest["config"]["source_options"] == {"max_image_bytes": MAX_IMAGE_BYTES}
+    assert {k: v for k, v in _data(root / "release").items() if k.startswith("data/")} == old_shards
+    # Another value of it is another config, refused naming the option and both values.
+    Path("halved.yaml").write_text(yaml.safe_dump(dict(bare, source_options={"max_image_bytes": 1 << 20})))
+    with pytest.raises(BuildRefused, match=rf"source_options\.max_image_bytes: {MAX_IMAGE_BYTES} -> {1 << 20}"):
+        build(load_config("halved.yaml"), root / "release", progress=False, allow_code=True, allow_version_change=True)
+
 
 def test_a_changed_value_on_a_build_directory_of_the_previous_version_is_refused(tmp_path, monkeypatch):
     root = _old_build(tmp_path, monkeypatch)
@@ -152,8 +169,6 @@ def test_a_release_of_the_previous_version_without_its_ledger_is_rebuilt_in_plac
 
 
 def test_a_source_option_written_at_its_default_is_the_same_config_hash(tmp_path):
-    from builder.sources import MAX_IMAGE_BYTES
-
     folder = make_imagefolder(tmp_path / "src", ["cat"], per_class=1)
     plain = load_config(str(write_config(tmp_path / "a.yaml", f"imagefolder:{folder}")))
     written = load_config(

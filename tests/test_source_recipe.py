@@ -24,7 +24,7 @@ from builder.cli import main
 from builder.config import load_config
 from builder.registry import SOURCES
 from builder.sources import LabelSpace, Source, SourceSample
-from lance_pipeline.option_types import Interval, Options, PositiveInt
+from lance_pipeline.option_types import Fraction, Interval, Options, PositiveInt
 from lance_pipeline.stage import stage_options
 
 
@@ -34,6 +34,7 @@ class StripesOptions(Options):
 
     per_class: PositiveInt = 2
     size: Annotated[int, Interval(ge=8, le=256)] = 24
+    brightness: Fraction = 1.0  # of the stripes' colour
 
 
 class StripesSource(Source):
@@ -46,7 +47,7 @@ class StripesSource(Source):
         super().__init__(spec=spec, kind="stripes", license="Synthetic images, CC0.", options=options)
         if not path.isdigit() or int(path) < 1:
             raise ValueError(f"source {spec!r}: expected stripes:N with N >= 1 classes")
-        self.size = options.size
+        self.size, self.brightness = options.size, options.brightness
         self.label_space = LabelSpace("custom", [f"{i + 1} stripes" for i in range(int(path))])
         self.samples = [
             SourceSample(f"s{label}_{i:03d}", label, f"class {label} image {i}")
@@ -59,7 +60,8 @@ class StripesSource(Source):
         image = np.zeros((self.size, self.size, 3), np.uint8)
         width = self.size // (2 * (label + 1))
         for stripe in range(label + 1):
-            image[:, 2 * stripe * width : (2 * stripe + 1) * width] = (40 * index % 256, 200, 90)
+            colour = np.array([40 * index % 256, 200, 90]) * self.brightness
+            image[:, 2 * stripe * width : (2 * stripe + 1) * width] = colour.round().astype(np.uint8)
         buffer = io.BytesIO()
         Image.fromarray(image).save(buffer, format="PNG")
         return buffer.getvalue()
@@ -99,10 +101,20 @@ def test_the_new_sources_options_are_checked_by_the_one_checker(tmp_path, capsys
         assert len(err.strip().splitlines()) == 1 and expected in err, err
 
 
-def test_the_new_sources_defaults_written_out_are_the_same_config(tmp_path, capsys, stripes):
-    """Its options are hashed by their effective values: a default written out changes nothing, another value does."""
-    hashes = {}
-    for name, options in [("bare", {}), ("written", {"per_class": 2, "size": 24}), ("other", {"size": 32})]:
-        hashes[name] = load_config(str(write_config(tmp_path / f"{name}.yaml", "stripes:3", source_options=options)))
-    assert hashes["bare"].config_hash() == hashes["written"].config_hash() != hashes["other"].config_hash()
-    assert hashes["bare"].to_dict() != hashes["written"].to_dict()  # the manifest records the config as written
+def test_the_new_sources_defaults_written_out_are_the_same_config(tmp_path, stripes):
+    """Its options are hashed by their effective values: its defaults written out (``brightness: 1`` for ``1.0``) are
+    the same config, with the same shards and index; another value is another config."""
+    configs = {}
+    for name, options in [("bare", {}), ("written", {"per_class": 2, "size": 24, "brightness": 1}), ("dim", {})]:
+        options = {"brightness": 0.5} if name == "dim" else options
+        configs[name] = write_config(tmp_path / f"{name}.yaml", "stripes:2", source_options=options, image_size=16)
+    hashes = {name: load_config(str(path)).config_hash() for name, path in configs.items()}
+    assert hashes["bare"] == hashes["written"] != hashes["dim"]
+    releases = {}
+    for name in ("bare", "written"):
+        assert main(["build", str(configs[name]), "--output", str(tmp_path / name), "--no-progress"]) == 0
+        releases[name] = release_files(tmp_path / name)
+        manifest = json.loads((tmp_path / name / "manifest.json").read_text())
+        assert manifest["config_hash"] == hashes[name]
+    samples = [{k: v for k, v in files.items() if k.startswith(("data/", "index/"))} for files in releases.values()]
+    assert samples[0] == samples[1] and any(k.startswith("index/") for k in samples[0])
