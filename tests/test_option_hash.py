@@ -23,6 +23,9 @@ from builder.sources import MAX_IMAGE_BYTES
 from builder.validation import validate_build
 
 OLD = Path(__file__).parent / "data" / "pre-value-hash"
+# A release (manifest and shards; its work directory deleted) built by the version before sources declared their options
+# as an ``Options`` class, when the config hash took a source's options by value from its constructor's keywords.
+OLD_SOURCE_OPTIONS = Path(__file__).parent / "data" / "pre-source-options"
 
 
 def _demo(tmp_path: Path, name: str, stage: str, **options) -> Path:
@@ -165,6 +168,27 @@ def test_a_release_of_the_previous_version_without_its_ledger_is_rebuilt_in_plac
     shutil.rmtree(root / "release" / ".lance-cf")
     old_shards = _data(root / "release")
     build(load_config("config.yaml"), root / "release", progress=False, allow_code=True)
+    assert {k: v for k, v in _data(root / "release").items() if k.startswith("data/")} == old_shards
+
+
+def test_a_release_built_before_sources_declared_options_is_rebuilt_in_place_with_a_source_default_written(
+    tmp_path, monkeypatch
+):
+    root = tmp_path / "old"
+    shutil.copytree(OLD_SOURCE_OPTIONS, root)
+    shutil.copytree(OLD / "photos", root / "photos")
+    monkeypatch.chdir(root)
+    old_hash = json.loads((root / "release" / "manifest.json").read_text())["config_hash"]
+    old_shards = _data(root / "release")
+    written = yaml.safe_load(Path("config.yaml").read_text())
+    assert "source_options" not in written
+    written["source_options"] = {"max_image_bytes": MAX_IMAGE_BYTES}
+    Path("written.yaml").write_text(yaml.safe_dump(written))
+    # The hash that version recorded is this version's hash by value, of the config as it was and with the default.
+    for name in ("config.yaml", "written.yaml"):
+        assert validate_build(load_config(name), allow_code=True).config_hash == old_hash
+    manifest = build(load_config("written.yaml"), root / "release", progress=False, allow_code=True)
+    assert manifest["config_hash"] == old_hash
     assert {k: v for k, v in _data(root / "release").items() if k.startswith("data/")} == old_shards
 
 
