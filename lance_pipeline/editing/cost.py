@@ -258,39 +258,13 @@ def _flop_count_mode():
     ``FlopCounterMode.flop_registry``: matrix products, convolutions, attention kernels, forward and backward) and of
     the composites :func:`_composite_formulas` covers; every operation runs unchanged. ``FlopCounterMode`` itself is
     not used: its module tracker hooks autograd and breaks ``torch.autograd.grad`` (the null-text optimisation's)."""
-    import torch
     from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_map
-    from torch.utils.flop_counter import FlopCounterMode, shape_wrapper
-
-    tensor = torch.Tensor
-
-    def shapes(x: Any) -> Any:
-        """What ``shape_wrapper`` hands a formula (every tensor replaced by its shape), without its ``tree_map`` for the
-        plain tuples and lists of an operation's arguments: that walk was 40% of counting's overhead on the demo's
-        tiny UNet. Other containers (named tuples, dicts) still go through ``tree_map``."""
-        if isinstance(x, tensor):
-            return x.shape
-        kind = type(x)
-        if kind is tuple or kind is list:
-            return kind([shapes(item) for item in x])
-        if isinstance(x, (tuple, list, dict)):
-            return tree_map(lambda y: y.shape if isinstance(y, tensor) else y, x)
-        return x
-
-    wrapped_code = shape_wrapper(lambda: 0).__code__  # the wrapper every shape formula of the registry shares
+    from torch.utils.flop_counter import FlopCounterMode
 
     class FlopCount(TorchDispatchMode):
         def __init__(self) -> None:
             super().__init__()
             self.registry = FlopCounterMode(display=False).flop_registry
-            # The shape formulas unwrapped (called on ``shapes`` of the arguments, as their wrapper would); the
-            # formulas registered on raw arguments stay as they are.
-            self.shape_formulas = {
-                packet: formula.__wrapped__
-                for packet, formula in self.registry.items()
-                if getattr(formula, "__code__", None) is wrapped_code and hasattr(formula, "__wrapped__")
-            }
             self.composites = _composite_formulas()
             self.flops = 0
 
@@ -298,11 +272,7 @@ def _flop_count_mode():
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
             packet = func._overloadpacket
-            formula = self.shape_formulas.get(packet)
-            if formula is not None:
-                named = {name: shapes(value) for name, value in kwargs.items()}
-                self.flops += int(formula(*shapes(args), out_shape=shapes(out), **named))
-            elif packet in self.registry:
+            if packet in self.registry:
                 self.flops += int(self.registry[packet](*args, **kwargs, out_val=out))
             elif packet in self.composites:
                 self.flops += int(self.composites[packet](*args, **kwargs, out_val=out))
