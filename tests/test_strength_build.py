@@ -193,7 +193,8 @@ def test_hardimagenet_keeps_no_candidates_by_default():
     from builder.validation import validate_build
 
     config = load_config("hardimagenet")
-    validated = validate_build(dataclasses.replace(config, source="demo"))
+    # the demo source stands in for imagenet, without imagenet's source options (its classes)
+    validated = validate_build(dataclasses.replace(config, source="demo", source_options={}))
     assert STRENGTH_CONFIG not in config.configs
     edit = next(s for s in validated.active if s.config.name == "edit")
     assert edit.cls(**edit.config.options).options.keep_candidates is False
