@@ -31,13 +31,17 @@ demo: setup
 # Every tier (fast, slow, e2e), one pytest worker per CPU core (pytest-xdist; idle workers take tests from busy ones).
 # Torch gets one intra-op thread per process: the tests use tiny models, and with a worker per core more threads only
 # oversubscribe. One test alone: .venv/bin/python -m pytest tests/test_x.py::test_y (no workers).
+# Bytecode is written even where the environment says not to (PYTHONDONTWRITEBYTECODE): pytest keeps the test modules
+# it rewrote for assertions there, and without it every worker rewrites all of them at every run (collection took
+# 19.6 s against 9.8 s on the 2-core machine).
 PYTEST_WORKERS := -n auto --dist worksteal
+PYTEST_ENV := HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 PYTHONDONTWRITEBYTECODE=
 test: setup browser
-	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PYTEST_WORKERS)
+	$(PYTEST_ENV) $(BIN)/python -m pytest $(PYTEST_WORKERS)
 
 # The fast tier only: what to run while editing.
 test-fast: setup
-	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PYTEST_WORKERS) -m "not slow and not e2e"
+	$(PYTEST_ENV) $(BIN)/python -m pytest $(PYTEST_WORKERS) -m "not slow and not e2e"
 
 # The evaluation report test opens the HTML report in headless Chromium, and the review page's test drives it through
 # chromedriver (selenium). Installed from Debian's packages when missing and this is root with apt (as on CI);
