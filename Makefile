@@ -37,7 +37,7 @@ demo: setup
 PYTEST_WORKERS := -n auto --dist worksteal
 PYTEST_ENV := HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 PYTHONDONTWRITEBYTECODE=
 test: setup browser
-	$(PYTEST_ENV) $(BIN)/python -m pytest $(PYTEST_WORKERS)
+	$(PYTEST_ENV) $(BIN)/python -m pytest $(PYTEST_WORKERS) --durations=25
 
 # The fast tier only: what to run while editing.
 test-fast: setup
