@@ -53,13 +53,7 @@ def run_publish_results(args: argparse.Namespace) -> int:
         "publish-results",
         lambda: publish_results(args.results_dir, args.repo_id, revision=args.revision, dry_run=args.dry_run),
     )
-    if outcome is None:
-        return 1
-    prefix = "dry run: would add" if args.dry_run else f"committed {outcome['commit']}:"
-    print(f"{prefix} {len(outcome['files'])} results files to {outcome['repo_id']}@{outcome['revision']}")
-    for path in outcome["files"]:
-        print(f"  {path}")
-    return 0
+    return _report_commit(outcome, "results files", dry_run=args.dry_run)
 
 
 def run_publish_comparison(args: argparse.Namespace) -> int:
@@ -67,10 +61,16 @@ def run_publish_comparison(args: argparse.Namespace) -> int:
         "publish-comparison",
         lambda: publish_comparison(args.comparison, args.repo_id, revision=args.revision, dry_run=args.dry_run),
     )
+    return _report_commit(outcome, "files", dry_run=args.dry_run)
+
+
+def _report_commit(outcome: dict | None, what: str, *, dry_run: bool) -> int:
+    """Print what a publishing command committed (or would add, on a dry run), one file a line; its exit code (1 when
+    the Hub refused, which ``talk_to_hub`` already said in one line)."""
     if outcome is None:
         return 1
-    prefix = "dry run: would add" if args.dry_run else f"committed {outcome['commit']}:"
-    print(f"{prefix} {len(outcome['files'])} files to {outcome['repo_id']}@{outcome['revision']}")
+    prefix = "dry run: would add" if dry_run else f"committed {outcome['commit']}:"
+    print(f"{prefix} {len(outcome['files'])} {what} to {outcome['repo_id']}@{outcome['revision']}")
     for path in outcome["files"]:
         print(f"  {path}")
     return 0
