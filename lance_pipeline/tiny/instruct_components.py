@@ -196,16 +196,12 @@ def create_tiny_flux2_klein(path: str | Path) -> Path:
     return path
 
 
-def create_tiny_qwen_image_edit(path: str | Path) -> Path:
-    """Write a tiny ``QwenImageEditPlusPipeline`` directory (Qwen-Image-Edit-2511's classes) to ``path``.
-
-    ``QwenImageTransformer2DModel`` at the size of diffusers' fast test of this pipeline, ``AutoencoderKLQwenImage``
-    narrower than the test's and with the published model's three downsamplings (the test's has two), a tiny
-    ``Qwen2_5_VLForConditionalGeneration`` text encoder whose vision-token ids are the local tokenizer's, and its
-    ``Qwen2VLProcessor`` (a 14-pixel patch image processor with 2x2 merging, as Qwen2.5-VL's).
-    """
+def _write_tiny_qwen_vl_text_parts(path: Path, *, processor: str) -> None:
+    """The tiny Qwen2.5-VL text side that Qwen-Image-Edit and LongCat-Image-Edit share: ``tokenizer/`` (byte-level, with
+    the vision tokens), its ``Qwen2VLProcessor`` in ``path / processor`` (a 14-pixel patch image processor with 2x2
+    merging, as Qwen2.5-VL's) and a ``Qwen2_5_VLForConditionalGeneration`` in ``text_encoder/`` whose vision-token ids
+    are the tokenizer's."""
     import torch
-    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
     from transformers import (
         Qwen2_5_VLConfig,
         Qwen2_5_VLForConditionalGeneration,
@@ -214,42 +210,12 @@ def create_tiny_qwen_image_edit(path: str | Path) -> Path:
         Qwen2VLVideoProcessor,
     )
 
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
     tokenizer = write_byte_level_qwen_tokenizer(path / "tokenizer", vision=True)
     image_processor = Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=28 * 28 * 16, patch_size=14, merge_size=2)
     Qwen2VLProcessor(
         image_processor=image_processor, tokenizer=tokenizer, video_processor=Qwen2VLVideoProcessor()
-    ).save_pretrained(path / "processor")
+    ).save_pretrained(path / processor)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_VISION_TOKENS}
-    torch.manual_seed(0)
-    QwenImageTransformer2DModel(
-        patch_size=2,
-        in_channels=16,
-        out_channels=4,
-        num_layers=2,
-        attention_head_dim=16,
-        num_attention_heads=3,
-        joint_attention_dim=TINY_TEXT_HIDDEN,
-        guidance_embeds=False,
-        axes_dims_rope=(8, 4, 4),
-    ).save_pretrained(path / "transformer", safe_serialization=True)
-    z_dim = 4
-    torch.manual_seed(0)
-    # The pipeline encodes the reference image at a megapixel whatever the output size, so the VAE's cost is what the
-    # tiny pipeline costs on a CPU. Three downsamplings (8x), as the published VAE (diffusers' fast test has two): its
-    # middle attention runs over 128^2 latent positions, not 256^2 (16x cheaper), and the reference gives the
-    # transformer 4x fewer tokens. Base width 8, not the test's 24: its full-resolution convolutions are 3.5x faster
-    # (measured: one 1024 px encode of the 8x VAE, 32 s at width 24, 9 s at width 8, load 17, the 2-core machine).
-    AutoencoderKLQwenImage(
-        base_dim=z_dim * 2,
-        z_dim=z_dim,
-        dim_mult=[1, 2, 4, 4],
-        num_res_blocks=1,
-        temperal_downsample=[False, True, True],
-        latents_mean=[0.0] * z_dim,
-        latents_std=[1.0] * z_dim,
-    ).save_pretrained(path / "vae", safe_serialization=True)
     torch.manual_seed(0)
     Qwen2_5_VLForConditionalGeneration(
         Qwen2_5_VLConfig(
@@ -278,6 +244,50 @@ def create_tiny_qwen_image_edit(path: str | Path) -> Path:
             vision_end_token_id=ids["<|vision_end|>"],
         )
     ).save_pretrained(path / "text_encoder", safe_serialization=True)
+
+
+def create_tiny_qwen_image_edit(path: str | Path) -> Path:
+    """Write a tiny ``QwenImageEditPlusPipeline`` directory (Qwen-Image-Edit-2511's classes) to ``path``.
+
+    ``QwenImageTransformer2DModel`` at the size of diffusers' fast test of this pipeline, ``AutoencoderKLQwenImage``
+    narrower than the test's and with the published model's three downsamplings (the test's has two), a tiny
+    ``Qwen2_5_VLForConditionalGeneration`` text encoder whose vision-token ids are the local tokenizer's, and its
+    ``Qwen2VLProcessor`` (a 14-pixel patch image processor with 2x2 merging, as Qwen2.5-VL's).
+    """
+    import torch
+    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    _write_tiny_qwen_vl_text_parts(path, processor="processor")
+    torch.manual_seed(0)
+    QwenImageTransformer2DModel(
+        patch_size=2,
+        in_channels=16,
+        out_channels=4,
+        num_layers=2,
+        attention_head_dim=16,
+        num_attention_heads=3,
+        joint_attention_dim=TINY_TEXT_HIDDEN,
+        guidance_embeds=False,
+        axes_dims_rope=(8, 4, 4),
+    ).save_pretrained(path / "transformer", safe_serialization=True)
+    z_dim = 4
+    torch.manual_seed(0)
+    # The pipeline encodes the reference image at a megapixel whatever the output size, so the VAE's cost is what the
+    # tiny pipeline costs on a CPU. Three downsamplings (8x), as the published VAE (diffusers' fast test has two): its
+    # middle attention runs over 128^2 latent positions, not 256^2 (16x cheaper), and the reference gives the
+    # transformer 4x fewer tokens. Base width 8, not the test's 24: its full-resolution convolutions are 3.5x faster
+    # (measured: one 1024 px encode of the 8x VAE, 32 s at width 24, 9 s at width 8, load 17, the 2-core machine).
+    AutoencoderKLQwenImage(
+        base_dim=z_dim * 2,
+        z_dim=z_dim,
+        dim_mult=[1, 2, 4, 4],
+        num_res_blocks=1,
+        temperal_downsample=[False, True, True],
+        latents_mean=[0.0] * z_dim,
+        latents_std=[1.0] * z_dim,
+    ).save_pretrained(path / "vae", safe_serialization=True)
     FlowMatchEulerDiscreteScheduler().save_pretrained(path / "scheduler")
     _model_index(
         path,
@@ -300,22 +310,15 @@ def create_tiny_longcat_edit(path: str | Path) -> Path:
     """Write a tiny ``LongCatImageEditPipeline`` directory (LongCat-Image-Edit's classes) to ``path``.
 
     ``LongCatImageTransformer2DModel`` (one double and one single block, heads of 16), a four-level ``AutoencoderKL``
-    with LongCat's 16 latent channels (8x downsampling, as the pipeline assumes), the tiny Qwen2.5-VL text encoder of
-    ``create_tiny_qwen_image_edit`` and its ``Qwen2VLProcessor`` as ``text_processor``.
+    with LongCat's 16 latent channels (8x downsampling, as the pipeline assumes), and the tiny Qwen2.5-VL text side of
+    ``create_tiny_qwen_image_edit`` (the same files), its ``Qwen2VLProcessor`` as ``text_processor``.
     """
     import torch
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, LongCatImageTransformer2DModel
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="tiny-qwen-for-longcat-") as tmp:
-        qwen = create_tiny_qwen_image_edit(Path(tmp) / "qwen")
-        for part, target in (
-            ("tokenizer", "tokenizer"),
-            ("processor", "text_processor"),
-            ("text_encoder", "text_encoder"),
-        ):
-            shutil.copytree(qwen / part, path / target, dirs_exist_ok=True)
+    _write_tiny_qwen_vl_text_parts(path, processor="text_processor")
     torch.manual_seed(0)
     LongCatImageTransformer2DModel(
         patch_size=1,
