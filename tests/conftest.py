@@ -154,9 +154,9 @@ class SharedReleases:
     """``shared_release("demo")``: the preset built once per test session by ``lance-cf build PRESET --device cpu``,
     whichever worker asks first; a worker asking meanwhile waits at the house lock (``output_lock(..., wait=True)`` on
     the build's own lock folder) and then finds the finished release. ``shared_release.loads("demo")`` gives the model
-    loads that build made (tests/load_counter.py). A test must not write into a shared release:
-    ``shared_release.copy("demo", dest)`` gives a private copy. That rule is checked: at the end of the session every
-    shared release must still hold the bytes it was built with, or the session fails naming the files that changed."""
+    loads that build made (tests/load_counter.py). A test must not write into a shared release (it copies it first, as
+    the review tests do). That rule is checked: at the end of the session every shared release must still hold the
+    bytes it was built with, or the session fails naming the files that changed."""
 
     def __init__(self, root: Path):
         self.root = root
@@ -199,15 +199,8 @@ class SharedReleases:
         self(preset)
         return json.loads((self.root / f"{preset}.loads.json").read_text())
 
-    def copy(self, preset: str, destination: Path) -> Path:
-        """A private copy of the shared ``preset`` at ``destination`` (the build ledger included, so a resume of the
-        copy finds every batch done), to change or rebuild into."""
-        import shutil
-
-        shutil.copytree(self(preset), destination, ignore=shutil.ignore_patterns("lock"))
-        return destination
-
     def check_unchanged(self) -> list[str]:
+        """The files, ``NAME/PATH``, of the shared releases this process took whose bytes have changed since."""
         from builder_helpers import release_files
 
         changed = []
@@ -224,4 +217,4 @@ def shared_release():
     releases = SharedReleases(Path(os.environ["LANCE_CF_TEST_RELEASES"]))
     yield releases
     changed = releases.check_unchanged()
-    assert not changed, f"a test wrote into a shared release (use shared_release.copy): {', '.join(changed)}"
+    assert not changed, f"a test wrote into a shared release (copy it first): {', '.join(changed)}"

@@ -158,3 +158,25 @@ def test_a_waiting_hold_takes_the_lock_when_the_holder_leaves_and_a_plain_one_is
     waiter.join()
     # The waiter got the lock, and not while the other process held it (it would have recorded False).
     assert taken == [True]
+
+
+def test_a_shared_test_release_is_built_once_and_a_write_into_it_is_named(tmp_path):
+    """The suite's ``shared_release`` (tests/conftest.py): a second request finds the first build (under the lock's
+    waiting mode), and a file changed afterwards is named by the end-of-session check."""
+    from conftest import SharedReleases
+
+    builds = []
+
+    def build_into(folder):
+        builds.append(folder)
+        folder.mkdir()
+        (folder / "data").mkdir()
+        (folder / "data" / "shard.tar").write_bytes(b"shard")
+        (folder / "manifest.json").write_text("{}")  # written last, as the engine does
+
+    releases = SharedReleases(tmp_path)
+    first = releases._once("r", build_into)
+    assert releases._once("r", build_into) == first and len(builds) == 1
+    assert releases.check_unchanged() == []
+    (first / "data" / "shard.tar").write_bytes(b"changed")
+    assert releases.check_unchanged() == ["r/data/shard.tar"]
