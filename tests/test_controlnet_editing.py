@@ -12,10 +12,10 @@ from lance_pipeline.dillema.controlnet_editing import (
     DILLEMA_NEGATIVE_PROMPT,
     ControlNetEditorOptions,
     ControlNetEditStage,
-    bench_controlnet_edit,
     candidate_seed,
     canny_condition,
 )
+from lance_pipeline.editing.stages import bench_edit
 from lance_pipeline.stage import SCORE_NAMES, SampleFailure
 
 OPEN_GATES = {
@@ -213,7 +213,7 @@ def test_stage_renders_every_variant_gates_and_records_candidates(
     assert samples[1]["edit_type"] == "multi"
     # 8 candidates x 5 UniPC steps x 2 (classifier-free guidance): the UNet and the ControlNet see 80 samples.
     stage.editor.counts.__init__()
-    bench = bench_controlnet_edit(stage, _record())
+    bench = bench_edit(stage, _record())
     assert (bench.counts.unet_samples, bench.counts.controlnet_samples, bench.candidates) == (80, 80, 8)
     # Per scale 4 candidates in chunks of 3: 2 pipeline calls; 2 scales x 2 calls x 5 steps = 20 UNet calls.
     assert bench.counts.unet_calls == 20

@@ -14,12 +14,12 @@ import pytest
 from PIL import Image
 
 from lance_pipeline.edit_types import EDIT_TYPE_TABLE, MULTI_EDIT_INSTRUCTION, editor_instruction
+from lance_pipeline.editing.stages import bench_edit
 from lance_pipeline.instruct import cost
 from lance_pipeline.instruct.editing import (
     FAMILIES,
     InstructEditorOptions,
     InstructEditStage,
-    bench_instruct_edit,
     candidate_seed,
 )
 from lance_pipeline.registry import EDITORS
@@ -150,7 +150,7 @@ def test_stage_renders_each_instruction_gates_and_counts_its_denoiser(tiny_dirs,
     stage = _stage(tiny_dirs, editor, images_per_edit=2, batch_size=3, **scales)
     assert type(stage.editor.pipeline).__name__ == FAMILIES[editor].pipeline  # the family's class, from the directory
     out = stage.process([_record()])[0]
-    result = bench_instruct_edit(stage, _record())  # counts from zero (a fresh counter) over one more record
+    result = bench_edit(stage, _record())  # counts from zero (a fresh counter) over one more record
     per_edit = 2 * max(1, len(scales.get("image_guidance_scales", ())))
     kept = [e for e in EDITS if e["kept"]]
     assert result.candidates == len(out["edit_candidates"]) == len(kept) * per_edit

@@ -49,7 +49,7 @@ from lance_pipeline.editing.sd_components import load_stable_diffusion_component
 from lance_pipeline.editing.stages import CounterfactualEditStage
 from lance_pipeline.models.needs import DIFFUSERS_MODEL_FILES, SD_COMPONENT_FILES, ModelOption, clip_option
 from lance_pipeline.option_types import DiffusionSteps, Interval, MinLen, PositiveInt
-from lance_pipeline.stage import SCORE_NAMES, MetadataField, Record, ReleaseOutput, SampleFailure
+from lance_pipeline.stage import SCORE_NAMES, MetadataField, Record, ReleaseOutput
 
 logger = logging.getLogger(__name__)
 
@@ -676,30 +676,3 @@ class ControlNetEditStage(CounterfactualEditStage):
     def _editing_description(self) -> dict[str, Any]:
         """The editor's record (scheduler, condition, candidates), the selection rule, the gates and the CLIP model."""
         return {**self._editor_and_gates(), "selection": self._selector().describe()}
-
-
-@dataclass
-class BenchResult:
-    """What :func:`bench_controlnet_edit` measured for one record."""
-
-    edits: int
-    candidates: int
-    counts: ForwardCounts
-    seconds: float
-
-
-def bench_controlnet_edit(stage: ControlNetEditStage, record: Record) -> BenchResult:
-    """Run the loaded stage on one record; report UNet/ControlNet sample-forwards and wall seconds.
-
-    For ``benchmarks/bench_edit.py``: the counts are machine-independent, the seconds are this machine's.
-    """
-    import time
-
-    editor = stage._require_editor()
-    editor.counts = ForwardCounts()
-    start = time.perf_counter()
-    result = stage.process([record])[0]
-    seconds = time.perf_counter() - start
-    if isinstance(result, SampleFailure):
-        raise ValueError(f"bench record {record.get('key')!r} failed: {result.reason}")
-    return BenchResult(len(stage._edits(record)), len(result[stage.candidates_field]), editor.counts, seconds)

@@ -391,3 +391,31 @@ class LanceREditStage(CounterfactualEditStage):
         description = super().describe()
         description[self.editing_section]["lance_r_word_check"] = self.options.lance_r_word_check
         return description
+
+
+@dataclasses.dataclass
+class BenchResult:
+    """What :func:`bench_edit` measured for one record."""
+
+    edits: int
+    candidates: int
+    counts: Any  # the editor's own counter (each family's ``ForwardCounts``), counted from zero for this record
+    seconds: float
+
+
+def bench_edit(stage: CounterfactualEditStage, record: Record) -> BenchResult:
+    """Run the loaded edit stage on one record with its editor counting from zero; report the edits, the candidates
+    rendered, the editor's network sample-forwards (machine-independent) and this machine's wall seconds.
+
+    For ``benchmarks/``: any family whose editor keeps a ``counts`` dataclass (ControlNet, the instruction editors).
+    """
+    import time
+
+    editor = stage._require_editor()
+    editor.counts = type(editor.counts)()
+    start = time.perf_counter()
+    result = stage.process([record])[0]
+    seconds = time.perf_counter() - start
+    if isinstance(result, SampleFailure):
+        raise ValueError(f"bench record {record.get('key')!r} failed: {result.reason}")
+    return BenchResult(len(stage._edits(record)), len(result[stage.candidates_field]), editor.counts, seconds)

@@ -64,7 +64,7 @@ from lance_pipeline.editing.options import EditorOptions
 from lance_pipeline.editing.stages import CounterfactualEditStage
 from lance_pipeline.models.needs import ModelOption, clip_option
 from lance_pipeline.option_types import DiffusionSteps, Interval, MinLen, PositiveInt
-from lance_pipeline.stage import SCORE_NAMES, MetadataField, Record, ReleaseOutput, SampleFailure
+from lance_pipeline.stage import SCORE_NAMES, MetadataField, Record, ReleaseOutput
 
 logger = logging.getLogger(__name__)
 
@@ -763,27 +763,3 @@ class InstructEditStage(CounterfactualEditStage):
     def _editing_description(self) -> dict[str, Any]:
         """The editor's record (pipeline, licence, sampling), the selection rule, the gates and the CLIP model."""
         return {**self._editor_and_gates(), "selection": self._selector().describe()}
-
-
-@dataclass
-class BenchResult:
-    """What :func:`bench_instruct_edit` measured for one record."""
-
-    edits: int
-    candidates: int
-    counts: ForwardCounts
-    seconds: float
-
-
-def bench_instruct_edit(stage: InstructEditStage, record: Record) -> BenchResult:
-    """Run the loaded stage on one record; report the denoiser's sample-forwards and wall seconds."""
-    import time
-
-    editor = stage._require_editor()
-    editor.counts = ForwardCounts()
-    start = time.perf_counter()
-    result = stage.process([record])[0]
-    seconds = time.perf_counter() - start
-    if isinstance(result, SampleFailure):
-        raise ValueError(f"bench record {record.get('key')!r} failed: {result.reason}")
-    return BenchResult(len(stage._edits(record)), len(result[stage.candidates_field]), editor.counts, seconds)
