@@ -31,6 +31,7 @@ Keeping the candidates costs storage, not computation: they are rendered and sco
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from lance_pipeline.edit_strength import STRENGTH_CONFIG, STRENGTH_DEFINITION, strength_of  # noqa: F401 (re-exported)
@@ -120,3 +121,19 @@ def strength_samples(
         )
     samples.sort(key=lambda s: (s["edit_index"], s["strength"]))
     return samples
+
+
+def without_lost_edits(
+    candidates: list[dict[str, Any]], lost: set[Any], removal: Callable[[dict[str, Any]], dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A screen removed the selected candidate (the counterfactual's image) of the edits whose ``counterfactual_key``
+    is in ``lost``: their other candidates go too, because they would be a series linked to a sample that is not
+    released, with no selected member, which the release's declared invariants refuse. Returns the candidates kept
+    and a removal record (``removal(candidate)``) for each one dropped."""
+    kept, removed = [], []
+    for candidate in candidates:
+        if candidate.get("counterfactual_key") in lost:
+            removed.append(removal(candidate))
+        else:
+            kept.append(candidate)
+    return kept, removed

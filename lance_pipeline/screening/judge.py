@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from lance_pipeline.editing.stages import CounterfactualEditStage
-from lance_pipeline.editing.strength import STRENGTH_FIELD
+from lance_pipeline.editing.strength import STRENGTH_FIELD, without_lost_edits
 from lance_pipeline.models.needs import TRANSFORMERS_FILES, ModelOption
 from lance_pipeline.models.shared import shared_model
 from lance_pipeline.option_types import Fraction, Interval, Options, PositiveInt
@@ -409,21 +409,18 @@ class StrengthJudgeStage(JudgeStage):
         lost.discard(None)
         if not lost:
             return update
-        kept = []
-        for item in update[self.field]:
-            if item.get("counterfactual_key") in lost:
-                update[self.removed_field].append(
-                    {
-                        "index": item[SAMPLE_INDEX],
-                        "judge_class_p": item["judge_class_p"],
-                        "config": self.config,
-                        "reason": "its edit's selected candidate (the counterfactual) was judged not to show its "
-                        f"class: strength candidate of {item.get('edited_caption')!r}",
-                    }
-                )
-            else:
-                kept.append(item)
-        update[self.field] = kept
+        update[self.field], removed = without_lost_edits(
+            update[self.field],
+            lost,
+            lambda item: {
+                "index": item[SAMPLE_INDEX],
+                "judge_class_p": item["judge_class_p"],
+                "config": self.config,
+                "reason": "its edit's selected candidate (the counterfactual) was judged not to show its class: "
+                f"strength candidate of {item.get('edited_caption')!r}",
+            },
+        )
+        update[self.removed_field] += removed
         return update
 
 

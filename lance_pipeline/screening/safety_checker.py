@@ -29,7 +29,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from lance_pipeline.editing.strength import STRENGTH_FIELD
+from lance_pipeline.editing.strength import STRENGTH_FIELD, without_lost_edits
 from lance_pipeline.models.needs import ModelOption
 from lance_pipeline.models.shared import shared_model
 from lance_pipeline.option_types import Options, PositiveInt
@@ -292,30 +292,24 @@ class StrengthSafetyCheckStage(SafetyCheckStage):
     screens = (OutputScreen(STRENGTH_FIELD, SAFETY_FIELDS, removed=f"{STRENGTH_FIELD}_safety_removed"),)
 
     def _update(self, record: Record, results: list[tuple[bool, float]]) -> Record:
-        # A flagged selected candidate is the counterfactual's image: its edit's other candidates would be a series
-        # linked to a sample that is not released, with no selected member, which the release's declared invariants
-        # refuse (``counterfactual_key`` names a sample; exactly one ``selected`` per edit). They go with it.
+        # A flagged selected candidate is the counterfactual's image: its edit's other candidates go with it.
         update = super()._update(record, results)
         items = record.get(self.field) or []
         flagged = [items[r["index"]] for r in update[self.removed_field]]
         lost = {item.get("counterfactual_key") for item in flagged if item.get("selected")} - {None}
         if not lost:
             return update
-        kept = []
-        for item in update[self.field]:
-            if item.get("counterfactual_key") in lost:
-                index = item[SAMPLE_INDEX]
-                update[self.removed_field].append(
-                    {
-                        "index": index,
-                        "score": item["safety_score"],
-                        "reason": "its edit's selected candidate (the counterfactual) was flagged by the safety "
-                        f"checker: {self.what} of {item.get('edited_caption')!r}",
-                    }
-                )
-            else:
-                kept.append(item)
-        update[self.field] = kept
+        update[self.field], removed = without_lost_edits(
+            update[self.field],
+            lost,
+            lambda item: {
+                "index": item[SAMPLE_INDEX],
+                "score": item["safety_score"],
+                "reason": "its edit's selected candidate (the counterfactual) was flagged by the safety checker: "
+                f"{self.what} of {item.get('edited_caption')!r}",
+            },
+        )
+        update[self.removed_field] += removed
         return update
 
 
