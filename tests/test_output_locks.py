@@ -180,3 +180,23 @@ def test_a_shared_test_release_is_built_once_and_a_write_into_it_is_named(tmp_pa
     assert releases.check_unchanged() == []
     (first / "data" / "shard.tar").write_bytes(b"changed")
     assert releases.check_unchanged() == ["r/data/shard.tar"]
+
+
+def test_a_writer_refused_before_the_holder_wrote_its_note_still_names_the_holders_pid(tmp_path):
+    """The holder writes its note (pid, command) just after it takes the kernel lock; a second writer refused in that
+    moment finds no note. The pid comes from the kernel's lock table then: the note is removed here while the other
+    process holds the lock, which is that moment held still."""
+    from builder.release_format.layout import WORK_DIR
+    from builder.release_format.lock import LOCK_INFO, lock_holder
+
+    with lock_held_by_another_process(tmp_path, "build") as pid:
+        (tmp_path / WORK_DIR / LOCK_INFO).unlink()
+        with pytest.raises(OutputLocked, match=f"in use by lance-cf pid {pid};"):
+            with output_lock(tmp_path, "build"):
+                pass
+        assert lock_holder(tmp_path) == {"pid": pid, "command": None}
+        # a note left by an earlier holder (another pid) is not believed: the kernel's pid wins
+        (tmp_path / WORK_DIR / LOCK_INFO).write_text(json.dumps({"pid": pid + 1, "command": "eval"}))
+        with pytest.raises(OutputLocked, match=f"in use by lance-cf pid {pid};"):
+            with output_lock(tmp_path, "build"):
+                pass

@@ -9,7 +9,9 @@ lives here).
 
 The lock is taken on the directory itself (``flock`` on a directory descriptor), so a read-only release can still be
 verified; the holder's pid and command are written, when the directory is writable, to ``.lance-cf/lock`` for the
-refusal message. The kernel drops the lock when the holder exits, ``kill -9`` included: there is no stale lock.
+refusal message. The holder writes that note just after it takes the lock, so a process refused in between would find
+no note: the holder's pid is therefore read from the kernel's own table (``/proc/locks``) where there is one, and the
+note only adds the command when its pid agrees. The kernel drops the lock when the holder exits, ``kill -9`` included: there is no stale lock.
 """
 
 from __future__ import annotations
@@ -46,11 +48,40 @@ def lock_holder(directory: str | os.PathLike) -> dict | None:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            return _read_info(directory)
+            return _holder(directory, os.fstat(fd))
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     finally:
         os.close(fd)
+
+
+def _holder(directory: Path, stat: os.stat_result) -> dict:
+    """The holder of the lock on ``directory`` (whose ``stat`` is given): the kernel's pid, with the note's command
+    when the note is the same holder's; the note alone where the kernel's table cannot be read."""
+    note = _read_info(directory)
+    pids = _kernel_holders(stat)
+    if not pids:
+        return note
+    if note.get("pid") in pids:
+        return note
+    return {"pid": min(pids), "command": None}
+
+
+def _kernel_holders(stat: os.stat_result) -> set[int]:
+    """The pids holding a granted flock on the file ``stat`` describes, from ``/proc/locks`` (Linux); empty elsewhere.
+    A line reads ``1: FLOCK  ADVISORY  WRITE 1234 fe:00:5678 0 EOF``; waiting requests carry ``->`` and are skipped."""
+    ident = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
+    pids: set[int] = set()
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as table:
+            for line in table:
+                fields = line.split()
+                if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == ident and "->" not in line:
+                    with contextlib.suppress(ValueError):
+                        pids.add(int(fields[4]))
+    except OSError:
+        pass
+    return pids
 
 
 def _read_info(directory: Path) -> dict:
@@ -91,7 +122,7 @@ def output_lock(
         try:
             fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
-            holder = _read_info(directory)
+            holder = _holder(directory, stat)
             who = f"pid {holder.get('pid')}" if holder.get("pid") else "another process"
             what = f" ({holder['command']})" if holder.get("command") else ""
             raise OutputLocked(
