@@ -243,18 +243,21 @@ def build_while(config, output: Path, strike, **build_kwargs) -> bool:
     return struck
 
 
-def build_killing_one_worker(output: Path, is_worker, min_workers: int = 2, **build_kwargs) -> list[int]:
+def build_killing_one_worker(output: Path, is_worker, min_workers: int = 2, progress=None, **build_kwargs) -> list[int]:
     """Build ``demo_config()``; once a batch is done and ``min_workers`` processes pass ``is_worker``, SIGKILL the first
-    of them while later batches are still running. Returns the killed pids."""
+    of them while later batches are still running. Returns the killed pids. ``progress(output)`` counts what must be
+    done before the kill instead of the finished batches (a stage-major build finishes no batch before its last
+    stage: ``stored_stage_outputs``)."""
     import os
     import signal
 
     import psutil
 
     killed: list[int] = []
+    progress = progress or done_batches
 
     def strike() -> bool:
-        if done_batches(output) < 1:
+        if progress(output) < 1:
             return False
         workers = [p for p in psutil.Process().children(recursive=True) if is_worker(p)]
         if len(workers) >= min_workers:

@@ -22,6 +22,7 @@ from builder_helpers import (
     demo_config,
     make_imagefolder,
     release_files,
+    stored_stage_outputs,
     write_config,
 )
 
@@ -176,35 +177,29 @@ def test_keep_inversions_no_drops_done_batches_inversions_and_resumes_to_the_sam
 
 
 @pytest.mark.slow  # builds the demo preset's real tiny stages (minutes on a loaded 2-core machine)
-def test_stage_major_on_two_cpu_device_workers_gives_the_local_bytes_on_the_demo_stages(local_demo, tmp_path):
-    out = tmp_path / "two"
-    options = {"devices": ["cpu"] * 2}
-    build(
-        demo_config(),
-        out,
-        device="cpu",
-        progress=False,
-        engine="devices",
-        engine_options=options,
-        schedule="stage-major",
-    )
-    assert verify_release(out) == []
-    assert release_files(out) == release_files(local_demo)
-
-
-@pytest.mark.slow  # builds the demo preset's real tiny stages (minutes on a loaded 2-core machine)
-def test_a_device_worker_killed_mid_build_loses_nothing_and_the_bytes_match(local_demo, tmp_path, caplog):
+def test_a_device_worker_killed_mid_build_stage_major_on_two_cpu_workers_loses_nothing_and_the_bytes_match(
+    local_demo, tmp_path, caplog
+):
+    """Stage-major on two CPU device workers (each stage's pool of two at a time, the processes handed from stage to
+    stage), one of them killed once the first stage results are committed: the release is the local engine's
+    batch-major build, byte for byte. One build proves both that the devices engine's stage-major schedule gives the
+    local bytes and that a killed worker loses nothing (a fault-free stage-major build on two workers was a second
+    demo build proving the first half again). The batch-major devices engine on real stages with two workers:
+    tests/test_instruct_editing.py; batch-major per-stage pools losing a worker on the demo stages (the same
+    dispatcher): tests/test_builder_ray.py."""
     out = tmp_path / "killed"
     caplog.set_level(logging.WARNING, logger="builder.dispatch")
     caplog.set_level(logging.WARNING, logger="builder.multi_device")
     killed = build_killing_one_worker(
         out,
         lambda p: "multiprocessing" in cmdline(p) and "spawn_main" in cmdline(p),
+        progress=stored_stage_outputs,  # stage-major finishes no batch before its last stage
         engine="devices",
         engine_options={"devices": ["cpu", "cpu"]},
+        schedule="stage-major",
     )
     assert killed, "the build ended before a worker could be killed"
-    # The worker may die under a batch (which is retried) or between two (it is replaced before its next one).
+    # The worker may die under a unit (which is retried) or between two (it is replaced before its next one).
     replaced = [
         r.getMessage()
         for r in caplog.records
