@@ -292,15 +292,12 @@ def test_no_strength_plot_label_is_clipped_however_long_the_names(results, name,
             # ... and the legend did not get its room by squeezing the panels (constrained layout would)
             widths = [ax.get_position().width * fig.get_size_inches()[0] for ax in fig.axes]
             assert min(widths) > 0.75 * PANEL_WIDTH_IN, widths
+            expected = fig.get_size_inches() * fig.dpi  # the last one checked: strength_models_figure(models)
         finally:
             plt.close(fig)
     path = plot_strength_models(models, tmp_path / "strength.png")
-    fig = strength_models_figure(models)
-    try:  # saved at the figure's own size: the picture is the figure that was checked
-        expected = fig.get_size_inches() * fig.dpi
-        assert all(abs(a - b) <= 1 for a, b in zip(Image.open(path).size, expected, strict=True))
-    finally:
-        plt.close(fig)
+    # saved at the figure's own size: the picture is the figure that was checked
+    assert all(abs(a - b) <= 1 for a, b in zip(Image.open(path).size, expected, strict=True))
 
 
 def test_the_leaderboard_carries_the_strength_area(results):
