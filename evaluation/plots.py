@@ -235,11 +235,11 @@ def _fit_legend(fig: Any, panels: int, height: float) -> None:
     """Widen a constrained-layout figure so that its outside legend and every label fit beside ``panels`` panels of
     ``PANEL_WIDTH_IN`` inches: the width grows with the longest legend entry, so no label is cut off."""
     fig.set_size_inches(panels * PANEL_WIDTH_IN + 1.0, height)
-    fig.canvas.draw()
+    # The layout alone places the legend (no pixels drawn); saving the figure draws it at its final size.
+    fig.draw_without_rendering()
     renderer = fig.canvas.get_renderer()
     legend_width = max((legend.get_window_extent(renderer).width / fig.dpi for legend in fig.legends), default=0.0)
     fig.set_size_inches(panels * PANEL_WIDTH_IN + legend_width + 1.0, height)
-    fig.canvas.draw()
 
 
 def _curve_xy(group: dict[str, Any], key: str) -> tuple[list[float], list[float]]:
