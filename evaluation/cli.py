@@ -294,9 +294,13 @@ def run_eval(args: argparse.Namespace) -> int:
     names = expand_model_names(args.model, pretrained=pretrained)
     if args.checkpoint is not None and len(names) != 1:
         raise ValueError(f"--checkpoint applies to exactly one model; {len(names)} were given: {', '.join(names)}")
-    template_sets = [load_template_set(t) for t in dict.fromkeys(args.templates or [DEFAULT_TEMPLATES])]
-    if args.templates and not any(is_zero_shot(n) for n in names):
+    zero_shot = any(is_zero_shot(n) for n in names)
+    if args.templates and not zero_shot:
         raise ValueError("--templates applies to zero-shot models (--model open_clip:...); none was given")
+    # Only zero-shot models use templates (the default set, openai's, imports open_clip: seconds)
+    template_sets = (
+        [load_template_set(t) for t in dict.fromkeys(args.templates or [DEFAULT_TEMPLATES])] if zero_shot else []
+    )
     specs = [
         ModelSpec(
             name=n,
