@@ -206,9 +206,13 @@ def seal_release(
         previous_manifest: the release this one follows (``lance-cf review apply``), for the card's changelog.
     """
     invariants.check_complete({c: manifest["counts"][c]["total"] for c in manifest["configs"]})
-    gallery = write_gallery(output, manifest["configs"], manifest["shards"])
+    # The gallery in the order of the release's own edit types, as the card draws it: the card reuses these files
+    # (and the plot) rather than drawing them again, so what the manifest hashes is what the card shows.
+    spec = rf.ReleaseSpec.from_dict(manifest["release_spec"]) if "release_spec" in manifest else rf.V1_SPEC
+    gallery = write_gallery(output, manifest["configs"], manifest["shards"], edit_types=spec.edit_types)
+    plot = write_comparison_plot(output, manifest)
     manifest["assets"] = []
-    for entry in [*gallery, *write_comparison_plot(output, manifest)]:
+    for entry in [*gallery, *plot]:
         digest, size = rf.file_sha256(output / entry["path"])
         manifest["assets"].append({"path": entry["path"], "sha256": digest, "bytes": size})
     manifest.pop("manifest_sha256", None)
@@ -216,7 +220,7 @@ def seal_release(
     typed = rf.Manifest.from_dict(manifest)  # the writer checks its own output against the format
     _atomic_write(output / rf.TIMM_INFO_NAME, rf.canonical_json(rf.timm_info(typed)))
     _atomic_write(output / rf.MANIFEST_NAME, rf.canonical_json(manifest))
-    render_release_card(output, manifest, previous_manifest=previous_manifest)
+    render_release_card(output, manifest, previous_manifest=previous_manifest, written_assets=(gallery, plot))
     write_release_croissant(output, typed)
 
 

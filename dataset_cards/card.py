@@ -58,6 +58,7 @@ def render_release_card(
     *,
     repo_id: str | None = None,
     output_dir: Path | None = None,
+    written_assets: tuple[list[dict], list[dict]] | None = None,
 ) -> str:
     """Write README.md (and its gallery PNGs under assets/, and the editor comparison's plot where the manifest
     records one) and return the card text.
@@ -70,6 +71,9 @@ def render_release_card(
         repo_id: the Hub repository (``ORG/NAME``) used in the loading snippets; ``ORG/<name>`` when unknown.
         output_dir: where the card and its assets are written (``release_dir`` by default); shards are always read
             from ``release_dir``.
+        written_assets: ``(gallery entries, comparison plot entries)`` that ``write_gallery`` and
+            ``write_comparison_plot`` have just written into ``output_dir`` for this manifest (the builder's seal,
+            which hashes them): the card uses them instead of drawing the same PNGs a second time.
 
     Returns:
         The card text that was written to ``README.md``.
@@ -77,14 +81,17 @@ def render_release_card(
     release_dir = Path(release_dir)
     output_dir = Path(output_dir) if output_dir is not None else release_dir
     typed = rf.Manifest.from_dict(manifest, where="manifest")
-    gallery = write_gallery(
-        release_dir,
-        typed.configs,
-        [s.to_dict() for s in typed.shards],
-        output_dir=output_dir,
-        edit_types=typed.release_spec.edit_types,
-    )
-    plot = write_comparison_plot(output_dir, manifest)
+    if written_assets is not None:
+        gallery, plot = written_assets
+    else:
+        gallery = write_gallery(
+            release_dir,
+            typed.configs,
+            [s.to_dict() for s in typed.shards],
+            output_dir=output_dir,
+            edit_types=typed.release_spec.edit_types,
+        )
+        plot = write_comparison_plot(output_dir, manifest)
     context = _template_context(typed, results, previous_manifest, gallery, repo_id)
     context["editors_section"] = Markdown(editors_section(manifest, plot[0]["path"] if plot else None))
     # What huggingface_hub's DatasetCard.from_template writes (the template gets the card data's keys and the YAML
