@@ -200,10 +200,12 @@ def test_a_40_mb_row_is_refused_with_bounded_memory(tmp_path):
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_a_kill_during_a_checkpoint_save_is_skipped_by_resume(tmp_path):
+def test_a_kill_during_a_checkpoint_save_is_skipped_by_resume(tmp_path, single_thread_torch):
     """A real process is killed while it writes a checkpoint (its trainer state is a FIFO, so the write blocks after
     the adapter, optimizer and RNG files); ``--resume`` removes that checkpoint and continues from the one before,
-    ending with the weights of an uninterrupted run."""
+    ending with the weights of an uninterrupted run. The killed run is a process; the resume and the uninterrupted run
+    are the same command in this process, on one torch thread as the process has (OMP_NUM_THREADS=1)."""
+    from builder_helpers import cli
     from safetensors.torch import load_file
 
     from lance_pipeline.tiny.text_components import create_tiny_causal_lm
@@ -215,12 +217,11 @@ def test_a_kill_during_a_checkpoint_save_is_skipped_by_resume(tmp_path):
     options = ["--model", str(model), "--data", str(data), "--batch-size", "2", "--grad-accum", "1", "--steps", "12",
                "--save-steps", "1", "--warmup-steps", "0", "--lr", "0.01", "--device", "cpu", "--no-progress"]  # fmt: skip
 
-    def train(output: Path, *extra: str, **kwargs) -> subprocess.Popen:
-        command = [sys.executable, "-m", "builder.cli", "perturber", "train", "--output", str(output), *options, *extra]
+    def train(output: Path) -> subprocess.Popen:
+        command = [sys.executable, "-m", "builder.cli", "perturber", "train", "--output", str(output), *options]
         return subprocess.Popen(command, env=_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, **kwargs)  # fmt: skip
+                                text=True)  # fmt: skip
 
-    whole = train(tmp_path / "whole")
     interrupted = tmp_path / "interrupted"
     victim = train(interrupted)
     checkpoints = interrupted / "checkpoints"
@@ -248,12 +249,11 @@ def test_a_kill_during_a_checkpoint_save_is_skipped_by_resume(tmp_path):
     victim.wait()
     assert numbers() == [trap - 1, trap]  # the Trainer keeps two; the newest is the partial one
 
-    resumed = train(interrupted, "--resume")
-    out, err = resumed.communicate()
-    assert resumed.returncode == 0, err
+    resumed = cli("perturber", "train", "--output", str(interrupted), *options, "--resume", check=False)
+    assert resumed.returncode == 0, resumed.stderr
+    err = resumed.stderr
     assert f"removing the partial checkpoint checkpoint-{trap}" in err and "Traceback" not in err
-    out, err = whole.communicate()
-    assert whole.returncode == 0, err
+    cli("perturber", "train", "--output", str(tmp_path / "whole"), *options)
     first = load_file(str(tmp_path / "whole" / "adapter_model.safetensors"))
     second = load_file(str(interrupted / "adapter_model.safetensors"))
     assert first.keys() == second.keys()
