@@ -1,6 +1,7 @@
-"""`interfaces learn-tokens` killed with SIGKILL between a class's token file and the index that lists it, with real
-processes: the resumed run's folder equals an uninterrupted run's, and a second learn-tokens into the same folder at
-the same time is refused with the holder's pid."""
+"""`interfaces learn-tokens` killed with SIGKILL between a class's token file and the index that lists it, in a real
+process: the resumed run's folder equals an uninterrupted run's, and a second learn-tokens into the same folder at
+the same time is refused with the holder's pid. The killed run (the lock's holder) is a process; the uninterrupted,
+refused and resumed runs are the same command in this process."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sys
 import time
 
 import pytest
-from builder_helpers import env, make_imagefolder
+from builder_helpers import cli, env, make_imagefolder
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -47,14 +48,14 @@ def test_kill_between_token_file_and_index_resumes_to_the_uninterrupted_folder(t
         time.sleep(0.05)
     assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
     # A second run into the folder while the first holds it is refused at once, naming the holder.
-    second = subprocess.run(_command(photos, out, tiny_sd_dir), env=env(), capture_output=True, text=True)
+    second = cli(*_command(photos, out, tiny_sd_dir)[3:], check=False)
     assert second.returncode == 2 and f"pid {proc.pid}" in second.stderr
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert (out / "0.safetensors").exists() and not (out / "tokens.json").exists()  # between the two writes
     fifo.unlink()
 
-    resumed = subprocess.run(_command(photos, out, tiny_sd_dir), env=env(), capture_output=True, text=True)
+    resumed = cli(*_command(photos, out, tiny_sd_dir)[3:], check=False)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resuming with 2" in resumed.stderr  # class 0 was kept, not learned again
     assert _folder(out) == _folder(clean)
