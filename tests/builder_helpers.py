@@ -179,6 +179,18 @@ def demo_config():
     return apply_overrides(load_config("demo"), batch_size=1, limit=DEMO_LIMIT)
 
 
+DEMO_INSTRUCT = "demo-instruct-b2"  # the shared_release name of demo_instruct_config()'s build
+
+
+def demo_instruct_config():
+    """The demo-instruct preset on four photos in batches of two: built once per session as ``DEMO_INSTRUCT``
+    (``shared_release.of_config``), the reference that tests/test_instruct_editing.py resumes and rebuilds on another
+    engine and schedule, and the instruction editor that tests/test_compare_editors_families.py compares."""
+    from builder.config import apply_overrides, load_config
+
+    return apply_overrides(load_config("demo-instruct"), batch_size=2, limit=4)
+
+
 def ledger_rows(output: Path, table: str) -> int:
     """Rows of a ledger table of the build in ``output`` so far (read-only, sqlite's own lock wait; 0 before the
     ledger or the table exists). ``done_batches``: finished batches; ``stage_outputs``: committed stage results."""

@@ -1,39 +1,32 @@
 """compare-editors across the three editor families on the same source images and edits: the offline demos of
 prompt-to-prompt (``demo``), ControlNet (``demo-controlnet``) and an instruction editor (``demo-instruct``), each built
 through the engine with the preservation stage, then compared by ``lance-cf compare-editors``, and the comparison put on
-``demo-instruct``'s card by ``lance-cf add-comparison`` (README's walk)."""
+``demo-instruct``'s card by ``lance-cf add-comparison`` (README's walk). The three releases are the session's shared
+builds (``shared_release``), which other modules read too; this test only reads them."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from builder_helpers import DEMO_INSTRUCT, demo_instruct_config
 
 from builder import release_format as rf
 from builder.cli import main
-from builder.config import load_config, preset_path
-from builder.engine import build
 from builder.release_format.verify import verify_release
 from evaluation.fidelity import table_markdown
-from lance_pipeline.readers import read_yaml
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # three demo builds
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # three demo builds, when no other test has asked for them yet
 
 PRESETS = {"demo": "prompt_to_prompt", "demo-controlnet": "controlnet", "demo-instruct": None}
 
 
-def _build(tmp_path, preset: str):
-    data = read_yaml(preset_path(preset))
-    data.update({"limit": 2, "batch_size": 2})
-    path = tmp_path / f"{preset}.yaml"
-    path.write_text(json.dumps(data))
-    out = tmp_path / preset
-    build(load_config(str(path)), out, progress=False, device="cpu")
-    return out
-
-
-def test_compare_editors_reads_every_familys_gates_cost_and_preservation(tmp_path, capsys):
-    releases = {preset: _build(tmp_path, preset) for preset in PRESETS}
+def test_compare_editors_reads_every_familys_gates_cost_and_preservation(shared_release, tmp_path, capsys):
+    releases = {
+        "demo": shared_release("demo"),
+        "demo-controlnet": shared_release("demo-controlnet"),
+        "demo-instruct": shared_release.of_config(DEMO_INSTRUCT, demo_instruct_config),
+    }
     argv = ["compare-editors", "--no-clip", "--output", str(tmp_path / "cmp")]
     for release in releases.values():
         argv += ["--release", str(release)]

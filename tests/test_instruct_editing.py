@@ -256,28 +256,20 @@ def create_tiny_clip(tmp_path) -> str:
 # -- the demo builds -------------------------------------------------------------------------------------------------
 
 
-def _demo_config(tmp_path, name: str, preset: str = "demo-instruct", **changes):
-    from builder.config import load_config, preset_path
-    from lance_pipeline.readers import read_yaml
-
-    data = read_yaml(preset_path(preset))
-    data.update({"batch_size": 2, **changes})
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(json.dumps(data))
-    return load_config(str(path))
-
-
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_demo_instruct_rebuilds_resumes_and_runs_on_the_devices_engine_stage_major_to_the_same_bytes(tmp_path):
-    from builder_helpers import release_files
+def test_demo_instruct_rebuilds_resumes_and_runs_on_the_devices_engine_stage_major_to_the_same_bytes(
+    shared_release, tmp_path
+):
+    from builder_helpers import DEMO_INSTRUCT, demo_instruct_config, release_files
 
     from builder.engine import build
     from builder.release_format.verify import verify_release
 
-    config = _demo_config(tmp_path, "c", limit=4)
-    clean = tmp_path / "clean"
-    manifest = build(config, clean, progress=False, device="cpu")
+    # The clean build is the session's shared one (tests/test_compare_editors_families.py reads it too).
+    config = demo_instruct_config()
+    clean = shared_release.of_config(DEMO_INSTRUCT, demo_instruct_config)
+    manifest = json.loads((clean / "manifest.json").read_text())
     assert verify_release(clean) == [] and manifest["kind"] == "instruct"
     assert manifest["counts"]["counterfactual"]["total"] > 0
     # Resume: forget the last batch's edits and its release rows, build again: the edit stage reruns on it only. The
