@@ -208,7 +208,7 @@ def timed_flops(fn, device: str):
 
 def run_text_stages(args, images, label_names, workdir: Path) -> dict:
     """Caption and perturb ``images`` batched and one at a time (interleaved); seconds, FLOPs, tokens."""
-    from lance_pipeline.text.captioning import LabelConditionedCaptioner
+    from lance_pipeline.text.captioning import MIN_NEW_TOKENS, LabelConditionedCaptioner
     from lance_pipeline.text.perturbation import PromptPerturber
 
     captioner_dir = Path(args.captioner_dir or write_captioner(workdir / "captioner", args.size, args.device))
@@ -220,8 +220,17 @@ def run_text_stages(args, images, label_names, workdir: Path) -> dict:
         for k, (image, name) in enumerate(zip(images, label_names, strict=True))
     ]
     captions = None
+    captioner_limits, perturber_limits = {}, {}
+    if args.max_new_tokens is not None:  # a shorter answer, the same generate path (the stages' defaults otherwise)
+        captioner_limits = {
+            "max_new_tokens": args.max_new_tokens,
+            "min_new_tokens": min(args.max_new_tokens, MIN_NEW_TOKENS),
+        }
+        perturber_limits = {"max_new_tokens": args.max_new_tokens}
     for mode, batch in modes:
-        captioner = LabelConditionedCaptioner(model=str(captioner_dir), revision=None, batch_size=batch)
+        captioner = LabelConditionedCaptioner(
+            model=str(captioner_dir), revision=None, batch_size=batch, **captioner_limits
+        )
         captioner.load(args.device)
         captioner._model.requires_grad_(False)  # FlopCounterMode's module tracker needs it under inference_mode
         counter = GenerateCounter(captioner._model)
@@ -230,7 +239,7 @@ def run_text_stages(args, images, label_names, workdir: Path) -> dict:
         captions = captions or [r["caption"] for r in results]
     perturb_records = [{**r, "caption": c} for r, c in zip(records, captions, strict=True)]
     for mode, batch in modes:
-        perturber = PromptPerturber(model=str(perturber_dir), revision=None, batch_size=batch)
+        perturber = PromptPerturber(model=str(perturber_dir), revision=None, batch_size=batch, **perturber_limits)
         perturber.load(args.device)
         perturber._model.requires_grad_(False)  # FlopCounterMode's module tracker needs it under inference_mode
         counter = GenerateCounter(perturber._model)
@@ -338,6 +347,12 @@ def main(argv: list[str] | None = None) -> None:
         "--editing-size", default=None, help="bench_edit's size of the editing row (default: --size; tiny: seconds)"
     )
     parser.add_argument("--batched-only", action="store_true", help="skip the one-at-a-time runs (minutes at 7B)")
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="cap both stages' generated tokens (default: the stages' own, 100 and 256; the GPU suite's dry run: 8)",
+    )
     parser.add_argument("--captioner-dir", default=None, help="an already written captioner (write_captioner)")
     parser.add_argument("--perturber-dir", default=None, help="an already written perturber (write_perturber)")
     args = parser.parse_args(argv)
@@ -355,7 +370,8 @@ def main(argv: list[str] | None = None) -> None:
     label_names = [names[k % len(names)] for k in range(args.images)]
     print(
         f"# bench_text_stages: size={args.size} device={args.device} images={args.images} "
-        f"batch_size={args.batch_size} torch={torch.__version__} threads={torch.get_num_threads()} "
+        f"batch_size={args.batch_size} max_new_tokens={args.max_new_tokens or 'stage defaults'} "
+        f"torch={torch.__version__} threads={torch.get_num_threads()} "
         f"seconds={'wall' if args.device.startswith('cuda') else 'process CPU time'}"
     )
     with tempfile.TemporaryDirectory(prefix="bench-text-") as workdir:
@@ -408,6 +424,7 @@ def main(argv: list[str] | None = None) -> None:
             "device": args.device,
             "images": n,
             "batch_size": args.batch_size,
+            "max_new_tokens": args.max_new_tokens,  # None: the stages' own
             "stages": [
                 {
                     "stage": stage,

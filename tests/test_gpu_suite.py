@@ -19,6 +19,16 @@ HARDIMAGENET_STAGES |= {"lance_r_edit", "screen", "screen_lance_r", "safety_reco
 HARDIMAGENET_STAGES |= {"preservation"}
 
 
+def gpu_suite():
+    """benchmarks/gpu_suite.py as a module."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import gpu_suite
+    finally:
+        sys.path.pop(0)
+    return gpu_suite
+
+
 def run_suite(tmp_path: Path, *args: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
@@ -43,6 +53,10 @@ def test_the_dry_run_runs_every_section_and_reports_what_the_gpu_run_reports(tmp
         "judge",
     ]  # fmt: skip
     assert {name: s["status"] for name, s in sections.items()} == dict.fromkeys(sections, "ok")
+    # Every script section ran in a child of the launcher, which imported each module of its preload once.
+    assert set(report["preloaded"]) == set(gpu_suite().PRELOAD)
+    assert all(isinstance(seconds, float) for seconds in report["preloaded"].values()), report["preloaded"]
+    assert all(s["cpu_s"] > 0 for name, s in sections.items() if name != "matmul")
 
     editor = sections["editor"]["data"]
     rows = {r["name"]: r for r in editor["rows"]}
@@ -95,37 +109,39 @@ def test_the_dry_run_runs_every_section_and_reports_what_the_gpu_run_reports(tmp
 @pytest.mark.e2e
 def test_a_section_that_outlives_its_slot_is_stopped_and_the_report_is_still_written(tmp_path):
     # No in-process section first: on a busy machine it could spend the whole budget before the editor starts.
-    # The editor's slot is 6 s x 0.27 / 0.60 = 2.7 s; its imports alone take longer on any machine.
-    report = run_suite(tmp_path, "--dry-run", "--sections", "editor,models,build", "--budget-s", "6")
+    # The editor's slot is 6 s x 0.27 / 0.60 = 2.7 s; its imports alone take longer on any machine (the launcher
+    # preloads nothing here, so the editor starts at once and is stopped while it runs).
+    report = run_suite(tmp_path, "--dry-run", "--sections", "editor,models,build", "--budget-s", "6", "--preload", "")
     sections = {s["name"]: s for s in report["sections"]}
     assert sections["editor"]["status"].startswith("stopped: out of its time slot")
     assert sections["build"]["status"].startswith("skipped: ")  # budget spent, or its models never written
     assert (tmp_path / "out" / "suite.md").is_file()
 
 
-@pytest.mark.slow  # waits out a 15 s slot by design
+@pytest.mark.slow  # waits out a 5 s slot by design
 def test_a_stopped_section_keeps_what_it_had_written(tmp_path):
     """A section's JSON is read back after its process group is killed at the end of its slot."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import gpu_suite
-    finally:
-        sys.path.pop(0)
+    suite = gpu_suite()
     partial = tmp_path / "partial.json"
     child = f"import json, time; open({str(partial)!r}, 'w').write(json.dumps({{'rows': [1]}})); time.sleep(3600)"
     with open(tmp_path / "log", "w") as log:
-        result = gpu_suite.run_section({"name": "x", "argv": [sys.executable, "-c", child], "json": partial}, 15, log)
+        launcher = suite.SectionLauncher(log, preload=())
+        try:
+            # The launcher is up before the slot starts (a first section has run), so the child is a fork of a ready
+            # process: it writes within milliseconds of its slot's 5 s.
+            first = suite.run_section({"name": "up", "argv": [sys.executable, "-c", "pass"]}, 3600, log, launcher)
+            assert first["status"] == "ok"
+            section = {"name": "x", "argv": [sys.executable, "-c", child], "json": partial}
+            result = suite.run_section(section, 5, log, launcher)
+        finally:
+            launcher.close()
     assert result["status"].startswith("stopped: out of its time slot")
     assert result["data"] == {"rows": [1]}
 
 
 def test_the_wheels_to_carry_are_the_dependencies_the_lent_machine_lacks():
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import gpu_suite
-    finally:
-        sys.path.pop(0)
-    missing = gpu_suite.missing_packages()
+    gpu_suite_module = gpu_suite()
+    missing = gpu_suite_module.missing_packages()
     assert {"diffusers", "open-clip-torch", "datasets", "ftfy", "huggingface-hub", "clip-benchmark"} <= set(missing)
     assert not {"torch", "transformers", "timm", "numpy", "pandas", "pyarrow"} & set(missing)  # already there
-    assert gpu_suite.pinned("diffusers").startswith("diffusers==")
+    assert gpu_suite_module.pinned("diffusers").startswith("diffusers==")
