@@ -505,7 +505,10 @@ def run_section(section: dict[str, Any], seconds: float, log, launcher: SectionL
             result["status"] = f"failed: {type(err).__name__}: {err}"
         result["cpu_s"] = round(time.process_time() - cpu, 1)
     else:
-        result["status"], result["cpu_s"] = launcher.run(section["argv"], seconds)
+        try:
+            result["status"], result["cpu_s"] = launcher.run(section["argv"], seconds)
+        except (RuntimeError, BrokenPipeError) as err:  # the launcher is gone: reported, the report still written
+            result["status"], result["cpu_s"] = f"failed: {type(err).__name__}: {err}", None
         path = section.get("json")
         if path is not None and Path(path).is_file():
             result["data"] = json.loads(Path(path).read_text(encoding="utf-8"))

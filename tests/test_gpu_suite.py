@@ -139,6 +139,17 @@ def test_a_stopped_section_keeps_what_it_had_written(tmp_path):
     assert result["data"] == {"rows": [1]}
 
 
+def test_a_section_whose_launcher_is_gone_fails_in_its_status(tmp_path):
+    suite = gpu_suite()
+    with open(tmp_path / "log", "w") as log:
+        launcher = suite.SectionLauncher(log, preload=())
+        launcher._proc.kill()
+        launcher._proc.wait()
+        result = suite.run_section({"name": "x", "argv": [sys.executable, "-c", "pass"]}, 3600, log, launcher)
+    assert result["status"].startswith("failed: RuntimeError: the section launcher exited (code -9")
+    assert "data" not in result
+
+
 def test_the_wheels_to_carry_are_the_dependencies_the_lent_machine_lacks():
     gpu_suite_module = gpu_suite()
     missing = gpu_suite_module.missing_packages()
