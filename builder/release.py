@@ -208,8 +208,8 @@ def seal_release(
     invariants.check_complete({c: manifest["counts"][c]["total"] for c in manifest["configs"]})
     # The gallery in the order of the release's own edit types, as the card draws it: the card reuses these files
     # (and the plot) rather than drawing them again, so what the manifest hashes is what the card shows.
-    spec = rf.ReleaseSpec.from_dict(manifest["release_spec"]) if "release_spec" in manifest else rf.V1_SPEC
-    gallery = write_gallery(output, manifest["configs"], manifest["shards"], edit_types=spec.edit_types)
+    edit_types = rf.release_spec_of(manifest).edit_types
+    gallery = write_gallery(output, manifest["configs"], manifest["shards"], edit_types=edit_types)
     plot = write_comparison_plot(output, manifest)
     manifest["assets"] = []
     for entry in [*gallery, *plot]:

@@ -80,6 +80,7 @@ from builder.release_format.manifest import (
     load_manifest,
     manifest_digest,
     read_manifest_dict,
+    release_spec_of,
     seal_manifest,
 )
 from builder.release_format.metadata import (
@@ -217,6 +218,7 @@ __all__ = [
     "read_card_yaml",
     "split_card",
     "read_manifest_dict",
+    "release_spec_of",
     "read_member",
     "read_comparison",
     "read_samples",

@@ -11,7 +11,8 @@ The lock is taken on the directory itself (``flock`` on a directory descriptor),
 verified; the holder's pid and command are written, when the directory is writable, to ``.lance-cf/lock`` for the
 refusal message. The holder writes that note just after it takes the lock, so a process refused in between would find
 no note: the holder's pid is therefore read from the kernel's own table (``/proc/locks``) where there is one, and the
-note only adds the command when its pid agrees. The kernel drops the lock when the holder exits, ``kill -9`` included: there is no stale lock.
+note only adds the command when its pid agrees. The kernel drops the lock when the holder exits, ``kill -9``
+included: there is no stale lock.
 """
 
 from __future__ import annotations

@@ -174,7 +174,7 @@ class Manifest:
         if "name" not in data["label_space"]:
             raise ManifestError(f"{where}: required field 'label_space.name' is missing")
         try:
-            spec = ReleaseSpec.from_dict(data["release_spec"]) if "release_spec" in data else V1_SPEC
+            spec = release_spec_of(data)
             shards = [ShardRecord(**s) for s in data["shards"]]
             assets = [AssetRecord(**a) for a in data.get("assets", [])]
         except (TypeError, KeyError, ValueError) as err:
@@ -222,6 +222,11 @@ class Manifest:
     @property
     def image_ext(self) -> str:
         return self.image_format or DEFAULT_IMAGE_FORMAT
+
+
+def release_spec_of(data: dict[str, Any]) -> ReleaseSpec:
+    """The release declaration a manifest (as JSON data) records, or v1's for a manifest from before declarations."""
+    return ReleaseSpec.from_dict(data["release_spec"]) if "release_spec" in data else V1_SPEC
 
 
 def read_manifest_dict(path: Path | str) -> dict[str, Any]:
