@@ -263,3 +263,16 @@ def test_an_open_clip_folder_without_its_files_is_one_line(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match=r"needs open_clip_config\.json and \.safetensors weights"):
         ModelSpec(f"open_clip:{tmp_path / 'empty'}", templates=load_template_set("simple"))
+
+
+def test_templates_without_a_zero_shot_model_are_refused_in_one_line_before_any_model_loads(tmp_path, capsys):
+    """Templates are loaded only for zero-shot models, and ``--templates`` with timm models alone is still refused."""
+    from builder.cli import main
+
+    release = write_release(tmp_path / "rel", labels=(0, 1), label_names=NAMES[:2], edits_per_original=1)
+    out = tmp_path / "out"
+    argv = ["eval", "--release", str(release), "--model", "resnet18", "--no-pretrained", "--output", str(out)]
+    assert main([*argv, "--templates", "simple"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--templates applies to zero-shot models (--model open_clip:...); none was given" in err
+    assert len(err.splitlines()) == 1 and not list(out.rglob("results.json"))
