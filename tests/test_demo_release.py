@@ -11,7 +11,6 @@ from builder_helpers import (
     SCREEN_STAGES,
     STRENGTH_SCREENS,
     cli,
-    counting_loads,
     release_files,
 )
 
@@ -82,8 +81,10 @@ def test_demo_rebuild_is_byte_identical(demo, shared_release, tmp_path, monkeypa
     all-MiniLM-L6-v2; four safety stages: one checker); the rebuild loads one per stage: same bytes."""
     monkeypatch.setenv("LANCE_CF_CACHE", str(tmp_path / "other-cache"))
     again = tmp_path / "again"
-    unshared = counting_loads(tmp_path / "loads.json", "build", "demo", "--output", str(again), "--no-progress",
-                              "--device", "cpu", unshared=True)  # fmt: skip
+    # In this process (a new one would import torch, diffusers and transformers again: seconds of CPU), with the
+    # counting hooks and the unshared map tests/load_counter.py installs in its own, undone when the test ends.
+    unshared = _counting_loads_here(monkeypatch, "build", "demo", "--output", str(again), "--no-progress",
+                                    "--device", "cpu")  # fmt: skip
     loads = shared_release.loads("demo")
     # The hook sees every load: label_check, screen, screen_lance_r and screen_strength each loaded their own.
     assert sum(unshared["sentence-transformers"].values()) == 4
@@ -91,6 +92,30 @@ def test_demo_rebuild_is_byte_identical(demo, shared_release, tmp_path, monkeypa
     assert loads["safety-checker"] == {"tiny-safety-checker": 1}
     assert loads["stable-diffusion-unet"] == {"tiny-stable-diffusion": 1}
     assert release_files(again) == release_files(demo)
+
+
+def _counting_loads_here(monkeypatch, *args: str) -> dict[str, dict[str, int]]:
+    """``lance-cf ARGS`` in this process with every model load counted and no model shared between stages, as
+    ``python tests/load_counter.py COUNTS --unshared -- ARGS`` counts them in a new one; the counts per model."""
+    from collections import Counter
+
+    import load_counter
+    import sentence_transformers
+    from diffusers import UNet2DConditionModel
+    from diffusers.pipelines.stable_diffusion.safety_checker import StableDiffusionSafetyChecker
+
+    from lance_pipeline.models import shared as shared_models
+
+    counts = {kind: Counter() for kind in load_counter.COUNTS}
+    monkeypatch.setattr(load_counter, "COUNTS", counts)
+    # What install_hooks replaces, recorded so that monkeypatch puts it back (a class's own attribute, or none).
+    monkeypatch.setattr(sentence_transformers, "SentenceTransformer", sentence_transformers.SentenceTransformer)
+    for cls in (UNet2DConditionModel, StableDiffusionSafetyChecker):
+        monkeypatch.setattr(cls, "from_pretrained", cls.from_pretrained)
+    load_counter.install_hooks()
+    monkeypatch.setattr(shared_models, "_SHARED", load_counter._NoSharing())
+    assert main(list(args)) == 0
+    return {kind: dict(counter) for kind, counter in counts.items()}
 
 
 def test_demo_croissant_reads_as_datasets_does(demo, tmp_path):
