@@ -4,17 +4,11 @@ its traceback (exit 1), and every number option of every command is bounded by t
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from builder.cli import build_parser, main
 from builder.cli_types import MAX_INT_DIGITS, bounded_int, finite_float
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _numeric_options(parser: argparse.ArgumentParser, prefix: str = "lance-cf"):
@@ -58,23 +52,24 @@ def test_a_number_option_out_of_range_is_argparse_s_one_line(capsys, args, said)
     assert len(err.splitlines()) == 1 and said in err, err[:300]
 
 
-def test_an_unexpected_error_is_one_line_and_a_traceback_file(tmp_path):
+def test_an_unexpected_error_is_one_line_and_a_traceback_file(tmp_path, monkeypatch, lance_cf):
     """A bug planted in a command (its run function raises KeyError): one line, exit 1, the traceback in the file
-    the line names, under $LANCE_CF_TRACEBACK_DIR (else the user's cache)."""
-    code = (
-        "import sys, builder.cli_class_map as m\n"
-        "def broken(args):\n    err = KeyError('planted')\n    err.add_note('raised by stage caption on sample k1')\n"
-        "    raise err\n"
-        "m.run_class_map = broken\n"
-        "from builder.cli import main\n"
-        "sys.exit(main(['class-map', 'somewhere']))\n"
-    )
+    the line names, under $LANCE_CF_TRACEBACK_DIR (else the user's cache). The command runs in this process: both
+    variables are read when the error is reported, not at start-up."""
+    import builder.cli_class_map
+
+    def broken(args):
+        err = KeyError("planted")
+        err.add_note("raised by stage caption on sample k1")
+        raise err
+
+    monkeypatch.setattr(builder.cli_class_map, "run_class_map", broken)
     folder = tmp_path / "tracebacks"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "LANCE_CF_TRACEBACK_DIR": str(folder)}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
-    assert done.returncode == 1, done.stderr
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    monkeypatch.setenv("LANCE_CF_TRACEBACK_DIR", str(folder))
+    code, _, err = lance_cf("class-map", "somewhere")
+    assert code == 1, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
     assert lines[0].startswith(
         "lance-cf class-map: error: unexpected KeyError ('planted' raised by stage caption on"
     ), lines[0]
@@ -82,8 +77,9 @@ def test_an_unexpected_error_is_one_line_and_a_traceback_file(tmp_path):
     assert len(written) == 1 and str(written[0]) in lines[0]
     text = written[0].read_text()
     assert "Traceback (most recent call last)" in text and "KeyError: 'planted'" in text and "def broken" not in text
+    assert "raise err" in text  # the planted function's frame, from this file
     # without the variable: the user's cache
-    env.pop("LANCE_CF_TRACEBACK_DIR")
-    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
-    assert done.returncode == 1 and str(tmp_path / "cache" / "lance-cf" / "tracebacks") in done.stderr
+    monkeypatch.delenv("LANCE_CF_TRACEBACK_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    code, _, err = lance_cf("class-map", "somewhere")
+    assert code == 1 and str(tmp_path / "cache" / "lance-cf" / "tracebacks") in err
