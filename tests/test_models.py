@@ -453,7 +453,7 @@ def _limited(path: Path, limit: int = 2):
     return config
 
 
-def test_the_cpu_estimate_counts_the_unet_the_config_names(tmp_path, monkeypatch):
+def test_the_cpu_estimate_counts_the_unet_the_config_names(tiny_sd_dir, monkeypatch):
     """A config of tiny local models beside a Hub-id text model (the label check's) runs on the CPU: the estimate is
     the configured UNet's, counted on its architecture, not the pinned Stable Diffusion's (which refuses). The CPU's
     speed is fixed at 1 GFLOP/s (a slow CPU), so the outcome depends on the counted UNet, not on the machine's load."""
@@ -464,15 +464,14 @@ def test_the_cpu_estimate_counts_the_unet_the_config_names(tmp_path, monkeypatch
     from builder.model_check import UNET_FORWARD_FLOPS_512, check_cpu, configured_unet, unet_forward_flops
     from builder.validation import validate_build
     from lance_pipeline.models.needs import SD_COMPONENT_FILES, TRANSFORMERS_FILES, ModelNeed
-    from lance_pipeline.tiny.image_components import create_tiny_stable_diffusion
 
     lance = validate_build(apply_overrides(load_config("lance"), source="demo"))
     text = ModelNeed("sentence-transformers/all-MiniLM-L6-v2", None, TRANSFORMERS_FILES, (), "stage label", "k")
-    tiny = create_tiny_stable_diffusion(tmp_path / "tiny-sd")
+    # The session's tiny Stable Diffusion (tests/conftest.py, create_tiny_stable_diffusion), which this test only reads.
     sd = ModelNeed(None, None, SD_COMPONENT_FILES, (), "stage invert", "stages[invert].options.model",
-                   local_path=str(tiny))  # fmt: skip
+                   local_path=str(tiny_sd_dir))  # fmt: skip
     label, unet, vae = configured_unet([text, sd])
-    assert label == "tiny-sd" and unet["block_out_channels"] == [8, 16] and vae is not None
+    assert label == tiny_sd_dir.name and unet["block_out_channels"] == [8, 16] and vae is not None
     flops = unet_forward_flops(unet, vae, 512)
     assert 0 < flops < UNET_FORWARD_FLOPS_512 / 100  # a tiny UNet: over a hundred times fewer operations
     lance.config.image_size = 64  # the size a config of tiny models builds at (the demo's)
