@@ -1,8 +1,10 @@
 """The Ray engine gives the local engine's bytes: per-stage actor pools, per-stage batch sizes, both schedules, an
 actor killed by pid and a whole node removed mid-build; a missing Ray extra is a one-line install hint.
 
-One Ray cluster serves the module: a head and a second node (``ray.cluster_utils.Cluster``: each node its own
-raylet, on this machine). The node-removal test runs last and adds a fresh node back.
+One Ray cluster serves the module: a head node (``ray.cluster_utils.Cluster``) that holds every pool of the first
+tests. The node-removal test adds a second node (its own raylet, on this machine) and removes it mid-build; nothing
+else needs it, so it is not added back. The cluster runs without the autoscaler's monitor and the log monitors (no
+test reads an actor's output on the driver: an actor's exception comes back with its result).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import importlib.util
 import json
 import logging
 import os
+import time
 
 import pytest
 from builder_helpers import (
@@ -36,7 +39,11 @@ pytestmark = pytest.mark.slow  # starts Ray
 
 HAS_RAY = importlib.util.find_spec("ray") is not None
 needs_ray = pytest.mark.skipif(not HAS_RAY, reason="the [ray] extra is not installed")
-NODE_CPUS = 2  # logical CPUs per node: the pools of these tests need at most 3 actors of 1 CPU
+HEAD_CPUS = 3  # logical CPUs of the head node: the pools of these tests need at most 3 actors of 1 CPU
+NODE_CPUS = 2  # of the second node the node-removal test adds: one of its two actors lands there (SPREAD)
+# Processes a node needs for none of these tests: the autoscaler's monitor (head) and a log monitor per node, which
+# streams actors' output to the driver (log_to_driver is off) and polls their log files meanwhile.
+LEAN_NODE = {"include_log_monitor": False}
 
 
 @pytest.fixture(scope="module")
@@ -44,20 +51,35 @@ def ray_cluster():
     import ray
     from ray.cluster_utils import Cluster
 
-    # A dead node is noticed within about a second (the default health check takes ~30 s).
-    system = {"health_check_period_ms": 500, "health_check_failure_threshold": 2, "health_check_initial_delay_ms": 0}
+    # A dead node is noticed within about a second (the default health check takes ~30 s). No worker processes are
+    # started ahead of the driver's first task: the actors start their own, and the prestarted ones stayed idle.
+    system = {
+        "health_check_period_ms": 500,
+        "health_check_failure_threshold": 2,
+        "health_check_initial_delay_ms": 0,
+        "prestart_worker_first_driver": False,
+    }
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={"num_cpus": NODE_CPUS, "include_dashboard": False, "_system_config": system},
+        head_node_args={
+            "num_cpus": HEAD_CPUS,
+            "include_dashboard": False,
+            "no_monitor": True,
+            "_system_config": system,
+            **LEAN_NODE,
+        },
     )
-    cluster.add_node(num_cpus=NODE_CPUS)
     # Actors import the stages (tests.fake_stages, demo components) like the driver: same path, same caches.
     env_vars = {
         name: os.environ[name]
         for name in ("LANCE_CF_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
         if name in os.environ
     }
-    ray.init(address=cluster.address, runtime_env={"env_vars": {"PYTHONPATH": str(REPO), **env_vars}})
+    ray.init(
+        address=cluster.address,
+        runtime_env={"env_vars": {"PYTHONPATH": str(REPO), **env_vars}},
+        log_to_driver=False,
+    )
     cluster.wait_for_nodes()
     try:
         yield cluster
@@ -138,9 +160,16 @@ def test_stage_major_on_two_nodes_with_one_node_removed_gives_the_local_bytes(
     """Stage-major on Ray (one stage's pool of two actors at a time, spread over the two nodes): once the first stage
     results are committed the second node is removed (its raylet and every actor on it killed, no drain); the lost
     units run again on the head node and the release is byte-identical to the local engine's batch-major build."""
+    import ray
+
     out = tmp_path / "ray"
     caplog.set_level(logging.WARNING, logger="builder.dispatch")
-    (node,) = [n for n in ray_cluster.worker_nodes]
+    node = ray_cluster.add_node(num_cpus=NODE_CPUS, **LEAN_NODE)
+    ray_cluster.wait_for_nodes()
+    # Every CPU free before the build asks for its two actors (the actors of an earlier test are killed asynchronously):
+    # SPREAD then puts one on each node, so removing the second node loses a running unit.
+    while ray.available_resources().get("CPU", 0) < HEAD_CPUS + NODE_CPUS:
+        time.sleep(0.2)  # a polling interval, not a limit: a busy machine only makes the earlier actors slower to go
 
     def remove_node() -> bool:
         if stored_stage_outputs(out) < 1:
@@ -151,8 +180,8 @@ def test_stage_major_on_two_nodes_with_one_node_removed_gives_the_local_bytes(
     try:
         removed = build_while(demo_config(), out, remove_node, engine="ray", workers=2, schedule="stage-major")
     finally:
-        if node not in ray_cluster.worker_nodes:
-            ray_cluster.add_node(num_cpus=NODE_CPUS)  # leave the module's cluster as it was
+        if node in ray_cluster.worker_nodes:
+            ray_cluster.remove_node(node)  # the build ended first: the next test gets the head node alone
     assert removed, "the build ended before the node could be removed"
     assert any("died running batch" in r.getMessage() for r in caplog.records), "no unit was retried"
     assert verify_release(out) == []
