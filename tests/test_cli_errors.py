@@ -64,6 +64,7 @@ def test_an_unexpected_error_is_one_line_and_a_traceback_file(tmp_path, monkeypa
         raise err
 
     monkeypatch.setattr(builder.cli_class_map, "run_class_map", broken)
+    monkeypatch.chdir(tmp_path)  # the command's lock folder (.lance-cf/) goes where a user would run it, not the repo
     folder = tmp_path / "tracebacks"
     monkeypatch.setenv("LANCE_CF_TRACEBACK_DIR", str(folder))
     code, _, err = lance_cf("class-map", "somewhere")
