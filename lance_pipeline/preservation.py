@@ -244,10 +244,15 @@ class Lpips:
         self.revision = None if os.path.isdir(backbone) else revision
         weights_path = backbone_weights_file(backbone, self.revision, cache_dir)
         # pretrained=False: the package would unpickle its .pth; pnet_rand=True: torchvision would download the
-        # backbone. Both sets of weights are loaded below, from safetensors.
-        with warnings.catch_warnings():  # torchvision's notice that lpips passes `pretrained=False`, not `weights=None`
+        # backbone. Both sets of weights are loaded below, from safetensors. Built on the meta device: torchvision
+        # would otherwise draw random weights for the whole VGG16, its 102M-parameter classifier included (1.8 s of
+        # CPU, measured), only for every one of them to be dropped or overwritten; the storage is allocated empty and
+        # each tensor filled below (the scaling layer's two constants from the package's own module).
+        with warnings.catch_warnings(), torch.device("meta"):  # torchvision: lpips passes `pretrained=False`
             warnings.filterwarnings("ignore", category=UserWarning, module="torchvision")
             model = lpips.LPIPS(pretrained=False, net="vgg", version=LPIPS_VERSION, pnet_rand=True, verbose=False)
+        model = model.to_empty(device="cpu")
+        model.scaling_layer.load_state_dict(lpips.ScalingLayer().state_dict())
         linear = load_file(str(LPIPS_LINEAR_WEIGHTS))
         missing, unexpected = model.load_state_dict(linear, strict=False)
         # lin0..lin4 are also registered as lins.0..lins.4 (the same tensors): the file holds the first names
