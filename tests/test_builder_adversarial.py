@@ -363,6 +363,7 @@ def test_kills_while_writing_shards_and_manifest_resume_to_the_clean_bytes(tmp_p
 
 
 # -- verify --------------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_verify_catches_flips_spread_over_every_shard_and_the_whole_manifest(tmp_path):
     src = make_imagefolder(tmp_path / "src", ["a", "b"], per_class=2, size=(20, 20))
     out, _ = _build(

@@ -184,6 +184,7 @@ def test_read_only_output_is_one_line(tmp_path, folder, capsys):
         subprocess.run(["umount", str(ro)], check=True)
 
 
+@pytest.mark.slow
 @needs_root
 def test_disk_full_then_freed_resumes_byte_identical(tmp_path, folder, capsys):
     """The build runs out of space (ledger or shards); after space is freed, the same command finishes and the

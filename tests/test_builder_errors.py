@@ -52,6 +52,7 @@ def _ledger_count(out, table):
         return db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
 
 
+@pytest.mark.slow
 def test_an_exception_is_an_error_retried_by_the_next_run(tmp_path, folder, clean, capsys):
     """Out of memory on 2 of 6 samples: recorded as errors (exit 1, summary names them); cause removed, the same
     command re-run retries exactly those, and the release equals a build where nothing went wrong."""
@@ -79,6 +80,7 @@ def test_an_exception_is_an_error_retried_by_the_next_run(tmp_path, folder, clea
     assert _shards(out) == _shards(clean)  # the config differs only in the trouble_dir path
 
 
+@pytest.mark.slow
 def test_a_sample_failure_is_final_unless_retry_failures(tmp_path, folder, clean, capsys):
     trouble = tmp_path / "trouble"
     trouble.mkdir()
@@ -130,6 +132,7 @@ def test_stages_run_with_the_configured_torch_threads(tmp_path, folder):
     assert manifest["build"]["determinism"]["device"] == "cpu"
 
 
+@pytest.mark.slow
 def test_resume_across_a_version_change_is_refused_unless_allowed(tmp_path, folder, capsys):
     trouble = tmp_path / "trouble"
     trouble.mkdir()

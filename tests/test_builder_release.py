@@ -107,6 +107,7 @@ def test_timm_reads_release_through_info_json(full_release, config):
     assert labels == expected
 
 
+@pytest.mark.slow
 def test_rebuild_is_byte_identical(tmp_path, folder, full_release):
     cfg = write_config(tmp_path / "cfg.yaml", f"imagefolder:{folder}", stages=FAKE_STAGES, configs=ALL_CONFIGS)
     build(load_config(str(cfg)), tmp_path / "again", progress=False)
@@ -177,6 +178,7 @@ def test_killed_builds_resume_to_the_clean_result(tmp_path, folder):
     assert release_files(out) == release_files(clean)
 
 
+@pytest.mark.slow
 def test_resume_does_not_redo_finished_stage_work(tmp_path, folder):
     """A stage's stored outputs are replayed on resume: the stage is not even loaded for finished batches."""
     cfg = write_config(tmp_path / "cfg.yaml", f"imagefolder:{folder}", stages=FAKE_STAGES, configs=ALL_CONFIGS)

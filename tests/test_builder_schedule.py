@@ -15,6 +15,7 @@ def folder(tmp_path_factory):
     return make_imagefolder(tmp_path_factory.mktemp("src"), ["cat", "dog", "emu"], per_class=3)
 
 
+@pytest.mark.slow
 def test_stage_major_equals_batch_major_with_fake_stages(tmp_path, folder):
     # On the demo's real stages: tests/test_scale.py (local, interrupted and resumed; devices), test_builder_ray.py.
     stages = [FAKE_STAGES[0] | {"options": {"fail_keys": ["cat_img_000"]}}, FAKE_STAGES[1]]

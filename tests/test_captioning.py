@@ -68,6 +68,7 @@ def test_generated_length_bounds(tiny_blip2, images) -> None:
         assert 1 <= len(caption[len(prompt) :].split()) <= 4
 
 
+@pytest.mark.slow
 def test_deterministic_and_independent_of_batch_neighbours(tiny_blip2, images) -> None:
     batched = _captioner(tiny_blip2, batch_size=4).caption(images, LABELS)
     again = _captioner(tiny_blip2, batch_size=4).caption(images, LABELS)

@@ -312,6 +312,7 @@ def test_collect_stops_on_a_refused_key(chat_double, tmp_path, monkeypatch) -> N
         OpenAIChatTeacher("teacher-model")
 
 
+@pytest.mark.slow
 def test_collect_train_eval_end_to_end(chat_double, tiny_lm, tmp_path, capsys, single_thread_torch, cli) -> None:
     captions = tmp_path / "captions.txt"
     captions.write_text("".join(f"a photo of a {s} in the {p}\t{s}\n" for s in ("dog", "cat", "boy") for p in
@@ -412,6 +413,7 @@ def test_push_data_and_adapter_then_load_the_adapter_by_hub_id(chat_double, tiny
     assert result == {"rows": 2, "raw": expected, "style": "alpaca", "streamed": True}
 
 
+@pytest.mark.slow
 def test_collect_from_a_local_teacher_over_captioned_source_images(tiny_lm, tmp_path, monkeypatch, capsys, cli) -> None:
     from lance_pipeline.tiny.text_components import create_tiny_blip2
 

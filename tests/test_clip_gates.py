@@ -209,6 +209,7 @@ def test_builtin_openai_tag_gets_quick_gelu():
     assert needs_forced_quick_gelu("ViT-L-14", "openai") and not needs_forced_quick_gelu("ViT-L-14", None)
 
 
+@pytest.mark.slow
 def test_openai_weights_path_builds_quick_gelu_activations(monkeypatch):
     """The loader's real build path for OpenAI weights makes a model with QuickGELU, and open_clip does not warn.
 

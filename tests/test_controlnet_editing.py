@@ -183,6 +183,7 @@ def _bytes(image: Image.Image) -> bytes:
     return np.asarray(image).tobytes()
 
 
+@pytest.mark.slow
 def test_stage_renders_every_variant_gates_and_records_candidates(
     tiny_sd_dir, tiny_controlnet_dir, tiny_clip_dir, single_thread_torch
 ):
@@ -224,6 +225,7 @@ def test_stage_renders_every_variant_gates_and_records_candidates(
     assert described["controlnet_editing"]["num_inference_steps"] == 5
 
 
+@pytest.mark.slow
 def test_same_seed_same_bytes_and_the_condition_reaches_the_image(
     tiny_sd_dir, tiny_controlnet_dir, tiny_clip_dir, single_thread_torch
 ):
@@ -248,6 +250,7 @@ def test_same_seed_same_bytes_and_the_condition_reaches_the_image(
     assert _bytes(first) == _bytes(second)
 
 
+@pytest.mark.slow
 def test_closed_gates_reject_with_reasons_and_keep_per_edit_ranks(
     tiny_sd_dir, tiny_controlnet_dir, tiny_clip_dir, single_thread_torch
 ):
@@ -270,6 +273,7 @@ def test_closed_gates_reject_with_reasons_and_keep_per_edit_ranks(
     assert samples[0]["scores"]["clip_directional"] >= samples[1]["scores"]["clip_directional"]
 
 
+@pytest.mark.slow
 def test_records_that_cannot_be_edited(tiny_sd_dir, tiny_controlnet_dir, tiny_clip_dir, single_thread_torch):
     stage = _stage(tiny_sd_dir, tiny_controlnet_dir, tiny_clip_dir)
     no_caption = {**_record(), "caption": ""}
@@ -318,6 +322,7 @@ def test_depth_condition_is_the_depth_estimation_pipelines_map(tiny_depth_dir, s
     assert condition.min() == 0 and condition.max() == 255
 
 
+@pytest.mark.slow
 def test_stage_with_a_depth_condition(
     tiny_sd_dir, tiny_controlnet_dir, tiny_clip_dir, tiny_depth_dir, single_thread_torch
 ):
@@ -335,6 +340,7 @@ def test_stage_with_a_depth_condition(
 # -- benchmarks/bench_edit.py's ControlNet row --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_bench_edit_counts_the_controlnet_editor_with_the_presets_settings(tiny_sd, single_thread_torch):
     """The row bench_edit prints beside prompt-to-prompt: the hardimagenet-controlnet preset's settings, the UNet counted
     by the same hook as the other rows, every edit rendered images_per_edit times, nothing per image."""

@@ -37,6 +37,7 @@ def test_context_is_mlcroissants_croissant_1_1_context():
     assert rf.croissant.CONTEXT == make_context(ctx)
 
 
+@pytest.mark.slow
 def test_mlcroissant_reads_the_same_records_as_datasets(release, tmp_path):
     assert rf.verify_release(release) == []
     assert assert_croissant_matches_datasets(release, tmp_path) == sum(
@@ -244,6 +245,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_two_releases_read_in_one_process_give_their_own_records(tmp_path):
     """mlcroissant with its default settings caches an archive's extraction under its path in croissant.json, in
     every later process too: two releases (same configs, same keys, other images) read in one process, then one of

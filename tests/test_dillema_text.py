@@ -336,6 +336,7 @@ def _chain(tiny_lm, records, adapter=None):
     return out, keywords
 
 
+@pytest.mark.slow
 def test_three_stages_on_a_real_tiny_llm_are_seeded_and_share_one_model(tiny_lm, single_thread_torch):
     records = [_record(seed=s, key=f"k{s}") for s in (1, 2)]
     first, keywords = _chain(tiny_lm, records)

@@ -40,6 +40,7 @@ def _settings(seed=0, **kw):
     return DiscoverySettings(**{"n_base": 40, "n_test": 20, "seed": seed, "batch_size": 16, **kw})
 
 
+@pytest.mark.slow
 def test_killed_discovery_resumes_without_regenerating_and_gives_the_same_result(tmp_path):
     clean_calls: list[int] = []
     clean = Discovery(tmp_path / "clean", CLASSES, _components(generated=clean_calls), _settings())
@@ -219,6 +220,7 @@ def test_discovery_on_an_existing_release_clusters_and_describes_failing_counter
             assert cluster["target_label"] == min(set(wrong), key=lambda t: (-wrong.count(t), t))
 
 
+@pytest.mark.slow
 def test_discover_release_mode_through_the_cli(tmp_path, capsys, lance_cf):
     from release_fixture import write_release
 
@@ -296,6 +298,7 @@ def test_bad_output_paths_and_options_fail_in_one_line_before_any_model_loads(tm
     assert a_file.read_text() == "{}" and not (tmp_path / "o").exists()  # nothing written
 
 
+@pytest.mark.slow
 def test_release_and_generating_discoveries_never_share_an_output(tmp_path, capsys, monkeypatch, lance_cf):
     from release_fixture import write_release
 

@@ -25,6 +25,9 @@ from lance_pipeline.tiny.discovery_components import (
     create_demo_components,
 )
 
+# Every test here runs a whole discovery (hundreds of generated images scored and captioned by tiny models).
+pytestmark = pytest.mark.slow
+
 CLASSES = [ClassTarget(0, "tench", "fish", "tench"), ClassTarget(1, "goldfish", "fish", "goldfish")]
 MODEL = "planted_colour_classifier"
 N_BASE, N_TEST = DiscoverySettings().n_base, DiscoverySettings().n_test  # the defaults (200, 100)
@@ -298,7 +301,6 @@ def _refinement_case(tmp_path, needed, seed):
     return rows, document["models"][MODEL]["classes"][0]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("needed", list(NEEDS), ids=["one", "two", "three"])
 def test_refinement_keeps_every_word_the_failure_needs_and_drops_the_others(tmp_path, needed):
     """A failure that needs one, two or three attributes together (80% of the images showing all of them fail; the

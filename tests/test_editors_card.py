@@ -46,6 +46,7 @@ def compared(tmp_path_factory):
     return one, two, root / "c"
 
 
+@pytest.mark.slow
 def test_add_comparison_writes_a_next_version_that_verifies_with_the_section_and_plot(compared, tmp_path, capsys):
     one, two, cmp = compared
     summary = json.loads((cmp / "fidelity.json").read_text())
@@ -83,6 +84,7 @@ def test_add_comparison_writes_a_next_version_that_verifies_with_the_section_and
     assert verify_release(two) == [] and EDITORS_HEADING not in (two / rf.CARD_NAME).read_text()
 
 
+@pytest.mark.slow
 def test_add_comparison_refuses_a_release_that_was_not_compared_and_a_non_comparison(compared, tmp_path, capsys):
     one, _, cmp = compared
     other = _editor_release(tmp_path / "other", "rel-other", "ed_one", seed=3)

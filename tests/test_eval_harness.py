@@ -278,6 +278,7 @@ def test_rerun_skips_same_weights_and_reruns_new_weights(scored, tmp_path, caplo
     assert new["model"]["weights"]["id"] != scored["results"]["model"]["weights"]["id"]
 
 
+@pytest.mark.slow
 def test_label_space_mismatch_errors_and_class_map_scores(scored, tmp_path, cli):
     out = tmp_path / "out"
     common = ["--release", str(scored["root"]), "--output", str(out), "--no-pretrained", "--workers", "0"]
@@ -460,6 +461,7 @@ def test_insights_match_independent_clip_kmeans(scored, tmp_path):
             assert cluster["examples"][0]["delta_p_gt"] == pytest.approx(worst, rel=0, abs=tolerance)
 
 
+@pytest.mark.slow
 def test_without_the_insight_model_eval_scores_and_ranks_saying_insights_were_skipped(
     scored, tmp_path, caplog, monkeypatch
 ):
@@ -499,6 +501,7 @@ def test_without_the_insight_model_eval_scores_and_ranks_saying_insights_were_sk
     assert again["options"]["insights"] is False and again["metrics"] == results["metrics"]
 
 
+@pytest.mark.slow
 def test_random_weights_are_seeded_and_a_new_class_map_is_rescored(scored, tmp_path, caplog, cli):
     """--no-pretrained draws its weights from --seed (two runs agree, another seed differs); re-running with another
     --class-map scores again instead of keeping results computed with the old map."""

@@ -71,6 +71,7 @@ def fp32(setup):
     return run(setup, setup["base"] / "fp32")
 
 
+@pytest.mark.slow
 def test_amp_and_model_dtype_within_tolerance_of_float32(setup, fp32):
     base_results, base = fp32
     for extra, recorded in (
@@ -87,6 +88,7 @@ def test_amp_and_model_dtype_within_tolerance_of_float32(setup, fp32):
     assert base_results["options"]["amp"] is False and base_results["options"]["model_dtype"] == "float32"
 
 
+@pytest.mark.slow
 def test_torchcompile_matches_eager(setup, fp32):
     _, base = fp32
     results, preds = run(setup, setup["base"] / "compiled", "--torchcompile", "aot_eager")
@@ -115,6 +117,7 @@ def test_limit_scores_the_first_samples_of_each_config_and_is_never_complete(set
     assert list(df["complete"]) == [True, False] and df["rank"].isna().iloc[1]
 
 
+@pytest.mark.slow
 def test_skip_key_includes_every_result_option(setup, caplog):
     out = setup["base"] / "skip"
     slug = ModelSpec("test_vit", checkpoint=setup["ckpt"]).slug

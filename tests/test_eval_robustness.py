@@ -180,6 +180,7 @@ def test_validate_results_names_the_bad_field():
     assert not is_complete(good | {"failures": [{"key": "k"}]})
 
 
+@pytest.mark.slow
 def test_leaderboard_rules(tmp_path):
     results = [fake_results("a", 80.0, 70.0), fake_results("b", 90.0, 75.0), fake_results("c", 70.0, 69.0)]
     results.append(fake_results("d", 85.0, 84.0, limit=5))  # best paired Delta, but a limited run: not ranked

@@ -44,6 +44,7 @@ def _png(image) -> bytes:
     return buffer.getvalue()
 
 
+@pytest.mark.slow
 def test_tokens_are_loaded_and_replace_the_placeholder(generator):
     assert generator.tokens == {0: "<tench-0>", 1: "<goldfish-1>"}
     snow = next(s for s in IMAGENET_STAR_SHIFTS if s.name == "in_the_snow")
@@ -52,6 +53,7 @@ def test_tokens_are_loaded_and_replace_the_placeholder(generator):
     assert ids == [generator.pipe.tokenizer.convert_tokens_to_ids("<goldfish-1>")]  # one token, not word pieces
 
 
+@pytest.mark.slow
 def test_generation_is_seeded_per_image(generator):
     prompts = ["a photo of a <tench-0>", "a photo of a <goldfish-1> in the snow"]
     first = [_png(im) for im in generator.generate(prompts, [11, 12])]
@@ -129,6 +131,7 @@ def test_shift_verdict_rules():
     assert v["passed"] and v["object_threshold"] is None and v["shift_threshold"] is None
 
 
+@pytest.mark.slow
 def test_generation_and_filter_stages_on_tiny_models(tiny_sd_dir, token_dir, tmp_path):
     from lance_pipeline.interfaces.generation import ShiftFilterStage, ShiftGenerationStage, clip_presence_scores
     from lance_pipeline.tiny.clip_components import create_tiny_open_clip

@@ -135,6 +135,7 @@ class StubScorer:
         ]
 
 
+@pytest.mark.slow
 def test_stages_follow_the_contract_and_inversion_fields(record, sd_dir):
     for cls in (InversionStage, ReconstructionStage, CounterfactualEditStage, LanceREditStage):
         assert isinstance(cls(**options(sd_dir)), Stage)
@@ -146,6 +147,7 @@ def test_stages_follow_the_contract_and_inversion_fields(record, sd_dir):
     assert isinstance(record["reconstruction"], Image.Image) and record["reconstruction"].size == (SIZE, SIZE)
 
 
+@pytest.mark.slow
 def test_identity_edit_reproduces_the_reconstruction_and_real_edits_differ(record, sd_dir):
     stage = CounterfactualEditStage(**options(sd_dir), scorer=StubScorer())
     stage.load("cpu")
@@ -165,6 +167,7 @@ def test_identity_edit_reproduces_the_reconstruction_and_real_edits_differ(recor
     assert edited[0].attention_edit == "replace" and edited[0].reweighted_tokens == 1
 
 
+@pytest.mark.slow
 def test_reweighting_and_schedules_apply_to_every_sweep_value(record, sd_dir):
     stage = CounterfactualEditStage(**options(sd_dir, num_inference_steps=50), scorer=StubScorer())
     stage.load("cpu")
@@ -187,6 +190,7 @@ def test_reweighting_and_schedules_apply_to_every_sweep_value(record, sd_dir):
     assert reweighted == 1 and target.equalizer is not None
 
 
+@pytest.mark.slow
 def test_reweighting_targets_the_edited_occurrence_of_a_repeated_word(record, sd_dir):
     # "cat" -> "dog" where the caption already holds another "dog": the edited (first) "dog" is reweighted, not
     # the unchanged one after it.
@@ -203,6 +207,7 @@ def test_reweighting_targets_the_edited_occurrence_of_a_repeated_word(record, sd
     assert torch.nonzero(target.equalizer != 1).flatten().tolist() == [first_dog]
 
 
+@pytest.mark.slow
 def test_sweep_keeps_the_best_passing_candidate_and_records_all(record, sd_dir):
     good, bad = CAPTION.replace("dog", "cat"), CAPTION + " at night"
     # (directional, image, text_original, text_edited, edited_vs_original) per sweep value 0.4 .. 0.9
@@ -269,6 +274,7 @@ def test_sweep_keeps_the_best_passing_candidate_and_records_all(record, sd_dir):
     assert np.abs(pixels(counterfactual["image"]) - pixels(sweep.candidates[2].image)).max() <= 1
 
 
+@pytest.mark.slow
 def test_real_clip_scores_are_recorded_and_deterministic(record, sd_dir, clip_dir):
     from lance_pipeline.clip.gates import ClipScorer
 
@@ -307,6 +313,7 @@ def test_real_clip_scores_are_recorded_and_deterministic(record, sd_dir, clip_di
     assert description["vae_scaling_factor"] == stage.editor.components.vae.config.scaling_factor
 
 
+@pytest.mark.slow
 def test_lance_r_uses_the_word_check(record, sd_dir):
     swap, insert = CAPTION.replace("grass", "sand"), CAPTION.replace("dog", "cow")
     scorer = StubScorer(words={"sand": True, "cow": False})
@@ -334,6 +341,7 @@ def test_lance_r_uses_the_word_check(record, sd_dir):
     assert unchecked.describe()["prompt_to_prompt"]["lance_r_word_check"] is False
 
 
+@pytest.mark.slow
 def test_failures_are_data_and_options_are_validated(record, sd_dir):
     stage = CounterfactualEditStage(**options(sd_dir, num_inference_steps=STEPS + 1), scorer=StubScorer())
     stage.load("cpu")
@@ -360,6 +368,7 @@ def test_failures_are_data_and_options_are_validated(record, sd_dir):
     assert empty["edit_cost"]["edits_rendered"] == 0 and empty["edit_cost"]["edit"] is None  # nothing rendered
 
 
+@pytest.mark.slow
 def test_stored_inversion_round_trips_through_the_ledger_codec(record, sd_dir):
     """A resumed build edits from the ledger's copy of the inversion and gets the same images."""
     from builder.ledger import decode_payload, encode_payload
@@ -373,6 +382,7 @@ def test_stored_inversion_round_trips_through_the_ledger_codec(record, sd_dir):
     assert np.array_equal(pixels(update["reconstruction"]), pixels(record["reconstruction"]))
 
 
+@pytest.mark.slow
 def test_tiny_components_are_byte_identical_across_builds(sd_dir, tmp_path):
     from lance_pipeline.tiny.image_components import create_tiny_stable_diffusion
 
@@ -384,6 +394,7 @@ def test_tiny_components_are_byte_identical_across_builds(sd_dir, tmp_path):
         assert (again / relative).read_bytes() == (Path(sd_dir) / relative).read_bytes()
 
 
+@pytest.mark.slow
 def test_edit_longer_than_the_text_encoder_is_refused_before_rendering(record, sd_dir):
     scorer = StubScorer()
     stage = CounterfactualEditStage(**options(sd_dir), scorer=scorer)
@@ -404,6 +415,7 @@ def test_edit_longer_than_the_text_encoder_is_refused_before_rendering(record, s
     assert [c["edited_caption"] for c in update["counterfactuals"]] == [good]
 
 
+@pytest.mark.slow
 def test_auto_replaces_only_in_place_swaps_and_reweights_only_new_tokens(record, sd_dir):
     stage = CounterfactualEditStage(**options(sd_dir), scorer=StubScorer())
     stage.load("cpu")
@@ -442,6 +454,7 @@ def test_float16_null_text_is_refused_at_validation(sd_dir):
         CounterfactualEditStage(model=sd_dir, selection="best")
 
 
+@pytest.mark.slow
 def test_largest_passing_selection_is_offered_and_recorded(record, sd_dir):
     good = CAPTION.replace("dog", "cat")
     table = {
@@ -467,6 +480,7 @@ def test_largest_passing_selection_is_offered_and_recorded(record, sd_dir):
     assert chosen == {"best_directional": 0.6, "largest_passing": 0.7}
 
 
+@pytest.mark.slow
 def test_shared_prefix_sweep_equals_one_run_per_sweep_value_and_counts_match(record, sd_dir):
     """The exact savings: same latents as the reference (one run per sweep value) within float tolerance."""
     from lance_pipeline.editing.cost import count_unet_evaluations, reference_sweep
@@ -554,6 +568,7 @@ def _mse(a, b):
     return float(((np.asarray(a, np.float64) - np.asarray(b, np.float64)) / 255).__pow__(2).mean())
 
 
+@pytest.mark.slow
 def test_inversion_methods_are_selectable_and_report_reconstruction_error(inverted, sd_dir):
     """Null-text, negative-prompt and direct inversion on the same image; each edit renders; errors compared."""
     from lance_pipeline.editing.cost import count_unet_evaluations
@@ -605,6 +620,7 @@ def test_inversion_methods_are_selectable_and_report_reconstruction_error(invert
     print("reconstruction MSE vs input (tiny model):", errors)
 
 
+@pytest.mark.slow
 def test_bf16_sampling_stays_close_to_fp32(record, sd_dir):
     """precision: bf16 autocasts the forward-only sweep; its edits stay close to fp32's (reported by the test)."""
     requests = [EditRequest(CAPTION.replace("dog", "cat"), "cat")]
@@ -641,6 +657,7 @@ def test_bf16_sampling_stays_close_to_fp32(record, sd_dir):
         CounterfactualEditStage(model=sd_dir, precision="fp16")
 
 
+@pytest.mark.slow
 def test_compile_option_compiles_the_unet_blocks_of_its_own_copy_and_is_recorded(sd_dir):
     """compile: the UNet's residual and feed-forward blocks are wrapped by torch.compile in a copy of the components
     that only editors asking for the same mode share; the mode is in the manifest entry. Nothing runs here (dynamo

@@ -144,6 +144,7 @@ def _bytes(image: Image.Image) -> bytes:
     return np.asarray(image).tobytes()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("editor", ["instruct_pix2pix", "flux2_klein"])
 def test_stage_renders_each_instruction_gates_and_counts_its_denoiser(tiny_dirs, editor, single_thread_torch):
     scales = {"image_guidance_scales": (1.2, 2.0)} if editor == "instruct_pix2pix" else {}
@@ -181,6 +182,7 @@ def test_stage_renders_each_instruction_gates_and_counts_its_denoiser(tiny_dirs,
     assert description["instruct_editing"]["strength"].startswith("image_guidance" if scales else "none")
 
 
+@pytest.mark.slow
 def test_same_seed_same_bytes_and_the_instruction_reaches_the_image(tiny_dirs, single_thread_torch):
     stage = _stage(tiny_dirs, "instruct_pix2pix")
     editor = stage.editor
@@ -200,6 +202,7 @@ def test_same_seed_same_bytes_and_the_instruction_reaches_the_image(tiny_dirs, s
     ]
 
 
+@pytest.mark.slow
 def test_a_long_instruction_is_refused_before_rendering_and_a_record_without_an_image_fails(
     tiny_dirs, single_thread_torch
 ):
@@ -320,6 +323,7 @@ def test_the_card_names_the_editor_and_its_licence_and_warns_of_a_non_commercial
     assert other.license_terms() == {"license": "mit"}
 
 
+@pytest.mark.slow
 def test_models_list_and_download_fetch_exactly_the_files_the_editor_loads_from_a_hub_id(hub, tmp_path, capsys,
                                                                                           monkeypatch):  # fmt: skip
     """The tiny FLUX.2 [klein] pushed to the Hub double as a repository (with a safety checker and a pickle it never

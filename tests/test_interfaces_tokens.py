@@ -120,6 +120,7 @@ def test_bad_token_files_are_refused_in_validate_naming_the_file(
     _one_line(err, culprit.name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attack", ["wrong_width", "word_of_the_vocabulary", "huge_norm"])
 def test_tokens_that_do_not_fit_the_text_encoder_are_refused_at_load_naming_the_file(
     attack, tmp_path, tiny_sd_dir, clip_dir, capsys, lance_cf
@@ -170,6 +171,7 @@ def test_a_long_shift_name_fails_validate_not_the_build(tmp_path, tiny_sd_dir, c
     _one_line(err, "at most 64")
 
 
+@pytest.mark.slow
 def test_a_local_token_folder_is_recorded_by_name_and_digest(tmp_path, tiny_sd_dir, clip_dir, capsys, lance_cf):
     from builder.publish import local_paths
 

@@ -42,6 +42,7 @@ def _weights_digest(module) -> str:
     return digest.hexdigest()
 
 
+@pytest.mark.slow
 def test_null_text_lowers_reconstruction_error_at_guidance_7_5(tiny_sd, image):
     before = _weights_digest(tiny_sd.unet)
     inverter = NullTextInversion(
@@ -168,6 +169,7 @@ def test_an_inversion_method_registered_from_a_test_runs_in_the_stages(tiny_sd_d
         InversionStage(model=str(tiny_sd_dir), inversion="nul_text")
 
 
+@pytest.mark.slow
 def test_batched_null_text_equals_one_image_at_a_time_and_gives_the_reconstruction(tiny_sd, image):
     """Null-text over a batch of images follows each image's own schedule (Adam state, early stop)."""
     from lance_pipeline.editing.cost import count_unet_evaluations

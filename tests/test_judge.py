@@ -176,6 +176,7 @@ JUDGE_ALL = [
 ]
 
 
+@pytest.mark.slow
 def test_the_judge_scores_every_edit_and_changes_nothing_else_of_a_sample(tmp_path, monkeypatch, tiny_judge):
     import json
 

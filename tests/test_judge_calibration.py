@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 from judge_fixture import RATERS, planted_answer, review, write_judged_release
 from release_fixture import write_release
-from sklearn.metrics import cohen_kappa_score, roc_auc_score
 
 from builder import release_format as rf
 from builder.cli import main
@@ -88,6 +87,8 @@ def sk_kappa(a, b):
     a, b = np.asarray(a), np.asarray(b)
     if len(set(a.tolist()) | set(b.tolist())) < 2:
         return None
+    from sklearn.metrics import cohen_kappa_score
+
     return cohen_kappa_score(a, b)
 
 
@@ -120,7 +121,10 @@ def test_a_study_stratified_by_judge_score_draws_per_bin_reproducibly(judged, tm
     assert "judge_bins" not in Study(name="old").to_dict()  # a study stored before judge bins keeps its settings
 
 
+@pytest.mark.slow
 def test_agreement_reports_judge_and_human_kappas_that_equal_an_independent_computation(reviewed, capsys):
+    from sklearn.metrics import cohen_kappa_score, roc_auc_score  # here, not at collection: only slow tests use it
+
     release, study, items = reviewed
     assert main(["review", "agreement", str(release), "--study-name", study.name, "--resamples", "200"]) == 0
     out = json.loads(capsys.readouterr().out)["judge"]
@@ -196,9 +200,12 @@ def cv_by_hand(items, human, judge, folds: int, seed: int):
     return best(np.arange(len(items))), thresholds, decision
 
 
+@pytest.mark.slow
 def test_calibrate_writes_the_next_version_with_every_shard_byte_identical_and_figures_from_its_own_data(
     reviewed, tmp_path, capsys
 ):
+    from sklearn.metrics import cohen_kappa_score
+
     release, study, items = reviewed
     out = tmp_path / "calibrated"
     code = main(["review", "calibrate", str(release), "--output", str(out), "--study-name", study.name,
@@ -260,6 +267,7 @@ def test_calibrate_writes_the_next_version_with_every_shard_byte_identical_and_f
     assert (again / rf.MANIFEST_NAME).read_bytes() == (out / rf.MANIFEST_NAME).read_bytes()
 
 
+@pytest.mark.slow
 def test_a_release_without_a_study_says_not_calibrated_and_one_without_scores_says_nothing(judged, tmp_path, capsys):
     from dataset_cards.card import render_release_card
 

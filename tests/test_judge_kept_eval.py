@@ -119,6 +119,7 @@ def test_a_release_without_judge_scores_has_no_judge_kept_view(releases):
     assert judge_kept.UNCALIBRATED_THRESHOLD == UNCALIBRATED_THRESHOLD
 
 
+@pytest.mark.slow
 def test_lance_cf_eval_writes_the_view_into_results_and_the_report(releases, tmp_path, cli):
     out = tmp_path / "eval"
     argv = ["eval", "--release", str(releases["calibrated"]), "--output", str(out), "--no-pretrained"]

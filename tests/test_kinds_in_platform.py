@@ -13,6 +13,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from lance_pipeline.release_kinds import DEFAULT_KIND, list_kinds
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,6 +77,7 @@ def kind_names_in(path: Path, words: set[str]) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_platform_code_names_no_release_kind():
     words = kind_words()
     assert {"interfaces", "discovery", "controlnet", "shift_generation", "generate"} <= words  # the scan sees them

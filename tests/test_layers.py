@@ -257,6 +257,7 @@ def test_every_room_is_in_the_table():
     assert rooms == set(ALLOWED), f"rooms without a row: {sorted(rooms - set(ALLOWED))}"
 
 
+@pytest.mark.slow
 def test_every_module_imports_only_the_rooms_its_row_allows():
     violations = [
         f"{where} ({room} may import {sorted(ALLOWED[room]) or 'no other room'})"

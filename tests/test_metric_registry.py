@@ -143,6 +143,7 @@ def test_a_metric_registered_from_a_test_is_computed_by_eval_and_recorded(regist
     assert not is_done(path, release, spec, options)
 
 
+@pytest.mark.slow
 def test_a_registered_metric_reaches_results_leaderboard_card_report_and_published_rows(registered, tmp_path):
     """The recipe "a metric that reaches the leaderboard and the card": the metric declared in this file, with its
     leaderboard column, is computed by eval beside every default metric (a complete, ranked run) and shows in the

@@ -453,6 +453,7 @@ def _limited(path: Path, limit: int = 2):
     return config
 
 
+@pytest.mark.slow
 def test_the_cpu_estimate_counts_the_unet_the_config_names(tiny_sd_dir, monkeypatch):
     """A config of tiny local models beside a Hub-id text model (the label check's) runs on the CPU: the estimate is
     the configured UNet's, counted on its architecture, not the pinned Stable Diffusion's (which refuses). The CPU's

@@ -60,6 +60,7 @@ def calibrated(clip_dir, tmp_path_factory):
     return photos, out
 
 
+@pytest.mark.slow
 def test_calibrate_writes_each_class_percentile_of_its_real_images(clip_dir, calibrated):
     from PIL import Image
 
@@ -99,6 +100,7 @@ def test_calibrate_default_percentile_is_flagged_as_ours_and_existing_output_kep
     assert code == 2 and "percentile 101" in err
 
 
+@pytest.mark.slow
 def test_the_filter_rejects_exactly_what_an_independent_per_class_percentile_says(clip_dir, calibrated):
     from lance_pipeline.interfaces.generation import ShiftFilterStage
 

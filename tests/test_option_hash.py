@@ -55,6 +55,7 @@ def test_a_default_written_out_is_the_same_config_hash(tmp_path):
     assert changed.config_hash() != plain.config_hash()
 
 
+@pytest.mark.slow
 def test_a_default_written_out_gives_the_same_bytes_and_resumes_and_a_changed_value_is_refused(tmp_path):
     folder = make_imagefolder(tmp_path / "src", ["cat", "dog"], per_class=2)
     plain = write_config(tmp_path / "plain.yaml", f"imagefolder:{folder}", stages=FAKE_STAGES, configs=ALL_CONFIGS)

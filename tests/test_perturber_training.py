@@ -244,6 +244,7 @@ def test_existing_checkpoints_need_resume(trained, tiny_lm: Path, instruction_da
         train_perturber_lora(str(tiny_lm), str(instruction_data), trained.adapter_dir, _tiny_config(), device="cpu")
 
 
+@pytest.mark.slow
 def test_resume_from_a_checkpoint_matches_an_uninterrupted_run(trained, tiny_lm, instruction_data, tmp_path) -> None:
     from safetensors.torch import load_file
     from transformers import TrainerCallback
@@ -302,6 +303,7 @@ def test_evaluate_perturber_counts(tiny_lm: Path, monkeypatch: pytest.MonkeyPatc
     assert result["label_preservation"] is None
 
 
+@pytest.mark.slow
 def test_same_seed_same_adapter_bytes_and_another_seed_differs(trained, tiny_lm, instruction_data, tmp_path) -> None:
     again = train_perturber_lora(str(tiny_lm), str(instruction_data), tmp_path / "again", _tiny_config(), device="cpu")
     for name in ("adapter_model.safetensors", "adapter_config.json", "README.md", "lance_training.json"):
@@ -312,6 +314,7 @@ def test_same_seed_same_adapter_bytes_and_another_seed_differs(trained, tiny_lm,
     assert (other.adapter_dir / weights).read_bytes() != (trained.adapter_dir / weights).read_bytes()
 
 
+@pytest.mark.slow
 def test_a_fused_qkv_architecture_trains_and_loads(tiny_lm: Path, instruction_data: Path, tmp_path: Path) -> None:
     # GPT-2 keeps q, k and v in one Conv1D (c_attn): the default targets map to it, and the adapter loads in the stage.
     import torch

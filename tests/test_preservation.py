@@ -77,6 +77,7 @@ def test_the_bundled_linear_weights_are_the_lpips_packages_own(tmp_path):
         assert torch.equal(converted[name], bundled[name])
 
 
+@pytest.mark.slow
 def test_lpips_equals_the_lpips_package_with_its_own_weights(backbone, images):
     import lpips
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
 from lance_pipeline.stage import SampleFailure, Stage
 from lance_pipeline.text.edit_spans import tokenize_caption
@@ -41,6 +40,8 @@ def test_candidates_skip_stop_words_and_the_class_name() -> None:
 
 
 def test_edits_replace_exactly_one_word(editor: RandomWordEditor) -> None:
+    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS  # here, not at collection: sklearn is heavy
+
     assert isinstance(editor, Stage) and editor.name == "random_edit"
     results = editor.edit(CAPTIONS, LABELS, [1, 2, 3])
     assert all(1 <= len(edits) <= 2 for edits in results)

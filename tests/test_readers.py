@@ -94,6 +94,7 @@ def forbidden_reads(path: Path) -> list[tuple[str, int]]:
     return found
 
 
+@pytest.mark.slow
 def test_no_code_reads_structured_input_outside_the_reader():
     unlisted, listed = [], set()
     for package in PACKAGES:

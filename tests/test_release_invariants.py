@@ -300,6 +300,7 @@ def strength_configs(draw, counterfactuals: list[str]):
     return rows
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_generated_strength_samples_pass_both_or_are_refused_by_both_naming_the_same_keys(base, tmp_path, data):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import gc
 import weakref
 
+import pytest
+
 from lance_pipeline.models.shared import shared_model
 
 
@@ -31,6 +33,7 @@ def test_same_key_same_object_until_the_last_holder_is_gone():
     assert shared_model(key, load) is not None and len(loads) == 3  # asked again: loaded again
 
 
+@pytest.mark.slow
 def test_the_label_check_and_the_screens_share_one_sentence_model(single_thread_torch):
     """The demo's configuration (the packaged all-MiniLM-L6-v2): four stages, one loaded model, and the same
     similarities as a model loaded on its own."""

@@ -73,6 +73,7 @@ def test_strength_is_one_minus_the_self_replace_fraction():
             strength_of(bad)
 
 
+@pytest.mark.slow
 def test_the_edit_stage_keeps_every_passing_candidate_at_no_extra_unet_evaluation(record, tiny_sd_dir):
     from lance_pipeline.editing.cost import count_unet_evaluations
 

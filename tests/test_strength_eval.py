@@ -270,6 +270,7 @@ def _as_results(strength: dict, name: str) -> dict:
     return {"status": "ok", "model": {"name": name, "weights": {"id": "pretrained"}}, "strength": strength}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["r", "vit_large_patch14_clip_336.openai_ft_in12k_in1k" * 2])
 def test_no_strength_plot_label_is_clipped_however_long_the_names(results, name, tmp_path):
     import matplotlib.pyplot as plt
@@ -367,6 +368,7 @@ def _non_increasing(values: list[float]) -> bool:
     return all(b <= a + 1e-9 for a, b in zip(values, values[1:], strict=False))
 
 
+@pytest.mark.slow
 def test_the_gates_dropping_hard_images_bend_the_pooled_curve_but_not_the_headline():
     # the easy image is right at every strength; the hard one fails at 0.2 and its 0.3 candidate failed the gates
     images = [
@@ -419,6 +421,7 @@ def _model_results(seed: int, skill: float) -> dict:
     return {**head, **out}, images
 
 
+@pytest.mark.slow
 def test_rank_stability_equals_scipy_kendall_tau_and_a_bootstrap_written_here():
     from scipy.stats import kendalltau
 
@@ -462,6 +465,7 @@ def test_rank_stability_equals_scipy_kendall_tau_and_a_bootstrap_written_here():
     assert rank_stability(models[:2])["reason"].startswith("needs at least 3")
 
 
+@pytest.mark.slow
 def test_the_card_and_the_leaderboard_carry_the_rank_stability(tmp_path):
     import json
 

@@ -60,6 +60,7 @@ SANCTIONED = {
 }
 
 
+@pytest.mark.slow
 def test_every_csv_and_every_template_environment_goes_through_its_escaping_path():
     offenders = []
     for path in _package_files():

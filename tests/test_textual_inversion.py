@@ -32,6 +32,7 @@ def trained(tiny_sd_dir):
     return trainer, before, learned
 
 
+@pytest.mark.slow
 def test_only_the_new_row_changes_and_its_norm_is_held(trained):
     trainer, before, learned = trained
     after = trainer.text_encoder.get_input_embeddings().weight.detach()
@@ -46,6 +47,7 @@ def test_only_the_new_row_changes_and_its_norm_is_held(trained):
         assert not any(p.requires_grad for p in module.parameters())
 
 
+@pytest.mark.slow
 def test_training_lowers_the_loss(trained):
     losses = trained[2].losses
     assert len(losses) == 30
@@ -53,12 +55,14 @@ def test_training_lowers_the_loss(trained):
     assert last < first, (first, last)
 
 
+@pytest.mark.slow
 def test_training_is_deterministic(tiny_sd_dir, trained):
     again = TextualInversionTrainer(_options(tiny_sd_dir))
     learned = again.learn([photo(i, (40, 48)) for i in range(4)], "dog sled", token_for_class("dog sled", 537))
     assert torch.equal(learned.embedding, trained[2].embedding)
 
 
+@pytest.mark.slow
 def test_token_round_trips_through_diffusers_load_textual_inversion(tiny_sd_dir, trained, tmp_path):
     from diffusers import StableDiffusionPipeline
 
@@ -72,6 +76,7 @@ def test_token_round_trips_through_diffusers_load_textual_inversion(tiny_sd_dir,
     assert torch.equal(pipe.text_encoder.get_input_embeddings().weight[token_id].detach(), learned.embedding)
 
 
+@pytest.mark.slow
 def test_released_imagenet_star_bin_loads_without_unpickling_objects(tmp_path, trained):
     learned = trained[2]
     plain = tmp_path / "0.bin"
@@ -95,6 +100,7 @@ def test_bad_options_are_refused_naming_the_option():
         TextualInversionOptions(templates=("a photo of a dog",))
 
 
+@pytest.mark.slow
 def test_learn_tokens_command_learns_each_class_once_and_resumes(tiny_sd_dir, tmp_path, capsys, lance_cf):
     import json
 
@@ -176,6 +182,7 @@ def _madrylab_reference(tiny_sd_dir, image, class_name, token, steps, lr, weight
     return (aux * target / aux.norm()).detach()[0]
 
 
+@pytest.mark.slow
 def test_norm_constraint_is_madrylabs_reparameterised_row(tiny_sd_dir):
     from lance_pipeline.interfaces.textual_inversion import _seed_for
 

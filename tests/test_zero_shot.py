@@ -80,6 +80,7 @@ def _results(run, templates: str):
     return json.loads((folder / "results.json").read_text()), pd.read_parquet(folder / "predictions.parquet")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("templates", ["simple", "openai"])
 def test_zero_shot_probabilities_match_clip_rule(zero_shot_run, templates):
     results, predictions = _results(zero_shot_run, templates)
@@ -96,6 +97,7 @@ def test_zero_shot_probabilities_match_clip_rule(zero_shot_run, templates):
     assert (zero_shot_run["out"] / REL / results["model"]["slug"] / "report.html").is_file()
 
 
+@pytest.mark.slow
 def test_results_record_templates_class_names_and_no_machine_path(zero_shot_run):
     simple, _ = _results(zero_shot_run, "simple")
     openai, _ = _results(zero_shot_run, "openai")
@@ -112,6 +114,7 @@ def test_results_record_templates_class_names_and_no_machine_path(zero_shot_run)
     assert cached == {zs["classifier_sha256"], openai["model"]["zero_shot"]["classifier_sha256"]}
 
 
+@pytest.mark.slow
 def test_cached_classifier_is_reused(zero_shot_run, monkeypatch):
     import open_clip
 
@@ -165,6 +168,7 @@ def test_declared_models_name_the_clip_weights(cli):
     assert declared_models(args) == []
 
 
+@pytest.mark.slow
 def test_random_weights_are_seeded(single_thread_torch):
     from evaluation.zero_shot import create_zero_shot_model
 
@@ -187,6 +191,7 @@ def board(zero_shot_run, tmp_path_factory):
     return {"out": out, "written": written}
 
 
+@pytest.mark.slow
 def test_leaderboard_has_template_columns_note_and_sensitivity(zero_shot_run, board):
     simple, simple_pred = _results(zero_shot_run, "simple")
     openai, _ = _results(zero_shot_run, "openai")
@@ -215,6 +220,7 @@ def test_leaderboard_has_template_columns_note_and_sensitivity(zero_shot_run, bo
     assert "Template sensitivity" in (board["out"] / "leaderboard.html").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["eval", "leaderboard"])
 def test_timm_format_csv_reads_like_timm_results(zero_shot_run, board, where):
     folder = zero_shot_run["out"] / REL if where == "eval" else board["out"]

@@ -7,7 +7,6 @@ causal keeps the padded path.
 
 from __future__ import annotations
 
-import open_clip
 import pytest
 import torch
 
@@ -19,6 +18,8 @@ PROMPTS = ["a photo of a cat.", "a photo of a fire truck.", "a blurry photo of t
 
 @pytest.fixture(scope="module")
 def tiny(single_thread_torch):
+    import open_clip  # here, not at collection: it brings timm, transformers and torchvision
+
     model = build_tiny_open_clip().eval()
     tokenizer = open_clip.SimpleTokenizer(context_length=TINY_OPEN_CLIP_MODEL_CFG["text_cfg"]["context_length"])
     return model, tokenizer
@@ -39,6 +40,8 @@ def test_prompts_up_to_their_end_of_text_token_give_the_padded_features(tiny):
 
 
 def test_a_text_tower_without_a_causal_mask_keeps_the_padding(tiny, tmp_path, monkeypatch):
+    import open_clip
+
     model, tokenizer = tiny
     monkeypatch.setenv("LANCE_CF_CACHE", str(tmp_path))
     templates = TemplateSet("simple", ("a photo of a {}.",))
