@@ -39,7 +39,8 @@ PYTEST_ENV := HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 PYTHONDONTWRITEBYTECODE=
 test: setup browser
 	$(PYTEST_ENV) $(BIN)/python -m pytest $(PYTEST_WORKERS) --durations=25
 
-# The fast tier only: what to run while editing.
+# The fast tier only: what to run while editing (a test costing about a second of CPU or more is marked slow; see the
+# markers in pyproject.toml).
 test-fast: setup
 	$(PYTEST_ENV) $(BIN)/python -m pytest $(PYTEST_WORKERS) -m "not slow and not e2e"
 
