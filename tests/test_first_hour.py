@@ -181,6 +181,7 @@ def test_off_a_terminal_a_long_batch_says_what_runs_at_every_heartbeat(tmp_path,
     assert any(re.fullmatch(pattern, beat) for beat in beats), beats
 
 
+@pytest.mark.slow
 def test_a_terminated_build_says_what_was_kept_and_how_to_resume(tmp_path, folder):
     """SIGTERM while a stage runs (known through a named pipe, no clock): one line says how many images are kept and
     that the same command resumes; the exit status is 143."""

@@ -357,6 +357,7 @@ def test_import_builder_and_the_cli_parser_load_no_model_library():
 STAGE_LIBRARIES = tuple(m for m in MODEL_LIBRARIES if m not in ("torch", "torchvision"))
 
 
+@pytest.mark.slow
 def test_a_build_of_stages_that_load_no_model_imports_no_model_library(tmp_path):
     """Stages that declare no model (the test suite's fake stages; an ``original`` release has none at all) never
     meet a library's loading bars, so the build does not import transformers or diffusers to silence them: seconds

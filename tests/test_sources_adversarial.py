@@ -472,6 +472,7 @@ print(json.dumps({"code": code, "modules": sorted(m for m in ("torch", "timm", "
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme", ["imagenet", "imagefolder"])
 def test_building_original_imports_no_model_library(tmp_path, scheme):
     src = make_imagefolder(tmp_path / "val", ["n01440764", "n03218198"], per_class=1)

@@ -43,6 +43,7 @@ print(json.dumps({"memory": memory, "quiet_manifest_has_it": unrecorded, "quiet_
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(unmeasured_reason("cpu") is not None, reason=str(unmeasured_reason("cpu")))
 def test_stage_peak_memory_is_the_max_over_batches_and_recorded_on_request(tmp_path):
     folder = make_imagefolder(tmp_path / "src", ["a", "b"], 2)
