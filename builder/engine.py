@@ -58,7 +58,7 @@ from builder.runtime import (
 from builder.sources import Source, SourceSample, create_source
 from builder.stage_memory import format_bytes, measure_peak, merge, unmeasured_reason
 from builder.validation import ValidatedBuild, ValidatedStage, check_stages_against_source, validate_build
-from lance_pipeline.models.devices import resolve_device
+from lance_pipeline.models.devices import free_accelerator_memory, resolve_device
 from lance_pipeline.readers import read_json
 from lance_pipeline.stage import (
     SAMPLE_INDEX,
@@ -1026,7 +1026,7 @@ def _run_stage_major(run: BuildRun) -> None:
         )
         logger.info("stage %s done for every pending sample; releasing its models", runner.name)
         runner.release()
-        _free_accelerator_memory()
+        free_accelerator_memory()
     for batch in _decoded(run.todo, run.decode):  # every stage is done: replay, write the release samples
         _run_batch(run, batch, run.runners)
 
@@ -1039,18 +1039,6 @@ def _decoded(todo: list[int], decode: Any):
             batch = pending.result()
             pending = pool.submit(decode, todo[position + 1]) if position + 1 < len(todo) else None
             yield batch
-
-
-def _free_accelerator_memory() -> None:
-    import gc
-
-    gc.collect()
-    try:
-        import torch
-    except ImportError:
-        return
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def prepare_batch(run: BuildRun, batch: _Batch, runners: list[_StageRunner]) -> StageWork:

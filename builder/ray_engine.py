@@ -20,8 +20,9 @@ import logging
 from typing import Any
 
 from builder.dispatch import WorkerLost, check_pool_options, plan_pools, run_pools
-from builder.engine import StageNotWorking, _drive, _free_accelerator_memory, _StageRunner, run_stages
+from builder.engine import StageNotWorking, _drive, _StageRunner, run_stages
 from builder.runtime import torch_settings
+from lance_pipeline.models.devices import free_accelerator_memory
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +57,14 @@ class StageWorker:
             runner.ever_succeeded = has_worked
 
     def release(self) -> None:
-        """Drop the stages and their models (and the CUDA cache): the worker waits for its next pool."""
+        """Drop the stages and their models (and the CUDA cache): the worker waits for its next pool. A worker that
+        holds no stage (a fresh one, or one released already) has nothing to free."""
+        if not self.runners:
+            return
         for runner in self.runners.values():
             runner.release()
         self.runners = {}
-        _free_accelerator_memory()
+        free_accelerator_memory(worker_process=True)
 
     def run(self, assignment, names: list[str], work):
         """Stages ``names`` (consecutive in the build, all of this worker's pool) over a batch's ``work``

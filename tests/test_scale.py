@@ -235,6 +235,60 @@ class _ForkBackend:
         )
 
 
+# A stage worker's release, in a process of its own (it freezes what survives, which the test process must not).
+_RELEASE_SCRIPT = """
+import gc, json, weakref
+from builder.ray_engine import StageWorker
+
+class Model:  # a model in a reference cycle (as a network whose attention processors point back at it)
+    def __init__(self):
+        self.me = self
+
+class Runner:
+    def __init__(self):
+        self.model = Model()
+
+    def release(self):
+        self.model = None
+
+worker = StageWorker("cpu", 1)
+gc.disable()  # only the worker's own collections run
+full = []
+gc.callbacks.append(lambda phase, info: full.append(1) if phase == "start" and info["generation"] == 2 else None)
+worker.release()
+seen = {"idle": len(full)}
+for stage in ("first", "second"):
+    runner = Runner()
+    model = weakref.ref(runner.model)
+    worker.runners = {stage: runner}
+    del runner
+    worker.release()
+    seen[stage] = {"freed": model() is None, "tracked": len(gc.get_objects()), "frozen": gc.get_freeze_count()}
+seen["collections"] = len(full)
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.slow  # a process importing torch
+def test_a_released_worker_frees_each_stages_models_and_walks_the_libraries_once():
+    """A worker's release collects the cyclic garbage its stages' models leave, then freezes the survivors (the
+    libraries, the worker): the next stage's models are still collected at their release, and each later collection
+    walks only what was made since. A worker holding nothing collects nothing."""
+    import subprocess
+    import sys
+
+    from builder_helpers import REPO
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", _RELEASE_SCRIPT], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout.splitlines()[-1])
+    assert seen["idle"] == 0 and seen["collections"] == 2, seen
+    assert seen["first"]["freed"] and seen["second"]["freed"], seen  # a frozen worker still frees the next models
+    second = seen["second"]
+    assert second["frozen"] > 10_000 and second["tracked"] < second["frozen"] / 10, seen  # torch is out of the walk
+
+
 @pytest.mark.e2e  # starts worker processes
 def test_a_worker_that_died_while_idle_is_replaced_before_its_next_unit_and_gets_the_assignment(caplog):
     caplog.set_level(logging.WARNING, logger="builder.multi_device")

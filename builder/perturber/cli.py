@@ -27,7 +27,7 @@ from builder.release_format.hub_client import PublishError, check_repo_id, creat
 from builder.release_format.lock import declare_output, file_folder
 from builder.sources import create_source
 from lance_pipeline.edit_types import edit_type_names, validate_edit_types
-from lance_pipeline.models.devices import resolve_device
+from lance_pipeline.models.devices import free_accelerator_memory, resolve_device
 from lance_pipeline.models.needs import needs_of
 from lance_pipeline.perturber.collect import (
     CaptionItem,
@@ -707,7 +707,7 @@ def run_eval(args: argparse.Namespace) -> int:
             "prompt_style": perturber.describe()["prompt_style"],
         }
         del perturber  # one model in memory at a time
-        _free_accelerator_memory()
+        free_accelerator_memory()
     sys.stdout.write(render_eval_table(results))
     if args.output:
         record = {"model": _public(args.model), "captions_from": description, "edit_types": list(types),
@@ -716,13 +716,3 @@ def run_eval(args: argparse.Namespace) -> int:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     return 0
-
-
-def _free_accelerator_memory() -> None:
-    import gc
-
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()

@@ -1,9 +1,12 @@
-"""Which torch device a command runs on: one rule for ``build``, ``eval`` and every other subcommand.
+"""Which torch device a command runs on (one rule for ``build``, ``eval`` and every other subcommand), and giving a
+device's memory back once a model is dropped.
 
-Import-light (torch is imported inside the function), so command-line parsing never pays for it.
+Import-light (torch is imported inside the functions), so command-line parsing never pays for it.
 """
 
 from __future__ import annotations
+
+import gc
 
 
 def resolve_device(device: str | None) -> str:
@@ -33,3 +36,24 @@ def resolve_device(device: str | None) -> str:
     elif parsed.type != "cpu":
         raise ValueError(f"--device {device}: expected cpu, cuda[:N], mps or auto")
     return str(parsed)
+
+
+def free_accelerator_memory(*, worker_process: bool = False) -> None:
+    """Collect the cyclic garbage a dropped model leaves (so its memory is free before the next model loads) and give
+    the CUDA cache back.
+
+    A full collection walks every live object: with torch, transformers and diffusers imported that is about 600,000
+    objects and 0.6 s on the 2-core machine, once per stage and worker. ``worker_process``: the caller is a process
+    that only serves stages (a ``devices`` worker or a Ray actor) and holds no model now, so what survives this
+    collection is the libraries and the worker itself, which live as long as the process; they are moved out of the
+    collector's sight (``gc.freeze``), and each later collection walks only what was made since (the next stage's
+    models), not the libraries again. Never used in a process that runs other code (the CLI driver, a notebook):
+    there a frozen object that dies later would never be collected.
+    """
+    gc.collect()
+    if worker_process:
+        gc.freeze()
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
