@@ -273,10 +273,11 @@ def test_without_network_a_build_says_everything_once(network, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-DOWNLOAD = r"""
+DOWNLOAD_CHUNK = 64 * 1024
+DOWNLOAD = rf"""
 import sys
 from huggingface_hub import constants
-constants.DOWNLOAD_CHUNK_SIZE = 64 * 1024  # write to the partial file as the bytes come
+constants.DOWNLOAD_CHUNK_SIZE = {DOWNLOAD_CHUNK}  # write to the partial file as the bytes come
 from builder.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -289,9 +290,17 @@ def test_a_killed_download_resumes_where_it_stopped(hub, tmp_path):
     config = hub_config(tmp_path, {"model": "org/big-lm", "revision": commit})
     env = _env(tmp_path, hub.url)
     command = [sys.executable, "-c", DOWNLOAD, "models", "download", str(config), "--no-progress"]
-    hub.faults.hold_downloads_after = 1_000_000
+    hub.faults.hold_downloads_after = sent = 1_000_000
+    # The server holds after ``sent`` bytes; the client writes every whole chunk of them and then waits for more, so
+    # the partial file stops at this size. Killed there, never earlier: the server having sent the bytes does not
+    # mean the client has written them (on a busy machine it may not have read one yet).
+    written = sent // DOWNLOAD_CHUNK * DOWNLOAD_CHUNK
+    blobs = tmp_path / "hf-home" / "hub" / "models--org--big-lm" / "blobs"
     first = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    while hub.faults.held_downloads == 0:  # no deadline: a busy machine only takes longer
+    while True:  # no deadline: a busy machine only takes longer
+        partials = list(blobs.glob("*" + hub_cache.PARTIAL_SUFFIX)) if blobs.is_dir() else []
+        if hub.faults.held_downloads and [p.stat().st_size for p in partials] == [written]:
+            break
         try:
             first.wait(timeout=0.2)
         except subprocess.TimeoutExpired:
@@ -299,10 +308,9 @@ def test_a_killed_download_resumes_where_it_stopped(hub, tmp_path):
         raise AssertionError(f"the download ended before it was held: {first.communicate()}")
     first.kill()  # kill -9 in the middle of model.safetensors
     first.communicate()
-    blobs = tmp_path / "hf-home" / "hub" / "models--org--big-lm" / "blobs"
     (partial,) = blobs.glob("*" + hub_cache.PARTIAL_SUFFIX)
     kept = partial.stat().st_size
-    assert 0 < kept <= 1_000_000
+    assert kept == written
     hub.faults.hold_downloads_after = None
     hub.faults.release.set()
 
