@@ -576,8 +576,10 @@ class _Handler(BaseHTTPRequestHandler):
             if hold:
                 faults.held += 1
         if hold:
-            # Simulates a server that stops answering mid-publish: wait for the test, then drop the connection.
-            faults.release.wait(timeout=60)
+            # Simulates a server that stops answering mid-publish: wait for the test (or ``stop``), then drop the
+            # connection. No timeout: a busy machine may take long to reach the kill, and a timed-out hold would let
+            # the client finish instead.
+            faults.release.wait()
             self.close_connection = True
             self.connection.shutdown(2)
             return
@@ -828,7 +830,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
             with self.hub._lock:
                 faults.held_downloads += 1
-            faults.release.wait(timeout=60)
+            faults.release.wait()  # the test's release, or ``stop``; no timeout (see the large-file upload hold)
             self.close_connection = True
             self.connection.shutdown(2)
             return
