@@ -172,11 +172,22 @@ def release_files(root: Path) -> dict[str, str]:
 DEMO_LIMIT = 4  # four demo photos in batches of one: enough batches for two workers and a kill
 
 
+# The diffusion stages' schedule in these builds: the engine, schedule and resume comparisons need every stage and
+# every config, not the preset's 10 DDIM steps with 3 null-text iterations each (the sweep's six self-replace
+# fractions still give six candidates, some of them one shared render).
+DEMO_DIFFUSION = {"num_inference_steps": 5, "num_inner_steps": 1}
+
+
 def demo_config():
-    """The demo preset's real tiny stages on four photos in batches of one (the ``local_demo`` fixture's config)."""
+    """The demo preset's real tiny stages on four photos in batches of one, on a shorter diffusion schedule
+    (``DEMO_DIFFUSION``): the ``local_demo`` fixture's config."""
     from builder.config import apply_overrides, load_config
 
-    return apply_overrides(load_config("demo"), batch_size=1, limit=DEMO_LIMIT)
+    config = apply_overrides(load_config("demo"), batch_size=1, limit=DEMO_LIMIT)
+    for stage in config.stages:
+        if "num_inference_steps" in stage.options:
+            stage.options = {**stage.options, **DEMO_DIFFUSION}
+    return config
 
 
 DEMO_INSTRUCT = "demo-instruct-b2"  # the shared_release name of demo_instruct_config()'s build
