@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from builder_helpers import REPO, make_imagefolder, write_config
+from builder_helpers import REPO, make_imagefolder, short_diffusion, write_config
 from hub_double import TOKEN, HubDouble
 
 from builder.cli import main
@@ -366,8 +366,8 @@ def test_the_declared_files_are_all_the_real_loaders_read(hub, tmp_path, monkeyp
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # the loaders may read only what was declared
     requests = len(hub.log)
     local, from_hub = tmp_path / "local", tmp_path / "hub-release"
-    build(apply_overrides(load_config("demo"), limit=2), local, device="cpu", progress=False)
-    build(apply_overrides(load_config(str(hub_yaml)), limit=2), from_hub, device="cpu", progress=False)
+    build(short_diffusion(apply_overrides(load_config("demo"), limit=2)), local, device="cpu", progress=False)
+    build(short_diffusion(apply_overrides(load_config(str(hub_yaml)), limit=2)), from_hub, device="cpu", progress=False)
     assert len(hub.log) == requests
     shards = sorted(p.relative_to(local).as_posix() for p in (local / "data").rglob("*.tar"))
     assert shards and shards == sorted(p.relative_to(from_hub).as_posix() for p in (from_hub / "data").rglob("*.tar"))
@@ -458,7 +458,7 @@ def _limited(path: Path, limit: int = 2):
 
     config = load_config(str(path))
     config.limit = limit
-    return config
+    return short_diffusion(config)
 
 
 @pytest.mark.slow
