@@ -187,9 +187,9 @@ def demo_config():
 
 
 def short_diffusion(config):
-    """``config`` with ``DEMO_DIFFUSION``'s values for the options its stages set (the demo's diffusion stages set
-    both): for tests whose builds prove something other than the images (engines, resumes, model loading), compared
-    with a build of the same config."""
+    """``config``, changed in place, with ``DEMO_DIFFUSION``'s values for the options its stages set (the demo's
+    diffusion stages set both): for tests whose builds prove something other than the images (engines, resumes,
+    model loading), compared with a build of the same config."""
     for stage in config.stages:
         shorter = {key: value for key, value in DEMO_DIFFUSION.items() if key in stage.options}
         if shorter:

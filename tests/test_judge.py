@@ -313,7 +313,7 @@ def test_a_generated_image_gets_the_class_question_only_and_a_removed_one_is_rou
     assert summary == {"kind": "judge", "checked": 2, "questions": 2, "removed_by_config": {"in_the_snow": 1}}
 
 
-@pytest.mark.slow  # one more build of the demo's stages (20 s on the 2-core machine at load 2); the plain one is shared
+@pytest.mark.slow  # one more build of the demo's stages (18 to 20 s on the 2-core machine); the plain one is shared
 def test_the_demo_with_the_tiny_judge_changes_no_image_and_no_other_field_of_any_config(local_demo, tmp_path):
     """The demo's real tiny stages plus every LANCE judge stage on the tiny Qwen2.5-VL, against the same build without
     them: unjudged configs byte-identical shards; judged ones the same images, labels and other fields; the strength
