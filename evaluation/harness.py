@@ -126,7 +126,8 @@ class ShardSampleDataset(torch.utils.data.IterableDataset):
     sequence and reads past the others' bytes. Shards are read by the release format's one reader
     (``rf.iter_shard``, in its ``errors="sample"`` mode), each hashed as it streams.
 
-    Items are ``(uint8 image, label, config, metadata JSON, problem)``; ``problem`` is ``""`` for a good sample. A
+    Items are ``(uint8 image, label, config, metadata JSON, problem, image sha256)``; ``problem`` is ``""`` for a
+    good sample, and the image's SHA-256 (of its encoded bytes) lets the caller score identical images once. A
     sample that cannot be read or decoded comes with a zero image, label -1 and ``problem`` naming the shard, key and
     reason, so that it fails alone; a shard whose hash does not match comes as one item whose problem starts with
     ``INTEGRITY_PREFIX`` (raised in the main process, with one line).
@@ -149,7 +150,7 @@ class ShardSampleDataset(torch.utils.data.IterableDataset):
     def _failed(self, config: str, shard: str, key: str, reason: str, integrity: bool = False):
         meta = json.dumps({"key": key, "shard": shard})
         problem = self.INTEGRITY_PREFIX + reason if integrity else f"{shard} {key}: {reason}"
-        return torch.zeros(self.image_shape, dtype=torch.uint8), -1, config, meta, problem
+        return torch.zeros(self.image_shape, dtype=torch.uint8), -1, config, meta, problem, ""
 
     def __iter__(self):
         from PIL import Image
@@ -217,7 +218,8 @@ class ShardSampleDataset(torch.utils.data.IterableDataset):
                 tensor = self.transform(image.convert("RGB"))
         except Exception as error:  # PIL raises many types for a broken image; any of them fails this sample only
             return self._failed(config, shard, key, f"cannot decode ({type(error).__name__}: {error})")
-        return tensor, label, config, meta_bytes.decode("utf-8"), ""
+        digest = hashlib.sha256(sample[self.image_ext]).hexdigest()
+        return tensor, label, config, meta_bytes.decode("utf-8"), "", digest
 
 
 def is_oom_error(error: BaseException) -> bool:
@@ -354,7 +356,8 @@ def predict_release(
 
     Returns:
         One row per scored sample (metadata, ``p_gt``, ``correct1``, ``correct5``, ``top5`` and ``top5_prob``) and
-        run figures: ``images``, ``seconds``, ``images_per_second``, ``batch_size`` (after any search or
+        run figures: ``images`` (samples scored), ``forwarded`` (images run through the model: a byte-identical
+        image with the same label is scored once), ``seconds``, ``images_per_second``, ``batch_size`` (after any search or
         out-of-memory retries), ``oom_retries``, ``backend`` (CUDA settings) and ``failures`` (samples that could not
         be read, each ``{"config", "shard", "key", "reason"}``).
 
@@ -418,13 +421,17 @@ def predict_release(
     index = torch.tensor(label_indices, device=device) if label_indices is not None else None
     rows: list[dict[str, Any]] = []
     failures: list[dict[str, Any]] = []
+    # An image scored once is not run again: a release holds byte-identical images under several configs (each chosen
+    # counterfactual is also a row of its edit's strength sweep). Keyed by the encoded bytes and the label, a reused
+    # score is the one the model gave those bytes; only its float rounding could differ in another batch.
+    scored: dict[tuple[str, int], tuple[float, list[int], list[float]]] = {}
+    forwarded = 0
     total = _planned_samples(plan, release)
     progress = tqdm(total=total or None, unit="img", desc="evaluating", disable=None, leave=False)
     start = time.perf_counter()
     with torch.inference_mode(), progress:
-        for images, labels, configs, metas, problems in loader:
+        for images, labels, configs, metas, problems, digests in loader:
             progress.update(len(labels))
-            good = [i for i, problem in enumerate(problems) if not problem]
             for i, problem in enumerate(problems):
                 if problem.startswith(ShardSampleDataset.INTEGRITY_PREFIX):
                     raise ReleaseIntegrityError(problem.split(ShardSampleDataset.INTEGRITY_PREFIX, 1)[1])
@@ -434,24 +441,28 @@ def predict_release(
                     failures.append(
                         {"config": configs[i], "shard": meta["shard"], "key": meta["key"], "reason": problem}
                     )
-            if not good:
-                continue
-            if len(good) < len(labels):
-                keep = torch.tensor(good)
-                images, labels = images[keep], labels[keep]
-                configs, metas = [configs[i] for i in good], [metas[i] for i in good]
-            images = images.to(device, non_blocking=True).float().sub_(mean).div_(std)
-            images = images.to(model_dtype).contiguous(memory_format=memory_format)
-            logits = forward(images)
-            if index is not None:
-                logits = logits.index_select(1, index)
-            probs = logits.float().softmax(dim=1).cpu()
-            top_prob, top_idx = probs.topk(min(TOPK, probs.shape[1]), dim=1)
-            p_gt = probs.gather(1, labels.view(-1, 1)).squeeze(1)
-            for i in range(len(labels)):
+            good = [i for i, problem in enumerate(problems) if not problem]
+            keys = {i: (digests[i], int(labels[i])) for i in good}
+            new: dict[tuple[str, int], int] = {}  # first position in this batch of each image not scored before
+            for i in good:
+                if keys[i] not in scored:
+                    new.setdefault(keys[i], i)
+            if new:
+                run = torch.tensor(list(new.values()))
+                batch = images[run].to(device, non_blocking=True).float().sub_(mean).div_(std)
+                logits = forward(batch.to(model_dtype).contiguous(memory_format=memory_format))
+                forwarded += len(run)
+                if index is not None:
+                    logits = logits.index_select(1, index)
+                probs = logits.float().softmax(dim=1).cpu()
+                top_prob, top_idx = probs.topk(min(TOPK, probs.shape[1]), dim=1)
+                p_gt = probs.gather(1, labels[run].view(-1, 1)).squeeze(1)
+                for j, key in enumerate(new):
+                    scored[key] = (float(p_gt[j]), top_idx[j].tolist(), [float(p) for p in top_prob[j]])
+            for i in good:
                 meta = load_json(metas[i], "a sample's metadata")
                 label = int(labels[i])
-                top = top_idx[i].tolist()
+                p, top, top5_prob = scored[keys[i]]
                 rows.append(
                     {
                         "config": configs[i],
@@ -464,11 +475,11 @@ def predict_release(
                         "edited_caption": meta.get("edited_caption"),
                         "original_span": meta.get("original_span"),
                         "edited_span": meta.get("edited_span"),
-                        "p_gt": float(p_gt[i]),
+                        "p_gt": p,
                         "correct1": top[0] == label,
                         "correct5": label in top,
                         "top5": top,
-                        "top5_prob": [float(p) for p in top_prob[i]],
+                        "top5_prob": top5_prob,
                         "strength": meta.get("strength"),
                         "counterfactual_key": meta.get("counterfactual_key"),
                         rf.JUDGE_CLASS_FIELD: meta.get(rf.JUDGE_CLASS_FIELD),
@@ -479,6 +490,7 @@ def predict_release(
     seconds = time.perf_counter() - start
     timing = {
         "images": len(rows),
+        "forwarded": forwarded,
         "seconds": round(seconds, 4),
         "images_per_second": round(len(rows) / seconds, 3) if seconds > 0 else None,
         "batch_size": forward.batch_size,

@@ -51,9 +51,13 @@ def _png(image: Image.Image) -> bytes:
 
 
 def write_shards(
-    root: Path, rows: dict[str, list[tuple[str, bytes, int, dict[str, Any]]]], shard_size: int
+    root: Path,
+    rows: dict[str, list[tuple[str, bytes, int, dict[str, Any]]]],
+    shard_size: int,
+    spec: rf.ReleaseSpec | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Write each config's (key, png, label, metadata) rows as shards; return the manifest's shards and counts."""
+    """Write each config's (key, png, label, metadata) rows as shards; return the manifest's shards and counts.
+    Metadata is checked against ``spec`` (v1's fields when omitted)."""
     shards: list[dict[str, Any]] = []
     counts: dict[str, Any] = {}
     for config, samples in rows.items():
@@ -61,7 +65,8 @@ def write_shards(
         encoded = []
         for key, png, label, meta in samples:
             tally.add(label, meta["edit_type"])
-            encoded.append(rf.ShardSample(key, "png", png, label, rf.encode_metadata(meta)))
+            metadata = rf.encode_metadata(meta, spec, config) if spec else rf.encode_metadata(meta)
+            encoded.append(rf.ShardSample(key, "png", png, label, metadata))
         for index, start in enumerate(range(0, len(encoded), shard_size)):
             shards.append(rf.write_shard(root, config, index, encoded[start : start + shard_size]).to_dict())
         counts[config] = tally.to_dict()
@@ -78,7 +83,8 @@ def write_manifest(root: Path, manifest: dict[str, Any], *, croissant: bool = Tr
     if manifest["format_version"] >= 2:
         from dataset_cards import write_gallery
 
-        manifest.setdefault("release_spec", rf.lance_release_spec(manifest["configs"]).to_dict())
+        if "release_spec" not in manifest:
+            manifest["release_spec"] = rf.lance_release_spec(manifest["configs"]).to_dict()
         if "assets" not in manifest:
             gallery = write_gallery(root, manifest["configs"], manifest["shards"])
             manifest["assets"] = []
@@ -119,6 +125,7 @@ def write_release(
     version: str = "1.0.0",
     seed: int = 0,
     format_version: int = rf.FORMAT_VERSION,
+    strength_levels: tuple[float, ...] = (),
 ) -> Path:
     """Write a release under ``root`` and return ``root``.
 
@@ -131,7 +138,11 @@ def write_release(
         shard_size: samples per shard (several shards per config once a config holds more).
         configs: the configs to write.
         format_version: 1 writes a v1 release (as the v1 code did), 2 the current format.
+        strength_levels: when given, a ``strength`` config too: every counterfactual at each level, as a build's
+            sweep writes it; the last level's row is the selected one and holds the counterfactual's very bytes.
     """
+    if strength_levels:
+        configs = (*configs, "strength")
     if label_names is None:
         from timm.data import ImageNetInfo
 
@@ -180,8 +191,22 @@ def write_release(
                         scores={n: float(np.round(rng.random(), 4)) for n in rf.SCORE_NAMES},
                     )
                     rows[config].append((key, _png(image), label, m))
+                    if config == "counterfactual" and strength_levels:
+                        for level_index, level in enumerate(strength_levels):
+                            selected = level_index == len(strength_levels) - 1
+                            swept = image if selected else _image(rng, label, j + 7 + level_index, image_size)
+                            sm = dict(m, key=f"{key}-st{level_index}", strength=level, selected=selected)
+                            sm.update(counterfactual_key=key, edit_index=j)
+                            rows["strength"].append((sm["key"], _png(swept), label, sm))
     root.mkdir(parents=True, exist_ok=True)
-    shards, counts = write_shards(root, rows, shard_size)
+    spec = None
+    if strength_levels:  # the strength config as the edit stage declares it (the builder's declaration)
+        from builder.validation import declared_config
+        from lance_pipeline.editing.strength import STRENGTH_OUTPUT
+
+        extra = (declared_config(STRENGTH_OUTPUT, STRENGTH_OUTPUT.description),)
+        spec = rf.lance_release_spec(configs, extra=extra)
+    shards, counts = write_shards(root, rows, shard_size, spec)
     build_config = {"seed": seed, "source": "fixture", "edits_per_original": edits_per_original}
     config_hash = "sha256:" + hashlib.sha256(json.dumps(build_config, sort_keys=True).encode()).hexdigest()
     manifest: dict[str, Any] = {
@@ -208,6 +233,8 @@ def write_release(
         "failures": [],
         "shards": shards,
     }
+    if spec is not None:
+        manifest["release_spec"] = spec.to_dict()
     write_manifest(root, manifest)
     write_card(root, manifest)
     return root

@@ -315,6 +315,60 @@ def test_label_space_mismatch_errors_and_class_map_scores(scored, tmp_path, cli)
         assert row["top5"][:4] == list(np.argsort(-p)[:4])
 
 
+def test_an_image_in_two_configs_runs_through_the_model_once_and_scores_as_the_model_scores_it(tmp_path):
+    """A release with a strength sweep holds each counterfactual twice (its selected strength row has the same bytes):
+    the harness runs every distinct image once, and every row's p(y_GT) and top-5 are the model's for that image."""
+    import timm
+    from timm.data import resolve_data_config
+
+    from builder.release_format.verify import verify_release
+
+    root = write_release(tmp_path / "rel", originals_per_class=2, edits_per_original=2, strength_levels=(0.4, 0.8))
+    assert verify_release(root) == []  # a valid release: the sweep's declared fields and relations hold
+    images: dict[str, tuple[bytes, int]] = {}  # every sample's image bytes and label, read from the tars here
+    for shard in sorted((root / "data").glob("*/test-*.tar")):
+        with tarfile.open(shard) as tar:
+            members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+        for name, data in members.items():
+            if name.endswith(".png"):
+                key = name[: -len(".png")]
+                images[key] = (data, int(members[f"{key}.cls"]))
+    distinct = {(data, label) for data, label in images.values()}
+    strength_rows = sum(1 for key in images if "-st" in key)
+    assert 0 < len(images) - len(distinct) == strength_rows // 2  # the selected half of the sweep repeats an image
+
+    torch.manual_seed(0)
+    model = timm.create_model("test_vit", pretrained=False).eval()
+
+    class Counting(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner, self.seen = model, 0
+
+        def forward(self, x):
+            self.seen += x.shape[0]
+            return self.inner(x)
+
+    counting = Counting().eval()
+    data_config = resolve_data_config({}, model=model, use_test_size=True)
+    rows, timing = predict_release(counting, open_release(root), data_config, EvalOptions(workers=0, batch_size=5))
+    assert len(rows) == timing["images"] == len(images)
+    assert counting.seen == timing["forwarded"] == len(distinct)
+
+    from PIL import Image
+    from timm.data import create_transform
+
+    transform = create_transform(**data_config)
+    by_key = {row["key"]: row for row in rows}
+    with torch.no_grad():
+        for key, (data, label) in images.items():
+            logits = model(transform(Image.open(io.BytesIO(data)).convert("RGB")).unsqueeze(0))[0].double().numpy()
+            p = np.exp(logits - logits.max())
+            p /= p.sum()
+            assert by_key[key]["p_gt"] == pytest.approx(p[label], rel=1e-4), key
+            assert by_key[key]["top5"][:3] == list(np.argsort(-p)[:3]), key
+
+
 def test_out_of_memory_retries_with_smaller_batches(scored):
     model = scored["model"]
 
