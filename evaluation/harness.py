@@ -449,7 +449,11 @@ def predict_release(
                     new.setdefault(keys[i], i)
             if new:
                 run = torch.tensor(list(new.values()))
-                batch = images[run].to(device, non_blocking=True).float().sub_(mean).div_(std)
+                # the whole (pinned) batch goes to the device asynchronously; only then are the new images picked
+                batch = images.to(device, non_blocking=True)
+                if len(run) < len(labels):
+                    batch = batch[run.to(device)]
+                batch = batch.float().sub_(mean).div_(std)
                 logits = forward(batch.to(model_dtype).contiguous(memory_format=memory_format))
                 forwarded += len(run)
                 if index is not None:
