@@ -195,8 +195,8 @@ def write_release(
                         for level_index, level in enumerate(strength_levels):
                             selected = level_index == len(strength_levels) - 1
                             swept = image if selected else _image(rng, label, j + 7 + level_index, image_size)
-                            sm = dict(m, key=f"{key}-st{level_index}", strength=level, selected=selected)
-                            sm.update(counterfactual_key=key, edit_index=j)
+                            sm = dict(m, key=f"{key}-st{level_index}", strength=level, selected=selected,
+                                      counterfactual_key=key, edit_index=j)  # fmt: skip
                             rows["strength"].append((sm["key"], _png(swept), label, sm))
     root.mkdir(parents=True, exist_ok=True)
     spec = None

@@ -317,7 +317,7 @@ def test_label_space_mismatch_errors_and_class_map_scores(scored, tmp_path, cli)
 
 def test_an_image_in_two_configs_runs_through_the_model_once_and_scores_as_the_model_scores_it(tmp_path):
     """A release with a strength sweep holds each counterfactual twice (its selected strength row has the same bytes):
-    the harness runs every distinct image once, and every row's p(y_GT) and top-5 are the model's for that image."""
+    the harness runs every distinct image once, and every row's p(y_GT) and top 3 are the model's for that image."""
     import timm
     from timm.data import resolve_data_config
 
