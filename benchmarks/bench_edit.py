@@ -93,11 +93,13 @@ def build_components(size: str, device: str, seed: int = 0):
         from lance_pipeline.editing.sd_components import load_stable_diffusion_components
         from lance_pipeline.tiny.image_components import create_tiny_stable_diffusion
 
-        return load_stable_diffusion_components(str(create_tiny_stable_diffusion(tempfile.mkdtemp())), device=device)
-    directory = Path(tempfile.mkdtemp(prefix="bench-edit-tokenizer-"))
-    vocab_path, merges_path = write_clip_tokenizer_files(directory)
-    vocab = json.loads(vocab_path.read_text(encoding="utf-8"))
-    merges = [tuple(line.split()) for line in merges_path.read_text(encoding="utf-8").splitlines()[1:] if line]
+        # the weights are read into memory: the folder is not needed once they are loaded
+        with tempfile.TemporaryDirectory(prefix="bench-edit-tiny-sd-") as folder:
+            return load_stable_diffusion_components(str(create_tiny_stable_diffusion(folder)), device=device)
+    with tempfile.TemporaryDirectory(prefix="bench-edit-tokenizer-") as folder:
+        vocab_path, merges_path = write_clip_tokenizer_files(Path(folder))
+        vocab = json.loads(vocab_path.read_text(encoding="utf-8"))
+        merges = [tuple(line.split()) for line in merges_path.read_text(encoding="utf-8").splitlines()[1:] if line]
     tokenizer = CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=77, pad_token="<|endoftext|>")
     torch.manual_seed(seed)
     unet = UNet2DConditionModel(

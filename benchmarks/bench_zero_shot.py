@@ -56,7 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads on both sides")
     parser.add_argument("--one-classifier", action="store_true", help="CLIP_benchmark: build the classifier once")
     args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="bench-zero-shot-") as work:
+        return compare(args, Path(work))
 
+
+def compare(args: argparse.Namespace, work: Path) -> int:
+    """Both sides, ``args.repeats`` times each, on a release, a model and caches written under ``work``."""
     import torch
 
     torch.set_num_threads(args.threads)
@@ -72,7 +77,6 @@ def main(argv: list[str] | None = None) -> int:
     from lance_pipeline.clip.loader import load_clip
     from lance_pipeline.tiny.clip_components import create_tiny_open_clip
 
-    work = Path(tempfile.mkdtemp(prefix="bench-zero-shot-"))
     names = [f"class {i}" for i in range(args.classes)]
     root = write_release(work / "rel", labels=tuple(range(args.classes)), label_names=names,
                          originals_per_class=args.originals, edits_per_original=args.edits,
