@@ -199,7 +199,8 @@ def test_a_device_worker_killed_mid_build_stage_major_on_two_cpu_workers_loses_n
         schedule="stage-major",
     )
     assert killed, "the build ended before a worker could be killed"
-    # The worker may die under a unit (which is retried) or between two (it is replaced before its next one).
+    # The worker may die under a unit (which is retried), between two (it is replaced before its next one) or after
+    # its stage's last unit (it is not kept for the next stage): each is logged.
     replaced = [
         r.getMessage()
         for r in caplog.records
@@ -305,6 +306,31 @@ def test_a_worker_that_died_while_idle_is_replaced_before_its_next_unit_and_gets
         for executor in pool._executors:
             executor.shutdown(wait=True)
     assert any("died while idle" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.e2e  # starts a worker process
+def test_a_worker_that_died_after_its_pools_last_unit_is_not_kept_for_the_next_stage_and_says_so(caplog):
+    """Stage-major: a pool's workers go back to the backend when its stage ends, for the next stage's pool. One that
+    died after its last unit is dropped there, and the build's log says so as it does for any lost worker."""
+    caplog.set_level(logging.WARNING, logger="builder.multi_device")
+
+    class ForkedDevices(multi_device.DeviceBackend):
+        new_executor = _ForkBackend.new_executor
+
+    backend = ForkedDevices(["cpu"], {}, torch_threads=1)
+    pool = multi_device.DevicePool(backend, ["cpu"], ["stage"], [False])
+    try:
+        assert pool.result(pool.submit(0, "first")) == ((["stage"], [False]), "first")
+        died = pool._executors[0].submit(os._exit, 1)  # the worker dies after its stage's last unit
+        with pytest.raises(BrokenProcessPool):
+            died.result()
+        pool.close()  # the stage is over: its workers go back to the backend
+        assert backend._idle == {}
+    finally:
+        for executor in pool._executors:
+            executor.shutdown(wait=True)
+        backend.close()
+    assert any("died while idle" in r.getMessage() for r in caplog.records), caplog.text
 
 
 def test_a_stage_batch_size_cuts_calls_in_key_order_and_merges_them_into_one_result():
