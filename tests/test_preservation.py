@@ -196,6 +196,34 @@ def test_network_cost_counts_forwards_backwards_and_flops_and_changes_no_result(
     assert cost.flops == 0 and cost.forwards == {"text": 5}
 
 
+def test_network_cost_counts_what_torchs_flop_counter_counts_forward_and_backward():
+    """The counter calls the formulas of torch's FLOP counter on shapes it takes itself (cheaper than torch's tree
+    walk): on products, batched products and strided, padded convolutions, forward and backward, it counts what
+    ``FlopCounterMode`` counts. (Attention on the CPU is counted by the counter's own formula: torch's has none.)"""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from lance_pipeline.editing.cost import count_network_cost
+
+    torch.manual_seed(0)
+    conv, linear = torch.nn.Conv2d(3, 4, 3, stride=2, padding=1), torch.nn.Linear(16, 8)
+    x = torch.randn(2, 3, 16, 16, requires_grad=True)
+    a, b, bias = torch.randn(3, 5, 6, requires_grad=True), torch.randn(3, 6, 7), torch.randn(3, 5, 7)
+
+    def work():
+        features = linear(conv(x).flatten(1)[:, :16])
+        products = torch.bmm(a, b) + torch.baddbmm(bias, a, b) + torch.mm(a[0], b[0])
+        (features.sum() + products.sum()).backward()
+
+    with FlopCounterMode(display=False) as torchs:
+        work()
+    counted = {str(op) for op in torchs.get_flop_counts()["Global"]}
+    assert {"aten.convolution", "aten.convolution_backward", "aten.addmm", "aten.mm", "aten.bmm"} <= counted, counted
+    assert "aten.baddbmm" in counted, counted
+    with count_network_cost({}) as ours:
+        work()
+    assert ours.flops == torchs.get_total_flops() > 0
+
+
 def test_gates_and_cost_per_editor_and_edit_type_reach_the_manifest_record():
     candidates = [  # edit 0 (subject): two sweep candidates, one chosen; edit 1 (weather): none passed
         {"edit_index": 0, "edit_type": "subject", "chosen": False},
