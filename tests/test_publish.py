@@ -250,7 +250,9 @@ def test_interrupted_publish_resumes_without_duplicates(hub_env, tmp_path):
     lfs_files |= {hashlib.sha256(p.read_bytes()).hexdigest() for p in (release_dir / rf.INDEX_DIR).glob("*.parquet")}
     # The server stops answering large-file uploads after two; the publishing process is then killed.
     hub.faults.hold_lfs_after = 2
-    env = client_env(hub.url, tmp_path / "hf_home", HF_TOKEN=TOKEN)
+    # A killed process cannot remove its temporary folder: it goes under the test's own.
+    (tmp_path / "tmp").mkdir()
+    env = client_env(hub.url, tmp_path / "hf_home", HF_TOKEN=TOKEN, TMPDIR=str(tmp_path / "tmp"))
     script = "import sys; from builder.publish import publish_release; publish_release(sys.argv[1], sys.argv[2])"
     proc = subprocess.Popen([sys.executable, "-c", script, str(release_dir), REPO], env=env, cwd=ROOT)
     try:
