@@ -53,7 +53,11 @@ def ray_cluster():
 
     # A dead node is noticed within about a second (the default health check takes ~30 s). No worker processes are
     # started ahead of the driver's first task: the actors start their own, and the prestarted ones stayed idle.
+    # Actors run at the driver's priority: Ray starts its workers at niceness 15, and on a machine busy with other
+    # work (the other test worker, other jobs) they got about a hundredth of a core each, and one build ran for over
+    # half an hour.
     system = {
+        "worker_niceness": 0,
         "health_check_period_ms": 500,
         "health_check_failure_threshold": 2,
         "health_check_initial_delay_ms": 0,
