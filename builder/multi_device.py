@@ -134,7 +134,7 @@ class DeviceBackend:
     def give_back(self, device: str, executor: ProcessPoolExecutor) -> None:
         try:
             executor.submit(_release_on_worker)  # its models go now, not when it is reused
-        except (BrokenProcessPool, RuntimeError) as err:  # a dead or shut-down worker is not kept
+        except RuntimeError as err:  # a dead (BrokenProcessPool, a RuntimeError) or shut-down worker is not kept
             if isinstance(err, BrokenProcessPool):
                 # It died after its pool's last unit: nothing was lost, and the next pool starts a fresh worker.
                 logger.warning("worker on %s died while idle (%s); not kept for the next stage", device, err)
