@@ -10,7 +10,8 @@ same thread settings on the same kind of device. A worker process that dies lose
 which goes to the next free worker; the dead worker is replaced (one that dies between two batches is replaced before
 its next batch, and no batch is charged with its death).
 
-Processes are started with ``spawn`` (CUDA cannot be used in a forked child), so the stage classes must be
+Processes are started from a fork server that imported torch once (``lance_pipeline.models.worker_processes``; CUDA
+cannot be used in a child forked from the driver), or spawned where there is none, so the stage classes must be
 importable by name (they are: a stage type is a registry name or a ``module:attr``).
 """
 
@@ -26,6 +27,7 @@ from builder.dispatch import WorkerLost, check_pool_options, plan_pools, run_poo
 from builder.engine import _drive
 from builder.ray_engine import StageWorker
 from lance_pipeline.models.devices import resolve_device
+from lance_pipeline.models.worker_processes import enter_worker_environment, worker_context, worker_environment
 
 logger = logging.getLogger(__name__)
 
@@ -46,9 +48,10 @@ def parse_devices(text: str) -> list[str]:
     return resolved
 
 
-def _init_worker(device: str, torch_threads: int) -> None:
+def _init_worker(device: str, torch_threads: int, environment: dict[str, str]) -> None:
     global _WORKER
 
+    enter_worker_environment(environment)
     _WORKER = StageWorker(device, torch_threads)
 
 
@@ -111,12 +114,11 @@ class DeviceBackend:
     build's loop ends."""
 
     def __init__(self, devices: list[str], stages: dict[str, Any], torch_threads: int):
-        import multiprocessing
-
         self._devices = list(devices)
         self._stages = stages
         self._torch_threads = torch_threads
-        self._context = multiprocessing.get_context("spawn")
+        self._context = worker_context()
+        self._environment = worker_environment()  # the build's, for workers forked from an older fork server
         self._idle: dict[str, list[ProcessPoolExecutor]] = {}
 
     def new_executor(self, device: str) -> ProcessPoolExecutor:
@@ -124,7 +126,7 @@ class DeviceBackend:
             max_workers=1,
             mp_context=self._context,
             initializer=_init_worker,
-            initargs=(device, self._torch_threads),
+            initargs=(device, self._torch_threads, self._environment),
         )
 
     def take(self, device: str) -> ProcessPoolExecutor:

@@ -176,6 +176,24 @@ def test_keep_inversions_no_drops_done_batches_inversions_and_resumes_to_the_sam
     assert release_files(out) == release_files(local_demo)
 
 
+def is_device_worker(process) -> bool:
+    """A devices-engine worker process: one the fork server forked (the server is its parent, and it keeps the
+    server's command line), or, where the platform has no fork server, a spawned one. A build whose workers were
+    spawned where a fork server exists has no worker this finds."""
+    import psutil
+
+    line = cmdline(process)
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return "multiprocessing" in line and "spawn_main" in line
+    if "multiprocessing.forkserver" not in line:
+        return False
+    try:
+        parent = process.parent()
+    except psutil.Error:
+        return False
+    return parent is not None and "multiprocessing.forkserver" in cmdline(parent)
+
+
 @pytest.mark.slow  # builds the demo preset's real tiny stages (minutes on a loaded 2-core machine)
 def test_a_device_worker_killed_mid_build_stage_major_on_two_cpu_workers_loses_nothing_and_the_bytes_match(
     local_demo, tmp_path, caplog
@@ -192,7 +210,7 @@ def test_a_device_worker_killed_mid_build_stage_major_on_two_cpu_workers_loses_n
     caplog.set_level(logging.WARNING, logger="builder.multi_device")
     killed = build_killing_one_worker(
         out,
-        lambda p: "multiprocessing" in cmdline(p) and "spawn_main" in cmdline(p),
+        is_device_worker,
         progress=stored_stage_outputs,  # stage-major finishes no batch before its last stage
         engine="devices",
         engine_options={"devices": ["cpu", "cpu"]},

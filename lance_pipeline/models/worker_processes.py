@@ -1,0 +1,56 @@
+"""Worker processes that start warm: one per device, for the devices build engine and ``lance-cf eval --devices``.
+
+A worker spawned from nothing imports torch and the libraries around it again, 10 to 15 CPU-seconds on a 2-core
+machine before its first model loads, and so does every worker started to replace a dead one. Where the platform
+has it, workers are started by multiprocessing's fork server instead: one process that imported ``WARM_IMPORTS``
+once and forks each worker from there (CUDA-safe: the server never touches a GPU, and a fork, unlike the parent's own,
+copies no CUDA context). The server lives as long as the process that started it, so every later build or evaluation
+of that process starts its workers from it.
+
+Only libraries that read none of the settings a build depends on when they are imported are warmed: the Hub clients
+(huggingface_hub, transformers, diffusers, timm, open_clip) read ``HF_HUB_OFFLINE``, ``HF_HOME`` and the like at
+import, and the server's copy would keep the values of the moment it started. Each worker also takes the environment
+of the process that starts it (``worker_environment`` -> ``enter_worker_environment``), as a spawned one does: the
+fork server's own environment is that of its start.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import multiprocessing
+import os
+from typing import Any
+
+# Imported once by the fork server. torch._dynamo comes with torchvision's operators and with diffusers; scipy,
+# scikit-learn and pandas with sentence-transformers (the label check's encoder).
+WARM_IMPORTS = ("torch", "torch._dynamo", "torchvision", "scipy.stats", "sklearn.metrics", "pandas")
+
+
+def worker_context() -> Any:
+    """The multiprocessing context device workers start in: the fork server with ``WARM_IMPORTS`` where the platform
+    has one (Linux, macOS), else ``spawn``. Pass ``worker_environment()`` to each worker and call
+    ``enter_worker_environment`` with it first thing there."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    # Only read when the server starts (the first worker); a server already running keeps what it imported.
+    context.set_forkserver_preload([name for name in WARM_IMPORTS if _installed(name)])
+    return context
+
+
+def worker_environment() -> dict[str, str]:
+    """The starting process's environment now, for its workers (the fork server's is that of its own start)."""
+    return dict(os.environ)
+
+
+def enter_worker_environment(environment: dict[str, str]) -> None:
+    """Make ``environment`` this worker's own (``os.environ`` and the C library's, which CUDA reads when it starts)."""
+    for name in set(os.environ) - set(environment):
+        del os.environ[name]
+    for name, value in environment.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
+
+
+def _installed(name: str) -> bool:
+    return importlib.util.find_spec(name.split(".", 1)[0]) is not None
