@@ -27,7 +27,7 @@ from builder.dispatch import WorkerLost, check_pool_options, plan_pools, run_poo
 from builder.engine import _drive
 from builder.ray_engine import StageWorker
 from lance_pipeline.models.devices import resolve_device
-from lance_pipeline.models.worker_processes import enter_worker_environment, worker_context, worker_environment
+from lance_pipeline.models.worker_processes import worker_context, worker_entry
 
 logger = logging.getLogger(__name__)
 
@@ -48,10 +48,9 @@ def parse_devices(text: str) -> list[str]:
     return resolved
 
 
-def _init_worker(device: str, torch_threads: int, environment: dict[str, str]) -> None:
+def _init_worker(device: str, torch_threads: int) -> None:
     global _WORKER
 
-    enter_worker_environment(environment)
     _WORKER = StageWorker(device, torch_threads)
 
 
@@ -118,16 +117,11 @@ class DeviceBackend:
         self._stages = stages
         self._torch_threads = torch_threads
         self._context = worker_context()
-        self._environment = worker_environment()  # the build's, for workers forked from an older fork server
         self._idle: dict[str, list[ProcessPoolExecutor]] = {}
 
     def new_executor(self, device: str) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(
-            max_workers=1,
-            mp_context=self._context,
-            initializer=_init_worker,
-            initargs=(device, self._torch_threads, self._environment),
-        )
+        initializer, initargs = worker_entry(_init_worker, device, self._torch_threads)
+        return ProcessPoolExecutor(max_workers=1, mp_context=self._context, initializer=initializer, initargs=initargs)
 
     def take(self, device: str) -> ProcessPoolExecutor:
         idle = self._idle.get(device)

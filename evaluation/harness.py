@@ -34,7 +34,7 @@ from evaluation.release_reader import Release, ReleaseIntegrityError, integrity_
 from evaluation.report import write_model_report
 from evaluation.results import AMP_DTYPES, MODEL_DTYPES, RESULTS_SCHEMA, RESULTS_SCHEMA_VERSION  # noqa: F401 - re-exported
 from lance_pipeline.models.hub_cache import offline_by_user
-from lance_pipeline.models.worker_processes import enter_worker_environment, worker_context, worker_environment
+from lance_pipeline.models.worker_processes import worker_context, worker_entry
 from lance_pipeline.readers import load_json, read_json
 from lance_pipeline.release_kinds import metric_applies_to
 
@@ -805,20 +805,9 @@ def _evaluate_and_write(
     return {"model": spec.name, "slug": spec.slug, "status": "ok", "path": str(path), "results": results}
 
 
-def _device_worker(
-    device: str,
-    threads: int,
-    environment: dict[str, str],
-    tasks: Any,
-    done: Any,
-    release,
-    output_dir,
-    options,
-    clusters,
-) -> None:
+def _device_worker(device: str, threads: int, tasks: Any, done: Any, release, output_dir, options, clusters) -> None:
     """One ``--devices`` worker process: evaluates the models it takes from ``tasks`` on its device."""
 
-    enter_worker_environment(environment)
     torch.set_num_threads(threads)
     options = dataclasses.replace(options, device=device, devices=None)
     while True:
@@ -847,19 +836,12 @@ def _run_parallel(release, specs, output_dir, options, clusters, on_result) -> l
     workers = []
     for device in options.devices[: len(specs)]:
         tasks.put(None)
+        target, args = worker_entry(
+            _device_worker, device, torch.get_num_threads(), tasks, done, release, output_dir, options, clusters
+        )
         process = context.Process(
-            target=_device_worker,
-            args=(
-                device,
-                torch.get_num_threads(),
-                worker_environment(),
-                tasks,
-                done,
-                release,
-                output_dir,
-                options,
-                clusters,
-            ),
+            target=target,
+            args=args,
             daemon=False,  # a worker runs its own DataLoader worker processes
         )
         process.start()

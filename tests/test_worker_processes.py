@@ -12,7 +12,7 @@ from concurrent.futures import ProcessPoolExecutor
 import pytest
 import worker_probe
 
-from lance_pipeline.models.worker_processes import WARM_IMPORTS, worker_context, worker_environment
+from lance_pipeline.models.worker_processes import WARM_IMPORTS, worker_context, worker_entry
 
 pytestmark = [
     pytest.mark.slow,  # the fork server's imports: about 10 CPU-seconds, once per test process
@@ -25,12 +25,11 @@ PROBED = ["LANCE_CF_WORKER_PROBE", "LANCE_CF_WORKER_PROBE_GONE"]
 
 
 def start_and_report() -> dict:
-    """One worker as the engines start theirs (context, environment now, initializer first), and what it reports."""
+    """One worker as the devices engine starts its workers (context, initializer through ``worker_entry``), and what it
+    reports."""
+    initializer, initargs = worker_entry(worker_probe.enter, list(WARM_IMPORTS))
     with ProcessPoolExecutor(
-        max_workers=1,
-        mp_context=worker_context(),
-        initializer=worker_probe.enter,
-        initargs=(worker_environment(), list(WARM_IMPORTS)),
+        max_workers=1, mp_context=worker_context(), initializer=initializer, initargs=initargs
     ) as pool:
         return pool.submit(worker_probe.report, PROBED).result()
 

@@ -8,12 +8,9 @@ import sys
 WARM_AT_START: list[str] = []
 
 
-def enter(environment: dict[str, str], names: list[str]) -> None:
-    """The worker's initializer: note which of ``names`` it has already, then take ``environment``."""
+def enter(names: list[str]) -> None:
+    """The worker's initializer: note which of ``names`` it has already."""
     WARM_AT_START[:] = [name for name in names if name in sys.modules]
-    from lance_pipeline.models.worker_processes import enter_worker_environment
-
-    enter_worker_environment(environment)
 
 
 def report(variables: list[str]) -> dict:

@@ -10,8 +10,8 @@ of that process starts its workers from it.
 Only libraries that read none of the settings a build depends on when they are imported are warmed: the Hub clients
 (huggingface_hub, transformers, diffusers, timm, open_clip) read ``HF_HUB_OFFLINE``, ``HF_HOME`` and the like at
 import, and the server's copy would keep the values of the moment it started. Each worker also takes the environment
-of the process that starts it (``worker_environment`` -> ``enter_worker_environment``), as a spawned one does: the
-fork server's own environment is that of its start.
+of the process that starts it, as a spawned one does (``worker_entry``): the fork server's own environment is that of
+its start.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 import multiprocessing
 import os
+from collections.abc import Callable
 from typing import Any
 
 # Imported once by the fork server. torch._dynamo comes with torchvision's operators and with diffusers; scipy,
@@ -28,8 +29,7 @@ WARM_IMPORTS = ("torch", "torch._dynamo", "torchvision", "scipy.stats", "sklearn
 
 def worker_context() -> Any:
     """The multiprocessing context device workers start in: the fork server with ``WARM_IMPORTS`` where the platform
-    has one (Linux, macOS), else ``spawn``. Pass ``worker_environment()`` to each worker and call
-    ``enter_worker_environment`` with it first thing there."""
+    has one (Linux, macOS), else ``spawn``. Start each worker's function through ``worker_entry``."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
@@ -38,18 +38,21 @@ def worker_context() -> Any:
     return context
 
 
-def worker_environment() -> dict[str, str]:
-    """The starting process's environment now, for its workers (the fork server's is that of its own start)."""
-    return dict(os.environ)
+def worker_entry(function: Callable, *args: Any) -> tuple[Callable, tuple]:
+    """``(target, args)`` that run ``function(*args)`` in a worker of ``worker_context()`` (a process's target, or a
+    pool's initializer and its arguments) after the worker has taken this process's environment as it is now."""
+    return _in_environment, (dict(os.environ), function, *args)
 
 
-def enter_worker_environment(environment: dict[str, str]) -> None:
-    """Make ``environment`` this worker's own (``os.environ`` and the C library's, which CUDA reads when it starts)."""
+def _in_environment(environment: dict[str, str], function: Callable, *args: Any) -> Any:
+    """In the worker: make ``environment`` its own (``os.environ`` and the C library's, which CUDA reads when it
+    starts), then run ``function``."""
     for name in set(os.environ) - set(environment):
         del os.environ[name]
     for name, value in environment.items():
         if os.environ.get(name) != value:
             os.environ[name] = value
+    return function(*args)
 
 
 def _installed(name: str) -> bool:
