@@ -16,7 +16,6 @@ its start.
 
 from __future__ import annotations
 
-import importlib.util
 import multiprocessing
 import os
 from collections.abc import Callable
@@ -33,8 +32,9 @@ def worker_context() -> Any:
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
-    # Only read when the server starts (the first worker); a server already running keeps what it imported.
-    context.set_forkserver_preload([name for name in WARM_IMPORTS if _installed(name)])
+    # Only read when the server starts (the first worker); a server already running keeps what it imported. The server
+    # skips a library that is not installed.
+    context.set_forkserver_preload(list(WARM_IMPORTS))
     return context
 
 
@@ -53,7 +53,3 @@ def _in_environment(environment: dict[str, str], function: Callable, *args: Any)
         if os.environ.get(name) != value:
             os.environ[name] = value
     return function(*args)
-
-
-def _installed(name: str) -> bool:
-    return importlib.util.find_spec(name.split(".", 1)[0]) is not None
