@@ -36,6 +36,8 @@ from builder.engine import build
 from builder.release_format.verify import verify_release
 
 pytestmark = pytest.mark.slow  # starts Ray
+# The tests on a cluster are end to end (marked e2e): a head node's daemons, a second node's raylet, actors in
+# processes of their own. The missing extra's one-line hint needs no cluster and stays in `make test`.
 
 HAS_RAY = importlib.util.find_spec("ray") is not None
 needs_ray = pytest.mark.skipif(not HAS_RAY, reason="the [ray] extra is not installed")
@@ -92,6 +94,7 @@ def ray_cluster():
         cluster.shutdown()
 
 
+@pytest.mark.e2e
 @needs_ray
 def test_ray_pools_and_stage_batch_sizes_give_the_local_bytes_with_errors_and_deferral(ray_cluster, tmp_path):
     """Fake stages whose edit output depends on a record's position in its call, with ``batch_size: 1`` on the edit
@@ -130,6 +133,7 @@ def test_missing_ray_extra_names_the_install_command(tmp_path):
     assert "pip install 'lance-counterfactuals[ray]'" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.e2e
 @needs_ray
 def test_per_stage_pools_on_the_demo_stages_with_an_actor_killed_give_the_local_bytes(
     ray_cluster, local_demo, tmp_path, caplog
@@ -157,6 +161,7 @@ def test_per_stage_pools_on_the_demo_stages_with_an_actor_killed_give_the_local_
     assert release_files(out) == release_files(local_demo)
 
 
+@pytest.mark.e2e
 @needs_ray
 def test_stage_major_on_two_nodes_with_one_node_removed_gives_the_local_bytes(
     ray_cluster, local_demo, tmp_path, caplog

@@ -94,7 +94,7 @@ def test_discover_demo_command_writes_discoveries_and_a_report_that_renders(tmp_
         (shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None
     )
     if browser is None:
-        pytest.skip("no Chromium here (make test installs it)")
+        pytest.skip("no Chromium here (make test-e2e installs it)")
     probe = out / "_probe.html"
     probe.write_text(page.replace("</body>", "<script>window.addEventListener('load', () => { const p = document."
                                   "createElement('pre'); p.id = 'probe'; p.textContent = JSON.stringify(Array.from("
