@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -16,6 +17,18 @@ import yaml
 from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def readme_blocks(section: str) -> list[list[str]]:
+    """The ``bash`` code blocks under a README heading (any level): their commands, comments and continuations
+    resolved."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    body = text.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    blocks = []
+    for block in re.findall(r"```bash\n(.*?)```", body, re.S):
+        joined = block.replace("\\\n", " ")
+        blocks.append([line.split("  #")[0].strip() for line in joined.splitlines() if line.strip()])
+    return blocks
 
 
 def photo(seed: int, size: tuple[int, int] = (48, 40)) -> Image.Image:

@@ -4,7 +4,6 @@ every ``next:`` command the tool prints on the way."""
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -12,21 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from builder_helpers import REPO
+from builder_helpers import REPO, readme_blocks
 from hub_double import TOKEN
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-
-def readme_blocks(section: str) -> list[list[str]]:
-    """The ``bash`` code blocks under a README section: their commands, comments and continuations resolved."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    body = text.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
-    blocks = []
-    for block in re.findall(r"```bash\n(.*?)```", body, re.S):
-        joined = block.replace("\\\n", " ")
-        blocks.append([line.split("  #")[0].strip() for line in joined.splitlines() if line.strip()])
-    return blocks
 
 
 def fresh_copy(root: Path) -> Path:
@@ -113,10 +101,7 @@ def test_the_readme_first_steps_and_every_next_command_run(tmp_path, hub):
 def test_the_readme_offline_path_runs_offline_to_a_scored_model(tmp_path):
     """The README's "Without the Hub" commands, literally, with the Hub switched off and nothing cached: a release of
     one's photos (a copy of the demo's), a noise release of them, and a model scored on it, from a folder."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    body = text.split("### Without the Hub (offline)\n", 1)[1].split("\n## ", 1)[0]
-    (block,) = re.findall(r"```bash\n(.*?)```", body, re.S)
-    commands = [line.split("  #")[0].strip() for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+    (commands,) = readme_blocks("Without the Hub (offline)")
     assert commands[0].startswith("cp -r builder/demo_images photos")
     work = tmp_path / "work"
     shutil.copytree(REPO / "builder" / "demo_images", work / "builder" / "demo_images")

@@ -3,18 +3,16 @@ runs select every test exactly once (a marker left out of both, or a tier run tw
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 
-from builder_helpers import REPO
+from builder_helpers import REPO, readme_blocks
 
 
 def readme_test_command() -> str:
     """The test command of the README's first block under "Set up and run"."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    block = re.search(r"```bash\n(.*?)```", text.split("## Set up and run\n", 1)[1], re.S).group(1)
-    commands = [line.split("#")[0].strip() for line in block.splitlines()]
-    (command,) = [c for c in commands if c.startswith("make test")]
+    (command,) = [c for c in readme_blocks("Set up and run")[0] if c.startswith("make test")]
     return command
 
 
@@ -34,12 +32,21 @@ def pytest_marker_expression(target: str) -> str:
     return found.group(1).strip('"') if found else ""
 
 
-def markers() -> list[str]:
-    """The markers pyproject.toml declares."""
-    import tomllib  # Python 3.11 and later
+@functools.cache
+def declared_markers() -> tuple[str, ...]:
+    """The markers pyproject.toml declares (read when a test first asks: tomllib needs Python 3.11)."""
+    import tomllib
 
     declared = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["pytest"]["ini_options"]
-    return [line.split(":")[0] for line in declared["markers"]]
+    return tuple(line.split(":")[0] for line in declared["markers"])
+
+
+OPERATORS = ("and", "or", "not", "(", ")")
+
+
+def marker_sets() -> list[set[str]]:
+    """Every set of the declared markers a test can carry, the empty one included."""
+    return [set(c) for n in range(len(declared_markers()) + 1) for c in itertools.combinations(declared_markers(), n)]
 
 
 def selects(expression: str, present: set[str]) -> bool:
@@ -47,8 +54,8 @@ def selects(expression: str, present: set[str]) -> bool:
     if not expression:
         return True
     words = re.findall(r"\w+|[()]", expression)
-    assert all(w in ("and", "or", "not", "(", ")") or w in markers() for w in words), expression
-    python = " ".join(w if w in ("and", "or", "not", "(", ")") else str(w in present) for w in words)
+    assert all(w in OPERATORS or w in declared_markers() for w in words), expression
+    python = " ".join(w if w in OPERATORS else str(w in present) for w in words)
     return eval(python, {"__builtins__": {}})  # only True, False, and, or, not and brackets, checked above
 
 
@@ -62,18 +69,18 @@ def test_ci_runs_the_readmes_test_command_first():
 def test_the_tiers_ci_runs_select_every_test_exactly_once():
     tiers = [t for t in ci_make_targets() if t.startswith("test")]
     expressions = {t: pytest_marker_expression(t) for t in tiers}
-    for present in itertools.chain.from_iterable(itertools.combinations(markers(), n) for n in range(3)):
-        chosen = [t for t, e in expressions.items() if selects(e, set(present))]
+    for present in marker_sets():
+        chosen = [t for t, e in expressions.items() if selects(e, present)]
         assert len(chosen) == 1, f"a test marked {sorted(present) or 'with no marker'} runs in {chosen} ({expressions})"
 
 
 def test_the_fast_tier_is_part_of_make_test():
     fast, full = pytest_marker_expression("test-fast"), pytest_marker_expression("test")
-    for present in itertools.chain.from_iterable(itertools.combinations(markers(), n) for n in range(3)):
-        assert not selects(fast, set(present)) or selects(full, set(present)), present
+    for present in marker_sets():
+        assert not selects(fast, present) or selects(full, present), present
 
 
-def test_selects_reads_marker_expressions_as_pytest_does():
+def test_selects_evaluates_and_or_not_over_a_tests_markers():
     assert selects("not e2e", {"slow"}) and not selects("not e2e", {"slow", "e2e"})
     assert selects("not slow and not e2e", set()) and not selects("not slow and not e2e", {"slow"})
     assert selects("e2e", {"e2e"}) and not selects("e2e", set()) and selects("", {"e2e"})
